@@ -1,0 +1,24 @@
+"""tvmfuse: compile ONNX CNNs into fused, tuned shared libraries for x86 and CUDA, on Apache TVM.
+
+``tvmfuse.load`` and ``tvmfuse.zoo`` import no TVM compiler code, so an exported library can be run in a
+process where only the TVM runtime is present (``TVM_USE_RUNTIME_LIB=1``).
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import errors, zoo  # noqa: E402  (zoo builds ONNX only)
+from .errors import TvmfuseError  # noqa: E402
+from .runtime import load  # noqa: E402
+
+__all__ = ["CompiledModel", "TvmfuseError", "compile", "errors", "load", "zoo"]
+
+
+def __getattr__(name: str):
+    # The compiler side is imported on first use, keeping `import tvmfuse` + `tvmfuse.load` runtime-only.
+    if name in ("compile", "CompiledModel"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'tvmfuse' has no attribute {name!r}")

@@ -1,0 +1,117 @@
+"""The Python API: ``compile`` an ONNX model into a :class:`CompiledModel`, run, benchmark, export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from . import frontend, targets
+from .errors import TargetError
+from .export import build, export_library, kernel_names, make_manifest
+from .passes.pipeline import run_graph_passes
+from .progress import Steps
+from .runtime import Runner
+from .tensors import TensorInfo
+
+
+class CompiledModel:
+    """A model compiled for one target.
+
+    Attributes
+    ----------
+    inputs, outputs : list of TensorInfo
+        Names, static shapes and dtypes, in the model's order.
+    target : TargetSpec
+        The target the model was compiled for.
+    mod : tvm.IRModule
+        The Relax module after tvmfuse's graph passes (what was built).
+    lowered : tvm.IRModule
+        The module after the Relax pipeline; its PrimFuncs are the library's kernels.
+    stats : dict
+        Seconds spent per compile step.
+    """
+
+    def __init__(self, executable, mod, lowered, spec: targets.TargetSpec, inputs: Sequence[TensorInfo],
+                 outputs: Sequence[TensorInfo], source: str, stats: dict):
+        self.executable, self.mod, self.lowered, self.target = executable, mod, lowered, spec
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.source, self.stats = source, stats
+        self._runner: Runner | None = None
+
+    def _get_runner(self) -> Runner:
+        if self._runner is None:
+            if self.target.is_cuda:
+                self._runner = Runner(self.executable, self.inputs, self.outputs, device="cuda")
+            else:
+                missing = targets.missing_host_features(self.target)
+                if missing:
+                    raise TargetError(f"model compiled for {self.target.name} ({self.target.config.get('mcpu')}) "
+                                      f"uses CPU features this machine lacks: {', '.join(missing)}; "
+                                      "compile with target='x86-host' to run here")
+                self._runner = Runner(self.executable, self.inputs, self.outputs, device="cpu")
+        return self._runner
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run once on checked inputs; return the outputs as numpy arrays."""
+        return self._get_runner().run(inputs)
+
+    def benchmark(self, inputs: Mapping[str, np.ndarray] | None = None, repeat: int = 50, warmup: int = 5) -> dict:
+        """Median/min/max/mean latency in ms over ``repeat`` runs (seeded random inputs by default)."""
+        return self._get_runner().benchmark(inputs, repeat=repeat, warmup=warmup)
+
+    def manifest(self) -> dict:
+        """The manifest :meth:`export` writes beside the library."""
+        return make_manifest(self.target, self.inputs, self.outputs, self.source,
+                             {"kernels": kernel_names(self.lowered)})
+
+    def export(self, path: str | Path) -> Path:
+        """Write the shared library ``path`` (.so) and its JSON manifest beside it."""
+        return export_library(self.executable, path, self.manifest())
+
+    def __repr__(self) -> str:
+        ins = ", ".join(str(i) for i in self.inputs)
+        return f"CompiledModel({self.source!r}, target={self.target.name!r}, inputs=[{ins}])"
+
+
+def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
+    """Output shapes/dtypes from the Relax signature (used where ONNX shape inference left a dim open)."""
+    from tvm import ir
+
+    ret = mod["main"].ret_ty
+    fields = list(ret.fields) if isinstance(ret, ir.TupleType) else [ret]
+    return [TensorInfo(n, tuple(int(d) for d in f.shape), str(f.dtype)) for n, f in zip(names, fields)]
+
+
+def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | None = None,
+            progress: bool = False) -> CompiledModel:
+    """Compile an ONNX model for a target.
+
+    Parameters
+    ----------
+    model : str, os.PathLike or onnx.ModelProto
+        A path to an ``.onnx`` file, a ModelProto, or ``"zoo:NAME"`` for a built-in model.
+    target : str, dict or TargetSpec
+        A registered name (``tvmfuse.targets.names()``) or a raw TVM target dict.
+    shapes : dict, optional
+        Static shapes for inputs with dynamic dims, e.g. ``{"input": (1, 3, 224, 224)}``.
+    progress : bool
+        Print one line per compile step on stderr.
+
+    Returns
+    -------
+    CompiledModel
+    """
+    spec = targets.resolve(target)
+    steps = Steps(3, enabled=progress)
+    with steps.step("import ONNX"):
+        imported = frontend.import_model(model, shapes)
+    tvm_target = spec.tvm_target()
+    with steps.step("graph passes"):
+        mod = run_graph_passes(imported.mod, spec, tvm_target)
+    with steps.step(f"build for {spec.name}"):
+        executable, lowered = build(mod, spec)
+    names = [o.name for o in imported.outputs]
+    outputs = _relax_output_infos(mod, names)
+    return CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)

@@ -1,0 +1,143 @@
+"""Command line: argument parsing only; every command calls the Python API.
+
+Exit status: 0 on success, 2 on bad usage or bad input (one line on stderr naming the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError, ShapeError, TvmfuseError
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME:1,3,224,224`` (the name may itself contain colons; the last one splits)."""
+    name, sep, dims = text.rpartition(":")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape:
+        raise ShapeError(f"--shape {text!r}: expected NAME:D1,D2,... such as input:1,3,224,224")
+    return name, shape
+
+
+def _shapes(args) -> dict | None:
+    return dict(parse_shape(s) for s in args.shape) if args.shape else None
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an .onnx file or zoo:NAME (see `tvmfuse zoo`)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                   help="static shape for an input with dynamic dims (repeatable)")
+
+
+def cmd_compile(args) -> int:
+    from . import api
+
+    cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet)
+    path = cm.export(args.output)
+    print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
+    return 0
+
+
+def load_inputs(path: str | None, model) -> dict:
+    """Inputs from an .npz (keys = input names), or seeded random inputs when no file is given."""
+    from .runtime import random_inputs
+
+    if path is None:
+        return random_inputs(model.inputs)
+    try:
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputError(f"--inputs {path}: cannot read as .npz ({e})") from None
+
+
+def cmd_run(args) -> int:
+    from .runtime import load
+
+    model = load(args.library, device=args.device)
+    inputs = load_inputs(args.inputs, model)
+    outputs = model.run(inputs)
+    for info, out in zip(model.outputs, outputs):
+        print(f"{info.name}: shape {tuple(out.shape)} {out.dtype} min {out.min():.6g} max {out.max():.6g} "
+              f"mean {out.mean():.6g}")
+    if args.save:
+        np.savez(args.save, **{i.name: o for i, o in zip(model.outputs, outputs)})
+        print(f"wrote {args.save}")
+    if args.benchmark:
+        r = model.benchmark(inputs, repeat=args.repeat, warmup=args.warmup)
+        print(f"latency: median {r['median_ms']:.3f} ms, min {r['min_ms']:.3f} ms, max {r['max_ms']:.3f} ms "
+              f"({r['repeat']} runs after {r['warmup']} warm-up)")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .model_info import info
+
+    print(info(args.model, shapes=_shapes(args)).format())
+    return 0
+
+
+def cmd_zoo(args) -> int:
+    from . import zoo
+
+    for name in zoo.names():
+        print(f"zoo:{name}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__, targets
+
+    parser = argparse.ArgumentParser(prog="tvmfuse", description="Compile ONNX CNNs into fused shared libraries.")
+    parser.add_argument("--version", action="version", version=f"tvmfuse {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a model into a .so with a JSON manifest")
+    _add_model_args(p)
+    p.add_argument("--target", default="x86-avx512",
+                   help=f"one of {', '.join(targets.names())} (default x86-avx512)")
+    p.add_argument("-o", "--output", required=True, help="output library path (.so)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a compiled .so (TVM runtime only)")
+    p.add_argument("library", help="a .so written by `tvmfuse compile`")
+    p.add_argument("--inputs", help=".npz with one array per input name (default: seeded random inputs)")
+    p.add_argument("--save", metavar="OUT.npz", help="write the outputs to an .npz")
+    p.add_argument("--benchmark", action="store_true", help="also time the model")
+    p.add_argument("--repeat", type=int, default=50, help="timed runs for --benchmark (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("info", help="inputs, op histogram, parameter count and FLOPs of a model")
+    _add_model_args(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("zoo", help="list the built-in models")
+    p.set_defaults(func=cmd_zoo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TvmfuseError as e:
+        print(f"tvmfuse {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tvmfuse {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

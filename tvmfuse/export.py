@@ -1,0 +1,98 @@
+"""Build a Relax module into an executable, export it as a shared library with a JSON manifest."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .errors import TvmfuseError
+from .passes.pipeline import relax_pipeline
+from .runtime import MANIFEST_VERSION, manifest_path
+from .targets import TargetSpec, required_cpu_flags
+from .tensors import TensorInfo
+
+
+def build(mod, spec: TargetSpec):
+    """Compile ``mod`` for ``spec``.
+
+    Returns
+    -------
+    executable : tvm.relax.VMExecutable
+    lowered : tvm.IRModule
+        The module after the Relax pipeline: its PrimFuncs are the kernels in the library.
+    """
+    import tvm
+
+    target = spec.tvm_target()
+    with target, tvm.transform.PassContext(opt_level=3):
+        lowered = relax_pipeline(spec, target)(mod)
+        return tvm.compile(lowered, target=target, relax_pipeline=None), lowered
+
+
+def kernel_names(lowered) -> list[str]:
+    """Names of the PrimFuncs (kernels) in a lowered module, sorted."""
+    import tvm
+
+    return sorted(gv.name_hint for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def versions() -> dict:
+    """Versions of tvmfuse and the TVM stack, recorded in every manifest."""
+    import tvm
+    import tvm_ffi
+
+    return {"tvmfuse": __version__, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__}
+
+
+def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
+                  source: str, extra: dict | None = None) -> dict:
+    """The manifest written beside every exported library."""
+    manifest = {
+        "format": "tvmfuse-manifest",
+        "format_version": MANIFEST_VERSION,
+        "model": source,
+        "inputs": [i.to_json() for i in inputs],
+        "outputs": [o.to_json() for o in outputs],
+        "target": spec.to_json(),
+        "cpu_flags": required_cpu_flags(spec) if spec.is_cpu else [],
+        "versions": versions(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest.update(extra or {})
+    return manifest
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_library(executable, path: str | Path, manifest: dict) -> Path:
+    """Write ``path`` (a ``.so``) and its manifest beside it; return the library path.
+
+    The library is written to a temporary name first, so an interrupted export never leaves a truncated
+    ``.so`` under the final name.
+    """
+    path = Path(path)
+    if path.suffix != ".so":
+        raise TvmfuseError(f"export path must end in .so, got {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.partial.so")
+    try:
+        executable.export_library(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _atomic_write_text(manifest_path(path), json.dumps(manifest, indent=2) + "\n")
+    return path

@@ -1,0 +1,42 @@
+"""ONNX front end: load, validate, fix shapes, constant-fold and import into Relax."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import onnx
+
+from .fold import fold_constants
+from .importer import check_ops, to_relax
+from ..tensors import TensorInfo
+from .load import fix_input_shapes, graph_inputs, load_model, output_infos
+
+__all__ = ["ImportedModel", "TensorInfo", "check_ops", "fix_input_shapes", "fold_constants", "graph_inputs",
+           "import_model", "load_model", "output_infos", "prepare"]
+
+
+@dataclasses.dataclass
+class ImportedModel:
+    """A model ready for the passes: the Relax module plus what the runtime needs to know."""
+
+    mod: "object"  # tvm.IRModule
+    onnx_model: onnx.ModelProto
+    source: str
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+
+
+def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
+    """Load, fix shapes and constant-fold; return ``(ModelProto, source, inputs, outputs)`` without TVM."""
+    proto, source = load_model(model)
+    inputs = fix_input_shapes(proto, shapes)
+    proto, _ = fold_constants(proto)
+    return proto, source, inputs, output_infos(proto)
+
+
+def import_model(model, shapes: Mapping[str, Sequence[int]] | None = None) -> ImportedModel:
+    """Load ``model`` (path, ModelProto or ``zoo:NAME``) and import it into Relax with static shapes."""
+    proto, source, inputs, outputs = prepare(model, shapes)
+    mod = to_relax(proto, inputs, source)
+    return ImportedModel(mod, proto, source, inputs, outputs)

@@ -1,0 +1,98 @@
+"""Constant-fold the ONNX graph before import.
+
+Real exports compute shapes and pads at run time: ``Shape -> Gather -> ...`` chains, or PyTorch's ``F.pad``
+lowering (``ConstantOfShape -> Concat -> Reshape -> Slice -> Transpose -> Reshape -> Cast -> Pad``) that
+timm's TF-"SAME" EfficientNets carry. TVM's importer needs such inputs as constants, so once the input
+shapes are static every node whose inputs are all known is evaluated here with ONNX's reference
+implementation and replaced by an initializer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# Quantize/dequantize stay as nodes: folding DequantizeLinear(int8 weight) into a float constant would
+# erase the QDQ structure the INT8 path matches on.
+_KEEP = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "RandomNormal", "RandomUniform",
+         "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+# Folding must not blow up the model: results larger than this stay computed at run time.
+_MAX_FOLDED_ELEMENTS = 1 << 22
+
+
+def _static_shape(value: onnx.ValueInfoProto) -> list[int] | None:
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+    return dims if all(d >= 0 for d in dims) else None
+
+
+def _shape_of(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", None)
+    return np.array(shape[start:end], dtype=np.int64)
+
+
+def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray], opsets) -> list[np.ndarray] | None:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [n for n in node.input if n]
+    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+           for n, a in zip(names, inputs)]
+    outs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.output if n]
+    graph = helper.make_graph([node], "fold", vis, outs)
+    try:
+        ev = ReferenceEvaluator(helper.make_model(graph, opset_imports=opsets))
+        return [np.asarray(r) for r in ev.run(None, dict(zip(names, inputs)))]
+    except Exception:  # noqa: BLE001 - an op the reference cannot evaluate is simply left in the graph
+        return None
+
+
+def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Fold every node whose inputs are constant (or a ``Shape`` of a static tensor).
+
+    The model's input shapes must already be static. Returns the new model and the number of nodes folded.
+    """
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - shape inference is best effort; folding then sees fewer shapes
+        pass
+    graph = model.graph
+    known = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    shapes = {v.name: _static_shape(v) for v in list(graph.input) + list(graph.value_info)}
+    protected = {o.name for o in graph.output}
+    kept, folded = [], 0
+    for node in graph.node:
+        values = None
+        if node.domain in ("", "ai.onnx") and not any(o in protected for o in node.output):
+            if node.op_type == "Constant":
+                values = _evaluate(node, [], model.opset_import)
+            elif node.op_type == "Shape" and shapes.get(node.input[0]) is not None:
+                values = [_shape_of(node, shapes[node.input[0]])]
+            elif (node.op_type not in _KEEP and node.input and
+                  all(not n or n in known for n in node.input) and
+                  not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)):
+                values = _evaluate(node, [known[n] for n in node.input if n], model.opset_import)
+        if values is not None and sum(v.size for v in values) <= _MAX_FOLDED_ELEMENTS:
+            known.update(zip(node.output, values))
+            folded += 1
+        else:
+            kept.append(node)
+    if not folded:
+        return model, 0
+    used = {n for node in kept for n in node.input} | protected
+    initial = {t.name for t in graph.initializer}
+    new_inits = [t for t in graph.initializer if t.name in used]
+    new_inits += [numpy_helper.from_array(np.asarray(known[n]), n) for n in sorted(used)
+                  if n in known and n not in initial]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(new_inits)
+    # Inputs listed for initializers that are now gone would dangle.
+    keep_inputs = [v for v in graph.input if v.name not in initial or v.name in used]
+    del graph.input[:]
+    graph.input.extend(keep_inputs)
+    return model, folded

@@ -1,0 +1,50 @@
+"""ONNX -> Relax: check every op is supported (naming the node when not), then run TVM's importer."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import onnx
+
+from ..errors import TvmfuseError, UnsupportedOpError
+from ..tensors import TensorInfo
+
+
+def supported_op_types() -> frozenset[str]:
+    """ONNX op types (default domain) the import path handles."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    return frozenset(_get_convert_map())
+
+
+def check_ops(model: onnx.ModelProto, source: str) -> None:
+    """Raise UnsupportedOpError naming each unsupported op type and its first nodes."""
+    supported = supported_op_types()
+    bad: dict[str, list[str]] = collections.defaultdict(list)
+    for i, node in enumerate(model.graph.node):
+        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        if node.domain not in ("", "ai.onnx") or node.op_type not in supported:
+            bad[op].append(node.name or f"#{i}")
+    if bad:
+        parts = [f"{op} (node{'s' if len(nodes) > 1 else ''} {', '.join(repr(n) for n in nodes[:3])}"
+                 f"{', ...' if len(nodes) > 3 else ''})" for op, nodes in bad.items()]
+        raise UnsupportedOpError(f"{source}: unsupported ONNX op{'s' if len(bad) > 1 else ''}: {'; '.join(parts)}")
+
+
+def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo], source: str):
+    """Import the (shape-fixed, folded) model into a Relax IRModule."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    check_ops(model, source)
+    try:
+        with warnings.catch_warnings():
+            # The importer warns about every value_info without a shape; the shapes are fixed by now.
+            warnings.simplefilter("ignore", UserWarning)
+            return from_onnx(model, shape_dict={i.name: list(i.shape) for i in inputs},
+                             dtype_dict={i.name: i.dtype for i in inputs})
+    except TvmfuseError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the importer raises bare errors; name the model and the cause
+        msg = str(e).strip().splitlines()
+        raise UnsupportedOpError(f"{source}: import failed: {type(e).__name__}: {msg[-1] if msg else ''}") from e

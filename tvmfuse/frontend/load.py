@@ -1,0 +1,135 @@
+"""Load an ONNX model from a path, a ModelProto or ``zoo:NAME``, and fix its input shapes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..errors import ModelLoadError, ShapeError
+from ..tensors import TensorInfo
+
+
+# Exporters often declare an output without a shape; the checker rejects that, shape inference does not care.
+_BENIGN_CHECKER_ERROR = "Field 'shape' of 'type' is required but missing"
+
+
+def load_model(model) -> tuple[onnx.ModelProto, str]:
+    """Return ``(ModelProto, description)`` for a path, a ModelProto or ``"zoo:NAME"``.
+
+    Raises
+    ------
+    ModelLoadError
+        When the file is missing, cannot be parsed as ONNX, or holds no graph.
+    """
+    if isinstance(model, onnx.ModelProto):
+        proto, source = onnx.ModelProto(), "<ModelProto>"
+        proto.CopyFrom(model)
+    elif isinstance(model, str) and model.startswith("zoo:"):
+        from .. import zoo
+
+        try:
+            proto = zoo.get(model[len("zoo:"):])
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        source = model
+    elif isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        source = str(path)
+        if not path.exists():
+            raise ModelLoadError(f"model file not found: {path}")
+        if path.is_dir():
+            raise ModelLoadError(f"model path is a directory, not an ONNX file: {path}")
+        try:
+            proto = onnx.load(str(path))
+        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
+            raise ModelLoadError(f"{path} is not an ONNX model: {type(e).__name__}: {e}") from None
+    else:
+        raise ModelLoadError(f"model must be a path, an onnx.ModelProto or 'zoo:NAME', got {type(model).__name__}")
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
+        raise ModelLoadError(f"{source} is not an ONNX model: it holds no graph")
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0]
+        if _BENIGN_CHECKER_ERROR in first:
+            return proto, source
+        raise ModelLoadError(f"{source} is not a valid ONNX model: {first}") from None
+    return proto, source
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The real inputs of the graph (initializers that are also listed as inputs are not inputs)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in inits]
+
+
+def _np_dtype(value: onnx.ValueInfoProto) -> str:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)).name
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str | None]:
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return [None]
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+            for d in t.shape.dim]
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None) -> list[TensorInfo]:
+    """Write static shapes into the graph inputs (in place) and return the inputs' TensorInfo.
+
+    Raises
+    ------
+    ShapeError
+        When an input keeps a dynamic dimension, ``shapes`` names an unknown input, or a given shape
+        contradicts a static dimension of the model.
+    """
+    shapes = dict(shapes or {})
+    inputs = graph_inputs(model)
+    names = [v.name for v in inputs]
+    unknown = sorted(set(shapes) - set(names))
+    if unknown:
+        raise ShapeError(f"shapes= names unknown input(s) {unknown}; the model's inputs are {names}")
+    infos = []
+    for value in inputs:
+        dims = _dims(value)
+        if value.name in shapes:
+            given = [int(d) for d in shapes[value.name]]
+            if any(d <= 0 for d in given):
+                raise ShapeError(f"input {value.name!r}: shape {tuple(given)} must have positive dims")
+            if dims != [None] and len(dims) != len(given):
+                raise ShapeError(f"input {value.name!r} has rank {len(dims)} but shape {tuple(given)} was given")
+            for i, (d, g) in enumerate(zip(dims, given)):
+                if isinstance(d, int) and d != g:
+                    raise ShapeError(f"input {value.name!r}: dim {i} is fixed to {d} in the model, "
+                                     f"but shape {tuple(given)} was given")
+            dims = given
+        dynamic = [d if d is not None else "?" for d in dims if not isinstance(d, int)]
+        if dynamic:
+            raise ShapeError(f"input {value.name!r} has dynamic dims {dynamic} (shape {_show(dims)}); "
+                             f"fix them with shapes={{'{value.name}': (...)}} or --shape {value.name}:1,3,224,224")
+        shape_proto = value.type.tensor_type.shape
+        shape_proto.ClearField("dim")
+        for d in dims:
+            shape_proto.dim.add().dim_value = int(d)
+        infos.append(TensorInfo(value.name, tuple(int(d) for d in dims), _np_dtype(value)))
+    return infos
+
+
+def _show(dims) -> str:
+    return "(" + ", ".join(str(d) if d is not None else "?" for d in dims) + ")"
+
+
+def output_infos(model: onnx.ModelProto) -> list[TensorInfo]:
+    """Outputs with the static shapes shape inference finds (run it first); -1 marks an unknown dim."""
+    infos = []
+    for value in model.graph.output:
+        dims = _dims(value)
+        shape = tuple(d if isinstance(d, int) else -1 for d in dims) if dims != [None] else ()
+        infos.append(TensorInfo(value.name, shape, _np_dtype(value)))
+    return infos

@@ -1,0 +1,1 @@
+"""Graph passes over the Relax module (tvm.ir.transform module passes) and per-target pass lists."""

@@ -1,0 +1,203 @@
+"""Named compilation targets and the capabilities of the host CPU.
+
+A target is named (``x86-avx512``, ``x86-host``, ``cuda-sm80``, ``cuda-sm90``) or given as a raw TVM
+target dict. :func:`resolve` turns either into a :class:`TargetSpec`, the one object the rest of tvmfuse
+passes around.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Mapping
+
+from .errors import TargetError
+
+# LLVM feature name -> the flag Linux prints in /proc/cpuinfo. Checked before running compiled code, so
+# that a library built for a richer CPU fails with a message instead of SIGILL.
+_CPUINFO_FLAG = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16",
+    "amx-int8": "amx_int8",
+    "amx-bf16": "amx_bf16",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    """A resolved target.
+
+    Attributes
+    ----------
+    name : str
+        The registry name, or ``"custom"`` for a raw TVM target dict.
+    config : dict
+        The TVM target dict (``{"kind": "llvm", "mcpu": ...}``).
+    host : dict or None
+        The host target dict for device targets (CUDA).
+    """
+
+    name: str
+    config: Mapping[str, Any]
+    host: Mapping[str, Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        """TVM target kind: ``"llvm"`` or ``"cuda"``."""
+        return str(self.config["kind"])
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "llvm"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def tvm_target(self):
+        """Build the ``tvm.target.Target`` (imports the TVM compiler)."""
+        import tvm
+
+        if self.host is not None:
+            return tvm.target.Target(dict(self.config), host=dict(self.host))
+        return tvm.target.Target(dict(self.config))
+
+    def features(self) -> frozenset[str]:
+        """The checked LLVM features the target's CPU has (empty for CUDA)."""
+        if not self.is_cpu:
+            return frozenset()
+        from tvm.target import codegen
+
+        target = self.tvm_target()
+        return frozenset(f for f in _CPUINFO_FLAG if codegen.llvm_cpu_has_features([f], target))
+
+    def vector_bits(self) -> int:
+        """Widest SIMD register the target may use: 512, 256 or 128."""
+        feats = self.features()
+        if "avx512f" in feats:
+            return 512
+        return 256 if "avx2" in feats else 128
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "config": dict(self.config), "host": dict(self.host) if self.host else None}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset[str]:
+    """Flags of the host CPU from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def host_mcpu() -> str:
+    """The LLVM CPU name that fits this host.
+
+    LLVM's own detection names an AMX-capable Sapphire Rapids in a VM ``rocketlake``, which loses AMX, so
+    the richest Intel parts are chosen from the CPU flags first.
+    """
+    flags = host_cpu_flags()
+    if {"amx_int8", "avx512_vnni"} <= flags:
+        return "sapphirerapids"
+    if "avx512_vnni" in flags:
+        return "cascadelake"
+    if "avx512f" in flags:
+        return "skylake-avx512"
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
+
+
+def _x86_avx512() -> TargetSpec:
+    return TargetSpec("x86-avx512", {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": _cores()})
+
+
+def _x86_host() -> TargetSpec:
+    return TargetSpec("x86-host", {"kind": "llvm", "mcpu": host_mcpu(), "num-cores": _cores()})
+
+
+def _cuda(arch: str, name: str):
+    # The host part of a CUDA library runs on whatever CPU drives the GPU: keep it generic x86-64.
+    return lambda: TargetSpec(name, {"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+
+
+TARGETS = {
+    "x86-avx512": _x86_avx512,
+    "x86-host": _x86_host,
+    "cuda-sm80": _cuda("sm_80", "cuda-sm80"),
+    "cuda-sm90": _cuda("sm_90", "cuda-sm90"),
+}
+
+
+def names() -> list[str]:
+    """Names of the registered targets."""
+    return list(TARGETS)
+
+
+def resolve(target: str | Mapping[str, Any] | TargetSpec) -> TargetSpec:
+    """Turn a target name, a raw TVM target dict or a TargetSpec into a TargetSpec.
+
+    Raises
+    ------
+    TargetError
+        For an unknown name (the message lists the known ones) or a dict without ``kind``.
+    """
+    if isinstance(target, TargetSpec):
+        return target
+    if isinstance(target, str):
+        if target not in TARGETS:
+            raise TargetError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)} "
+                              "(or pass a TVM target dict such as {'kind': 'llvm', 'mcpu': 'znver3'})")
+        return TARGETS[target]()
+    if isinstance(target, Mapping):
+        config = dict(target)
+        host = config.pop("host", None)
+        if config.get("kind") not in ("llvm", "cuda"):
+            raise TargetError(f"target dict must have kind 'llvm' or 'cuda', got {config.get('kind')!r}")
+        if config["kind"] == "cuda" and host is None:
+            host = {"kind": "llvm"}
+        return TargetSpec("custom", config, host)
+    raise TargetError(f"target must be a name, a dict or a TargetSpec, got {type(target).__name__}")
+
+
+def missing_host_features(spec: TargetSpec) -> list[str]:
+    """CPU features the target's code uses that this host lacks (empty when it can run here)."""
+    flags = host_cpu_flags()
+    if not spec.is_cpu or not flags:
+        return []
+    return sorted(f for f in spec.features() if _CPUINFO_FLAG[f] not in flags)
+
+
+def required_cpu_flags(spec: TargetSpec) -> list[str]:
+    """The /proc/cpuinfo flags a CPU needs to run code compiled for ``spec`` (recorded in manifests)."""
+    return sorted(_CPUINFO_FLAG[f] for f in spec.features())
+
+
+def host_can_run(spec: TargetSpec) -> bool:
+    """True when code compiled for ``spec`` runs on this machine's CPU."""
+    return spec.is_cpu and not missing_host_features(spec)
+
+
+def cuda_available() -> bool:
+    """True when an NVIDIA GPU is visible to the TVM runtime."""
+    try:
+        import tvm
+
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - a runtime without CUDA support raises various errors
+        return False
