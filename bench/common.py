@@ -1,0 +1,60 @@
+"""Measurement helpers shared by the bench scripts: one run, same threads, medians, ratios."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import numpy as np
+
+THREADS = int(os.environ.get("TVM_NUM_THREADS", "2"))
+# TVM's thread pool reads this at start-up: set it before tvm is imported so TVM and ORT use equal threads.
+os.environ.setdefault("TVM_NUM_THREADS", str(THREADS))
+
+
+def median_ms(fn, repeat: int, warmup: int) -> float:
+    """Median wall time of ``fn()`` in ms after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def ort_session(model):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def plain_tvm(model, target_spec):
+    """What a user gets from TVM alone: from_onnx + tvm.compile with the default pipeline."""
+    import tvm
+    from tvm import relax
+
+    from tvmfuse import frontend
+
+    imported = frontend.import_model(model)
+    ex = tvm.compile(imported.mod, target=target_spec.tvm_target())
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm, imported.inputs
+
+
+def inputs_for(infos, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in infos}
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A Markdown table of ``rows`` (dicts) in ``columns`` order."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""Batch-1 latency of tvmfuse, plain TVM and onnxruntime FP32 on the zoo models, measured in one run.
+
+    python bench/yardstick.py [--models mobilenet_v2,resnet50] [--target x86-host] [--repeat 20]
+
+Prints a Markdown table: median latency per runtime and the ratios to onnxruntime (lower is better).
+All three use the same number of threads (TVM_NUM_THREADS, default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import THREADS, inputs_for, median_ms, ort_session, plain_tvm, table  # noqa: E402
+
+import tvm  # noqa: E402
+
+import tvmfuse  # noqa: E402
+from tvmfuse import targets, zoo  # noqa: E402
+
+DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnet50", "efficientnet_lite0"]
+
+
+def measure(name: str, target: str, repeat: int, plain_repeat: int) -> dict:
+    model = zoo.get(name)
+    start = time.perf_counter()
+    cm = tvmfuse.compile(model, target=target)
+    compile_s = time.perf_counter() - start
+    x = inputs_for(cm.inputs)
+    sess = ort_session(model)
+    ort_ms = median_ms(lambda: sess.run(None, x), repeat, warmup=3)
+    ours_ms = cm.benchmark(x, repeat=repeat, warmup=3)["median_ms"]
+    vm, infos = plain_tvm(model, targets.resolve(target))
+    args = [tvm.runtime.tensor(x[i.name]) for i in infos]
+    plain_ms = median_ms(lambda: vm["main"](*args), plain_repeat, warmup=1)
+    return {"model": name, "onnxruntime ms": f"{ort_ms:.2f}", "tvmfuse ms": f"{ours_ms:.2f}",
+            "plain TVM ms": f"{plain_ms:.1f}", "tvmfuse / ORT": f"{ours_ms / ort_ms:.2f}x",
+            "plain TVM / ORT": f"{plain_ms / ort_ms:.1f}x", "tvmfuse compile s": f"{compile_s:.1f}"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    p.add_argument("--target", default="x86-host")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--plain-repeat", type=int, default=3, help="plain TVM is slow: fewer repeats")
+    args = p.parse_args(argv)
+    rows = [measure(m, args.target, args.repeat, args.plain_repeat) for m in args.models.split(",")]
+    spec = targets.resolve(args.target)
+    print(f"# yardstick: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
+          f"{platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, TVM {tvm.__version__}")
+    print(table(rows, list(rows[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

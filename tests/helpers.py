@@ -1,0 +1,27 @@
+"""Tiny ONNX graphs built in code for tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17) -> onnx.ModelProto:
+    """A ModelProto with the given nodes; ``inputs``/``outputs`` are (name, shape) pairs (float32)."""
+    graph = helper.make_graph(
+        nodes, "test",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+        list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def conv_relu(batch="N", seed: int = 0) -> onnx.ModelProto:
+    """x[batch,3,16,16] -> Conv(8, 3x3, pad 1, bias) -> Relu."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype("float32"), "W")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype("float32"), "B")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], name="conv0"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu0")]
+    return make_model(nodes, [("x", [batch, 3, 16, 16])], [("y", None)], [w, b])

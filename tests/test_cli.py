@@ -1,0 +1,86 @@
+"""The command line: commands, --shape, exit codes and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvmfuse import cli
+from tvmfuse.errors import ShapeError
+
+from helpers import conv_relu
+
+
+def run_cli(*argv) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tvmfuse", *map(str, argv)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_parse_shape():
+    assert cli.parse_shape("input:1,3,224,224") == ("input", (1, 3, 224, 224))
+    assert cli.parse_shape("ns:x:1,2") == ("ns:x", (1, 2))
+    for bad in ("input", "input:", ":1,2", "input:a,b"):
+        with pytest.raises(ShapeError, match="NAME:D1"):
+            cli.parse_shape(bad)
+
+
+def test_compile_then_run_with_inputs(tmp_path, capsys):
+    model = tmp_path / "dyn.onnx"
+    model.write_bytes(conv_relu(batch="N").SerializeToString())
+    lib = tmp_path / "dyn.so"
+    assert cli.main(["compile", str(model), "--target", "x86-host", "--shape", "x:2,3,16,16", "-o", str(lib)]) == 0
+    err = capsys.readouterr().err
+    assert "[3/3] build" in err
+    assert json.loads(lib.with_suffix(".json").read_text())["inputs"][0]["shape"] == [2, 3, 16, 16]
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype("float32")
+    np.savez(tmp_path / "in.npz", x=x)
+    assert cli.main(["run", str(lib), "--inputs", str(tmp_path / "in.npz"), "--save", str(tmp_path / "out.npz"),
+                     "--benchmark", "--repeat", "3", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "y: shape (2, 8, 16, 16) float32" in out and "latency: median" in out
+    with np.load(tmp_path / "out.npz") as saved:
+        assert saved["y"].shape == (2, 8, 16, 16) and (saved["y"] >= 0).all()
+
+
+def test_info_zoo(capsys):
+    assert cli.main(["info", "zoo:resnet50"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 25,557,032" in out and "input:  input (1, 3, 224, 224) float32" in out
+    assert "Conv" in out and "BatchNormalization       53" in out
+    # ResNet-50 is 4.1 GMACs: 8.2 GFLOP at 2 FLOPs per multiply-add.
+    assert "8.178 GFLOP" in out
+
+
+def test_zoo_lists_models(capsys):
+    assert cli.main(["zoo"]) == 0
+    assert "zoo:mobilenet_v2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["info", "missing.onnx"], "model file not found: missing.onnx"),
+    (["compile", "zoo:tiny_convnet", "--target", "x86-avx1024", "-o", "x.so"], "unknown target 'x86-avx1024'"),
+    (["info", "zoo:tiny_convnet", "--shape", "oops"], "--shape 'oops'"),
+    (["run", "missing.so"], "compiled model not found: missing.so"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, argv, message):
+    proc = subprocess.run([sys.executable, "-m", "tvmfuse", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_bad_usage_exits_2(tmp_path):
+    for argv in ([], ["compile", "zoo:tiny_convnet"], ["frobnicate"]):
+        assert run_cli(*argv).returncode == 2
+
+
+def test_run_with_wrong_npz_names(tmp_path, tiny_exported):
+    np.savez(tmp_path / "in.npz", image=np.zeros((1, 3, 32, 32), "float32"))
+    proc = run_cli("run", tiny_exported, "--inputs", tmp_path / "in.npz")
+    assert proc.returncode == 2 and "missing input(s) ['input']" in proc.stderr
+    (tmp_path / "bad.npz").write_text("nope")
+    proc = run_cli("run", tiny_exported, "--inputs", tmp_path / "bad.npz")
+    assert proc.returncode == 2 and "cannot read as .npz" in proc.stderr

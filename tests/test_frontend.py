@@ -1,0 +1,121 @@
+"""Loading, static shapes, constant folding and op checks of the ONNX front end."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import tvmfuse
+from tvmfuse import frontend, zoo
+from tvmfuse.errors import ModelLoadError, ShapeError, UnsupportedOpError
+
+from conftest import HOST, ort_run
+from helpers import conv_relu, make_model
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found.*nope.onnx"):
+        tvmfuse.compile(tmp_path / "nope.onnx", target=HOST)
+
+
+def test_not_onnx(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01 definitely not a protobuf \xff\xfe" * 10)
+    with pytest.raises(ModelLoadError, match="bad.onnx is not an ONNX model"):
+        tvmfuse.compile(bad, target=HOST)
+    text = tmp_path / "text.onnx"
+    text.write_text("hello")
+    with pytest.raises(ModelLoadError, match="text.onnx is not an ONNX model"):
+        tvmfuse.compile(text, target=HOST)
+
+
+def test_directory_and_wrong_type(tmp_path):
+    with pytest.raises(ModelLoadError, match="directory"):
+        frontend.load_model(tmp_path)
+    with pytest.raises(ModelLoadError, match="must be a path"):
+        frontend.load_model(3.5)
+    with pytest.raises(ModelLoadError, match="known models"):
+        frontend.load_model("zoo:alexnet")
+
+
+def test_unsupported_op_names_op_and_node():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+             helper.make_node("MyCustomOp", ["r"], ["y"], name="custom7", domain="com.example")]
+    model = make_model(nodes, [("x", [1, 4])], [("y", [1, 4])])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedOpError) as e:
+        tvmfuse.compile(model, target=HOST)
+    assert "com.example.MyCustomOp" in str(e.value) and "custom7" in str(e.value)
+
+
+def test_unsupported_default_domain_op_lists_nodes():
+    nodes = [helper.make_node("QLinearConv", ["x", "s", "z", "w", "s", "z", "s", "z"], ["y"], name=f"qc{i}")
+             for i in range(1)]
+    inits = [numpy_helper.from_array(np.array(0.1, "float32"), "s"),
+             numpy_helper.from_array(np.array(0, "uint8"), "z"),
+             numpy_helper.from_array(np.zeros((1, 1, 1, 1), "uint8"), "w")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    with pytest.raises(UnsupportedOpError, match="QLinearConv.*'qc0'"):
+        frontend.check_ops(model, "m.onnx")
+
+
+def test_dynamic_dims_need_shapes():
+    with pytest.raises(ShapeError) as e:
+        tvmfuse.compile(conv_relu(batch="N"), target=HOST)
+    assert "'x'" in str(e.value) and "N" in str(e.value) and "--shape" in str(e.value)
+
+
+def test_shapes_errors():
+    model = conv_relu(batch="N")
+    with pytest.raises(ShapeError, match="unknown input.*'y'"):
+        frontend.prepare(model, {"y": (1, 3, 16, 16)})
+    with pytest.raises(ShapeError, match="rank 4"):
+        frontend.prepare(model, {"x": (1, 3, 16)})
+    with pytest.raises(ShapeError, match="dim 1 is fixed to 3"):
+        frontend.prepare(model, {"x": (1, 4, 16, 16)})
+    with pytest.raises(ShapeError, match="positive"):
+        frontend.prepare(model, {"x": (0, 3, 16, 16)})
+
+
+def test_shapes_fix_dynamic_batch():
+    cm = tvmfuse.compile(conv_relu(batch="N"), target=HOST, shapes={"x": (2, 3, 16, 16)})
+    assert cm.inputs[0].shape == (2, 3, 16, 16) and cm.outputs[0].shape == (2, 8, 16, 16)
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype("float32")
+    np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(conv_relu(batch="N"), {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_fold_same_padding_chain():
+    # EfficientNet's TF "SAME" padding arrives as a ConstantOfShape/Concat/Slice chain feeding Pad.
+    model = zoo.get("efficientnet_lite0")
+    ops = [n.op_type for n in model.graph.node]
+    assert {"ConstantOfShape", "Slice", "Concat"} <= set(ops)
+    proto, _, _, _ = frontend.prepare(model)
+    folded_ops = {n.op_type for n in proto.graph.node}
+    assert not folded_ops & {"ConstantOfShape", "Slice", "Concat", "Cast", "Constant", "Transpose"}
+    inits = {t.name for t in proto.graph.initializer}
+    pads = [n for n in proto.graph.node if n.op_type == "Pad"]
+    assert len(pads) == 5 and all(n.input[1] in inits for n in pads)
+
+
+def test_fold_shape_of_static_tensor_and_keep_qdq():
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"]),
+             helper.make_node("Add", ["r", "w"], ["y"])]
+    inits = [numpy_helper.from_array(np.ones((2, 3), "int8"), "wq"),
+             numpy_helper.from_array(np.array(0.5, "float32"), "ws")]
+    model = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])], inits)
+    folded, count = frontend.fold_constants(model)
+    ops = [n.op_type for n in folded.graph.node]
+    assert count == 1 and "Shape" not in ops
+    # Folding DequantizeLinear(int8 weight) would erase the QDQ structure the INT8 path needs.
+    assert "DequantizeLinear" in ops
+
+
+def test_fold_leaves_graph_outputs_and_dynamic_nodes():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    model = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
+    folded, count = frontend.fold_constants(model)
+    assert count == 0 and [n.op_type for n in folded.graph.node] == ["Relu"]

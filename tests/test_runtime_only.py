@@ -1,0 +1,71 @@
+"""Exported libraries load and run with the TVM runtime alone (no compiler library mapped)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse.errors import ModelLoadError, TargetError
+
+CHILD = r"""
+import json, sys
+import numpy as np
+import tvmfuse
+model = tvmfuse.load(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
+out = model.run({"input": x})[0]
+bench = model.benchmark(repeat=3, warmup=1)
+maps = open("/proc/self/maps").read()
+print(json.dumps({"out": out.tolist(), "median_ms": bench["median_ms"],
+                  "compiler_mapped": "libtvm_compiler" in maps, "runtime_mapped": "libtvm_runtime" in maps,
+                  "relax_imported": "tvm.relax" in sys.modules}))
+"""
+
+
+def test_load_in_subprocess_without_compiler(tiny_compiled, tiny_exported):
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tiny_exported)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not result["compiler_mapped"] and result["runtime_mapped"] and not result["relax_imported"]
+    assert result["median_ms"] > 0
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
+    np.testing.assert_allclose(np.array(result["out"], "float32"), tiny_compiled.run({"input": x})[0], rtol=1e-6)
+
+
+def test_load_errors(tiny_exported, tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        tvmfuse.load(tmp_path / "missing.so")
+    lonely = tmp_path / "lonely.so"
+    lonely.write_bytes(tiny_exported.read_bytes())
+    with pytest.raises(ModelLoadError, match="manifest lonely.json is missing"):
+        tvmfuse.load(lonely)
+    lonely.with_suffix(".json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not a tvmfuse manifest"):
+        tvmfuse.load(lonely)
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not a shared library")
+    junk.with_suffix(".json").write_text(tiny_exported.with_suffix(".json").read_text())
+    with pytest.raises(ModelLoadError, match="cannot load library"):
+        tvmfuse.load(junk)
+
+
+def test_load_refuses_cpu_features_the_host_lacks(tiny_exported, tmp_path):
+    # A library built for a richer CPU must fail with a message, not SIGILL.
+    lib = tmp_path / "future.so"
+    lib.write_bytes(tiny_exported.read_bytes())
+    manifest = json.loads(tiny_exported.with_suffix(".json").read_text())
+    manifest["cpu_flags"] = ["avx2", "imaginary_isa_flag"]
+    lib.with_suffix(".json").write_text(json.dumps(manifest))
+    with pytest.raises(TargetError, match="imaginary_isa_flag"):
+        tvmfuse.load(lib)
+
+
+def test_unknown_device(tiny_exported):
+    with pytest.raises(TargetError, match="unknown device"):
+        tvmfuse.load(tiny_exported, device="tpu")
