@@ -19,7 +19,7 @@ try:
 except ImportError:  # tests/ is not a package: pytest put it on sys.path
     import onnx_node_cases as node_cases
 
-TRAINING = "training mode: inference compiler (running mean/var outputs of training_mode=1 are not computed)"
+TRAINING = "training mode: tvmfuse is an inference compiler and rejects BatchNormalization(training_mode=1)"
 BLOCKED = "TVM importer: blocked quantization (block_size attribute) is not supported yet"
 FLOAT8 = "TVM importer: float8 (e4m3fn/e5m2) zero_point dtype not supported by relax (de)quantize"
 SUB_BYTE_DQ = "TVM: relax.op.dequantize rejects int4/uint4/int2/uint2/float4e2m1 input ('Unsupported input datatype')"
@@ -27,9 +27,6 @@ SUB_BYTE_Q = ("TVM importer: packed int4/uint4/int2/uint2 zero_point initializer
               "('TensorCopyFromBytes: size mismatch')")
 FLOAT4_Q = "TVM importer: float4_e2m1fn output dtype not supported by relax quantize"
 ARGMAX = "TVM importer: MaxPool second output (Indices) not supported ('Missing outputs during conversion')"
-ZERO_DIM = ("tvmfuse bug: frontend/load.py _dims treats dim_value 0 (a zero-size dim) as dynamic -> ShapeError; "
-            "with that fixed, TVM's Reshape(allowzero=1) with a 0 in shape gives a symbolic output shape, which "
-            "api._relax_output_infos cannot handle (TypeError)")
 
 EXPECTED_FAILURES = {
     "test_batchnorm_epsilon_training_mode": TRAINING,
@@ -55,12 +52,10 @@ EXPECTED_FAILURES = {
     "test_quantizelinear_float4e2m1": FLOAT4_Q,
     "test_maxpool_with_argmax_2d_precomputed_pads": ARGMAX,
     "test_maxpool_with_argmax_2d_precomputed_strides": ARGMAX,
-    "test_reshape_allowzero_reordered": ZERO_DIM,
 }
 
-# Training-mode BN compiles and runs but computes wrong statistics (a numeric mismatch); every other expected
-# failure must be a clean tvmfuse error, not a crash.
-_RAISES = {TRAINING: AssertionError}
+# Every expected failure must be a clean tvmfuse error, not a crash or a wrong number.
+_RAISES: dict = {}
 
 CASE_NAMES = list(node_cases.cases())
 

@@ -10,7 +10,7 @@ import numpy as np
 from . import frontend, targets
 from .errors import TargetError
 from .export import build, export_library, kernel_names, make_manifest
-from .passes.pipeline import run_graph_passes
+from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
 from .runtime import Runner
 from .tensors import TensorInfo
@@ -76,12 +76,19 @@ class CompiledModel:
 
 
 def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
-    """Output shapes/dtypes from the Relax signature (used where ONNX shape inference left a dim open)."""
-    from tvm import ir
+    """Output shapes/dtypes from the Relax signature; -1 marks a dim only known at run time (e.g. NonZero)."""
+    from tvm import ir, tirx
+
+    def dim(d) -> int:
+        return int(d) if isinstance(d, (int, tirx.IntImm)) else -1
 
     ret = mod["main"].ret_ty
     fields = list(ret.fields) if isinstance(ret, ir.TupleType) else [ret]
-    return [TensorInfo(n, tuple(int(d) for d in f.shape), str(f.dtype)) for n, f in zip(names, fields)]
+    infos = []
+    for name, f in zip(names, fields):
+        shape = tuple(dim(d) for d in f.shape) if f.shape is not None else (-1,) * max(int(f.ndim), 0)
+        infos.append(TensorInfo(name, shape, str(f.dtype)))
+    return infos
 
 
 def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | None = None,
@@ -108,10 +115,13 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes)
     tvm_target = spec.tvm_target()
-    with steps.step("graph passes"):
-        mod = run_graph_passes(imported.mod, spec, tvm_target)
+    record = PassRecord()
+    with steps.step("partition and fuse"):
+        mod = run_graph_passes(imported.mod, spec, tvm_target, record)
     with steps.step(f"build for {spec.name}"):
         executable, lowered = build(mod, spec)
     names = [o.name for o in imported.outputs]
     outputs = _relax_output_infos(mod, names)
-    return CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
+    cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
+    cm.record = record
+    return cm

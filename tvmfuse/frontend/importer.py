@@ -18,6 +18,13 @@ def supported_op_types() -> frozenset[str]:
     return frozenset(_get_convert_map())
 
 
+def _attr(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
 def check_ops(model: onnx.ModelProto, source: str) -> None:
     """Raise UnsupportedOpError naming each unsupported op type and its first nodes."""
     supported = supported_op_types()
@@ -26,6 +33,9 @@ def check_ops(model: onnx.ModelProto, source: str) -> None:
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
         if node.domain not in ("", "ai.onnx") or node.op_type not in supported:
             bad[op].append(node.name or f"#{i}")
+        elif node.op_type == "BatchNormalization" and _attr(node, "training_mode", 0):
+            # TVM would compute the batch statistics' outputs wrongly; an inference compiler must refuse.
+            bad["BatchNormalization(training_mode=1)"].append(node.name or f"#{i}")
     if bad:
         parts = [f"{op} (node{'s' if len(nodes) > 1 else ''} {', '.join(repr(n) for n in nodes[:3])}"
                  f"{', ...' if len(nodes) > 3 else ''})" for op, nodes in bad.items()]

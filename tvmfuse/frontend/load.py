@@ -76,8 +76,8 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | str | None]:
     t = value.type.tensor_type
     if not t.HasField("shape"):
         return [None]
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
-            for d in t.shape.dim]
+    # A dim_value of 0 is a real (empty) dimension, not an unknown one.
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None) -> list[TensorInfo]:

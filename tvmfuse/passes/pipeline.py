@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..targets import TargetSpec
 
 
-def graph_passes(spec: TargetSpec):
-    """Passes run on the imported module before the build, in order."""
+@dataclasses.dataclass
+class PassRecord:
+    """What the graph passes found, for reports and op-check.
+
+    Attributes
+    ----------
+    partitioned : tvm.IRModule or None
+        The module right after partitioning (partition functions still in Relax).
+    rejections : dict
+        Anchor var name -> why a candidate group was refused.
+    kernels : dict
+        Kernel (PrimFunc) name -> the partition's Relax function it was lowered from.
+    """
+
+    partitioned: object = None
+    rejections: dict = dataclasses.field(default_factory=dict)
+    kernels: dict = dataclasses.field(default_factory=dict)
+
+
+def canonicalize_passes() -> list:
+    """Fold constants, restore R.clip, fold batch-norm into convs: the shapes the patterns expect."""
     from tvm import relax
 
-    return [relax.transform.FoldConstant()]
+    from .canonicalize import CanonicalizeClip
+    from .fold_bn import FoldBatchNorm
+
+    return [relax.transform.FoldConstant(), CanonicalizeClip, FoldBatchNorm, relax.transform.FoldConstant()]
+
+
+def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True):
+    """Canonicalize, partition and lower partitions to fused kernels, under the target context."""
+    import tvm
+
+    from .lower import LowerPartitions
+    from .partition import Partition
+
+    record = record if record is not None else PassRecord()
+    with target, tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(canonicalize_passes(), name="tvmfuse.Canonicalize")(mod)
+        if not partition:
+            return mod
+        mod = Partition(record.rejections)(mod)
+        record.partitioned = mod
+        return LowerPartitions(spec, record.kernels)(mod)
 
 
 def relax_pipeline(spec: TargetSpec, target):
@@ -22,12 +63,3 @@ def relax_pipeline(spec: TargetSpec, target):
     from tvm import relax
 
     return relax.get_default_pipeline(target)
-
-
-def run_graph_passes(mod, spec: TargetSpec, target):
-    """Apply :func:`graph_passes` under the target context."""
-    import tvm
-
-    seq = tvm.transform.Sequential(graph_passes(spec), name="tvmfuse.GraphPasses")
-    with target, tvm.transform.PassContext(opt_level=3):
-        return seq(mod)

@@ -1,0 +1,102 @@
+"""TE computes shared by all targets: a partition's Relax body interpreted op by op into one TE graph.
+
+The anchor (conv2d, depthwise conv2d, dense) comes from ``topi.nn``; the epilogue ops (bias, residual add,
+activations) become elementwise stages that the schedules inline into the anchor's output loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import relax, te, topi
+
+# Block names of the anchor stage, per family (the schedules look them up by name).
+ANCHOR_BLOCK = {"conv2d": "conv2d_nchw", "group_conv2d": "group_conv2d_nchw",
+                "depthwise_conv2d": "DepthwiseConv2d", "dense": "T_matmul_NN"}
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]
+
+
+def _conv2d(call, data, weight):
+    a = call.attrs
+    strides, padding, dilation, groups = _ints(a.strides), _ints(a.padding), _ints(a.dilation), int(a.groups)
+    in_channels = int(data.shape[1])
+    if groups == 1:
+        return topi.nn.conv2d_nchw(data, weight, strides, padding, dilation)
+    if groups == in_channels and int(weight.shape[1]) == 1:
+        # Relax weight (C*M, 1, kh, kw) -> topi's depthwise filter (C, M, kh, kw).
+        multiplier = int(weight.shape[0]) // in_channels
+        filt = topi.reshape(weight, (in_channels, multiplier, int(weight.shape[2]), int(weight.shape[3])))
+        return topi.nn.depthwise_conv2d_nchw(data, filt, strides, padding, dilation)
+    return topi.nn.group_conv2d_nchw(data, weight, strides, padding, dilation, groups)
+
+
+def _clip(call, x):
+    lo, hi = (float(v.value) for v in call.args[1:3])
+    return topi.clip(x, lo, hi)
+
+
+def _leakyrelu(call, x):
+    return topi.nn.leaky_relu(x, float(call.attrs.alpha))
+
+
+TE_OPS = {
+    "relax.nn.conv2d": _conv2d,
+    "relax.matmul": lambda call, a, b: topi.nn.matmul(a, b),
+    "relax.add": lambda call, a, b: topi.add(a, b),
+    "relax.subtract": lambda call, a, b: topi.subtract(a, b),
+    "relax.multiply": lambda call, a, b: topi.multiply(a, b),
+    "relax.divide": lambda call, a, b: topi.divide(a, b),
+    "relax.nn.relu": lambda call, x: topi.nn.relu(x),
+    "relax.clip": _clip,
+    "relax.nn.leakyrelu": _leakyrelu,
+    "relax.sigmoid": lambda call, x: topi.sigmoid(x),
+}
+
+
+@dataclasses.dataclass
+class PartitionCompute:
+    """The TE graph of one partition."""
+
+    inputs: list  # te placeholders, one per composite parameter, in parameter order
+    output: te.Tensor
+    family: str  # conv2d | group_conv2d | depthwise_conv2d | dense
+    ops: list[str]  # Relax ops covered, in order
+
+    def prim_func(self) -> tvm.tirx.PrimFunc:
+        return te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
+
+
+def _family(call) -> str:
+    if call.op.name == "relax.matmul":
+        return "dense"
+    groups = int(call.attrs.groups)
+    if groups == 1:
+        return "conv2d"
+    weight_in = call.args[1].ty.shape[1]
+    return "depthwise_conv2d" if groups == int(call.args[0].ty.shape[1]) and int(weight_in) == 1 else "group_conv2d"
+
+
+def partition_compute(fn: relax.Function) -> PartitionCompute:
+    """Interpret a composite function's body with TE (parameters become placeholders)."""
+    env, inputs = {}, []
+    for i, p in enumerate(fn.params):
+        t = te.placeholder(_ints(p.ty.shape), p.ty.dtype, name=f"p{i}")
+        env[p] = t
+        inputs.append(t)
+    ops, family = [], None
+    for block in fn.body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            name = call.op.name
+            if name not in TE_OPS:
+                raise NotImplementedError(f"no TE compute for {name} in partition")
+            if family is None and name in ("relax.nn.conv2d", "relax.matmul"):
+                family = _family(call)
+            args = [env[a] for a in call.args if isinstance(a, relax.Var)]
+            env[binding.var] = TE_OPS[name](call, *args)
+            ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
+    return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops)

@@ -1,0 +1,1 @@
+"""x86 schedules (LLVM targets)."""

@@ -1,0 +1,73 @@
+"""CanonicalizeClip: turn the importer's Clip lowering back into ``R.clip``.
+
+TVM's ONNX importer lowers ``Clip(x, lo, hi)`` to ``call_tir(maximum, (x, lo))`` then
+``call_tir(minimum, (., hi))`` (PrimFuncs from ``topi.maximum``/``topi.minimum``, named ``maximum``,
+``maximum1``, ...). Fusion patterns want one ``relax.clip`` op, so the pair (or a lone maximum/minimum
+against a scalar constant) is rewritten here; the PrimFuncs left unused are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .utils import const_array
+
+_NAME = re.compile(r"^(maximum|minimum)\d*$")
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _scalar_const(expr) -> float | None:
+    value = const_array(expr)
+    if value is not None and value.size == 1 and value.dtype.kind == "f":
+        return float(value.reshape(()))
+    return None
+
+
+@relax.expr_functor.mutator
+class _ClipRewriter(relax.PyExprMutator):
+    def _min_max(self, call):
+        """``(kind, tensor, bound)`` when ``call`` is call_tir(maximum|minimum, (tensor, scalar const))."""
+        if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.call_tir")):
+            return None
+        callee, args = call.args[0], call.args[1]
+        if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(args, relax.Tuple) or len(args.fields) != 2:
+            return None
+        m = _NAME.match(callee.name_hint)
+        bound = _scalar_const(args.fields[1])
+        if m is None or bound is None:
+            return None
+        return m.group(1), args.fields[0], bound
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        outer = self._min_max(call)
+        if outer is None:
+            return call
+        kind, tensor, bound = outer
+        lo, hi = (bound, _F32_MAX) if kind == "maximum" else (-_F32_MAX, bound)
+        if kind == "minimum" and isinstance(tensor, relax.Var):
+            # The inner maximum was visited first and may already be a relu (maximum against 0).
+            inner_call = self.lookup_binding(tensor)
+            if isinstance(inner_call, relax.Call) and inner_call.op == tvm.ir.Op.get("relax.nn.relu"):
+                tensor, lo = inner_call.args[0], 0.0
+            else:
+                inner = self._min_max(inner_call)
+                if inner is not None and inner[0] == "maximum":
+                    tensor, lo = inner[1], inner[2]
+        if lo == 0.0 and hi == _F32_MAX:
+            return relax.op.nn.relu(tensor)
+        return relax.op.clip(tensor, lo, hi)
+
+
+@tvm.transform.module_pass(opt_level=0, name="CanonicalizeClip")
+def CanonicalizeClip(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
+    """Rewrite maximum/minimum call_tir pairs with scalar constant bounds into ``R.clip`` / ``R.nn.relu``."""
+    rewriter = _ClipRewriter(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())

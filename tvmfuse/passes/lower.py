@@ -1,0 +1,74 @@
+"""LowerPartitions: replace each partition call by one ``call_tir`` to a fused TE kernel.
+
+The kernel is interpreted from the partition body (``tvmfuse.schedules.compute``), carries what schedules
+and reports need (``tvmfuse.partition``, ``tvmfuse.family``, ``tvmfuse.ops``), is marked opaque so TVM's
+FuseOps leaves it whole, and gets the target's default schedule.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from tvmfuse.schedules.compute import partition_compute
+
+from ..targets import TargetSpec
+
+# AnnotateTIROpPattern leaves a func with op_pattern set alone; kOpaque keeps FuseOps from merging
+# neighbours into the kernel (the epilogue is already inside).
+OPAQUE = 8
+
+
+def kernel_name(partition: str) -> str:
+    return partition.replace(".", "_")
+
+
+def make_kernel(fn: relax.Function, spec: TargetSpec | None) -> tvm.tirx.PrimFunc:
+    """The fused PrimFunc for one partition function, scheduled for ``spec`` where a schedule applies."""
+    pc = partition_compute(fn)
+    func = pc.prim_func()
+    if spec is not None and spec.is_cpu:
+        from tvmfuse.schedules.x86.fused import schedule_fused
+
+        scheduled = schedule_fused(func, pc.family)
+        func = scheduled if scheduled is not None else func
+    name = str(fn.attrs["Composite"])
+    return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family,
+                            "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE})
+
+
+@relax.expr_functor.mutator
+class _Lower(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None):
+        super().__init__(mod)
+        self.mod_, self.spec, self.record = mod, spec, record
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.GlobalVar):
+            return call
+        fn = self.mod_[call.op]
+        if not (isinstance(fn, relax.Function) and fn.attrs and "Composite" in fn.attrs):
+            return call
+        kernel = make_kernel(fn, self.spec)
+        gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
+        if self.record is not None:
+            self.record[gv.name_hint] = fn
+        return relax.call_tir(gv, list(call.args), fn.ret_ty)
+
+
+def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
+    """Lower every partition call to ``call_tir``; the partition functions are then dropped.
+
+    ``record`` (optional dict) receives kernel name -> the partition function it came from.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="LowerPartitions")
+    def _lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        lower = _Lower(mod, spec, record)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+                lower.builder_.update_func(gv, lower.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(lower.builder_.get())
+
+    return _lower

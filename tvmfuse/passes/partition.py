@@ -1,0 +1,34 @@
+"""Partition: group supported operators into named partitions with FuseOpsByPattern.
+
+Each match becomes a private Relax function with ``Composite = "tvmfuse.<family>[_add][_<act>]"``; weights
+stay parameters (``bind_constants=False``) so the kernels take them as arguments. Ops outside partitions
+are untouched and go through TVM's default path.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .. import patterns
+
+
+def Partition(rejections: dict | None = None) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+    """The partition pass. ``rejections`` (optional dict) collects why candidate groups were refused."""
+
+    @tvm.transform.module_pass(opt_level=0, name="Partition")
+    def _partition(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        fuse = relax.transform.FuseOpsByPattern(patterns.table(rejections), bind_constants=False,
+                                                annotate_codegen=False)
+        return fuse(mod)
+
+    return _partition
+
+
+def composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
+    """The partition functions of ``mod``: global var name -> function."""
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs:
+            out[gv.name_hint] = func
+    return out

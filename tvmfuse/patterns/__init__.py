@@ -1,0 +1,48 @@
+"""The fusion pattern table: data in one place, in priority order.
+
+Priority (earlier wins, as ``FuseOpsByPattern`` wants): per anchor family (depthwise conv2d, conv2d,
+dense), the longest epilogue first: residual add + relu, residual add, then each activation, then the
+anchor alone. The bias is optional in every entry. ``tests/test_patterns.py`` pins this order.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tvm.relax.transform import FusionPattern
+
+from .builders import ACTIVATIONS, make_fused_pattern
+from .checks import check_fused
+
+PREFIX = "tvmfuse"
+FAMILIES = ("depthwise_conv2d", "conv2d", "dense")
+
+
+def _entries(family: str):
+    """(residual, activation) variants of one family, longest first."""
+    if family != "dense":
+        yield True, "relu"
+        yield True, None
+    for act in ACTIVATIONS:
+        yield False, act
+    yield False, None
+
+
+def entry_name(family: str, residual: bool, activation: str | None) -> str:
+    return f"{PREFIX}.{family}" + ("_add" if residual else "") + (f"_{activation}" if activation else "")
+
+
+def table(rejections: dict | None = None) -> list[FusionPattern]:
+    """The ordered pattern table. ``rejections`` (optional) collects why a match was refused."""
+    patterns = []
+    for family in FAMILIES:
+        for residual, act in _entries(family):
+            pattern, annotations = make_fused_pattern(family, residual, act)
+            check = functools.partial(check_fused, family=family, rejections=rejections)
+            patterns.append(FusionPattern(entry_name(family, residual, act), pattern, annotations, check))
+    return patterns
+
+
+def names() -> list[str]:
+    """Pattern names in priority order."""
+    return [entry_name(f, r, a) for f in FAMILIES for r, a in _entries(f)]

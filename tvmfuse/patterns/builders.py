@@ -1,0 +1,63 @@
+"""Pattern builders: anchors (conv2d, matmul with constant weights) and their epilogues.
+
+Each builder returns ``(pattern, annotations)``; annotations name the sub-patterns the checks and the
+lowering read (``data``, ``weight``, ``bias``, ``residual``, ``root``).
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+
+ACTIVATIONS = ("relu", "clip", "hardswish", "leakyrelu", "sigmoid")
+
+
+def make_anchor_pattern(family: str) -> tuple[DFPattern, dict]:
+    """conv2d (also depthwise: the checks tell them apart) or dense, with a constant weight."""
+    data, weight = wildcard(), is_const()
+    op = "relax.matmul" if family == "dense" else "relax.nn.conv2d"
+    root = is_op(op)(data, weight)
+    return root, {"data": data, "weight": weight, "root": root}
+
+
+def with_bias(out: DFPattern, annotations: dict) -> DFPattern:
+    """``out + constant`` or ``out`` alone: the bias is optional (folded batch-norm adds one)."""
+    bias = is_const()
+    annotations["bias"] = bias
+    return is_op("relax.add")(out, bias) | out
+
+
+def with_residual(out: DFPattern, annotations: dict) -> DFPattern:
+    """``out + residual`` in either operand order."""
+    residual = wildcard()
+    annotations["residual"] = residual
+    add = is_op("relax.add")(out, residual) | is_op("relax.add")(residual, out)
+    annotations["residual_add"] = add
+    return add
+
+
+def with_activation(out: DFPattern, kind: str) -> DFPattern:
+    """One activation applied to ``out``; ``clip`` covers relu6. Hardswish is ``x * clip(x + 3, 0, 6) / 6``."""
+    if kind == "relu":
+        return is_op("relax.nn.relu")(out)
+    if kind == "clip":
+        return is_op("relax.clip")(out, wildcard(), wildcard())
+    if kind == "leakyrelu":
+        return is_op("relax.nn.leakyrelu")(out)
+    if kind == "sigmoid":
+        return is_op("relax.sigmoid")(out)
+    if kind == "hardswish":
+        shifted = is_op("relax.add")(out, is_const())
+        scaled = is_op("relax.divide")(is_op("relax.clip")(shifted, wildcard(), wildcard()), is_const())
+        return is_op("relax.multiply")(out, scaled) | is_op("relax.multiply")(scaled, out)
+    raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
+
+
+def make_fused_pattern(family: str, residual: bool, activation: str | None) -> tuple[DFPattern, dict]:
+    """anchor (+bias) (+residual add) (+activation)."""
+    out, annotations = make_anchor_pattern(family)
+    out = with_bias(out, annotations)
+    if residual:
+        out = with_residual(out, annotations)
+    if activation is not None:
+        out = with_activation(out, activation)
+    return out, annotations

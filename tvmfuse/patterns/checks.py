@@ -1,0 +1,109 @@
+"""Checks run on each pattern match: which anchor family it is, and whether fusing is legal.
+
+A check returns False to leave the ops unfused; it records why in ``REJECTIONS`` (anchor var name ->
+reason) so the partition report can say why an op stayed out.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.transform import PatternCheckContext
+
+SUPPORTED_DTYPES = ("float32",)
+
+
+def _shape(expr) -> tuple[int, ...] | None:
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        return None
+
+
+def _reject(ctx: PatternCheckContext, reason: str, rejections: dict | None) -> bool:
+    if rejections is not None:
+        root = ctx.annotated_expr["root"]
+        var = ctx.value_to_bound_var.get(root)
+        if var is not None:
+            rejections.setdefault(var.name, reason)
+    return False
+
+
+def is_depthwise(conv: relax.Call) -> bool:
+    """groups == in_channels, one input channel per group (out_channels = multiplier * in_channels)."""
+    data, weight = _shape(conv.args[0]), _shape(conv.args[1])
+    groups = int(conv.attrs.groups)
+    return data is not None and weight is not None and groups == data[1] and weight[1] == 1 and groups > 1
+
+
+def _leaks(ctx: PatternCheckContext) -> str | None:
+    """Name of an intermediate value of the match that is also used outside it, if any."""
+    inside = set(ctx.matched_bindings.keys())
+    root_var = ctx.value_to_bound_var.get(ctx.matched_expr)
+    for var in inside:
+        if root_var is not None and var.same_as(root_var):
+            continue
+        users = ctx.var_usages.get(var, [])
+        if any(u not in inside for u in users):
+            return var.name
+    return None
+
+
+def _ancestors(var, bindings: dict) -> set:
+    """All vars ``var`` is computed from (through the function's bindings)."""
+    seen, stack = set(), [var]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        value = bindings.get(v)
+        if value is not None:
+            stack.extend(relax.analysis.free_vars(value))
+    return seen
+
+
+def _check_residual(ctx: PatternCheckContext, rejections) -> bool:
+    """Add-to-output legality (OneFlow's FuseAddToOutput rules)."""
+    residual, add = ctx.annotated_expr["residual"], ctx.annotated_expr["residual_add"]
+    if is_constant(residual):
+        return False  # a constant added to the output is a bias: the non-residual entries take it
+    if _shape(residual) != _shape(add) or residual.ty.dtype != add.ty.dtype:
+        return _reject(ctx, f"residual add: operand shape {_shape(residual)} {residual.ty.dtype} differs from "
+                            f"the conv output {_shape(add)} {add.ty.dtype} (broadcast add)", rejections)
+    if isinstance(residual, relax.Var):
+        bindings = {v: e for e, v in ctx.value_to_bound_var.items()}
+        anchor = ctx.value_to_bound_var.get(ctx.annotated_expr["root"])
+        if anchor is not None and anchor in _ancestors(residual, bindings):
+            return _reject(ctx, "residual add: the other operand depends on the conv itself (cycle)", rejections)
+    return True
+
+
+def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None = None) -> bool:
+    """The check for every table entry: anchor family, dtype/layout support, no leak, legal residual."""
+    root = ctx.annotated_expr["root"]
+    dtype = root.ty.dtype
+    if dtype not in SUPPORTED_DTYPES or any(a.ty.dtype != dtype for a in root.args):
+        return _reject(ctx, f"dtype {dtype} not supported by the {family} kernels", rejections)
+    if family == "dense":
+        if len(_shape(root.args[0]) or ()) != 2 or len(_shape(root.args[1]) or ()) != 2:
+            return _reject(ctx, "matmul: only 2-D data x 2-D constant weight is a dense", rejections)
+    else:
+        a = root.attrs
+        if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+            return _reject(ctx, f"conv2d layout {a.data_layout}/{a.kernel_layout} not supported", rejections)
+        if (family == "depthwise_conv2d") != is_depthwise(root):
+            return False  # the other conv family's entry takes it
+    leak = _leaks(ctx)
+    if leak is not None:
+        return _reject(ctx, f"intermediate {leak} is also used outside the group", rejections)
+    if "residual" in ctx.annotated_expr and not _check_residual(ctx, rejections):
+        return False
+    return True
+
+
+def is_constant(expr) -> bool:
+    return isinstance(expr, tvm.ir.expr.Constant)
