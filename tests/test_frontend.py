@@ -91,12 +91,55 @@ def test_fold_same_padding_chain():
     model = zoo.get("efficientnet_lite0")
     ops = [n.op_type for n in model.graph.node]
     assert {"ConstantOfShape", "Slice", "Concat"} <= set(ops)
-    proto, _, _, _ = frontend.prepare(model)
-    folded_ops = {n.op_type for n in proto.graph.node}
+    folded, _ = frontend.fold_constants(frontend.load_model(model)[0])
+    folded_ops = {n.op_type for n in folded.graph.node}
     assert not folded_ops & {"ConstantOfShape", "Slice", "Concat", "Cast", "Constant", "Transpose"}
-    inits = {t.name for t in proto.graph.initializer}
-    pads = [n for n in proto.graph.node if n.op_type == "Pad"]
+    inits = {t.name for t in folded.graph.initializer}
+    pads = [n for n in folded.graph.node if n.op_type == "Pad"]
     assert len(pads) == 5 and all(n.input[1] in inits for n in pads)
+    # The zero pads then move into the stride-2 convs (TF SAME: more padding at the end).
+    proto, _, _, _ = frontend.prepare(model)
+    assert not [n for n in proto.graph.node if n.op_type == "Pad"]
+    conv_pads = [list(a.ints) for n in proto.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "pads"]
+    assert [0, 0, 1, 1] in conv_pads and [1, 1, 2, 2] in conv_pads
+
+
+def _pad_conv(pads, value=0.0, mode="constant", second_reader=False):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(pads, "int64"), "pads"),
+             numpy_helper.from_array(np.array(value, "float32"), "value"),
+             numpy_helper.from_array(rng.standard_normal((4, 3 + pads[1] + pads[5], 3, 3)).astype("float32"), "W")]
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"], mode=mode),
+             helper.make_node("Conv", ["p", "W"], ["y"], strides=[2, 2])]
+    outputs = [("y", None)]
+    if second_reader:
+        nodes.append(helper.make_node("Relu", ["p"], ["z"]))
+        outputs.append(("z", None))
+    return make_model(nodes, [("x", [1, 3, 8, 8])], outputs, inits)
+
+
+def test_fuse_pad_into_conv_matches_onnxruntime():
+    model = _pad_conv([0, 0, 0, 0, 0, 0, 1, 1])
+    fused, count = frontend.fuse_pad_into_conv(frontend.load_model(model)[0])
+    assert count == 1 and [n.op_type for n in fused.graph.node] == ["Conv"]
+    x = {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")}
+    out = tvmfuse.compile(model, target=HOST).run(x)[0]
+    np.testing.assert_allclose(out, ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"pads": [0, 1, 0, 0, 0, 0, 1, 1]},               # pads the channel axis
+    {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "value": 1.0},  # not a zero pad
+    {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "mode": "reflect"},
+    {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "second_reader": True},
+])
+def test_fuse_pad_into_conv_leaves_what_it_must(kwargs):
+    model = _pad_conv(**kwargs)
+    _, count = frontend.fuse_pad_into_conv(frontend.load_model(model)[0])
+    assert count == 0
+    x = {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")}
+    for out, ref in zip(tvmfuse.compile(model, target=HOST).run(x), ort_run(model, x)):
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_fold_shape_of_static_tensor_and_keep_qdq():

@@ -7,12 +7,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import frontend, targets
+from . import frontend, opcheck, targets
 from .errors import TargetError
 from .export import build, export_library, kernel_names, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
-from .runtime import Runner
+from .runtime import Runner, random_inputs
 from .tensors import TensorInfo
 
 
@@ -38,6 +38,7 @@ class CompiledModel:
         self.executable, self.mod, self.lowered, self.target = executable, mod, lowered, spec
         self.inputs, self.outputs = list(inputs), list(outputs)
         self.source, self.stats = source, stats
+        self.record = PassRecord()
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
@@ -54,8 +55,28 @@ class CompiledModel:
         return self._runner
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run once on checked inputs; return the outputs as numpy arrays."""
+        """Run once on checked inputs; return the outputs as numpy arrays.
+
+        With ``TVMFUSE_OPCHECK=1`` every partition is also checked against the unfused reference.
+        """
+        if opcheck.enabled() and self.target.is_cpu:
+            return opcheck.run_checked(self, inputs)[0]
         return self._get_runner().run(inputs)
+
+    def opcheck(self, inputs: Mapping[str, np.ndarray] | None = None, rtol: float = 1e-4, atol: float = 1e-4):
+        """Check every partition against TVM's unfused path on ``inputs`` (seeded random by default).
+
+        Returns the list of :class:`tvmfuse.opcheck.PartitionCheck`; raises ``OpCheckError`` at the first
+        partition whose output differs beyond tolerance.
+        """
+        inputs = inputs if inputs is not None else random_inputs(self.inputs)
+        return opcheck.run_checked(self, inputs, rtol=rtol, atol=atol)[1]
+
+    def partition_report(self):
+        """What the partitioner grouped and left out (see ``tvmfuse partition``)."""
+        from .partition_report import build_report
+
+        return build_report(self.record.partitioned, self.record.rejections, self.source, self.target.name)
 
     def benchmark(self, inputs: Mapping[str, np.ndarray] | None = None, repeat: int = 50, warmup: int = 5) -> dict:
         """Median/min/max/mean latency in ms over ``repeat`` runs (seeded random inputs by default)."""

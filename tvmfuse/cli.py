@@ -36,10 +36,18 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="static shape for an input with dynamic dims (repeatable)")
 
 
+def _print_opcheck(cm) -> None:
+    checks = cm.opcheck()
+    worst = max((c.max_abs_error for c in checks), default=0.0)
+    print(f"op-check: {len(checks)} partition calls match the unfused reference (largest error {worst:.3g})")
+
+
 def cmd_compile(args) -> int:
     from . import api
 
     cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet)
+    if args.opcheck:
+        _print_opcheck(cm)
     path = cm.export(args.output)
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
     return 0
@@ -84,6 +92,20 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_partition(args) -> int:
+    if args.opcheck:
+        from . import api
+
+        cm = api.compile(args.model, target=args.target, shapes=_shapes(args))
+        print(cm.partition_report().format())
+        _print_opcheck(cm)
+        return 0
+    from .partition_report import partitions
+
+    print(partitions(args.model, target=args.target, shapes=_shapes(args)).format())
+    return 0
+
+
 def cmd_zoo(args) -> int:
     from . import zoo
 
@@ -105,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one of {', '.join(targets.names())} (default x86-avx512)")
     p.add_argument("-o", "--output", required=True, help="output library path (.so)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--opcheck", action="store_true",
+                   help="check every partition against TVM's unfused path on random inputs (CPU targets)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a compiled .so (TVM runtime only)")
@@ -120,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="inputs, op histogram, parameter count and FLOPs of a model")
     _add_model_args(p)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("partition", help="show the partitions, the ops left out and why, and a summary")
+    _add_model_args(p)
+    p.add_argument("--target", default="x86-avx512", help="target name (default x86-avx512)")
+    p.add_argument("--opcheck", action="store_true",
+                   help="also compile, run, and check each partition against the unfused path")
+    p.set_defaults(func=cmd_partition)
 
     p = sub.add_parser("zoo", help="list the built-in models")
     p.set_defaults(func=cmd_zoo)

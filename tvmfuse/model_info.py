@@ -32,7 +32,7 @@ class ModelInfo:
         lines.append(f"FLOPs: {self.flops:,} ({self.flops / 1e9:.3f} GFLOP; 2 per multiply-add, conv/gemm/matmul)")
         for op, f in sorted(self.flops_by_op.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {op:<12} {f / 1e9:8.3f} GFLOP")
-        lines.append(f"ops (after constant folding): {sum(self.op_histogram.values())} nodes")
+        lines.append(f"ops (after constant folding and Pad+Conv fusion): {sum(self.op_histogram.values())} nodes")
         for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"  {op:<24} {n}")
         return "\n".join(lines)

@@ -7,12 +7,12 @@ from typing import Mapping, Sequence
 
 import onnx
 
-from .fold import fold_constants
+from .fold import fold_constants, fuse_pad_into_conv
 from .importer import check_ops, to_relax
 from ..tensors import TensorInfo
 from .load import fix_input_shapes, graph_inputs, load_model, output_infos
 
-__all__ = ["ImportedModel", "TensorInfo", "check_ops", "fix_input_shapes", "fold_constants", "graph_inputs",
+__all__ = ["ImportedModel", "TensorInfo", "check_ops", "fix_input_shapes", "fold_constants", "fuse_pad_into_conv", "graph_inputs",
            "import_model", "load_model", "output_infos", "prepare"]
 
 
@@ -28,10 +28,11 @@ class ImportedModel:
 
 
 def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
-    """Load, fix shapes and constant-fold; return ``(ModelProto, source, inputs, outputs)`` without TVM."""
+    """Load, fix shapes, constant-fold, fold zero Pads into Convs; return ``(ModelProto, source, inputs, outputs)`` without TVM."""
     proto, source = load_model(model)
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
+    proto, _ = fuse_pad_into_conv(proto)
     return proto, source, inputs, output_infos(proto)
 
 

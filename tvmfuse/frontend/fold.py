@@ -96,3 +96,64 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     del graph.input[:]
     graph.input.extend(keep_inputs)
     return model, folded
+
+
+def _initializer(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    return None
+
+
+def _zero_spatial_pads(graph: onnx.GraphProto, pad: onnx.NodeProto) -> list[int] | None:
+    """``[top, left, bottom, right]`` when ``pad`` is a constant-zero Pad of H/W only (4-D NCHW), else None."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in pad.attribute}
+    mode = attrs.get("mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant" or len(pad.input) < 2:
+        return None
+    pads = _initializer(graph, pad.input[1])
+    value = _initializer(graph, pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(())
+    has_axes = len(pad.input) > 3 and pad.input[3]
+    if pads is None or value is None or has_axes or pads.shape != (8,) or np.any(value != 0):
+        return None
+    n0, c0, top, left, n1, c1, bottom, right = (int(p) for p in pads)
+    if n0 or c0 or n1 or c1 or min(top, left, bottom, right) < 0:
+        return None
+    return [top, left, bottom, right]
+
+
+def fuse_pad_into_conv(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Fold a zero ``Pad`` of H/W into the only Conv that reads it (as exporters of TF "SAME" padding emit).
+
+    Asymmetric pads are fine: the conv's ``pads`` attribute holds begin and end per axis. Returns the model
+    and the number of Pads removed.
+    """
+    graph = model.graph
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    removed = []
+    for pad in graph.node:
+        if pad.op_type != "Pad" or pad.output[0] in outputs:
+            continue
+        readers = users.get(pad.output[0], [])
+        extra = _zero_spatial_pads(graph, pad)
+        if extra is None or len(readers) != 1 or readers[0].op_type != "Conv" or readers[0].input[0] != pad.output[0]:
+            continue
+        conv = readers[0]
+        attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+        auto_pad = attrs.get("auto_pad", b"NOTSET")
+        if (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) != "NOTSET":
+            continue
+        old = list(attrs.get("pads", [0, 0, 0, 0]))
+        new = [int(a) + b for a, b in zip(old, extra)]
+        kept = [a for a in conv.attribute if a.name != "pads"]
+        del conv.attribute[:]
+        conv.attribute.extend(kept + [helper.make_attribute("pads", new)])
+        conv.input[0] = pad.input[0]
+        removed.append(pad)
+    for pad in removed:
+        graph.node.remove(pad)
+    return model, len(removed)

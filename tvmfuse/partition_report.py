@@ -1,0 +1,158 @@
+"""What the partitioner did: each partition (pattern, ops, shapes, FLOPs, bytes moved), every op left out
+with the reason, and the summary line ``N ops, M in partitions, P% of conv/dense FLOPs``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+ANCHORS = ("relax.nn.conv2d", "relax.matmul")
+
+
+@dataclasses.dataclass
+class Partition:
+    pattern: str
+    ops: list[str]
+    inputs: list[tuple[int, ...]]
+    output: tuple[int, ...]
+    flops: int
+    bytes_moved: int
+
+
+@dataclasses.dataclass
+class LeftOut:
+    op: str
+    output: tuple[int, ...]
+    reason: str
+    flops: int = 0
+
+
+@dataclasses.dataclass
+class PartitionReport:
+    source: str
+    target: str
+    partitions: list[Partition]
+    left_out: list[LeftOut]
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(p.ops) for p in self.partitions) + len(self.left_out)
+
+    @property
+    def ops_in_partitions(self) -> int:
+        return sum(len(p.ops) for p in self.partitions)
+
+    @property
+    def flops_share(self) -> float:
+        """Share of conv/dense FLOPs inside partitions (1.0 when the model has none)."""
+        inside = sum(p.flops for p in self.partitions)
+        total = inside + sum(o.flops for o in self.left_out)
+        return inside / total if total else 1.0
+
+    def summary(self) -> str:
+        return (f"{self.num_ops} ops, {self.ops_in_partitions} in partitions, "
+                f"{100 * self.flops_share:.1f}% of conv/dense FLOPs")
+
+    def format(self) -> str:
+        lines = [f"partitions of {self.source} for {self.target}:",
+                 f"  {'#':>3}  {'pattern':<32} {'ops':<34} {'output':<20} {'MFLOP':>9} {'KiB moved':>10}"]
+        for i, p in enumerate(self.partitions, 1):
+            lines.append(f"  {i:>3}  {p.pattern:<32} {'+'.join(p.ops):<34} {_shape(p.output):<20} "
+                         f"{p.flops / 1e6:>9.2f} {p.bytes_moved / 1024:>10.1f}")
+        lines.append(f"left out ({len(self.left_out)} ops):")
+        for o in self.left_out:
+            lines.append(f"       {o.op:<24} {_shape(o.output):<20} {o.reason}")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+
+def _shape(s) -> str:
+    return "(" + ",".join(str(d) for d in s) + ")"
+
+
+def _dims(expr) -> tuple[int, ...]:
+    shape = getattr(expr.ty, "shape", None)
+    try:
+        return tuple(int(d) for d in shape) if shape is not None else ()
+    except TypeError:
+        return ()
+
+
+def _nbytes(expr) -> int:
+    dtype = getattr(expr.ty, "dtype", None)
+    if not dtype or dtype == "void":
+        return 0
+    return int(np.prod(_dims(expr))) * np.dtype(str(dtype)).itemsize
+
+
+def anchor_flops(call) -> int:
+    """2 x multiply-adds of a conv2d (OIHW weight) or matmul call; 0 for any other op."""
+    name = getattr(call.op, "name", "")
+    if name == "relax.nn.conv2d":
+        return 2 * int(np.prod(_dims(call))) * int(np.prod(_dims(call.args[1])[1:]))
+    if name == "relax.matmul":
+        return 2 * int(np.prod(_dims(call))) * int(_dims(call.args[0])[-1])
+    return 0
+
+
+def _op_name(call) -> str:
+    import tvm
+
+    if isinstance(call.op, tvm.ir.Op):
+        if call.op.name == "relax.call_tir":
+            return f"call_tir:{call.args[0].name_hint}"
+        return call.op.name.replace("relax.nn.", "").replace("relax.", "")
+    return str(call.op)
+
+
+def _reason(call, var_name: str, rejections: dict) -> str:
+    import tvm
+
+    name = getattr(call.op, "name", "")
+    if var_name in rejections:
+        return f"not fused: {rejections[var_name]}"
+    if name in ANCHORS:
+        weight = call.args[1]
+        if not isinstance(weight, tvm.ir.expr.Constant):
+            return "no tvmfuse kernel: weight is computed at run time, not a constant"
+        return f"no pattern matched (dtype {call.ty.dtype})"
+    return "no tvmfuse kernel for this op: TVM default path (fused with its neighbours)"
+
+
+def build_report(partitioned, rejections: dict, source: str, target: str) -> PartitionReport:
+    """Read a module right after the Partition pass (see ``PassRecord.partitioned``)."""
+    import tvm
+    from tvm import relax
+
+    parts, left = [], []
+    main = partitioned["main"]
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call):
+                continue
+            if isinstance(call.op, tvm.ir.GlobalVar):
+                fn = partitioned[call.op]
+                if isinstance(fn, relax.Function) and fn.attrs and "Composite" in fn.attrs:
+                    body = [b.value for blk in fn.body.blocks for b in blk.bindings]
+                    parts.append(Partition(
+                        str(fn.attrs["Composite"]), [_op_name(c) for c in body], [_dims(a) for a in call.args],
+                        _dims(call), sum(anchor_flops(c) for c in body),
+                        sum(_nbytes(a) for a in call.args) + _nbytes(call)))
+                    continue
+            left.append(LeftOut(_op_name(call), _dims(call), _reason(call, binding.var.name, rejections),
+                                anchor_flops(call)))
+    return PartitionReport(source, target, parts, left)
+
+
+def partitions(model, target="x86-avx512", shapes=None) -> PartitionReport:
+    """Partition ``model`` for ``target`` (no build) and report what was grouped and what was left out."""
+    from . import frontend, targets
+    from .passes.pipeline import PassRecord, run_graph_passes
+
+    spec = targets.resolve(target)
+    imported = frontend.import_model(model, shapes)
+    record = PassRecord()
+    run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
+    return build_report(record.partitioned, record.rejections, imported.source, spec.name)
