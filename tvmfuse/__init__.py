@@ -6,7 +6,15 @@ process where only the TVM runtime is present (``TVM_USE_RUNTIME_LIB=1``).
 
 from __future__ import annotations
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# TVM's thread pool assumes hyper-threading and uses half the cores it sees (1 of 2 here, halving speed).
+# Default to every core this process may run on; the pool reads this when first used, and a value the
+# user set wins.
+_os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
+                                               else (_os.cpu_count() or 1)))
 
 from . import errors, zoo  # noqa: E402  (zoo builds ONNX only)
 from .errors import TvmfuseError  # noqa: E402

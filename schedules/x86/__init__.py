@@ -1,1 +1,29 @@
-"""x86 schedules (LLVM targets)."""
+"""x86 schedules (LLVM targets): one rule per op family, tried in order; the first that applies wins.
+
+``schedule(func, family, vector_bits)`` returns the scheduled PrimFunc. The generic fused schedule is the
+catch-all for families without a rule of their own (grouped convolution).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from ..common import lanes
+from . import conv2d, dense, depthwise_conv2d, fused
+
+RULES = {
+    "conv2d": conv2d.apply,
+    "depthwise_conv2d": depthwise_conv2d.apply,
+    "dense": dense.apply,
+}
+
+
+def schedule(func: tirx.PrimFunc, family: str, vector_bits: int) -> tirx.PrimFunc:
+    """The best schedule tvmfuse has for a fused partition of ``family`` (unscheduled when none fits)."""
+    rule = RULES.get(family)
+    if rule is not None:
+        scheduled = rule(func, lanes(vector_bits))
+        if scheduled is not None:
+            return scheduled
+    scheduled = fused.schedule_fused(func, family)
+    return scheduled if scheduled is not None else func

@@ -28,10 +28,9 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None) -> tvm.tirx.PrimFun
     pc = partition_compute(fn)
     func = pc.prim_func()
     if spec is not None and spec.is_cpu:
-        from tvmfuse.schedules.x86.fused import schedule_fused
+        from tvmfuse.schedules import x86
 
-        scheduled = schedule_fused(func, pc.family)
-        func = scheduled if scheduled is not None else func
+        func = x86.schedule(func, pc.family, spec.vector_bits())
     name = str(fn.attrs["Composite"])
     return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family,
                             "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE})

@@ -1,0 +1,49 @@
+"""Helpers shared by the schedule rules: block lookup, epilogue inlining, tile-size choices."""
+
+from __future__ import annotations
+
+from tvm import s_tir
+
+
+def block_names(sch: s_tir.Schedule) -> list[str]:
+    """Names of the root's child blocks, in program order."""
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def inline_epilogue(sch: s_tir.Schedule, anchor: str):
+    """Inline every stage after ``anchor`` but the last into its consumer; return the last stage (or None).
+
+    Bias, folded batch-norm, residual add and activation then form one elementwise stage that the rules
+    place inside the anchor's output tile, reading the accumulator before the single store.
+    """
+    names = block_names(sch)
+    after = names[names.index(anchor) + 1:]
+    for name in after[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    return sch.get_sblock(after[-1]) if after else None
+
+
+def accumulate_in_registers(sch: s_tir.Schedule, anchor, epilogue, tile_loop):
+    """Accumulate ``anchor``'s tile in a local buffer and apply ``epilogue`` to it under ``tile_loop``.
+
+    Returns the block that consumes the accumulator (the epilogue, or the write-back when there is none).
+    """
+    local = sch.cache_write(anchor, 0, "local")
+    if epilogue is None:
+        sch.reverse_compute_at(local, tile_loop)
+        return local
+    sch.compute_inline(local)
+    sch.reverse_compute_at(epilogue, tile_loop)
+    return epilogue
+
+
+def largest_divisor(n: int, cap: int, multiple_of: int = 1) -> int:
+    """Largest divisor of ``n`` that is <= ``cap`` and a multiple of ``multiple_of`` (1 when none is)."""
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0 and d % multiple_of == 0:
+            return d
+    return 1
+
+
+def lanes(vector_bits: int, dtype_bits: int = 32) -> int:
+    return vector_bits // dtype_bits

@@ -1,0 +1,76 @@
+"""conv2d (groups == 1, NCHW/OIHW) on x86: a register-blocked direct convolution.
+
+Each output tile is ``oc_block`` channels x ``ow_block`` pixels of one output row, accumulated in vector
+registers over (input channel, kernel row, kernel column): per step, one vector load of the input row and
+``oc_block`` broadcast FMAs. The fused epilogue is applied to the registers before the only store. The
+parallel axis is (batch, channel block, output row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+
+from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor
+
+ANCHOR = "conv2d_nchw"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Tile sizes: ``oc_block`` output channels x ``ow_block`` output pixels live in registers."""
+
+    oc_block: int
+    ow_block: int
+
+
+def default_config(out_channels: int, out_width: int, vector_lanes: int) -> Config:
+    """One vector of pixels and as many channels as leave ~3 registers for loads and broadcasts.
+
+    Measured on AVX2 (16 ymm registers): 8 channels x 8 pixels beat 4x14, 4x16 and 8x14 by 1.3-4x on
+    every ResNet-50 layer; with 32 zmm registers (AVX-512) 16 channels fit.
+    """
+    ow_block = largest_divisor(out_width, vector_lanes, multiple_of=8) if out_width % 8 == 0 else \
+        largest_divisor(out_width, vector_lanes)
+    registers = 32 if vector_lanes >= 16 else 16
+    vectors_per_row = -(-ow_block // vector_lanes)
+    cap = max(1, (registers - 3) // vectors_per_row)
+    oc_block = next(c for c in (16, 8, 4, 2, 1) if c <= cap and out_channels % c == 0)
+    return Config(oc_block, ow_block)
+
+
+def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
+    """Schedule a fused conv2d partition; None when ``func`` is not one."""
+    sch = s_tir.Schedule(func)
+    names = block_names(sch)
+    if ANCHOR not in names:
+        return None
+    anchor = sch.get_sblock(ANCHOR)
+    loops = sch.get_loops(anchor)
+    if len(loops) != 7:
+        return None
+    n, oc, oh, ow, rc, ry, rx = loops
+    out_channels, out_width = (int(sch.get(loop).extent) for loop in (oc, ow))
+    cfg = config or default_config(out_channels, out_width, vector_lanes)
+    epilogue = inline_epilogue(sch, ANCHOR)
+    oc_o, oc_i = sch.split(oc, [None, cfg.oc_block])
+    ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
+    sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, oc_i, ow_i)
+    sch.unroll(oc_i)
+    sch.vectorize(ow_i)
+    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
+    tail = sch.get_loops(consumer)[-2:]
+    sch.unroll(tail[0])
+    sch.vectorize(tail[1])
+    # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
+    sch.parallel(sch.fuse(n, oc_o, oh))
+    init = sch.decompose_reduction(anchor, rc)
+    init_loops = sch.get_loops(init)[-2:]
+    sch.unroll(init_loops[0])
+    sch.vectorize(init_loops[1])
+    if "pad_temp" in names:
+        pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
+        sch.parallel(sch.fuse(pad_loops[0], pad_loops[1]))
+        sch.vectorize(pad_loops[-1])
+    return sch.mod["main"]

@@ -1,0 +1,51 @@
+"""Dense (``data[M, K] x weight[K, N]``, constant weight) on x86.
+
+At batch 1 this is a matrix-vector product bound by reading the weight once: each task owns ``n_block``
+output columns held in registers and streams the matching weight columns row by row (contiguous
+vector loads), the fused epilogue applied before the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+
+from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor
+
+ANCHOR = "T_matmul_NN"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    n_block: int
+    k_unroll: int
+
+
+def default_config(n: int, k: int, vector_lanes: int) -> Config:
+    """Up to 4 vectors of outputs per task; K unrolled by 4 where it divides."""
+    return Config(largest_divisor(n, 4 * vector_lanes), largest_divisor(k, 4))
+
+
+def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
+    sch = s_tir.Schedule(func)
+    if ANCHOR not in block_names(sch):
+        return None
+    anchor = sch.get_sblock(ANCHOR)
+    loops = sch.get_loops(anchor)
+    if len(loops) != 3:
+        return None
+    i, j, k = loops
+    cfg = config or default_config(int(sch.get(j).extent), int(sch.get(k).extent), vector_lanes)
+    epilogue = inline_epilogue(sch, ANCHOR)
+    j_o, j_i = sch.split(j, [None, cfg.n_block])
+    k_o, k_i = sch.split(k, [None, cfg.k_unroll])
+    sch.reorder(j_o, i, k_o, k_i, j_i)
+    sch.unroll(k_i)
+    sch.vectorize(j_i)
+    consumer = accumulate_in_registers(sch, anchor, epilogue, i)
+    sch.vectorize(sch.get_loops(consumer)[-1])
+    sch.parallel(j_o)
+    init = sch.decompose_reduction(anchor, k_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    return sch.mod["main"]
