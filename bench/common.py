@@ -25,6 +25,26 @@ def median_ms(fn, repeat: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(fns: dict, repeat: int, warmup: int = 3, rounds: int = 5) -> dict[str, float]:
+    """Median ms of each callable, timed in alternating blocks so load from other jobs hits all alike.
+
+    Blocks (not single runs) alternate, with a pause between contenders: onnxruntime's and TVM's
+    worker threads spin for a while after a run and would otherwise steal the cores from the next one.
+    """
+    times = {name: [] for name in fns}
+    per_round = max(1, repeat // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            time.sleep(0.2)
+            for _ in range(warmup):
+                fn()
+            for _ in range(per_round):
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def ort_session(model):
     import onnxruntime as ort
 

@@ -37,6 +37,26 @@ def accumulate_in_registers(sch: s_tir.Schedule, anchor, epilogue, tile_loop):
     return epilogue
 
 
+def loops_below(sch: s_tir.Schedule, block, loop) -> list:
+    """The loops of ``block`` nested inside ``loop`` (empty when the block sits right under it)."""
+    loops = sch.get_loops(block)
+    target = sch.get_sref(loop)
+    for i, candidate in enumerate(loops):
+        if sch.get_sref(candidate).same_as(target):
+            return list(loops[i + 1:])
+    return []
+
+
+def vectorize_tile(sch: s_tir.Schedule, block, tile_loop) -> None:
+    """Vectorize the innermost loop under ``tile_loop`` and unroll the others (a 1-wide tile has none)."""
+    inner = loops_below(sch, block, tile_loop)
+    if not inner:
+        return
+    for loop in inner[:-1]:
+        sch.unroll(loop)
+    sch.vectorize(inner[-1])
+
+
 def largest_divisor(n: int, cap: int, multiple_of: int = 1) -> int:
     """Largest divisor of ``n`` that is <= ``cap`` and a multiple of ``multiple_of`` (1 when none is)."""
     for d in range(min(n, cap), 0, -1):

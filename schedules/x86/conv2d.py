@@ -12,7 +12,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor
+from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
 
 ANCHOR = "conv2d_nchw"
 
@@ -60,15 +60,10 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
     sch.unroll(oc_i)
     sch.vectorize(ow_i)
     consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    tail = sch.get_loops(consumer)[-2:]
-    sch.unroll(tail[0])
-    sch.vectorize(tail[1])
+    vectorize_tile(sch, consumer, ow_o)
     # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
     sch.parallel(sch.fuse(n, oc_o, oh))
-    init = sch.decompose_reduction(anchor, rc)
-    init_loops = sch.get_loops(init)[-2:]
-    sch.unroll(init_loops[0])
-    sch.vectorize(init_loops[1])
+    vectorize_tile(sch, sch.decompose_reduction(anchor, rc), ow_o)
     if "pad_temp" in names:
         pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
         sch.parallel(sch.fuse(pad_loops[0], pad_loops[1]))

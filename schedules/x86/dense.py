@@ -11,7 +11,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor
+from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
 
 ANCHOR = "T_matmul_NN"
 
@@ -44,8 +44,7 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
     sch.unroll(k_i)
     sch.vectorize(j_i)
     consumer = accumulate_in_registers(sch, anchor, epilogue, i)
-    sch.vectorize(sch.get_loops(consumer)[-1])
+    vectorize_tile(sch, consumer, i)
     sch.parallel(j_o)
-    init = sch.decompose_reduction(anchor, k_o)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorize_tile(sch, sch.decompose_reduction(anchor, k_o), i)
     return sch.mod["main"]

@@ -11,7 +11,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor
+from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
 
 ANCHOR = "DepthwiseConv2d"
 
@@ -49,12 +49,11 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
     sch.unroll(rx)
     sch.vectorize(ow_i)
     consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    sch.vectorize(sch.get_loops(consumer)[-1])
+    vectorize_tile(sch, consumer, ow_o)
     channel = sch.fuse(n, c)
     sch.parallel(channel)
     pad = sch.get_sblock("PaddedInput")
     sch.compute_at(pad, channel)
     sch.vectorize(sch.get_loops(pad)[-1])
-    init = sch.decompose_reduction(anchor, ry)
-    sch.vectorize(sch.get_loops(init)[-1])
+    vectorize_tile(sch, sch.decompose_reduction(anchor, ry), ow_o)
     return sch.mod["main"]

@@ -41,9 +41,11 @@ def _rewrite(matched, m, conv_p, weight_p, bias_p, bn_p, stats_p):
     bias = np.zeros(out_channels)
     if bias_p in m:
         b = const_array(m[bias_p])
-        if b.size != out_channels:
+        # Only a per-channel constant is a bias: numpy broadcasting aligns a (C,) constant with W, not C.
+        b4 = b.reshape((1,) * (4 - b.ndim) + b.shape) if b.ndim <= 4 else b
+        if b4.ndim != 4 or b4.shape[0] != 1 or b4.shape[2:] != (1, 1) or b4.shape[1] not in (1, out_channels):
             return matched
-        bias = b.reshape(-1).astype("float64")
+        bias = np.broadcast_to(b4.reshape(-1), (out_channels,)).astype("float64")
     new_w = (weight * scale.reshape(-1, 1, 1, 1)).astype("float32")
     new_b = ((bias - mean) * scale + beta).astype("float32").reshape(1, out_channels, 1, 1)
     new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(new_w), strides=a.strides, padding=a.padding,

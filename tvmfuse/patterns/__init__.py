@@ -2,7 +2,8 @@
 
 Priority (earlier wins, as ``FuseOpsByPattern`` wants): per anchor family (depthwise conv2d, conv2d,
 dense), the longest epilogue first: residual add + relu, residual add, then each activation, then the
-anchor alone. The bias is optional in every entry. ``tests/test_patterns.py`` pins this order.
+anchor alone. The bias is optional in every entry; residual entries come as two patterns (one per add
+operand order) under one name. ``tests/test_patterns.py`` pins this order.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ def table(rejections: dict | None = None) -> list[FusionPattern]:
     patterns = []
     for family in FAMILIES:
         for residual, act in _entries(family):
-            pattern, annotations = make_fused_pattern(family, residual, act)
             check = functools.partial(check_fused, family=family, rejections=rejections)
-            patterns.append(FusionPattern(entry_name(family, residual, act), pattern, annotations, check))
+            # A residual entry is two patterns under one name, one per add operand order.
+            for residual_first in ((False, True) if residual else (False,)):
+                pattern, annotations = make_fused_pattern(family, residual, act, residual_first)
+                patterns.append(FusionPattern(entry_name(family, residual, act), pattern, annotations, check))
     return patterns
 
 

@@ -26,11 +26,17 @@ def with_bias(out: DFPattern, annotations: dict) -> DFPattern:
     return is_op("relax.add")(out, bias) | out
 
 
-def with_residual(out: DFPattern, annotations: dict) -> DFPattern:
-    """``out + residual`` in either operand order."""
+def with_residual(out: DFPattern, annotations: dict, residual_first: bool = False) -> DFPattern:
+    """``out + residual`` (or ``residual + out``).
+
+    The two operand orders are separate patterns, not one ``|``: an alternative commits to the first
+    order that matches, and when that order's check refuses (say both operands are conv outputs and the
+    first has other users), the legal other order would never be tried.
+    """
     residual = wildcard()
     annotations["residual"] = residual
-    add = is_op("relax.add")(out, residual) | is_op("relax.add")(residual, out)
+    annotations["producer"] = out
+    add = is_op("relax.add")(residual, out) if residual_first else is_op("relax.add")(out, residual)
     annotations["residual_add"] = add
     return add
 
@@ -52,12 +58,13 @@ def with_activation(out: DFPattern, kind: str) -> DFPattern:
     raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
 
 
-def make_fused_pattern(family: str, residual: bool, activation: str | None) -> tuple[DFPattern, dict]:
-    """anchor (+bias) (+residual add) (+activation)."""
+def make_fused_pattern(family: str, residual: bool, activation: str | None,
+                       residual_first: bool = False) -> tuple[DFPattern, dict]:
+    """anchor (+bias) (+residual add, in the given operand order) (+activation)."""
     out, annotations = make_anchor_pattern(family)
     out = with_bias(out, annotations)
     if residual:
-        out = with_residual(out, annotations)
+        out = with_residual(out, annotations, residual_first)
     if activation is not None:
         out = with_activation(out, activation)
     return out, annotations

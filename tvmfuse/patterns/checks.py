@@ -40,14 +40,17 @@ def is_depthwise(conv: relax.Call) -> bool:
 
 
 def _leaks(ctx: PatternCheckContext) -> str | None:
-    """Name of an intermediate value of the match that is also used outside it, if any."""
+    """Name of an intermediate value of the match that is also used outside it, if any.
+
+    A non-dataflow var is an output of its dataflow block (returned or used after it), so it leaks too.
+    """
     inside = set(ctx.matched_bindings.keys())
     root_var = ctx.value_to_bound_var.get(ctx.matched_expr)
     for var in inside:
         if root_var is not None and var.same_as(root_var):
             continue
         users = ctx.var_usages.get(var, [])
-        if any(u not in inside for u in users):
+        if not isinstance(var, relax.DataflowVar) or any(u not in inside for u in users):
             return var.name
     return None
 
@@ -68,16 +71,18 @@ def _ancestors(var, bindings: dict) -> set:
 
 def _check_residual(ctx: PatternCheckContext, rejections) -> bool:
     """Add-to-output legality (OneFlow's FuseAddToOutput rules)."""
-    residual, add = ctx.annotated_expr["residual"], ctx.annotated_expr["residual_add"]
-    if is_constant(residual):
-        return False  # a constant added to the output is a bias: the non-residual entries take it
-    if _shape(residual) != _shape(add) or residual.ty.dtype != add.ty.dtype:
+    residual, producer = ctx.annotated_expr["residual"], ctx.annotated_expr["producer"]
+    add = ctx.annotated_expr["residual_add"]
+    shapes = {_shape(residual), _shape(producer), _shape(add)}
+    if len(shapes) != 1 or residual.ty.dtype != producer.ty.dtype:
         return _reject(ctx, f"residual add: operand shape {_shape(residual)} {residual.ty.dtype} differs from "
-                            f"the conv output {_shape(add)} {add.ty.dtype} (broadcast add)", rejections)
-    if isinstance(residual, relax.Var):
+                            f"the conv output {_shape(producer)} {producer.ty.dtype} (broadcast add)", rejections)
+    # The matcher hands over bound values; the var they are bound to is what the bindings refer to.
+    residual_var = residual if isinstance(residual, relax.Var) else ctx.value_to_bound_var.get(residual)
+    if residual_var is not None:
         bindings = {v: e for e, v in ctx.value_to_bound_var.items()}
         anchor = ctx.value_to_bound_var.get(ctx.annotated_expr["root"])
-        if anchor is not None and anchor in _ancestors(residual, bindings):
+        if anchor is not None and anchor in _ancestors(residual_var, bindings):
             return _reject(ctx, "residual add: the other operand depends on the conv itself (cycle)", rejections)
     return True
 
@@ -97,6 +102,8 @@ def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None =
             return _reject(ctx, f"conv2d layout {a.data_layout}/{a.kernel_layout} not supported", rejections)
         if (family == "depthwise_conv2d") != is_depthwise(root):
             return False  # the other conv family's entry takes it
+    if "residual" in ctx.annotated_expr and is_constant(ctx.annotated_expr["residual"]):
+        return False  # a constant added to the output is a bias: the non-residual entries take it
     leak = _leaks(ctx)
     if leak is not None:
         return _reject(ctx, f"intermediate {leak} is also used outside the group", rejections)
