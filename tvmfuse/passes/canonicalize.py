@@ -20,13 +20,6 @@ _NAME = re.compile(r"^(maximum|minimum)\d*$")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _scalar_const(expr) -> float | None:
-    value = const_array(expr)
-    if value is not None and value.size == 1 and value.dtype.kind == "f":
-        return float(value.reshape(()))
-    return None
-
-
 @relax.expr_functor.mutator
 class _ClipRewriter(relax.PyExprMutator):
     def _min_max(self, call):
@@ -37,13 +30,38 @@ class _ClipRewriter(relax.PyExprMutator):
         if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(args, relax.Tuple) or len(args.fields) != 2:
             return None
         m = _NAME.match(callee.name_hint)
-        bound = _scalar_const(args.fields[1])
+        value = self._const(args.fields[1])  # maybe a guard folded above, bound to a var
+        bound = float(value.reshape(())) if value is not None and value.size == 1 and value.dtype.kind == "f" \
+            else None
         if m is None or bound is None:
             return None
         return m.group(1), args.fields[0], bound
 
+    def _const(self, expr):
+        """numpy value of a constant, also through a var bound to one."""
+        if isinstance(expr, relax.Var):
+            expr = self.lookup_binding(expr)
+        return const_array(expr) if expr is not None else None
+
+    def _fold_guard(self, call):
+        """Evaluate the importer's bound guards ``isnan(c)`` / ``where(cond, a, b)`` on constants in numpy.
+
+        TVM's FoldConstant would build and run a kernel for each (seconds per model).
+        """
+        name = getattr(call.op, "name", "")
+        if name not in ("relax.isnan", "relax.where"):
+            return None
+        values = [self._const(a) for a in call.args]
+        if any(v is None for v in values):
+            return None
+        result = np.isnan(values[0]) if name == "relax.isnan" else np.where(*values)
+        return relax.const(np.asarray(result, dtype=str(call.ty.dtype)))
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
+        folded = self._fold_guard(call)
+        if folded is not None:
+            return folded
         outer = self._min_max(call)
         if outer is None:
             return call

@@ -33,7 +33,8 @@ def canonicalize_passes() -> list:
     from .canonicalize import CanonicalizeClip
     from .fold_bn import FoldBatchNorm
 
-    return [relax.transform.FoldConstant(), CanonicalizeClip, FoldBatchNorm, relax.transform.FoldConstant()]
+    # CanonicalizeClip first: it folds the importer's Clip guards cheaply before FoldConstant sees them.
+    return [CanonicalizeClip, relax.transform.FoldConstant(), FoldBatchNorm, relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True):
