@@ -20,10 +20,42 @@ def _ints(values) -> list[int]:
     return [int(v) for v in values]
 
 
+def pack_weight(weight, oc_block: int):
+    """OIHW -> [O/oc_block, I, H, W, oc_block] (numpy): the oc_block weights of one step are contiguous."""
+    o, i, h, w = weight.shape
+    return weight.reshape(o // oc_block, oc_block, i, h, w).transpose(0, 2, 3, 4, 1).copy()
+
+
+def unpack_weight(packed):
+    """Inverse of :func:`pack_weight`."""
+    blocks, i, h, w, oc_block = packed.shape
+    return packed.transpose(0, 4, 1, 2, 3).reshape(blocks * oc_block, i, h, w)
+
+
+def _conv2d_packed(data, packed, strides, padding, dilation, out_dtype):
+    """NCHW conv2d reading a weight packed by :func:`pack_weight`; same block names as topi's."""
+    n, c, h, w = (int(d) for d in data.shape)
+    blocks, _, kh, kw, oc_block = (int(d) for d in packed.shape)
+    top, left, bottom, right = padding
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp")
+    out_h = (h + top + bottom - (kh - 1) * dilation[0] - 1) // strides[0] + 1
+    out_w = (w + left + right - (kw - 1) * dilation[1] - 1) // strides[1] + 1
+    rc, ry, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (n, blocks * oc_block, out_h, out_w),
+        lambda b, o, y, x: te.sum(
+            data[b, rc, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1]].astype(out_dtype)
+            * packed[o // oc_block, rc, ry, rx, o % oc_block].astype(out_dtype), axis=[rc, ry, rx]),
+        name="conv2d_nchw")
+
+
 def _conv2d(call, data, weight):
     a = call.attrs
     strides, padding, dilation, groups = _ints(a.strides), _ints(a.padding), _ints(a.dilation), int(a.groups)
     in_channels = int(data.shape[1])
+    if groups == 1 and len(weight.shape) == 5:
+        return _conv2d_packed(data, weight, strides, padding, dilation, call.ty.dtype)
     if groups == 1:
         return topi.nn.conv2d_nchw(data, weight, strides, padding, dilation)
     if groups == in_channels and int(weight.shape[1]) == 1:
@@ -65,6 +97,7 @@ class PartitionCompute:
     output: te.Tensor
     family: str  # conv2d | group_conv2d | depthwise_conv2d | dense
     ops: list[str]  # Relax ops covered, in order
+    packed: dict  # parameter index -> oc_block of a weight the kernel reads packed (see pack_weight)
 
     def prim_func(self) -> tvm.tirx.PrimFunc:
         return te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
@@ -80,11 +113,32 @@ def _family(call) -> str:
     return "depthwise_conv2d" if groups == int(call.args[0].ty.shape[1]) and int(weight_in) == 1 else "group_conv2d"
 
 
-def partition_compute(fn: relax.Function) -> PartitionCompute:
-    """Interpret a composite function's body with TE (parameters become placeholders)."""
+def anchor_call(fn: relax.Function):
+    """The conv2d or matmul call of a partition function."""
+    for block in fn.body.blocks:
+        for binding in block.bindings:
+            if getattr(binding.value.op, "name", "") in ("relax.nn.conv2d", "relax.matmul"):
+                return binding.value
+    return None
+
+
+def partition_compute(fn: relax.Function, oc_block: int | None = None) -> PartitionCompute:
+    """Interpret a composite function's body with TE (parameters become placeholders).
+
+    With ``oc_block``, a groups == 1 conv2d reads its weight parameter packed by :func:`pack_weight`.
+    """
+    anchor = anchor_call(fn)
+    packed = {}
+    if oc_block and anchor is not None and _family(anchor) == "conv2d" and isinstance(anchor.args[1], relax.Var):
+        index = [i for i, p in enumerate(fn.params) if p.same_as(anchor.args[1])]
+        if index and int(anchor.args[1].ty.shape[0]) % oc_block == 0:
+            packed[index[0]] = oc_block
     env, inputs = {}, []
     for i, p in enumerate(fn.params):
-        t = te.placeholder(_ints(p.ty.shape), p.ty.dtype, name=f"p{i}")
+        shape = _ints(p.ty.shape)
+        if i in packed:
+            shape = [shape[0] // packed[i], shape[1], shape[2], shape[3], packed[i]]
+        t = te.placeholder(shape, p.ty.dtype, name=f"p{i}")
         env[p] = t
         inputs.append(t)
     ops, family = [], None
@@ -99,4 +153,4 @@ def partition_compute(fn: relax.Function) -> PartitionCompute:
             args = [env[a] for a in call.args if isinstance(a, relax.Var)]
             env[binding.var] = TE_OPS[name](call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
-    return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops)
+    return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops, packed)

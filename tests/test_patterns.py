@@ -484,9 +484,15 @@ def test_lower_before_expected_conv_bias_relu():
     assert [c.op.name for c in main_calls] == ["relax.call_tir"]
     gv = main_calls[0].args[0]
     assert gv.name_hint == "tvmfuse_conv2d_relu" and list(kernels) == ["tvmfuse_conv2d_relu"]
-    assert str(kernels["tvmfuse_conv2d_relu"].attrs["Composite"]) == "tvmfuse.conv2d_relu"
+    fn, packed = kernels["tvmfuse_conv2d_relu"]
+    assert str(fn.attrs["Composite"]) == "tvmfuse.conv2d_relu"
     args = main_calls[0].args[1].fields
     assert len(args) == 3 and all(isinstance(a, tvm.ir.expr.Constant) for a in args[1:])
+    # On CPU the conv weight is passed pre-packed [O/ob, I, kh, kw, ob]; the numbers are unchanged.
+    (index, oc_block), = packed.items()
+    weight = fn.params[index]
+    o, i, kh, kw = (int(d) for d in weight.ty.shape)
+    assert tuple(args[index].value.numpy().shape) == (o // oc_block, i, kh, kw, oc_block)
 
 
 def test_lower_no_partitions_is_identity():

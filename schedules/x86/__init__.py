@@ -18,6 +18,17 @@ RULES = {
 }
 
 
+def weight_block(fn, vector_bits: int) -> int | None:
+    """oc_block to pre-pack a partition's conv2d weight with (None: keep OIHW)."""
+    from ..compute import anchor_call
+
+    call = anchor_call(fn)
+    if call is None or getattr(call.op, "name", "") != "relax.nn.conv2d" or int(call.attrs.groups) != 1:
+        return None
+    out_channels, out_width = int(call.ty.shape[1]), int(call.ty.shape[3])
+    return conv2d.weight_block(out_channels, out_width, lanes(vector_bits))
+
+
 def schedule(func: tirx.PrimFunc, family: str, vector_bits: int) -> tirx.PrimFunc:
     """The best schedule tvmfuse has for a fused partition of ``family`` (unscheduled when none fits)."""
     rule = RULES.get(family)

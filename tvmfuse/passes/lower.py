@@ -10,9 +10,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.compute import partition_compute
+from tvmfuse.schedules.compute import pack_weight, partition_compute
 
 from ..targets import TargetSpec
+from .utils import const_array
 
 # AnnotateTIROpPattern leaves a func with op_pattern set alone; kOpaque keeps FuseOps from merging
 # neighbours into the kernel (the epilogue is already inside).
@@ -23,17 +24,34 @@ def kernel_name(partition: str) -> str:
     return partition.replace(".", "_")
 
 
-def make_kernel(fn: relax.Function, spec: TargetSpec | None) -> tvm.tirx.PrimFunc:
-    """The fused PrimFunc for one partition function, scheduled for ``spec`` where a schedule applies."""
-    pc = partition_compute(fn)
-    func = pc.prim_func()
+def make_kernel(fn: relax.Function, spec: TargetSpec | None, pack: bool = True) -> tuple[tvm.tirx.PrimFunc, dict]:
+    """The fused PrimFunc for one partition function, scheduled for ``spec`` where a schedule applies.
+
+    Returns the kernel and ``{parameter index: oc_block}`` for weights it reads pre-packed.
+    """
+    oc_block = None
     if spec is not None and spec.is_cpu:
         from tvmfuse.schedules import x86
 
+        oc_block = x86.weight_block(fn, spec.vector_bits()) if pack else None
+    pc = partition_compute(fn, oc_block)
+    func = pc.prim_func()
+    if spec is not None and spec.is_cpu:
         func = x86.schedule(func, pc.family, spec.vector_bits())
     name = str(fn.attrs["Composite"])
     return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family,
-                            "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE})
+                            "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.packed
+
+
+def _pack_args(args: list, packed: dict) -> list | None:
+    """Call arguments with the packed weights packed (numpy, at compile time); None if one is not constant."""
+    args = list(args)
+    for index, oc_block in packed.items():
+        weight = const_array(args[index])
+        if weight is None:
+            return None
+        args[index] = relax.const(pack_weight(weight, oc_block))
+    return args
 
 
 @relax.expr_functor.mutator
@@ -49,17 +67,22 @@ class _Lower(relax.PyExprMutator):
         fn = self.mod_[call.op]
         if not (isinstance(fn, relax.Function) and fn.attrs and "Composite" in fn.attrs):
             return call
-        kernel = make_kernel(fn, self.spec)
+        kernel, packed = make_kernel(fn, self.spec)
+        args = _pack_args(call.args, packed)
+        if args is None:  # a weight that is not a constant cannot be packed: keep the OIHW kernel
+            kernel, packed = make_kernel(fn, self.spec, pack=False)
+            args = list(call.args)
         gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
         if self.record is not None:
-            self.record[gv.name_hint] = fn
-        return relax.call_tir(gv, list(call.args), fn.ret_ty)
+            self.record[gv.name_hint] = (fn, packed)
+        return relax.call_tir(gv, args, fn.ret_ty)
 
 
 def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
     """Lower every partition call to ``call_tir``; the partition functions are then dropped.
 
-    ``record`` (optional dict) receives kernel name -> the partition function it came from.
+    ``record`` (optional dict) receives kernel name -> (the partition function it came from,
+    {parameter index: oc_block} of the weights passed pre-packed).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="LowerPartitions")

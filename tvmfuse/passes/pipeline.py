@@ -18,7 +18,8 @@ class PassRecord:
     rejections : dict
         Anchor var name -> why a candidate group was refused.
     kernels : dict
-        Kernel (PrimFunc) name -> the partition's Relax function it was lowered from.
+        Kernel (PrimFunc) name -> (the partition's Relax function it was lowered from,
+        {parameter index: oc_block} of weights the kernel takes pre-packed).
     """
 
     partitioned: object = None
