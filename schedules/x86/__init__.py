@@ -26,7 +26,9 @@ def weight_block(fn, vector_bits: int) -> int | None:
     if call is None or getattr(call.op, "name", "") != "relax.nn.conv2d" or int(call.attrs.groups) != 1:
         return None
     out_channels, out_width = int(call.ty.shape[1]), int(call.ty.shape[3])
-    return conv2d.weight_block(out_channels, out_width, lanes(vector_bits))
+    weight = [int(d) for d in call.args[1].ty.shape]
+    in_channels, kernel = weight[1], max(weight[2:])
+    return conv2d.weight_block(out_channels, out_width, lanes(vector_bits), in_channels, kernel)
 
 
 def schedule(func: tirx.PrimFunc, family: str, vector_bits: int) -> tirx.PrimFunc:

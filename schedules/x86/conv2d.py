@@ -1,9 +1,16 @@
-"""conv2d (groups == 1, NCHW/OIHW) on x86: a register-blocked direct convolution.
+"""conv2d (groups == 1, NCHW activations, weights pre-packed) on x86: register-blocked direct convolution.
 
-Each output tile is ``oc_block`` channels x ``ow_block`` pixels of one output row, accumulated in vector
-registers over (input channel, kernel row, kernel column): per step, one vector load of the input row and
-``oc_block`` broadcast FMAs. The fused epilogue is applied to the registers before the only store. The
-parallel axis is (batch, channel block, output row).
+Two micro-kernels, both accumulating an output tile in vector registers over (input channel, kernel
+row, kernel column) and applying the fused epilogue to the registers before the only store:
+
+- ``"oc"`` (default): vectors run along output channels. Per step: one load of ``oc_block`` packed
+  weights and ``ow_block`` scalar input broadcasts. Any output width and stride works, since inputs are
+  broadcast, not vector-loaded. On AVX2 this reached 133-156 GFLOP/s on ResNet-50 layers at 16 channels
+  x 4 pixels, 118-147 at 8 x 7 on 14- and 7-wide maps (the pixel-vector kernel: 67-124).
+- ``"ow"``: vectors run along output pixels of one row (``oc_block`` broadcast weights per input vector);
+  the fallback when the channel count is not a multiple of the vector width.
+
+The parallel axis is (batch, channel block, output row).
 """
 
 from __future__ import annotations
@@ -19,35 +26,53 @@ ANCHOR = "conv2d_nchw"
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Tile sizes: ``oc_block`` output channels x ``ow_block`` output pixels live in registers."""
+    """``kind`` picks the micro-kernel; ``oc_block`` x ``ow_block`` outputs live in registers."""
 
+    kind: str  # "oc" or "ow"
     oc_block: int
     ow_block: int
     ic_unroll: int = 1
 
 
-def default_config(out_channels: int, out_width: int, vector_lanes: int, in_channels: int = 1,
-                   kernel_size: int = 3) -> Config:
-    """One vector of pixels and as many channels as leave ~3 registers for loads and broadcasts.
+def _accumulators(vector_lanes: int) -> int:
+    # AVX2 (16 ymm): 8 accumulators measured best (16x4 and 8x7 or 8x8; 16x7 and 8x14 spilled, 10x slower).
+    # AVX-512 has 32 zmm registers: the same headroom scaled (not measured: no AVX-512 machine here).
+    return 8 if vector_lanes < 16 else 20
 
-    Measured on AVX2 (16 ymm registers): 8 channels x 8 pixels beat 4x14, 4x16 and 8x14 by 1.3-4x on
-    every ResNet-50 layer; with 32 zmm registers (AVX-512) 16 channels fit.
+
+def default_config(out_channels: int, out_width: int, vector_lanes: int, in_channels: int = 1,
+                   kernel_size: int = 3, packed: bool = True) -> Config:
+    """The analytical choice for the target's vector width (measured on AVX2, see the module doc).
+
+    ``packed=False`` (weights left OIHW) rules out the channel-vector kernel, whose weight loads would
+    then be gathers.
     """
+    # 1x1 kernels have no window loop to hide the input-channel loop's overhead: unroll it by 4.
+    ic_unroll = 4 if kernel_size == 1 and in_channels % 4 == 0 else 1
+    budget = _accumulators(vector_lanes)
+    if packed and out_channels % vector_lanes == 0:
+        best = None
+        for oc_vectors in (2, 1):
+            if out_channels % (oc_vectors * vector_lanes):
+                continue
+            ow_block = largest_divisor(out_width, budget // oc_vectors)
+            used = oc_vectors * ow_block
+            if best is None or used > best[0]:
+                best = (used, oc_vectors * vector_lanes, ow_block)
+        if best[2] >= 4 or best[2] == out_width:
+            return Config("oc", best[1], best[2], ic_unroll)
     ow_block = largest_divisor(out_width, vector_lanes, multiple_of=8) if out_width % 8 == 0 else \
         largest_divisor(out_width, vector_lanes)
-    registers = 32 if vector_lanes >= 16 else 16
     vectors_per_row = -(-ow_block // vector_lanes)
-    cap = max(1, (registers - 3) // vectors_per_row)
+    cap = max(1, (16 if vector_lanes < 16 else 32) - 3) // vectors_per_row
     oc_block = next(c for c in (16, 8, 4, 2, 1) if c <= cap and out_channels % c == 0)
-    # 1x1 kernels have no kernel-window loop to hide the input-channel loop's overhead: unrolling it by 4
-    # gave +20-30% on ResNet-50/MobileNetV2 1x1 layers (AVX2); it did not help 3x3.
-    ic_unroll = 4 if kernel_size == 1 and in_channels % 4 == 0 else 1
-    return Config(oc_block, ow_block, ic_unroll)
+    return Config("ow", oc_block, ow_block, ic_unroll)
 
 
-def weight_block(out_channels: int, out_width: int, vector_lanes: int) -> int:
+def weight_block(out_channels: int, out_width: int, vector_lanes: int, in_channels: int = 1,
+                 kernel_size: int = 3) -> int:
     """The oc_block the weights are packed with at compile time (the same choice the schedule makes)."""
-    return default_config(out_channels, out_width, vector_lanes).oc_block
+    return default_config(out_channels, out_width, vector_lanes, in_channels, kernel_size).oc_block
 
 
 def _packed_block(func: tirx.PrimFunc) -> int | None:
@@ -72,19 +97,26 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
     n, oc, oh, ow, rc, ry, rx = loops
     out_channels, out_width, in_channels, kernel_h, kernel_w = (int(sch.get(loop).extent)
                                                                for loop in (oc, ow, rc, ry, rx))
-    cfg = config or default_config(out_channels, out_width, vector_lanes, in_channels, max(kernel_h, kernel_w))
     packed = _packed_block(func)
+    cfg = config or default_config(out_channels, out_width, vector_lanes, in_channels, max(kernel_h, kernel_w),
+                                   packed=packed is not None)
     if packed is not None and packed != cfg.oc_block:
-        cfg = dataclasses.replace(cfg, oc_block=packed)  # the weight layout fixes the channel tile
+        return None  # the weight was packed for another tile: not this rule's kernel
     epilogue = inline_epilogue(sch, ANCHOR)
     oc_o, oc_i = sch.split(oc, [None, cfg.oc_block])
     ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
     rc, rc_i = sch.split(rc, [None, cfg.ic_unroll])
-    sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, rc_i, oc_i, ow_i)
+    if cfg.kind == "oc":
+        sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, rc_i, ow_i, oc_i)
+        sch.unroll(ow_i)
+        sch.vectorize(oc_i)
+    else:
+        sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, rc_i, oc_i, ow_i)
+        sch.unroll(oc_i)
+        sch.vectorize(ow_i)
     sch.unroll(rc_i)
-    sch.unroll(oc_i)
-    sch.vectorize(ow_i)
     consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
+    # The store runs along output pixels (NCHW rows) for both kernels.
     vectorize_tile(sch, consumer, ow_o)
     # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
     sch.parallel(sch.fuse(n, oc_o, oh))
