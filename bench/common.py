@@ -54,6 +54,23 @@ def ort_session(model):
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+def compile_and_session(name: str, target: str):
+    """zoo model ``name`` compiled by tvmfuse, its onnxruntime session, seeded inputs, compile seconds."""
+    import tvmfuse
+    from tvmfuse import zoo
+
+    model = zoo.get(name)
+    start = time.perf_counter()
+    cm = tvmfuse.compile(model, target=target)
+    compile_s = time.perf_counter() - start
+    return model, cm, ort_session(model), inputs_for(cm.inputs), compile_s
+
+
+def ours_vs_ort(cm, sess, x, repeat: int) -> dict[str, float]:
+    """Median ms of ``cm.run`` and onnxruntime's ``run`` on the same numpy inputs, timed alternately."""
+    return interleaved_medians({"tvmfuse": lambda: cm.run(x), "onnxruntime": lambda: sess.run(None, x)}, repeat)
+
+
 def plain_tvm(model, target_spec):
     """What a user gets from TVM alone: from_onnx + tvm.compile with the default pipeline."""
     import tvm

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, inputs_for, interleaved_medians, ort_session, table  # noqa: E402
+from common import THREADS, compile_and_session, inputs_for, ort_session, ours_vs_ort, table  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 from tvm import s_tir, te  # noqa: E402
 
 import tvmfuse  # noqa: E402
-from tvmfuse import targets, zoo  # noqa: E402
+from tvmfuse import targets  # noqa: E402
 
 
 def copy_bandwidth(target) -> float:
@@ -58,7 +57,7 @@ def depthwise_row(target_name: str, bandwidth: float, repeat: int) -> dict:
     cm = tvmfuse.compile(model, target=target_name)
     x = inputs_for(cm.inputs)
     sess = ort_session(model)
-    ms = interleaved_medians({"tvmfuse": lambda: cm.run(x), "onnxruntime": lambda: sess.run(None, x)}, repeat)
+    ms = ours_vs_ort(cm, sess, x, repeat)
     kernel_ms = cm.benchmark(x, repeat=repeat)["median_ms"]
     moved = 4 * (2 * c * h * h + c * 9 + c)  # input + output + weights + bias, each once
     roof_ms = moved / bandwidth * 1e3
@@ -68,13 +67,8 @@ def depthwise_row(target_name: str, bandwidth: float, repeat: int) -> dict:
 
 
 def model_row(name: str, target_name: str, repeat: int) -> dict:
-    model = zoo.get(name)
-    start = time.perf_counter()
-    cm = tvmfuse.compile(model, target=target_name)
-    compile_s = time.perf_counter() - start
-    x = inputs_for(cm.inputs)
-    sess = ort_session(model)
-    ms = interleaved_medians({"tvmfuse": lambda: cm.run(x), "onnxruntime": lambda: sess.run(None, x)}, repeat)
+    _, cm, sess, x, compile_s = compile_and_session(name, target_name)
+    ms = ours_vs_ort(cm, sess, x, repeat)
     return {"model": name, "onnxruntime ms": f"{ms['onnxruntime']:.2f}", "tvmfuse ms": f"{ms['tvmfuse']:.2f}",
             "tvmfuse / ORT": f"{ms['tvmfuse'] / ms['onnxruntime']:.2f}x", "compile s": f"{compile_s:.1f}"}
 

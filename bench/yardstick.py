@@ -11,29 +11,23 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, inputs_for, median_ms, ort_session, plain_tvm, table  # noqa: E402
+from common import THREADS, compile_and_session, median_ms, ours_vs_ort, plain_tvm, table  # noqa: E402
 
 import tvm  # noqa: E402
 
 import tvmfuse  # noqa: E402
-from tvmfuse import targets, zoo  # noqa: E402
+from tvmfuse import targets  # noqa: E402
 
 DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnet50", "efficientnet_lite0"]
 
 
 def measure(name: str, target: str, repeat: int, plain_repeat: int) -> dict:
-    model = zoo.get(name)
-    start = time.perf_counter()
-    cm = tvmfuse.compile(model, target=target)
-    compile_s = time.perf_counter() - start
-    x = inputs_for(cm.inputs)
-    sess = ort_session(model)
-    ort_ms = median_ms(lambda: sess.run(None, x), repeat, warmup=3)
-    ours_ms = cm.benchmark(x, repeat=repeat, warmup=3)["median_ms"]
+    model, cm, sess, x, compile_s = compile_and_session(name, target)
+    ms = ours_vs_ort(cm, sess, x, repeat)
+    ort_ms, ours_ms = ms["onnxruntime"], ms["tvmfuse"]
     vm, infos = plain_tvm(model, targets.resolve(target))
     args = [tvm.runtime.tensor(x[i.name]) for i in infos]
     plain_ms = median_ms(lambda: vm["main"](*args), plain_repeat, warmup=1)
