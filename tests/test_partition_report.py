@@ -29,7 +29,7 @@ def test_zoo_flops_in_partitions(name):
 
 
 def test_report_names_patterns_shapes_and_left_out_reasons():
-    report = partitions("zoo:tiny_convnet", target=HOST)
+    report = tvmfuse.partitions("zoo:tiny_convnet", target=HOST)
     text = report.format()
     assert "tvmfuse.conv2d_add_relu" in text and "tvmfuse.depthwise_conv2d_clip" in text
     first = report.partitions[0]
@@ -63,6 +63,15 @@ def test_broadcast_add_reason_is_reported():
     assert [p.pattern for p in report.partitions] == ["tvmfuse.conv2d"]
     add = [o for o in report.left_out if o.op == "add"]
     assert len(add) == 1
+
+
+def test_kernels_carry_family_and_layout():
+    cm = tvmfuse.compile("zoo:tiny_convnet", target=HOST)
+    kernels = {gv.name_hint: f for gv, f in cm.mod.functions_items() if gv.name_hint.startswith("tvmfuse_")}
+    layouts = {str(f.attrs["tvmfuse.family"]): str(f.attrs["tvmfuse.layout"]) for f in kernels.values()}
+    # groups == 1 convs read weights packed for their channel tile; depthwise and dense keep theirs.
+    assert layouts["conv2d"].startswith("NCHW, weight OIHW") and layouts["conv2d"].endswith("o")
+    assert layouts["depthwise_conv2d"] == "NCHW" and layouts["dense"] == "NC"
 
 
 def test_opcheck_passes_on_zoo_model():

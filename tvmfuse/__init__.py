@@ -20,7 +20,7 @@ from . import errors, zoo  # noqa: E402  (zoo builds ONNX only)
 from .errors import TvmfuseError  # noqa: E402
 from .runtime import load  # noqa: E402
 
-__all__ = ["CompiledModel", "TvmfuseError", "compile", "errors", "load", "zoo"]
+__all__ = ["CompiledModel", "TvmfuseError", "compile", "errors", "load", "partitions", "zoo"]
 
 
 def __getattr__(name: str):
@@ -29,4 +29,8 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name == "partitions":
+        from .partition_report import partitions
+
+        return partitions
     raise AttributeError(f"module 'tvmfuse' has no attribute {name!r}")

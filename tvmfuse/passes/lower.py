@@ -1,8 +1,8 @@
 """LowerPartitions: replace each partition call by one ``call_tir`` to a fused TE kernel.
 
 The kernel is interpreted from the partition body (``tvmfuse.schedules.compute``), carries what schedules
-and reports need (``tvmfuse.partition``, ``tvmfuse.family``, ``tvmfuse.ops``), is marked opaque so TVM's
-FuseOps leaves it whole, and gets the target's default schedule.
+and reports need (``tvmfuse.partition``, ``tvmfuse.family``, ``tvmfuse.layout``, ``tvmfuse.ops``), is marked
+opaque so TVM's FuseOps leaves it whole, and gets the target's default schedule.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, pack: bool = True) 
     if spec is not None and spec.is_cpu:
         func = x86.schedule(func, pc.family, spec.vector_bits())
     name = str(fn.attrs["Composite"])
-    return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family,
+    layout = "NCHW" if pc.family != "dense" else "NC"
+    if pc.packed:
+        layout += f", weight OIHW{next(iter(pc.packed.values()))}o"
+    return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family, "tvmfuse.layout": layout,
                             "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.packed
 
 
