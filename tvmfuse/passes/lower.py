@@ -29,12 +29,13 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, pack: bool = True) 
 
     Returns the kernel and ``{parameter index: oc_block}`` for weights it reads pre-packed.
     """
-    oc_block = None
+    oc_block, lanes = None, None
     if spec is not None and spec.is_cpu:
         from tvmfuse.schedules import x86
 
         oc_block = x86.weight_block(fn, spec.vector_bits()) if pack else None
-    pc = partition_compute(fn, oc_block)
+        lanes = spec.vector_bits() // 32
+    pc = partition_compute(fn, oc_block, lanes)
     func = pc.prim_func()
     if spec is not None and spec.is_cpu:
         func = x86.schedule(func, pc.family, spec.vector_bits())
