@@ -29,12 +29,13 @@ def accumulate_in_registers(sch: s_tir.Schedule, anchor, epilogue, tile_loop):
     Returns the block that consumes the accumulator (the epilogue, or the write-back when there is none).
     """
     local = sch.cache_write(anchor, 0, "local")
-    if epilogue is None:
-        sch.reverse_compute_at(local, tile_loop)
-        return local
-    sch.compute_inline(local)
-    sch.reverse_compute_at(epilogue, tile_loop)
-    return epilogue
+    consumer = local if epilogue is None else epilogue
+    if epilogue is not None:
+        sch.compute_inline(local)
+    # Unit loops kept: the loop count must not depend on tile sizes, or a MetaSchedule trace sampled with
+    # one tile size cannot be replayed with another.
+    sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
+    return consumer
 
 
 def loops_below(sch: s_tir.Schedule, block, loop) -> list:

@@ -36,16 +36,19 @@ AVX512 = 16
 # ----------------------------------------------------------------------------------------------- model helpers
 
 
-def _conv_model(cin, cout, hw, k, stride=1, pad=0, group=1, seed=0):
-    """x[1, cin, hw, hw] -> Conv(bias) -> Relu, with its weights."""
+def _conv_model(cin, cout, hw, k, stride=1, pad=0, group=1, seed=0, epilogue=True):
+    """x[1, cin, hw, hw] -> Conv(bias) -> Relu (or a bare Conv with ``epilogue=False``), with its weights."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype("float32")
     b = rng.standard_normal(cout).astype("float32")
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
-                              pads=[pad] * 4, group=group),
-             helper.make_node("Relu", ["c"], ["y"])]
-    model = make_model(nodes, [("x", [1, cin, hw, hw])], [("y", None)],
-                       [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    conv_in = ["x", "W", "B"] if epilogue else ["x", "W"]
+    nodes = [helper.make_node("Conv", conv_in, ["c" if epilogue else "y"], kernel_shape=[k, k],
+                              strides=[stride] * 2, pads=[pad] * 4, group=group)]
+    inits = [numpy_helper.from_array(w, "W")]
+    if epilogue:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+        inits.append(numpy_helper.from_array(b, "B"))
+    model = make_model(nodes, [("x", [1, cin, hw, hw])], [("y", None)], inits)
     return model, w, b
 
 
@@ -103,8 +106,8 @@ def _ref_conv_relu(x, w, b, stride, pad):
     return np.maximum(conv2d_nchw_python(x, w, stride, pad) + b.reshape(1, -1, 1, 1), 0)
 
 
-def _ref_depthwise_relu(x, w, b, stride, pad):
-    """Depthwise (multiplier 1) conv + bias + relu in numpy."""
+def _ref_depthwise(x, w, stride, pad):
+    """Depthwise (multiplier 1) conv in numpy."""
     c = x.shape[1]
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     k = w.shape[2]
@@ -114,7 +117,11 @@ def _ref_depthwise_relu(x, w, b, stride, pad):
     for dy in range(k):
         for dx in range(k):
             out += xp[:, :, dy:dy + stride * oh:stride, dx:dx + stride * ow:stride] * w[None, :, 0, dy, dx, None, None]
-    return np.maximum(out + b.reshape(1, -1, 1, 1), 0)
+    return out
+
+
+def _ref_depthwise_relu(x, w, b, stride, pad):
+    return np.maximum(_ref_depthwise(x, w, stride, pad) + b.reshape(1, -1, 1, 1), 0)
 
 
 # ----------------------------------------------------------------------------------------------- TIR inspection
@@ -327,13 +334,30 @@ def test_rules_return_none_for_other_families(conv_fn, dense_fn, dw_fn):
     assert fused.schedule_fused(conv, "no_such_family") is None
 
 
-def test_conv2d_packed_for_another_tile_is_not_its_kernel(conv_fn):
-    func = partition_compute(conv_fn, 16).prim_func()  # default AVX2 config for this layer is oc 8x7
-    assert conv2d.apply(func, AVX2) is None
+@pytest.mark.parametrize("oc_block,kind", [(16, "oc"), (4, "ow")])
+def test_conv2d_packed_for_another_tile(conv_fn, oc_block, kind):
+    """A weight packed for another channel tile than the default (8 here): the default tile follows the packing
+    (channel vectors when the block is whole vectors, pixel vectors otherwise); an explicit config for another
+    tile is not this rule's kernel."""
+    func = partition_compute(conv_fn, oc_block).prim_func()
+    assert conv2d.default_config(32, 14, AVX2, 16, 3).oc_block == 8
     assert conv2d.apply(func, AVX2, conv2d.Config("oc", 8, 7)) is None
-    # the dispatcher then falls back to the generic schedule instead of failing
-    out = x86.schedule(func, "conv2d", 256)
-    assert ForKind.PARALLEL in Structure(out).kinds()
+    out = conv2d.apply(func, AVX2)
+    assert out is not None
+    s = Structure(out)
+    update = s.loops["conv2d_nchw_update"]
+    assert update[-1].kind == ForKind.VECTORIZED and ForKind.PARALLEL in s.kinds()
+    if kind == "oc":
+        assert int(update[-1].extent) == oc_block
+    else:
+        assert int(update[-2].extent) == oc_block and update[-2].kind == ForKind.UNROLLED
+    assert not s.vectorized_not_innermost()
+    _, w, b = _conv_model(16, 32, 14, 3, pad=1)  # the weights CONV_K3 was built with
+    x = np.random.default_rng(5).standard_normal((1, 16, 14, 14)).astype("float32")
+    np.testing.assert_allclose(_run(out, x, pack_weight(w, oc_block), b.reshape(1, -1, 1, 1)),
+                               _ref_conv_relu(x, w, b, 1, 1), rtol=1e-4, atol=1e-4)
+    # the dispatcher never fails on it
+    assert ForKind.PARALLEL in Structure(x86.schedule(func, "conv2d", 256)).kinds()
 
 
 def test_dispatcher_uses_the_family_rule(conv_fn, dense_fn, dw_fn):
@@ -417,10 +441,11 @@ def test_depthwise_default_config(args, expected):
     assert depthwise_conv2d.default_config(*args) == expected
 
 
-@pytest.mark.parametrize("args,expected", [((48, 64, AVX2), dense.Config(24, 4)), ((1024, 512, AVX2), dense.Config(32, 4)),
-                                           ((1000, 1280, AVX2), dense.Config(25, 4)),
-                                           ((1000, 1280, AVX512), dense.Config(50, 4)),
-                                           ((37, 10, AVX2), dense.Config(1, 2)), ((10, 7, AVX2), dense.Config(10, 1))])
+@pytest.mark.parametrize("args,expected", [
+    # (n, k, lanes) -> up to 4 vectors of columns (any divisor, not a vector multiple), K unrolled by <= 4
+    ((48, 64, AVX2), dense.Config(24, 4)), ((1024, 512, AVX2), dense.Config(32, 4)),
+    ((1000, 1280, AVX2), dense.Config(25, 4)), ((1000, 1280, AVX512), dense.Config(50, 4)),
+    ((37, 10, AVX2), dense.Config(1, 2)), ((10, 7, AVX2), dense.Config(10, 1))])
 def test_dense_default_config(args, expected):
     assert dense.default_config(*args) == expected
 
@@ -470,13 +495,50 @@ def test_dense_unit_tile(m, k, n):
 
 def test_depthwise_unit_tile():
     model, w, b = _conv_model(5, 5, 31, 3, pad=1, group=5, seed=3)
-    func, _ = make_kernel(_partition_fn(model), targets.resolve(HOST))
-    assert depthwise_conv2d.default_config(31, _host_lanes(), 3, 1).ow_block == 1
-    s = Structure(func)
-    assert ForKind.PARALLEL in s.kinds() and not s.vectorized_not_innermost()
+    fn = _partition_fn(model)
     x = np.random.default_rng(3).standard_normal((1, 5, 31, 31)).astype("float32")
-    out = _run(func, x, w, b.reshape(1, -1, 1, 1))
-    np.testing.assert_allclose(out, _ref_depthwise_relu(x, w, b, 1, 1), rtol=1e-5, atol=1e-5)
+    ref = _ref_depthwise_relu(x, w, b, 1, 1)
+    # rows of the true width (no lanes given to the compute): a 31-wide row gets 1-pixel tiles
+    func = partition_compute(fn).prim_func()
+    assert depthwise_conv2d.default_config(31, AVX2, 3, 1).ow_block == 1
+    sched = depthwise_conv2d.apply(func, AVX2)
+    s = Structure(sched)
+    assert ForKind.PARALLEL in s.kinds() and not s.vectorized_not_innermost()
+    assert all(l.kind != ForKind.VECTORIZED for l in s.loops["DepthwiseConv2d_update"][:-1])
+    np.testing.assert_allclose(_run(sched, x, w, b.reshape(1, -1, 1, 1)), ref, rtol=1e-5, atol=1e-5)
+    # the real flow computes the row in whole vectors (32 wide on AVX2) and crops it
+    func, _ = make_kernel(fn, targets.resolve(HOST))
+    assert not Structure(func).vectorized_not_innermost()
+    np.testing.assert_allclose(_run(func, x, w, b.reshape(1, -1, 1, 1)), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("epilogue", [True, False], ids=["bias_relu", "bare"])
+@pytest.mark.parametrize("hw,stride,wide,ow_block", [(28, 2, 16, 16), (14, 1, 16, 16), (29, 1, 32, 8)])
+def test_depthwise_whole_vector_rows(hw, stride, wide, ow_block, epilogue):
+    """With ``lanes``, a row that is not whole vectors is computed ``wide`` and cropped in the epilogue."""
+    model, w, b = _conv_model(8, 8, hw, 3, stride=stride, pad=1, group=8, seed=hw, epilogue=epilogue)
+    fn = _partition_fn(model)
+    pc = partition_compute(fn, lanes=AVX2)
+    func = pc.prim_func()
+    names = block_names(s_tir.Schedule(func))
+    assert "DepthwiseCrop" in names
+    out_w = (hw + 2 - 3) // stride + 1
+    assert [int(d) for d in func.params[-1].ty.shape] == [1, 8, out_w, out_w]
+    sched = depthwise_conv2d.apply(func, AVX2)
+    assert sched is not None
+    s = Structure(sched)
+    # the crop is folded into the one stage that stores the output, right after the tile's accumulation
+    assert set(s.blocks) == {"PaddedInput", "DepthwiseConv2d_init", "DepthwiseConv2d_update", names[-1]}
+    assert "DepthwiseCrop" not in s.blocks or names[-1] == "DepthwiseCrop"
+    update = s.loops["DepthwiseConv2d_update"]
+    assert update[-1].kind == ForKind.VECTORIZED and int(update[-1].extent) == ow_block
+    assert math.prod(int(l.extent) for l in update[:-3]) * ow_block == 8 * out_w * wide
+    assert s.compacted_alloc()["DepthwiseConv2d_local"][1] == [1, 1, 1, ow_block]
+    assert s.shared_loops("DepthwiseConv2d_update", names[-1]) >= 2 and not s.vectorized_not_innermost()
+    x = np.random.default_rng(hw).standard_normal((1, 8, hw, hw)).astype("float32")
+    args = (x, w, b.reshape(1, -1, 1, 1)) if epilogue else (x, w)
+    ref = _ref_depthwise_relu(x, w, b, stride, 1) if epilogue else _ref_depthwise(x, w, stride, 1)
+    np.testing.assert_allclose(_run(sched, *args), ref, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------- 4. packed weights
@@ -541,6 +603,22 @@ def test_avx512_dense_asm():
     assert int(Structure(sched).loops["T_matmul_NN_update"][-1].extent) == 64
     asm = _build(sched, "x86-avx512").mod.inspect_source("asm")
     assert "zmm" in asm and "vfmadd" in asm
+
+
+@pytest.mark.parametrize("cin,cout,hw,k,stride,pad,group,oc_block",
+                         [(16, 32, 14, 3, 1, 1, 1, 32), (64, 128, 7, 1, 1, 0, 1, 32), (8, 24, 13, 3, 2, 1, 1, 8),
+                          (16, 16, 33, 3, 1, 1, 16, None)],
+                         ids=["oc32x7", "k1-oc32x7u4", "ow8x7-s2", "depthwise"])
+def test_avx512_schedules_compute_correctly_on_this_host(cin, cout, hw, k, stride, pad, group, oc_block):
+    """The AVX-512 tiles, compiled for the host (LLVM splits the 512-bit vectors), give the right numbers."""
+    model, w, b = _conv_model(cin, cout, hw, k, stride=stride, pad=pad, group=group, seed=cout)
+    func, packed = make_kernel(_partition_fn(model), targets.resolve("x86-avx512"))
+    assert packed == ({1: oc_block} if oc_block else {})
+    x = np.random.default_rng(4).standard_normal((1, cin, hw, hw)).astype("float32")
+    weight = pack_weight(w, packed[1]) if packed else w
+    out = _run(func, x, weight, b.reshape(1, -1, 1, 1))
+    ref = _ref_conv_relu(x, w, b, stride, pad) if group == 1 else _ref_depthwise_relu(x, w, b, stride, pad)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------------------------- 6. generic fallback

@@ -82,6 +82,19 @@ def weight_block(out_channels: int, out_width: int, vector_lanes: int, in_channe
     return default_config(out_channels, out_width, vector_lanes, in_channels, kernel_size).oc_block
 
 
+def config_for(out_channels: int, out_width: int, vector_lanes: int, in_channels: int, kernel_size: int,
+               packed: int | None) -> Config:
+    """The default config, with the channel tile fixed by the weight's packing when it is packed."""
+    cfg = default_config(out_channels, out_width, vector_lanes, in_channels, kernel_size, packed=packed is not None)
+    if packed is None or packed == cfg.oc_block:
+        return cfg
+    if packed % vector_lanes == 0:
+        vectors = packed // vector_lanes
+        return Config("oc", packed, largest_divisor(out_width, max(1, _accumulators(vector_lanes) // vectors)),
+                      cfg.ic_unroll)
+    return dataclasses.replace(cfg, kind="ow", oc_block=packed)
+
+
 def _packed_block(func: tirx.PrimFunc) -> int | None:
     """oc_block of a packed (5-D) weight parameter, if the kernel reads one."""
     for param in func.params:
@@ -92,23 +105,27 @@ def _packed_block(func: tirx.PrimFunc) -> int | None:
 
 
 def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
-    """Schedule a fused conv2d partition; None when ``func`` is not one."""
+    """Schedule ``func`` (a fused partition kernel); None when it is not this rule's kernel."""
     sch = s_tir.Schedule(func)
+    return sch.mod["main"] if schedule(sch, vector_lanes, config) else None
+
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
+    """Apply the rule to ``sch`` in place (also the body of the MetaSchedule template); False if no match."""
     names = block_names(sch)
     if ANCHOR not in names:
-        return None
+        return False
     anchor = sch.get_sblock(ANCHOR)
     loops = sch.get_loops(anchor)
     if len(loops) != 7:
-        return None
+        return False
     n, oc, oh, ow, rc, ry, rx = loops
     out_channels, out_width, in_channels, kernel_h, kernel_w = (int(sch.get(loop).extent)
                                                                for loop in (oc, ow, rc, ry, rx))
-    packed = _packed_block(func)
-    cfg = config or default_config(out_channels, out_width, vector_lanes, in_channels, max(kernel_h, kernel_w),
-                                   packed=packed is not None)
+    packed = _packed_block(sch.mod["main"])
+    cfg = config or config_for(out_channels, out_width, vector_lanes, in_channels, max(kernel_h, kernel_w), packed)
     if packed is not None and packed != cfg.oc_block:
-        return None  # the weight was packed for another tile: not this rule's kernel
+        return False  # an explicit config for another channel tile than the weight was packed for
     epilogue = inline_epilogue(sch, ANCHOR)
     oc_o, oc_i = sch.split(oc, [None, cfg.oc_block])
     ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
@@ -132,4 +149,4 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
         pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
         sch.parallel(sch.fuse(pad_loops[0], pad_loops[1]))
         sch.vectorize(pad_loops[-1])
-    return sch.mod["main"]
+    return True

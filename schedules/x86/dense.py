@@ -28,13 +28,19 @@ def default_config(n: int, k: int, vector_lanes: int) -> Config:
 
 
 def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
+    """Schedule ``func`` (a fused partition kernel); None when it is not this rule's kernel."""
     sch = s_tir.Schedule(func)
+    return sch.mod["main"] if schedule(sch, vector_lanes, config) else None
+
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
+    """Apply the rule to ``sch`` in place (also the body of the MetaSchedule template); False if no match."""
     if ANCHOR not in block_names(sch):
-        return None
+        return False
     anchor = sch.get_sblock(ANCHOR)
     loops = sch.get_loops(anchor)
     if len(loops) != 3:
-        return None
+        return False
     i, j, k = loops
     cfg = config or default_config(int(sch.get(j).extent), int(sch.get(k).extent), vector_lanes)
     epilogue = inline_epilogue(sch, ANCHOR)
@@ -47,4 +53,4 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
     vectorize_tile(sch, consumer, i)
     sch.parallel(j_o)
     vectorize_tile(sch, sch.decompose_reduction(anchor, k_o), i)
-    return sch.mod["main"]
+    return True

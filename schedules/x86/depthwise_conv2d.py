@@ -43,21 +43,31 @@ def default_config(out_width: int, vector_lanes: int, kernel: int = 3, stride: i
     return Config(largest_divisor(out_width, 28))
 
 
+def stride_of(sch: s_tir.Schedule, out_width: int, kernel: int) -> int:
+    """The horizontal stride, from the padded input's width: (padded - kernel) / (out - 1) is the stride
+    for dilation 1 and rounds down to 1 for dilation 2."""
+    padded_width = int(sch.get(sch.get_sblock("PaddedInput")).writes[0].source.shape[3])
+    return (padded_width - kernel) // (out_width - 1) if out_width > 1 else 1
+
+
 def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
+    """Schedule ``func`` (a fused partition kernel); None when it is not this rule's kernel."""
     sch = s_tir.Schedule(func)
+    return sch.mod["main"] if schedule(sch, vector_lanes, config) else None
+
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
+    """Apply the rule to ``sch`` in place (also the body of the MetaSchedule template); False if no match."""
     names = block_names(sch)
     if ANCHOR not in names or "PaddedInput" not in names:
-        return None
+        return False
     anchor = sch.get_sblock(ANCHOR)
     loops = sch.get_loops(anchor)
     if len(loops) != 6:
-        return None
+        return False
     n, c, oh, ow, ry, rx = loops
     out_width, kernel = int(sch.get(ow).extent), int(sch.get(rx).extent)
-    padded_width = int(sch.get(sch.get_sblock("PaddedInput")).writes[0].source.shape[3])
-    # (padded - kernel) / (out - 1) is the stride for dilation 1 and rounds down to 1 for dilation 2.
-    stride = (padded_width - kernel) // (out_width - 1) if out_width > 1 else 1
-    cfg = config or default_config(out_width, vector_lanes, kernel, stride)
+    cfg = config or default_config(out_width, vector_lanes, kernel, stride_of(sch, out_width, kernel))
     epilogue = inline_epilogue(sch, ANCHOR)
     for name in names[:names.index(ANCHOR)]:
         if name.startswith("T_reshape"):  # the (C*M,1,kh,kw) -> (C,M,kh,kw) filter view
@@ -75,4 +85,4 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
     sch.compute_at(pad, channel if cfg.pad_at == "channel" else oh)
     sch.vectorize(sch.get_loops(pad)[-1])
     vectorize_tile(sch, sch.decompose_reduction(anchor, ry), ow_o)
-    return sch.mod["main"]
+    return True

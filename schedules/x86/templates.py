@@ -1,0 +1,116 @@
+"""The x86 rules as MetaSchedule templates.
+
+A kernel to be tuned gets its anchor block annotated ``schedule_rule = "tvmfuse.x86.<family>"``
+(:func:`annotate`); MetaSchedule's ``ApplyCustomRule`` then calls the function :func:`register` put under
+``s_tir.meta_schedule.cpu.tvmfuse.x86.<family>``, which samples the rule's knobs (split
+factors) with ``sample_categorical`` and applies the same rule the default path uses. The analytical default is the
+first candidate, so an untuned kernel and a tuned one come from one piece of code.
+
+Nothing is registered at import: TVM's global function table is only touched by :func:`register`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..common import block_names
+from . import conv2d, dense, depthwise_conv2d
+
+PREFIX = "tvmfuse.x86."
+RULES = {"conv2d": conv2d, "depthwise_conv2d": depthwise_conv2d, "dense": dense}
+
+
+def rule_name(family: str) -> str:
+    return PREFIX + family
+
+
+def annotate(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
+    """Mark ``func``'s anchor block for the family's template; None when the family has no template."""
+    module = RULES.get(family)
+    if module is None:
+        return None
+    sch = s_tir.Schedule(func)
+    if module.ANCHOR not in block_names(sch):
+        return None
+    sch.annotate(sch.get_sblock(module.ANCHOR), "schedule_rule", rule_name(family))
+    return sch.mod["main"]
+
+
+def _pick(sch: s_tir.Schedule, candidates: list[int], default: int):
+    """A random variable over ``candidates`` (``default`` first: the decision of the first trace).
+
+    The rule uses it directly as a split factor, so a new decision replays into a new schedule; reading
+    it back as a Python int would freeze the factor into the trace and make every sample the same.
+    """
+    ordered = [default] + [c for c in candidates if c != default]
+    return sch.sample_categorical(ordered, [1.0 / len(ordered)] * len(ordered), decision=0)
+
+
+def _divisors(n: int, cap: int) -> list[int]:
+    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+
+
+def _extents(sch, block) -> list[int]:
+    return [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
+
+
+def _conv2d_config(sch, block, lanes: int) -> conv2d.Config:
+    _, oc, _, ow, ic, kh, kw = _extents(sch, block)
+    base = conv2d.config_for(oc, ow, lanes, ic, max(kh, kw), conv2d._packed_block(sch.mod["main"]))
+    budget = conv2d._accumulators(lanes) * (1 if base.kind == "oc" else 2)
+    vectors = max(1, base.oc_block // lanes) if base.kind == "oc" else 1
+    ow_block = _pick(sch, [d for d in _divisors(ow, 28) if d * vectors <= budget], base.ow_block)
+    ic_unroll = _pick(sch, [u for u in (1, 2, 4, 8) if ic % u == 0], base.ic_unroll)
+    return dataclasses.replace(base, ow_block=ow_block, ic_unroll=ic_unroll)
+
+
+def _depthwise_config(sch, block, lanes: int) -> depthwise_conv2d.Config:
+    _, _, _, ow, _, kernel = _extents(sch, block)
+    base = depthwise_conv2d.default_config(ow, lanes, kernel, depthwise_conv2d.stride_of(sch, ow, kernel))
+    # Only split factors can be knobs: where the padding is built is a branch, fixed per trace.
+    return dataclasses.replace(base, ow_block=_pick(sch, _divisors(ow, 32), base.ow_block))
+
+
+def _dense_config(sch, block, lanes: int) -> dense.Config:
+    _, n, k = _extents(sch, block)
+    base = dense.default_config(n, k, lanes)
+    n_block = _pick(sch, _divisors(n, 8 * lanes), base.n_block)
+    k_unroll = _pick(sch, [u for u in (1, 2, 4, 8) if k % u == 0], base.k_unroll)
+    return dense.Config(n_block, k_unroll)
+
+
+CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config}
+
+
+def template(family: str, vector_lanes: int):
+    """The MetaSchedule template function ``(sch, block) -> [sch]`` of one family."""
+
+    def apply(sch: s_tir.Schedule, block) -> list:
+        config = CONFIGS[family](sch, block, vector_lanes)
+        sch.unannotate(block, "schedule_rule")
+        if not RULES[family].schedule(sch, vector_lanes, config):
+            raise ValueError(f"{rule_name(family)}: the annotated block is not a {family} kernel")
+        return [sch]
+
+    return apply
+
+
+def register(vector_bits: int) -> list[str]:
+    """Register every family's template for CPU targets with ``vector_bits``-wide vectors; return names."""
+    names = []
+    for family in RULES:
+        name = f"s_tir.meta_schedule.cpu.{rule_name(family)}"
+        tvm.register_global_func(name, template(family, vector_bits // 32), override=True)
+        names.append(name)
+    return names
+
+
+def space_generator():
+    """A design space of our templates only (the default CPU rules would re-tile the annotated kernels)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.space_generator.PostOrderApply(sch_rules=[ms.schedule_rule.ApplyCustomRule()], postprocs=[],
+                                             mutator_probs={})
