@@ -19,21 +19,25 @@ from common import THREADS, compile_and_session, median_ms, ours_vs_ort, plain_t
 import tvm  # noqa: E402
 
 import tvmfuse  # noqa: E402
-from tvmfuse import targets  # noqa: E402
+from tvmfuse import targets, zoo  # noqa: E402
 
 DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnet50", "efficientnet_lite0"]
 
 
-def measure(name: str, target: str, repeat: int, plain_repeat: int) -> dict:
-    model, cm, sess, x, compile_s = compile_and_session(name, target)
+def measure(name: str, target: str, repeat: int) -> dict:
+    """tvmfuse vs onnxruntime, timed alternately."""
+    _, cm, sess, x, compile_s = compile_and_session(name, target)
     ms = ours_vs_ort(cm, sess, x, repeat)
-    ort_ms, ours_ms = ms["onnxruntime"], ms["tvmfuse"]
-    vm, infos = plain_tvm(model, targets.resolve(target))
+    return {"model": name, "onnxruntime ms": ms["onnxruntime"], "tvmfuse ms": ms["tvmfuse"],
+            "tvmfuse compile s": compile_s, "x": x}
+
+
+def measure_plain(name: str, target: str, x: dict, repeat: int) -> float:
+    """Plain TVM's median ms. Run after every tvmfuse/onnxruntime measurement: its seconds-long
+    single-threaded runs slowed the next model's measurements by up to 1.4x when interleaved."""
+    vm, infos = plain_tvm(zoo.get(name), targets.resolve(target))
     args = [tvm.runtime.tensor(x[i.name]) for i in infos]
-    plain_ms = median_ms(lambda: vm["main"](*args), plain_repeat, warmup=1)
-    return {"model": name, "onnxruntime ms": f"{ort_ms:.2f}", "tvmfuse ms": f"{ours_ms:.2f}",
-            "plain TVM ms": f"{plain_ms:.1f}", "tvmfuse / ORT": f"{ours_ms / ort_ms:.2f}x",
-            "plain TVM / ORT": f"{plain_ms / ort_ms:.1f}x", "tvmfuse compile s": f"{compile_s:.1f}"}
+    return median_ms(lambda: vm["main"](*args), repeat, warmup=1)
 
 
 def main(argv=None) -> int:
@@ -43,7 +47,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--plain-repeat", type=int, default=3, help="plain TVM is slow: fewer repeats")
     args = p.parse_args(argv)
-    rows = [measure(m, args.target, args.repeat, args.plain_repeat) for m in args.models.split(",")]
+    names = args.models.split(",")
+    measured = [measure(m, args.target, args.repeat) for m in names]
+    rows = []
+    for name, r in zip(names, measured):
+        plain_ms = measure_plain(name, args.target, r["x"], args.plain_repeat)
+        ours, ort = r["tvmfuse ms"], r["onnxruntime ms"]
+        rows.append({"model": name, "onnxruntime ms": f"{ort:.2f}", "tvmfuse ms": f"{ours:.2f}",
+                     "plain TVM ms": f"{plain_ms:.1f}", "tvmfuse / ORT": f"{ours / ort:.2f}x",
+                     "plain TVM / ORT": f"{plain_ms / ort:.1f}x", "tvmfuse compile s": f"{r['tvmfuse compile s']:.1f}"})
     spec = targets.resolve(args.target)
     print(f"# yardstick: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
           f"{platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, TVM {tvm.__version__}")
