@@ -8,11 +8,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import frontend, opcheck, targets
-from .errors import TargetError
 from .export import build, export_library, kernel_names, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
-from .runtime import Runner, random_inputs
+from .runtime import Runner, check_cpu_flags, random_inputs
 from .tensors import TensorInfo
 
 
@@ -46,11 +45,8 @@ class CompiledModel:
             if self.target.is_cuda:
                 self._runner = Runner(self.executable, self.inputs, self.outputs, device="cuda")
             else:
-                missing = targets.missing_host_features(self.target)
-                if missing:
-                    raise TargetError(f"model compiled for {self.target.name} ({self.target.config.get('mcpu')}) "
-                                      f"uses CPU features this machine lacks: {', '.join(missing)}; "
-                                      "compile with target='x86-host' to run here")
+                check_cpu_flags(targets.required_cpu_flags(self.target),
+                                f"model compiled for {self.target.name} ({self.target.config.get('mcpu')})")
                 self._runner = Runner(self.executable, self.inputs, self.outputs, device="cpu")
         return self._runner
 

@@ -125,6 +125,8 @@ def build_report(partitioned, rejections: dict, source: str, target: str) -> Par
     import tvm
     from tvm import relax
 
+    from .passes.partition import is_partition
+
     parts, left = [], []
     main = partitioned["main"]
     for block in main.body.blocks:
@@ -134,7 +136,7 @@ def build_report(partitioned, rejections: dict, source: str, target: str) -> Par
                 continue
             if isinstance(call.op, tvm.ir.GlobalVar):
                 fn = partitioned[call.op]
-                if isinstance(fn, relax.Function) and fn.attrs and "Composite" in fn.attrs:
+                if is_partition(fn):
                     body = [b.value for blk in fn.body.blocks for b in blk.bindings]
                     parts.append(Partition(
                         str(fn.attrs["Composite"]), [_op_name(c) for c in body], [_dims(a) for a in call.args],

@@ -13,6 +13,7 @@ from tvm import relax
 from tvmfuse.schedules.compute import pack_weight, partition_compute
 
 from ..targets import TargetSpec
+from .partition import is_partition
 from .utils import const_array
 
 # AnnotateTIROpPattern leaves a func with op_pattern set alone; kOpaque keeps FuseOps from merging
@@ -69,7 +70,7 @@ class _Lower(relax.PyExprMutator):
         if not isinstance(call.op, tvm.ir.GlobalVar):
             return call
         fn = self.mod_[call.op]
-        if not (isinstance(fn, relax.Function) and fn.attrs and "Composite" in fn.attrs):
+        if not is_partition(fn):
             return call
         kernel, packed = make_kernel(fn, self.spec)
         args = _pack_args(call.args, packed)
@@ -93,7 +94,7 @@ def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None) 
     def _lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         lower = _Lower(mod, spec, record)
         for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function) and not (func.attrs and "Composite" in func.attrs):
+            if isinstance(func, relax.Function) and not is_partition(func):
                 lower.builder_.update_func(gv, lower.visit_expr(func))
         return relax.transform.DeadCodeElimination()(lower.builder_.get())
 

@@ -25,10 +25,11 @@ def Partition(rejections: dict | None = None) -> tvm.transform.Pass:  # noqa: N8
     return _partition
 
 
+def is_partition(func) -> bool:
+    """True for a partition function (a Relax function FuseOpsByPattern marked ``Composite``)."""
+    return isinstance(func, relax.Function) and bool(func.attrs) and "Composite" in func.attrs
+
+
 def composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
     """The partition functions of ``mod``: global var name -> function."""
-    out = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs:
-            out[gv.name_hint] = func
-    return out
+    return {gv.name_hint: func for gv, func in mod.functions_items() if is_partition(func)}
