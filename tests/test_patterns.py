@@ -4,6 +4,7 @@ Habits (DESIGN): every pass has a before/expected test, a no-match test, a rejec
 well-formedness check. Graphs are small ONNX models imported and canonicalized like ``tvmfuse.compile`` does.
 """
 
+
 from __future__ import annotations
 
 import collections
@@ -28,88 +29,7 @@ from helpers import make_model
 RNG = np.random.default_rng(11)
 
 
-# ---------------------------------------------------------------------------------------------- helpers
-
-def _init(name, arr):
-    return numpy_helper.from_array(np.asarray(arr, dtype="float32"), name)
-
-
-def _w(name, shape):
-    return _init(name, RNG.standard_normal(shape))
-
-
-def _canonical(model) -> tvm.IRModule:
-    mod = frontend.import_model(model).mod
-    return tvm.transform.Sequential(canonicalize_passes())(mod)
-
-
-def _partition(mod: tvm.IRModule):
-    rejections: dict = {}
-    return Partition(rejections)(mod), rejections
-
-
-def _assert_well_formed(mod: tvm.IRModule) -> None:
-    assert relax.analysis.check_well_formed(mod), mod.script(show_meta=False)
-
-
-def _bindings(func: relax.Function):
-    for block in func.body.blocks:
-        yield from block.bindings
-
-
-def _op_names(func: relax.Function) -> list[str]:
-    """Relax op names bound in ``func`` (``call:<Composite>`` for a partition call), in order."""
-    out = []
-    for b in _bindings(func):
-        v = b.value
-        if isinstance(v, relax.Call):
-            out.append(v.op.name if isinstance(v.op, tvm.ir.Op) else f"call:{v.op.name_hint}")
-    return out
-
-
-def composite_calls(mod: tvm.IRModule) -> collections.Counter:
-    """How many times each partition (by ``Composite`` name) is called from ``main``.
-
-    ``composites(mod)`` holds one function per distinct body (FuseOpsByPattern shares identical ones), so
-    uses are counted at the call sites; every callee must be one of ``composites(mod)``.
-    """
-    comps = composites(mod)
-    counts = collections.Counter()
-    for b in _bindings(mod["main"]):
-        v = b.value
-        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar):
-            assert v.op.name_hint in comps
-            counts[str(comps[v.op.name_hint].attrs["Composite"])] += 1
-    return counts
-
-
-def outside_ops(mod: tvm.IRModule) -> list[str]:
-    """Relax ops of ``main`` that stayed outside partitions."""
-    return [n for n in _op_names(mod["main"]) if not n.startswith("call:")]
-
-
-def _composite_named(mod: tvm.IRModule, name: str) -> relax.Function:
-    found = [f for f in composites(mod).values() if str(f.attrs["Composite"]) == name]
-    assert len(found) == 1, [str(f.attrs["Composite"]) for f in composites(mod).values()]
-    return found[0]
-
-
-def _conv(inputs, out, k=3, pad=1, stride=1, group=1, name=None):
-    return helper.make_node("Conv", inputs, [out], kernel_shape=[k, k], pads=[pad] * 4, strides=[stride] * 2,
-                            group=group, **({"name": name} if name else {}))
-
-
-def _relu6(inp, out):
-    return helper.make_node("Clip", [inp, "c0", "c6"], [out])
-
-
-_CLIP_INITS = [_init("c0", np.array(0.0)), _init("c6", np.array(6.0))]
-
-
-def _bn(inp, out, c, prefix="bn"):
-    names = [f"{prefix}_{n}" for n in ("g", "b", "m", "v")]
-    inits = [_w(names[0], c), _w(names[1], c), _w(names[2], c), _init(names[3], RNG.random(c) + 0.5)]
-    return helper.make_node("BatchNormalization", [inp, *names], [out]), inits
+from pattern_helpers import *  # noqa: F401,F403  (graph builders and pass drivers)
 
 
 # --------------------------------------------------------------------------------------- priority order
@@ -157,45 +77,6 @@ def test_entry_name():
     assert patterns.entry_name("dense", False, "clip") == "tvmfuse.dense_clip"
 
 
-# ---------------------------------------------------------------------------------- graph conversions
-
-def _g_conv(act_nodes, act_inits=(), cin=3, cout=8, hw=8, group=1, bias=True, k=3):
-    inputs = ["x", "W"] + (["B"] if bias else [])
-    inits = [_w("W", (cout, cin // group, k, k))] + ([_w("B", cout)] if bias else [])
-    nodes = [_conv(inputs, "c", k=k, pad=k // 2, group=group)] + act_nodes
-    return make_model(nodes, [("x", [1, cin, hw, hw])], [("y", None)], inits + list(act_inits))
-
-
-def _g_conv_bn_relu6(cin=3, cout=8, group=1):
-    bn, bn_inits = _bn("c", "n", cout)
-    nodes = [_conv(["x", "W"], "c", group=group), bn, _relu6("n", "y")]
-    return make_model(nodes, [("x", [1, cin, 8, 8])], [("y", None)],
-                      [_w("W", (cout, cin // group, 3, 3))] + bn_inits + _CLIP_INITS)
-
-
-def _g_residual(order, act, c=5, group=1):
-    nodes = [_conv(["x", "W", "B"], "c", group=group), helper.make_node("Add", list(order), ["a" if act else "y"])]
-    if act:
-        nodes.append(helper.make_node(act, ["a"], ["y"]))
-    return make_model(nodes, [("x", [1, c, 7, 7]), ("r", [1, c, 7, 7])], [("y", None)],
-                      [_w("W", (c, c // group, 3, 3)), _w("B", c)])
-
-
-def _g_gemm_relu(n=7):
-    nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["g"], transB=1), helper.make_node("Relu", ["g"], ["y"])]
-    return make_model(nodes, [("x", [2, 10])], [("y", None)], [_w("W", (n, 10)), _w("B", n)])
-
-
-def _g_matmul(act_nodes=(), act_inits=(), out="y"):
-    nodes = [helper.make_node("MatMul", ["x", "W"], [out])] + list(act_nodes)
-    return make_model(nodes, [("x", [3, 10])], [("y", None)], [_w("W", (10, 6))] + list(act_inits))
-
-
-def _act(op, **attrs):
-    return [helper.make_node(op, ["c"], ["y"], **attrs)]
-
-
-# (id, model factory, expected partition calls, ops expected to stay outside partitions)
 CONVERSIONS = [
     ("conv_bias_relu", lambda: _g_conv(_act("Relu")), {"tvmfuse.conv2d_relu": 1}, []),
     ("conv_nobias_relu", lambda: _g_conv(_act("Relu"), bias=False), {"tvmfuse.conv2d_relu": 1}, []),
@@ -281,133 +162,6 @@ def test_matmul_3d_data_rejected_with_reason():
     part, rejections = _partition(_canonical(model))
     assert composite_calls(part) == {}
     assert any("2-D" in r for r in rejections.values()), rejections
-
-
-# ----------------------------------------------------------------------------------- rejected matches
-
-def test_reject_conv_output_with_two_consumers():
-    """(a) conv -> add(residual) -> relu and conv -> sigmoid: the conv output must stay visible outside."""
-    c = 5
-    model = make_model([_conv(["x", "W", "B"], "c"), helper.make_node("Add", ["c", "r"], ["a"]),
-                        helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Sigmoid", ["c"], ["s"])],
-                       [("x", [1, c, 7, 7]), ("r", [1, c, 7, 7])], [("y", None), ("s", None)],
-                       [_w("W", (c, c, 3, 3)), _w("B", c)])
-    part, rejections = _partition(_canonical(model))
-    _assert_well_formed(part)
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d": 1}
-    assert _op_names(_composite_named(part, "tvmfuse.conv2d")) == ["relax.nn.conv2d", "relax.add"]
-    assert outside_ops(part) == ["relax.add", "relax.nn.relu", "relax.sigmoid"]
-    assert any("used outside" in r for r in rejections.values()), rejections
-    feeds = {"x": RNG.standard_normal((1, c, 7, 7)).astype("float32"),
-             "r": RNG.standard_normal((1, c, 7, 7)).astype("float32")}
-    outs, refs = tvmfuse.compile(model, target=HOST).run(feeds), ort_run(model, feeds)
-    for o, r in zip(outs, refs):
-        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
-
-
-def test_reject_broadcast_residual():
-    """(b)+(e) the other add operand is (1,C,1,1) computed at run time: a broadcast, not add-to-output."""
-    c = 5
-    model = make_model([_conv(["x", "W", "B"], "c"), helper.make_node("GlobalAveragePool", ["x"], ["p"]),
-                        helper.make_node("Add", ["c", "p"], ["a"]), helper.make_node("Relu", ["a"], ["y"])],
-                       [("x", [1, c, 7, 7])], [("y", None)], [_w("W", (c, c, 3, 3)), _w("B", c)])
-    part, rejections = _partition(_canonical(model))
-    _assert_well_formed(part)
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d": 1}
-    assert outside_ops(part) == ["relax.mean", "relax.add", "relax.nn.relu"]
-    assert len(rejections) == 1 and "broadcast" in next(iter(rejections.values())), rejections
-
-
-def test_two_residual_adds_fuse_only_one():
-    """(c) conv + add(r1) + add(r2): the first add joins the partition, the second stays outside."""
-    c = 5
-    model = make_model([_conv(["x", "W", "B"], "c"), helper.make_node("Add", ["c", "r1"], ["a1"]),
-                        helper.make_node("Add", ["a1", "r2"], ["a2"]), helper.make_node("Relu", ["a2"], ["y"])],
-                       [("x", [1, c, 7, 7]), ("r1", [1, c, 7, 7]), ("r2", [1, c, 7, 7])], [("y", None)],
-                       [_w("W", (c, c, 3, 3)), _w("B", c)])
-    mod = _canonical(model)
-    part, _ = _partition(mod)
-    _assert_well_formed(part)
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d_add": 1}
-    fn = _composite_named(part, "tvmfuse.conv2d_add")
-    assert _op_names(fn) == ["relax.nn.conv2d", "relax.add", "relax.add"]  # bias, then the r1 residual
-    assert outside_ops(part) == ["relax.add", "relax.nn.relu"]
-    call = next(b.value for b in _bindings(part["main"]) if isinstance(b.value.op, tvm.ir.GlobalVar))
-    r1, r2 = part["main"].params[1], part["main"].params[2]
-    assert any(a.same_as(r1) for a in call.args) and not any(a.same_as(r2) for a in call.args)
-
-
-def test_ancestors_detects_dependence_on_conv():
-    """(d) the cycle rule's helper: a var computed from the conv has the conv among its ancestors."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 3, 6, 6), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            conv = bb.emit(relax.op.nn.conv2d(x, relax.const(RNG.standard_normal((3, 3, 3, 3)).astype("float32")),
-                                              padding=1))
-            derived = bb.emit(relax.op.nn.relu(conv))
-            derived2 = bb.emit(relax.op.sigmoid(derived))
-            independent = bb.emit(relax.op.sigmoid(x))
-            out = bb.emit_output(relax.op.add(derived2, independent))
-        bb.emit_func_output(out)
-    func = bb.get()["main"]
-    bindings = {b.var: b.value for b in _bindings(func)}
-    assert conv in checks._ancestors(derived2, bindings)
-    assert derived in checks._ancestors(derived2, bindings)
-    assert conv in checks._ancestors(out, bindings)
-    assert conv not in checks._ancestors(independent, bindings)
-    assert x in checks._ancestors(independent, bindings)
-
-
-def test_constant_residual_is_a_bias_not_a_residual():
-    """conv (no bias) + add(const): the bias entries take it, no residual partition."""
-    model = make_model([_conv(["x", "W"], "c"), helper.make_node("Add", ["c", "k"], ["a"]),
-                        helper.make_node("Relu", ["a"], ["y"])],
-                       [("x", [1, 4, 6, 6])], [("y", None)], [_w("W", (4, 4, 3, 3)), _w("k", (1, 4, 1, 1))])
-    part, _ = _partition(_canonical(model))
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d_relu": 1}
-
-
-def _two_conv_residual(order):
-    """x -> convA -> a -> convB -> b; y = Add(order): both add operands are conv outputs, a has two users."""
-    c = 4
-    return make_model([_conv(["x", "WA", "BA"], "a", k=1, pad=0), _conv(["a", "WB", "BB"], "b"),
-                       helper.make_node("Add", list(order), ["y"])],
-                      [("x", [1, c, 5, 5])], [("y", None)],
-                      [_w("WA", (c, c, 1, 1)), _w("BA", c), _w("WB", (c, c, 3, 3)), _w("BB", c)])
-
-
-def test_residual_of_two_convs_fused_when_fusable_conv_first():
-    part, _ = _partition(_canonical(_two_conv_residual(("b", "a"))))
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d": 1, "tvmfuse.conv2d_add": 1}
-
-
-def test_residual_of_two_convs_fused_when_fusable_conv_second():
-    part, _ = _partition(_canonical(_two_conv_residual(("a", "b"))))
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d": 1, "tvmfuse.conv2d_add": 1}
-
-
-def test_intermediate_returned_by_function_is_not_fused():
-    """conv -> add(bias) -> relu where the bias-add result is also a function output (no tuple binding)."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 3, 8, 8), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            conv = bb.emit(relax.op.nn.conv2d(x, relax.const(RNG.standard_normal((4, 3, 3, 3)).astype("float32")),
-                                              padding=1))
-            biased = bb.emit_output(relax.op.add(conv, relax.const(RNG.standard_normal((1, 4, 1, 1)).astype("float32"))))
-            act = bb.emit_output(relax.op.nn.relu(biased))
-        bb.emit_func_output(relax.Tuple([biased, act]))
-    part, _ = _partition(bb.get())
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d": 1}
-    assert outside_ops(part) == ["relax.nn.relu"]
-    _assert_well_formed(LowerPartitions()(part))
-
-
-def test_no_rejection_recorded_for_fused_hardswish():
-    part, rejections = _partition(_canonical(_g_conv(_act("HardSwish"))))
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d_hardswish": 1}
-    assert rejections == {}
 
 
 # --------------------------------------------------------------------------------- before / expected
