@@ -7,6 +7,7 @@ activations) become elementwise stages that the schedules inline into the anchor
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import tvm
 from tvm import relax, te, topi
@@ -170,19 +171,18 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
         t = te.placeholder(shape, p.ty.dtype, name=f"p{i}")
         env[p] = t
         inputs.append(t)
+    # The conv2d entry learns the vector width (depthwise rows are computed in whole vectors).
+    te_ops = dict(TE_OPS, **{"relax.nn.conv2d": functools.partial(_conv2d, lanes=lanes)})
     ops, family = [], None
     for block in fn.body.blocks:
         for binding in block.bindings:
             call = binding.value
             name = call.op.name
-            if name not in TE_OPS:
+            if name not in te_ops:
                 raise NotImplementedError(f"no TE compute for {name} in partition")
             if family is None and name in ("relax.nn.conv2d", "relax.matmul"):
                 family = _family(call)
             args = [env[a] for a in call.args if isinstance(a, relax.Var)]
-            if name == "relax.nn.conv2d":
-                env[binding.var] = _conv2d(call, *args, lanes=lanes)
-            else:
-                env[binding.var] = TE_OPS[name](call, *args)
+            env[binding.var] = te_ops[name](call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
     return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops, packed)

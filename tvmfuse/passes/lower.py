@@ -25,7 +25,7 @@ def kernel_name(partition: str) -> str:
     return partition.replace(".", "_")
 
 
-def make_kernel(fn: relax.Function, spec: TargetSpec | None, pack: bool = True) -> tuple[tvm.tirx.PrimFunc, dict]:
+def make_kernel(fn: relax.Function, spec: TargetSpec | None) -> tuple[tvm.tirx.PrimFunc, dict]:
     """The fused PrimFunc for one partition function, scheduled for ``spec`` where a schedule applies.
 
     Returns the kernel and ``{parameter index: oc_block}`` for weights it reads pre-packed.
@@ -34,7 +34,7 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, pack: bool = True) 
     if spec is not None and spec.is_cpu:
         from tvmfuse.schedules import x86
 
-        oc_block = x86.weight_block(fn, spec.vector_bits()) if pack else None
+        oc_block = x86.weight_block(fn, spec.vector_bits())
         lanes = spec.vector_bits() // 32
     pc = partition_compute(fn, oc_block, lanes)
     func = pc.prim_func()
@@ -48,14 +48,15 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, pack: bool = True) 
                             "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.packed
 
 
-def _pack_args(args: list, packed: dict) -> list | None:
-    """Call arguments with the packed weights packed (numpy, at compile time); None if one is not constant."""
+def _pack_args(args: list, packed: dict) -> list:
+    """Call arguments with the weights the kernel reads packed, packed in numpy at compile time.
+
+    Every anchor pattern requires a constant weight and the partition keeps it a call argument
+    (``bind_constants=False``), so the weight is always a constant here.
+    """
     args = list(args)
     for index, oc_block in packed.items():
-        weight = const_array(args[index])
-        if weight is None:
-            return None
-        args[index] = relax.const(pack_weight(weight, oc_block))
+        args[index] = relax.const(pack_weight(const_array(args[index]), oc_block))
     return args
 
 
@@ -74,9 +75,6 @@ class _Lower(relax.PyExprMutator):
             return call
         kernel, packed = make_kernel(fn, self.spec)
         args = _pack_args(call.args, packed)
-        if args is None:  # a weight that is not a constant cannot be packed: keep the OIHW kernel
-            kernel, packed = make_kernel(fn, self.spec, pack=False)
-            args = list(call.args)
         gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
         if self.record is not None:
             self.record[gv.name_hint] = (fn, packed)

@@ -1,7 +1,7 @@
 """Checks run on each pattern match: which anchor family it is, and whether fusing is legal.
 
-A check returns False to leave the ops unfused; it records why in ``REJECTIONS`` (anchor var name ->
-reason) so the partition report can say why an op stayed out.
+A check returns False to leave the ops unfused; given a ``rejections`` dict it records why there
+(anchor var name -> reason), so the partition report can say why an op stayed out.
 """
 
 from __future__ import annotations
