@@ -1,0 +1,1 @@
+"""Tensor intrinsics tvmfuse registers (explicitly, never at import)."""

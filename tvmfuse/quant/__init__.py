@@ -1,0 +1,1 @@
+"""INT8 quantization: calibration tables and quantization parameters (low), calibration driver (high)."""
