@@ -6,9 +6,9 @@ catch-all for families without a rule of their own (grouped convolution).
 
 from __future__ import annotations
 
-from tvm import tirx
+from tvm import s_tir, tirx
 
-from ..common import lanes
+from ..common import block_names, lanes
 from . import conv2d, dense, depthwise_conv2d, fused
 
 RULES = {
@@ -31,8 +31,25 @@ def weight_block(fn, vector_bits: int) -> int | None:
     return conv2d.weight_block(out_channels, out_width, lanes(vector_bits), in_channels, kernel)
 
 
+def strip_rule(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` without the blocks' ``schedule_rule`` marks (they only mean something to MetaSchedule)."""
+    sch = s_tir.Schedule(func)
+    marked = False
+    for name in block_names(sch):
+        block = sch.get_sblock(name)
+        if "schedule_rule" in sch.get(block).annotations:
+            sch.unannotate(block, "schedule_rule")
+            marked = True
+    return sch.mod["main"] if marked else func
+
+
 def schedule(func: tirx.PrimFunc, family: str, vector_bits: int) -> tirx.PrimFunc:
-    """The best schedule tvmfuse has for a fused partition of ``family`` (unscheduled when none fits)."""
+    """The best schedule tvmfuse has for a fused partition of ``family`` (unscheduled when none fits).
+
+    A kernel marked for a MetaSchedule template (``schedule_rule``) gets the template's default: the mark
+    is dropped first, so the result is the same as for an unmarked kernel.
+    """
+    func = strip_rule(func)
     rule = RULES.get(family)
     if rule is not None:
         scheduled = rule(func, lanes(vector_bits))

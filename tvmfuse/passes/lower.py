@@ -2,7 +2,7 @@
 
 The kernel is interpreted from the partition body (``tvmfuse.schedules.compute``), carries what schedules
 and reports need (``tvmfuse.partition``, ``tvmfuse.family``, ``tvmfuse.layout``, ``tvmfuse.ops``), is marked
-opaque so TVM's FuseOps leaves it whole, and gets the target's default schedule.
+opaque so TVM's FuseOps leaves it whole. Scheduling comes later (``passes.schedule``), after tuning logs.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ def kernel_name(partition: str) -> str:
     return partition.replace(".", "_")
 
 
-def make_kernel(fn: relax.Function, spec: TargetSpec | None) -> tuple[tvm.tirx.PrimFunc, dict]:
-    """The fused PrimFunc for one partition function, scheduled for ``spec`` where a schedule applies.
+def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = True) -> tuple[tvm.tirx.PrimFunc, dict]:
+    """The fused PrimFunc for one partition function.
+
+    On CPU targets the anchor block is marked for its MetaSchedule template (the mark is part of the
+    kernel's identity in tuning logs). With ``schedule`` the kernel also gets the target's default schedule;
+    LowerPartitions passes False and leaves scheduling to ``ScheduleKernels``, after tuning logs are applied.
 
     Returns the kernel and ``{parameter index: oc_block}`` for weights it reads pre-packed.
     """
@@ -39,7 +43,11 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None) -> tuple[tvm.tirx.P
     pc = partition_compute(fn, oc_block, lanes)
     func = pc.prim_func()
     if spec is not None and spec.is_cpu:
-        func = x86.schedule(func, pc.family, spec.vector_bits())
+        from tvmfuse.schedules.x86 import templates
+
+        func = templates.annotate(func, pc.family) or func
+        if schedule:
+            func = x86.schedule(func, pc.family, spec.vector_bits())
     name = str(fn.attrs["Composite"])
     layout = "NCHW" if pc.family != "dense" else "NC"
     if pc.packed:
@@ -73,7 +81,7 @@ class _Lower(relax.PyExprMutator):
         fn = self.mod_[call.op]
         if not is_partition(fn):
             return call
-        kernel, packed = make_kernel(fn, self.spec)
+        kernel, packed = make_kernel(fn, self.spec, schedule=False)
         args = _pack_args(call.args, packed)
         gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
         if self.record is not None:

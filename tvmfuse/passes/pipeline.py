@@ -55,13 +55,39 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
         return LowerPartitions(spec, record.kernels)(mod)
 
 
-def relax_pipeline(spec: TargetSpec, target):
+def relax_pipeline(spec: TargetSpec, target, database=None, applied: list | None = None):
     """The Relax pipeline for ``tvm.compile``.
 
-    On CPU TVM's ``"default"`` pipeline only legalizes (no fusion); the generic CPU pipeline fuses
-    elementwise ops into their producers, so it is used instead. CUDA's default pipeline adds dlight
-    schedules. Either way the result is a module pass that lowers to VM code plus PrimFuncs.
+    CPU: TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with
+    scheduling inserted after fusion: records from ``database`` (a MetaSchedule database of tuning logs,
+    optional; ``applied`` receives the kernel names it scheduled), then tvmfuse's default schedules for the
+    kernels left. CUDA: TVM's default pipeline, which adds dlight schedules.
     """
+    import tvm
     from tvm import relax
 
-    return relax.get_default_pipeline(target)
+    if not spec.is_cpu:
+        return relax.get_default_pipeline(target)
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    from .schedule import ApplyTuningLogs, ScheduleKernels
+
+    scheduling = ([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmfuse.RelaxPipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            passes = (cpu.library_dispatch_passes(target) + cpu.legalize_passes(target) + scheduling
+                      + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+def fused_module(mod, target):
+    """``mod`` after TVM's CPU legalize/fuse passes: the state tuning tasks are extracted from."""
+    import tvm
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)

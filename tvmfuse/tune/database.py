@@ -1,0 +1,256 @@
+"""The tuning-log store: one MetaSchedule JSON database per target under ``<logs>/<target>/``.
+
+The files are MetaSchedule's own (``database_workload.json``: one ``[structural hash, base64 IRModule]`` line per
+workload; ``database_tuning_record.json``: one ``[workload line index, record]`` line per record), so
+``ms.database.JSONDatabase(work_dir=...)`` opens them too. tvmfuse reads them line by line instead: a corrupt
+line, a line for another target (the database does not record which target a folder is for) or a record
+without a valid run time is skipped, counted and reported in one warning, never a crash.
+
+Writers append under an exclusive ``flock`` on ``<dir>/.lock`` and look up workload indices inside the lock,
+so two tuning runs appending at once neither interleave lines nor point records at the wrong workload.
+A line cut short by a killed writer is a corrupt line for readers; the next writer starts a new line.
+
+This module is below the compile path: it never tunes, builds or runs anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import TvmfuseError
+from ..targets import TargetSpec
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+LOCK = ".lock"
+ENV = "TVMFUSE_TUNING_LOGS"
+
+
+class TuningLogError(TvmfuseError):
+    """A tuning-log folder that cannot be used at all (not a folder, not writable)."""
+
+
+def default_root() -> Path:
+    """Where compile and tune look for logs: ``$TVMFUSE_TUNING_LOGS`` or the repository's ``tuning_logs/``."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    return Path(__file__).resolve().parents[2] / "tuning_logs"
+
+
+def target_key(spec: TargetSpec) -> str:
+    """The folder name for ``spec``'s logs.
+
+    A registered name is used as is, except ``x86-host``, which means another CPU on every machine: it gets
+    the LLVM CPU name (``x86-host-znver3``). A raw target dict gets ``custom-<kind>-<cpu or arch>``.
+    """
+    cpu = str(spec.config.get("mcpu") or spec.config.get("arch") or "generic")
+    if spec.name == "x86-host":
+        return f"x86-host-{cpu}"
+    if spec.name == "custom":
+        return f"custom-{spec.kind}-{cpu}"
+    return spec.name
+
+
+def _target_identity(config) -> tuple[str, str]:
+    """What must match between a record's target and the folder's: kind and CPU (or GPU arch)."""
+    kind = str(config.get("kind", ""))
+    cpu = str(config.get("mcpu") or config.get("arch") or "")
+    return kind, cpu.replace("sm_", "") if kind == "cuda" else cpu
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What reading a log folder found.
+
+    Attributes
+    ----------
+    path : Path
+        The folder.
+    workloads, records : int
+        Usable workloads and records.
+    skipped : list of (str, int, str)
+        ``(file name, line number, reason)`` for every line left out.
+    """
+
+    path: Path
+    workloads: int = 0
+    records: int = 0
+    skipped: list = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "workloads": self.workloads, "records": self.records,
+                "skipped_lines": len(self.skipped)}
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines (a cut-short last line included); blank lines are dropped."""
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [line for line in f.read().split("\n") if line.strip()]
+
+
+class LogStore:
+    """The tuning logs of one target.
+
+    Parameters
+    ----------
+    root : str or Path
+        The logs folder holding one subfolder per target (``tuning_logs/``).
+    spec : TargetSpec
+        The target; its records go to ``root / target_key(spec)``.
+    """
+
+    def __init__(self, root: str | Path, spec: TargetSpec):
+        self.root = Path(root)
+        self.spec = spec
+        self.path = self.root / target_key(spec)
+
+    def __repr__(self) -> str:
+        return f"LogStore({str(self.path)!r})"
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def read(self):
+        """Parse the folder into ``(workloads, records, report)``.
+
+        ``workloads`` maps a workload's line index to its parsed ``[hash, payload]`` JSON;
+        ``records`` is a list of ``(workload index, record JSON)`` whose workload exists and whose target fits.
+        """
+        report = LoadReport(self.path)
+        if self.root.exists() and not self.root.is_dir():
+            raise TuningLogError(f"tuning logs: {self.root} is not a folder")
+        workloads = {}
+        for i, line in enumerate(_lines(self.path / WORKLOADS)):
+            try:
+                entry = json.loads(line)
+                if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+                    raise ValueError("not a [hash, workload] pair")
+                workloads[i] = entry
+            except ValueError as err:
+                report.skipped.append((WORKLOADS, i + 1, f"corrupt workload line: {err}"))
+        want = _target_identity(self.spec.config)
+        records = []
+        for i, line in enumerate(_lines(self.path / RECORDS)):
+            reason = None
+            try:
+                index, record = json.loads(line)
+                reason = _check_record(index, record, workloads, want)
+            except (ValueError, TypeError) as err:
+                reason = f"corrupt record line: {err}"
+            if reason:
+                report.skipped.append((RECORDS, i + 1, reason))
+            else:
+                records.append((index, record))
+        report.workloads, report.records = len(workloads), len(records)
+        return workloads, records, report
+
+    def load(self, warn: bool = True):
+        """A MetaSchedule ``MemoryDatabase`` with every usable record, and the :class:`LoadReport`.
+
+        Lines that parse as JSON but that MetaSchedule cannot decode are skipped like corrupt ones.
+        """
+        from tvm.s_tir import meta_schedule as ms
+
+        workloads, records, report = self.read()
+        db = ms.database.MemoryDatabase()
+        decoded = {}
+        for index, record in records:
+            try:
+                if index not in decoded:
+                    decoded[index] = db.commit_workload(ms.database.Workload.from_json(workloads[index]).mod)
+                db.commit_tuning_record(ms.database.TuningRecord.from_json(record, decoded[index]))
+            except Exception as err:  # noqa: BLE001 - any decode failure of one line is that line's problem
+                report.records -= 1
+                report.skipped.append((RECORDS, None, f"undecodable record: {str(err).splitlines()[0][:200]}"))
+        if warn and report.skipped:
+            warn_skipped(report)
+        return db, report
+
+    # -- writing -------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the folder's exclusive write lock (blocks until other writers are done)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise TuningLogError(f"tuning logs: cannot write to {self.path}: {err.strerror}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def append(self, entries: Iterable[tuple[list, list]]) -> int:
+        """Append ``(workload JSON, record JSON)`` pairs under the lock; return how many records were written.
+
+        A workload already in the file is referenced by its existing line; a new one is appended first.
+        """
+        entries = list(entries)
+        if not entries:
+            return 0
+        with self.locked():
+            index = {}
+            for i, line in enumerate(_lines(self.path / WORKLOADS)):
+                with contextlib.suppress(ValueError):
+                    index.setdefault(json.loads(line)[0], i)
+            new_workloads, new_records = [], []
+            count = len(_lines(self.path / WORKLOADS))
+            for workload, record in entries:
+                if workload[0] not in index:
+                    index[workload[0]] = count
+                    count += 1
+                    new_workloads.append(json.dumps(workload))
+                new_records.append(json.dumps([index[workload[0]], record], separators=(",", ":")))
+            _append_lines(self.path / WORKLOADS, new_workloads)
+            _append_lines(self.path / RECORDS, new_records)
+        return len(new_records)
+
+
+def _check_record(index, record, workloads: dict, want: tuple[str, str]) -> str | None:
+    """Why a parsed record line is unusable, or None."""
+    if not isinstance(index, int) or not isinstance(record, list) or len(record) < 4:
+        return "corrupt record line: not [workload index, record]"
+    if index not in workloads:
+        return f"record for workload line {index + 1}, which is missing or corrupt"
+    run_secs, target = record[1], record[2]
+    if not (isinstance(run_secs, list) and run_secs
+            and all(isinstance(s, (int, float)) and math.isfinite(s) and 0 < s < 1e9 for s in run_secs)):
+        return "record without a valid run time (failed candidate)"
+    if not isinstance(target, dict):
+        return "record without a target"
+    got = _target_identity(target)
+    if got != want:
+        return f"foreign record: tuned for {got[0]} {got[1] or '(generic)'}, this folder is {want[0]} {want[1]}"
+    return None
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+    if not lines:
+        return
+    # A writer killed mid-line leaves no final newline: start on a fresh line so only that line is lost.
+    prefix = ""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            prefix = "" if f.read(1) == b"\n" else "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(prefix + "\n".join(lines) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def warn_skipped(report: LoadReport) -> None:
+    """One warning for all the lines a load left out, with the first few reasons."""
+    first = "; ".join(f"{name}:{line or '?'}: {why}" for name, line, why in report.skipped[:3])
+    more = f" (and {len(report.skipped) - 3} more)" if len(report.skipped) > 3 else ""
+    warnings.warn(f"tuning logs {report.path}: skipped {len(report.skipped)} line(s): {first}{more}", stacklevel=3)

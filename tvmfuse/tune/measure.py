@@ -1,0 +1,167 @@
+"""Building and measuring candidates: a builder that starts in seconds, local or RPC runners, progress.
+
+MetaSchedule's default build function imports ``tvm.s_tir.tensor_intrin`` in every builder process, which
+registers the intrinsics of every GPU and DSP TVM supports: 30-60 s on a 2-core machine, and the builder
+pool is restarted for every batch, so with the default 30 s timeout every candidate "times out" and tuning
+finds "0 valid samples". Our build function imports only what the target needs (scheduled candidates carry
+their intrinsics inlined already), and the same trick keeps ``TuneContext`` from paying it in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import time
+import types
+
+from ..errors import TvmfuseError
+from ..targets import TargetSpec
+
+INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+class TuningError(TvmfuseError):
+    """Tuning could not produce a usable result (nothing built, nothing valid, no RPC device)."""
+
+
+def build_candidate(mod, target, _params):
+    """Build one scheduled candidate (MetaSchedule ``f_build``; runs in a builder process)."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    light_tensor_intrin(str(target.kind.name))
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def light_tensor_intrin(kind: str) -> None:
+    """Make ``import tvm.s_tir.tensor_intrin`` load only the intrinsics of target ``kind`` (llvm or cuda).
+
+    The package is put in ``sys.modules`` as a namespace over the real folder, so any other intrinsic module
+    can still be imported explicitly (``import tvm.s_tir.tensor_intrin.arm_cpu``). A no-op once the real
+    package is loaded.
+    """
+    if INTRIN in sys.modules:
+        return
+    import tvm.s_tir  # noqa: F401 - the parent package must exist first
+
+    spec = importlib.util.find_spec(INTRIN)
+    package = types.ModuleType(INTRIN, "tvmfuse: tensor intrinsics loaded on demand")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__package__ = INTRIN
+    sys.modules[INTRIN] = package
+    for name in {"llvm": ("x86",), "cuda": ("cuda",)}.get(kind, ()):
+        setattr(package, name, importlib.import_module(f"{INTRIN}.{name}"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RPCSpec:
+    """Where candidates are measured remotely: a TVM RPC tracker and the device key servers registered with."""
+
+    host: str
+    port: int
+    key: str
+
+    @staticmethod
+    def parse(address: str, key: str) -> "RPCSpec":
+        """From ``HOST:PORT`` and a key; raises TuningError naming what is malformed."""
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not key:
+            raise TuningError(f"--rpc must be HOST:PORT with --key KEY, got {address!r} and key {key!r}")
+        return RPCSpec(host, int(port), key)
+
+    def check(self, timeout: float = 10.0) -> int:
+        """Ask the tracker how many servers have this key free or busy; raises TuningError when none."""
+        from tvm import rpc
+
+        try:
+            tracker = rpc.connect_tracker(self.host, self.port)
+            summary = tracker.summary()
+        except Exception as err:  # noqa: BLE001 - any connection failure is reported the same way
+            raise TuningError(f"cannot reach the RPC tracker at {self.host}:{self.port}: {err}") from err
+        queue = summary.get("queue_info", {}).get(self.key)
+        servers = sum(1 for s in summary.get("server_info", []) if str(s.get("key", "")).endswith(self.key))
+        if not queue and not servers:
+            raise TuningError(f"the RPC tracker at {self.host}:{self.port} has no server with key {self.key!r}")
+        return servers
+
+
+def make_builder(timeout_sec: float = 120.0):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_sec)
+
+
+def make_runner(rpc: RPCSpec | None, timeout_sec: float = 60.0):
+    """Local runner, or an RPC runner through ``rpc``'s tracker (one worker per server is MetaSchedule's job)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40, enable_cpu_cache_flush=False)
+    if rpc is None:
+        return ms.runner.LocalRunner(timeout_sec=timeout_sec, evaluator_config=evaluator)
+    config = ms.runner.RPCConfig(tracker_host=rpc.host, tracker_port=rpc.port, tracker_key=rpc.key,
+                                 session_timeout_sec=int(timeout_sec))
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=rpc.check())
+
+
+class Progress:
+    """Counts trials per task, keeps the best latency and the first build/run error, prints a line per batch."""
+
+    def __init__(self, total_trials: int, enabled: bool = True, stream=None):
+        self.total, self.enabled = total_trials, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.done, self.start = 0, time.monotonic()
+        self.task, self.task_index, self.task_count = "", 0, 0
+        self.task_trials, self.task_valid, self.best = 0, 0, float("inf")
+        self.first_error: str | None = None
+
+    def begin_task(self, name: str, index: int, count: int) -> None:
+        self.task, self.task_index, self.task_count = name, index, count
+        self.task_trials, self.task_valid, self.best = 0, 0, float("inf")
+
+    def measured(self, builder_results, runner_results) -> None:
+        for built, ran in zip(builder_results, runner_results):
+            self.task_trials += 1
+            self.done += 1
+            error = built.error_msg or ran.error_msg
+            if error:
+                self.first_error = self.first_error or str(error).strip().splitlines()[-1][:300]
+                continue
+            secs = [float(s) for s in ran.run_secs]
+            self.task_valid += 1
+            self.best = min(self.best, sum(secs) / len(secs))
+        self.print_line()
+
+    def eta(self) -> str:
+        if not self.done or self.done >= self.total:
+            return "-"
+        left = (time.monotonic() - self.start) / self.done * (self.total - self.done)
+        return f"{int(left // 60)}m{int(left % 60):02d}s"
+
+    def print_line(self) -> None:
+        if not self.enabled:
+            return
+        best = f"{self.best * 1e6:.1f} us" if self.best < float("inf") else "none valid yet"
+        print(f"[tune] task {self.task_index}/{self.task_count} {self.task}: {self.task_trials} trials "
+              f"({self.task_valid} valid), best {best} | all tasks {self.done}/{self.total} trials, ETA {self.eta()}",
+              file=self.stream, flush=True)
+
+
+def progress_callback(progress: Progress):
+    """A MetaSchedule measure callback feeding ``progress``."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class _Callback(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            progress.measured(builder_results, runner_results)
+
+    return _Callback()
+
+
+def target_runs_here(spec: TargetSpec) -> bool:
+    from ..targets import host_can_run
+
+    return spec.is_cpu and host_can_run(spec)

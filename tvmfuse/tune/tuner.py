@@ -1,0 +1,220 @@
+"""``tvmfuse tune``: tune a model's kernels with MetaSchedule + XGBoost into the per-target tuning logs.
+
+Tasks are the kernels of the compiled module in the state compile applies logs to (after TVM's fusion): our
+partition kernels, tuned through their templates (``schedules/x86/templates.py``), and the kernels of TVM's
+default path, tuned with MetaSchedule's default rules. A workload already in the logs is never tuned again,
+whatever model it came from. Tasks are tuned one after the other, each to ``trials`` measured candidates,
+sharing one XGBoost cost model; after each task its best candidate is checked against the default schedule
+and only then written to the shared log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+
+from .. import frontend, targets
+from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
+from . import validate
+from .database import LogStore, default_root
+from .measure import (Progress, RPCSpec, TuningError, light_tensor_intrin, make_builder, make_runner,
+                      progress_callback, target_runs_here)
+from .runs import StagingRun
+
+
+@dataclasses.dataclass
+class Task:
+    """One distinct workload: a kernel module, how often the model calls it, its structural hash."""
+
+    name: str
+    mod: object
+    weight: int
+    key: str
+    family: str | None = None
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """What happened to one task: ``status`` is "in logs", "tuned", "default kept" or "rejected"."""
+
+    name: str
+    status: str
+    trials: int = 0
+    tuned_us: float | None = None
+    default_us: float | None = None
+    detail: str = ""
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """The outcome of :func:`tune`: per-task results, the log folder, records written, seconds."""
+
+    logs: str
+    tasks: list
+    records_written: int
+    seconds: float
+
+    def table(self) -> str:
+        """Markdown table, one row per task."""
+        rows = ["| task | status | trials | default us | tuned us | speed-up |", "|---|---|---|---|---|---|"]
+        for t in self.tasks:
+            fmt = (lambda v: f"{v:.1f}" if v is not None else "-")
+            gain = f"{t.default_us / t.tuned_us:.2f}x" if t.tuned_us and t.default_us else "-"
+            rows.append(f"| {t.name} | {t.status} | {t.trials} | {fmt(t.default_us)} | {fmt(t.tuned_us)} | {gain} |")
+        return "\n".join(rows)
+
+
+def extract_tasks(model, spec, shapes=None) -> list[Task]:
+    """The distinct kernels of ``model`` compiled for ``spec`` (deduplicated structurally)."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    imported = frontend.import_model(model, shapes)
+    target = spec.tvm_target()
+    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord()), target)
+    tasks = []
+    for extracted in ms.relax_integration.extract_tasks(mod, target):
+        task_mod = extracted.dispatched[0]
+        attrs = task_mod["main"].attrs
+        family = str(attrs["tvmfuse.family"]) if attrs and "tvmfuse.family" in attrs else None
+        tasks.append(Task(extracted.task_name, task_mod, int(extracted.weight),
+                          str(tvm_ffi.structural_hash(task_mod)), family))
+    return tasks
+
+
+def _context(task: Task, spec, run: StagingRun, seed: int):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmfuse.schedules.x86 import templates
+
+    space = templates.space_generator() if task.family in templates.RULES else "post-order-apply"
+    (logger,) = ms.logging.get_loggers_from_work_dir(str(run.path), [task.name])
+    # MetaSchedule logs every batch at INFO on stdout; its files under the run folder keep it all.
+    for handler in logging.getLogger("tvm.s_tir.meta_schedule").handlers:
+        if type(handler) is logging.StreamHandler:
+            handler.setLevel(logging.WARNING)
+    return ms.TuneContext(mod=task.mod, target=spec.tvm_target(), space_generator=space,
+                          search_strategy="evolutionary", task_name=task.name, logger=logger,
+                          rand_state=seed, num_threads=targets._cores()).clone()
+
+
+def _schedule_of(record, task: Task):
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(task.mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def _accept(task: Task, ctx, db, store: LogStore, spec, time_it: bool, progress: Progress) -> TaskResult:
+    """Validate the task's best records (best first); write the first correct one, or the default if faster."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = db.commit_workload(task.mod)
+    top = db.get_top_k(workload, 5)
+    if not top:
+        raise TuningError(f"task {task.name}: no candidate was built and measured "
+                          f"(first error: {progress.first_error or 'none reported'}); the builder or runner is "
+                          "failing, see the task log under the run folder")
+    for rank, record in enumerate(top):
+        check = validate.check(_schedule_of(record, task), task.mod, spec, time_it=time_it)
+        if not check.ok:
+            print(f"[tune] {task.name}: candidate {rank + 1} rejected, wrong result ({check.detail})",
+                  file=sys.stderr)
+            continue
+        status = "tuned"
+        if time_it and check.default_us < check.tuned_us:
+            # Record the default itself so the workload counts as tuned: for our kernels the hand schedule is
+            # the template's first decision; for TVM's it is no schedule at all (an empty trace).
+            trace = ctx.generate_design_space()[0].trace if task.family else s_tir.Schedule(task.mod).trace
+            record = ms.database.TuningRecord(trace, workload, [check.default_us * 1e-6], spec.tvm_target(),
+                                              record.args_info)
+            status = "default kept"
+        store.append([(workload.as_json(), record.as_json())])
+        return TaskResult(task.name, status, progress.task_trials, check.tuned_us, check.default_us)
+    return TaskResult(task.name, "rejected", progress.task_trials, detail="every candidate gave wrong results")
+
+
+def tune(model, target="x86-avx512", trials: int = 64, *, logs=None, resume: bool = False,
+         rpc: RPCSpec | None = None, shapes=None, trials_per_iter: int = 16, builder_timeout: float = 120.0,
+         progress: bool = True, seed: int = 0) -> TuneReport:
+    """Tune every kernel of ``model`` for ``target`` that the logs do not hold yet.
+
+    Parameters
+    ----------
+    model : str, os.PathLike or onnx.ModelProto
+        As for :func:`tvmfuse.compile`.
+    target : str, dict or TargetSpec
+        The target; its logs are ``<logs>/<target key>/``.
+    trials : int
+        Measured candidates per task.
+    logs : str or Path, optional
+        Logs folder (default: ``$TVMFUSE_TUNING_LOGS`` or the repository's ``tuning_logs/``).
+    resume : bool
+        Continue the newest unfinished run for this target: its measured records count as trials done.
+    rpc : RPCSpec, optional
+        Measure on remote devices through a TVM RPC tracker instead of this machine.
+    """
+    if trials < 1:
+        raise TuningError(f"trials must be at least 1, got {trials}")
+    spec = targets.resolve(target)
+    if rpc is None and not target_runs_here(spec):
+        missing = ", ".join(targets.missing_host_features(spec)) or spec.kind
+        raise TuningError(f"target {spec.name} cannot run on this machine (lacks {missing}): measure on a device "
+                          "that can with rpc (tvmfuse tune --rpc HOST:PORT --key KEY)")
+    start = time.monotonic()
+    store = LogStore(logs if logs is not None else default_root(), spec)
+    tasks = extract_tasks(model, spec, shapes)
+    db, _ = store.load()
+    results = {t.name: TaskResult(t.name, "in logs") for t in tasks if db.has_workload(t.mod)}
+    todo = [t for t in tasks if t.name not in results]
+    written = 0
+    if todo:
+        written = _tune_tasks(todo, spec, store, trials, resume, rpc, trials_per_iter, builder_timeout, progress,
+                              seed, results, model)
+    return TuneReport(str(store.path), [results[t.name] for t in tasks], written, time.monotonic() - start)
+
+
+def _tune_tasks(todo, spec, store, trials, resume, rpc, per_iter, builder_timeout, show, seed, results, model):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmfuse.schedules.x86 import templates
+
+    run = StagingRun.adopt(store) if resume else None
+    if resume and run is None:
+        print(f"[tune] nothing to resume in {store.path}: starting a new run", file=sys.stderr)
+    elif not resume and StagingRun.orphans(store):
+        print(f"[tune] {store.path} holds unfinished runs: --resume continues the newest", file=sys.stderr)
+    run = run or StagingRun.create(store, {"model": str(model), "target": spec.to_json(), "trials": trials})
+    done = run.trials_by_workload()
+    light_tensor_intrin(spec.kind)
+    if spec.is_cpu:
+        templates.register(spec.vector_bits())
+    progress = Progress(sum(max(0, trials - done[t.key]) for t in todo), enabled=show)
+    builder, runner = make_builder(builder_timeout), make_runner(rpc)
+    cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
+    db, written = run.database(), 0
+    try:
+        for i, task in enumerate(todo):
+            progress.begin_task(task.name, i + 1, len(todo))
+            ctx = _context(task, spec, run, seed + i)
+            left = trials - done[task.key]
+            if left > 0:
+                ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(run.path), max_trials_global=left,
+                              max_trials_per_task=left, num_trials_per_iter=min(per_iter, left), builder=builder,
+                              runner=runner, database=db, cost_model=cost_model, task_scheduler="round-robin",
+                              measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default"))
+                              + [progress_callback(progress)])
+            progress.task_trials += done[task.key]
+            results[task.name] = _accept(task, ctx, db, store, spec, rpc is None, progress)
+            written += results[task.name].status != "rejected"
+    except BaseException:
+        run.release(remove=False)
+        print(f"[tune] stopped: the records measured so far are kept in {run.path}; "
+              "run again with --resume to continue", file=sys.stderr)
+        raise
+    run.release(remove=True)
+    return written
