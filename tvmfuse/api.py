@@ -38,6 +38,7 @@ class CompiledModel:
         self.inputs, self.outputs = list(inputs), list(outputs)
         self.source, self.stats = source, stats
         self.record = PassRecord()
+        self.tuning_logs: dict | None = None
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
@@ -81,7 +82,7 @@ class CompiledModel:
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
         return make_manifest(self.target, self.inputs, self.outputs, self.source,
-                             {"kernels": kernel_names(self.lowered)})
+                             {"kernels": kernel_names(self.lowered), "tuning_logs": self.tuning_logs})
 
     def export(self, path: str | Path) -> Path:
         """Write the shared library ``path`` (.so) and its JSON manifest beside it."""
@@ -108,8 +109,21 @@ def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
     return infos
 
 
+def _load_logs(logs, spec: targets.TargetSpec):
+    """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
+    if logs is False or not spec.is_cpu:
+        return None, None
+    from .tune.database import LogStore, default_root
+
+    store = LogStore(default_root() if logs is None or logs is True else logs, spec)
+    db, report = store.load()
+    if report.records == 0 and not report.skipped:
+        return None, None
+    return db, report.to_json()
+
+
 def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: bool = False) -> CompiledModel:
+            progress: bool = False, logs=None) -> CompiledModel:
     """Compile an ONNX model for a target.
 
     Parameters
@@ -122,6 +136,10 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
         Static shapes for inputs with dynamic dims, e.g. ``{"input": (1, 3, 224, 224)}``.
     progress : bool
         Print one line per compile step on stderr.
+    logs : str, os.PathLike, None or False
+        Tuning logs to apply: a logs folder (its ``<target>/`` subfolder is read), None for the default
+        (``$TVMFUSE_TUNING_LOGS`` or the repository's ``tuning_logs/``), False for none. Bad lines are
+        skipped with a warning; the manifest records the folder and the kernels tuned records scheduled.
 
     Returns
     -------
@@ -135,10 +153,14 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
     record = PassRecord()
     with steps.step("partition and fuse"):
         mod = run_graph_passes(imported.mod, spec, tvm_target, record)
+    database, log_info = _load_logs(logs, spec)
+    applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
-        executable, lowered = build(mod, spec)
+        executable, lowered = build(mod, spec, database, applied)
     names = [o.name for o in imported.outputs]
     outputs = _relax_output_infos(mod, names)
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
     cm.record = record
+    if log_info is not None:
+        cm.tuning_logs = dict(log_info, applied=applied)
     return cm

@@ -44,11 +44,30 @@ def _print_opcheck(cm) -> None:
 def cmd_compile(args) -> int:
     from . import api
 
-    cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet)
+    logs = False if args.no_logs else args.logs
+    cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs)
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
+    if cm.tuning_logs:
+        info = cm.tuning_logs
+        print(f"tuning logs {info['path']}: {len(info['applied'])} kernel(s) tuned, {info['records']} records read"
+              + (f", {info['skipped_lines']} bad line(s) skipped" if info["skipped_lines"] else ""))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from .tune.measure import RPCSpec, TuningError
+    from .tune.tuner import tune
+
+    if bool(args.rpc) != bool(args.key):
+        raise TuningError("--rpc HOST:PORT and --key KEY go together")
+    rpc = RPCSpec.parse(args.rpc, args.key) if args.rpc else None
+    report = tune(args.model, target=args.target, trials=args.trials, logs=args.logs, resume=args.resume, rpc=rpc,
+                  shapes=_shapes(args), trials_per_iter=args.trials_per_iter, progress=not args.quiet)
+    print(report.table())
+    print(f"{report.records_written} record(s) written to {report.logs} in {report.seconds:.0f} s")
     return 0
 
 
@@ -128,7 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--opcheck", action="store_true",
                    help="check every partition against TVM's unfused path on random inputs (CPU targets)")
+    logs = p.add_mutually_exclusive_group()
+    logs.add_argument("--logs", metavar="DIR", help="tuning logs folder to apply (default: tuning_logs/ or "
+                      "$TVMFUSE_TUNING_LOGS; its <target>/ subfolder is read)")
+    logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("tune", help="tune a model's kernels with MetaSchedule + XGBoost into the tuning logs")
+    _add_model_args(p)
+    p.add_argument("--target", default="x86-avx512", help="target name (default x86-avx512)")
+    p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
+    p.add_argument("--trials-per-iter", type=int, default=16, help="candidates per measured batch (default 16)")
+    p.add_argument("--logs", metavar="DIR", help="tuning logs folder (default: tuning_logs/ or $TVMFUSE_TUNING_LOGS)")
+    p.add_argument("--resume", action="store_true", help="continue the newest unfinished run for this target")
+    p.add_argument("--rpc", metavar="HOST:PORT", help="measure on devices registered with this TVM RPC tracker")
+    p.add_argument("--key", help="device key of the RPC servers (with --rpc)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("run", help="run a compiled .so (TVM runtime only)")
     p.add_argument("library", help="a .so written by `tvmfuse compile`")

@@ -17,8 +17,10 @@ from .targets import TargetSpec, required_cpu_flags
 from .tensors import TensorInfo
 
 
-def build(mod, spec: TargetSpec):
-    """Compile ``mod`` for ``spec``.
+def build(mod, spec: TargetSpec, database=None, applied: list | None = None):
+    """Compile ``mod`` for ``spec``, with tuned schedules from ``database`` where it has them.
+
+    ``applied`` (optional list) receives the names of the kernels a tuning record scheduled.
 
     Returns
     -------
@@ -30,7 +32,7 @@ def build(mod, spec: TargetSpec):
 
     target = spec.tvm_target()
     with target, tvm.transform.PassContext(opt_level=3):
-        lowered = relax_pipeline(spec, target)(mod)
+        lowered = relax_pipeline(spec, target, database, applied)(mod)
         return tvm.compile(lowered, target=target, relax_pipeline=None), lowered
 
 

@@ -44,7 +44,7 @@ def light_tensor_intrin(kind: str) -> None:
     """
     if INTRIN in sys.modules:
         return
-    import tvm.s_tir  # noqa: F401 - the parent package must exist first
+    importlib.import_module("tvm.s_tir")  # the parent package must exist first
 
     spec = importlib.util.find_spec(INTRIN)
     package = types.ModuleType(INTRIN, "tvmfuse: tensor intrinsics loaded on demand")

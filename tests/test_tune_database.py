@@ -1,0 +1,146 @@
+"""The tuning-log store and applying logs at compile time (no tuning run: records are made directly)."""
+
+import json
+import multiprocessing
+import warnings
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import targets
+from tvmfuse.runtime import random_inputs
+from tvmfuse.tune.database import RECORDS, WORKLOADS, LogStore, TuningLogError, target_key
+
+try:
+    from .tune_helpers import HOST, MODEL, default_entry, task_of
+except ImportError:
+    from tune_helpers import HOST, MODEL, default_entry, task_of
+
+
+@pytest.fixture(scope="module")
+def entry():
+    return default_entry(task_of())
+
+
+def _store_with(tmp_path, entries):
+    store = LogStore(tmp_path, HOST)
+    store.append(entries)
+    return store
+
+
+def test_target_keys_name_the_cpu():
+    assert target_key(targets.resolve("x86-avx512")) == "x86-avx512"
+    assert target_key(HOST) == f"x86-host-{HOST.config['mcpu']}"
+    assert target_key(targets.resolve({"kind": "llvm", "mcpu": "znver4"})) == "custom-llvm-znver4"
+
+
+def test_append_and_load_round_trip(tmp_path, entry):
+    store = _store_with(tmp_path, [entry, entry])
+    assert len((store.path / WORKLOADS).read_text().splitlines()) == 1  # the workload is written once
+    db, report = store.load()
+    assert (report.workloads, report.records, report.skipped) == (1, 2, [])
+    assert db.has_workload(task_of().mod)
+    # MetaSchedule's own JSON database reads the same files.
+    from tvm.s_tir import meta_schedule as ms
+
+    assert len(ms.database.JSONDatabase(work_dir=str(store.path)).get_all_tuning_records()) == 2
+
+
+def test_compile_applies_logs_and_records_them(tmp_path, entry):
+    store = _store_with(tmp_path, [entry])
+    tuned = tvmfuse.compile(MODEL, target=HOST, logs=tmp_path)
+    plain = tvmfuse.compile(MODEL, target=HOST, logs=False)
+    assert tuned.tuning_logs["applied"] == ["tvmfuse_conv2d_relu"]
+    assert tuned.tuning_logs["path"] == str(store.path) and tuned.tuning_logs["records"] == 1
+    assert plain.tuning_logs is None and tuned.manifest()["tuning_logs"]["applied"] == ["tvmfuse_conv2d_relu"]
+    x = random_inputs(tuned.inputs)
+    np.testing.assert_allclose(tuned.run(x)[0], plain.run(x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_logs_of_another_target_folder_are_not_applied(tmp_path, entry):
+    _store_with(tmp_path, [entry])
+    other = targets.resolve({"kind": "llvm", "mcpu": HOST.config["mcpu"], "num-cores": 2})
+    cm = tvmfuse.compile(MODEL, target=other, logs=tmp_path)  # folder custom-llvm-<cpu> does not exist
+    assert cm.tuning_logs is None
+
+
+def test_bad_lines_are_skipped_counted_and_warned(tmp_path, entry):
+    store = _store_with(tmp_path, [entry])
+    good = (store.path / RECORDS).read_text().splitlines()[0]
+    index, record = json.loads(good)
+    foreign = json.loads(good)
+    foreign[1][2] = {"kind": "llvm", "mcpu": "a64fx"}
+    failed = json.loads(good)
+    failed[1][1] = [1e10]
+    bad_lines = ["not json at all", "[0]", json.dumps([7, record]), json.dumps(foreign), json.dumps(failed),
+                 good[: len(good) // 2]]  # the last one: a line cut short by a killed writer
+    with open(store.path / RECORDS, "a") as f:
+        f.write("\n".join(bad_lines))
+    with open(store.path / WORKLOADS, "a") as f:
+        f.write('["123", "bm90IGEgbW9kdWxl"]\n')  # parses, but MetaSchedule cannot decode it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        db, report = store.load()
+    assert report.records == 1 and len(report.skipped) == len(bad_lines)
+    reasons = " ".join(r for _, _, r in report.skipped)
+    assert "corrupt record line" in reasons and "foreign record" in reasons and "a64fx" in reasons
+    assert "failed candidate" in reasons and "workload line 8" in reasons
+    assert any("skipped 6 line(s)" in str(w.message) for w in caught)
+    # A compile over the damaged log still applies the good record.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = tvmfuse.compile(MODEL, target=HOST, logs=tmp_path)
+    assert cm.tuning_logs["applied"] == ["tvmfuse_conv2d_relu"] and cm.tuning_logs["skipped_lines"] == 6
+    # The next writer starts a fresh line after the cut-short one: only that line stays lost.
+    store.append([entry])
+    assert store.load(warn=False)[1].records == 2
+
+
+def test_undecodable_record_is_skipped(tmp_path, entry):
+    store = _store_with(tmp_path, [entry])
+    index, record = json.loads((store.path / RECORDS).read_text().splitlines()[0])
+    record[0] = [[["NoSuchInstruction", [], [], []]], []]
+    with open(store.path / RECORDS, "a") as f:
+        f.write(json.dumps([index, record]) + "\n")
+    db, report = store.load(warn=False)
+    assert report.records == 1 and "undecodable record" in report.skipped[0][2]
+
+
+def _append_many(args):
+    root, entry, n = args
+    store = LogStore(root, HOST)
+    for _ in range(n):
+        store.append([entry])
+
+
+def test_concurrent_writers_lose_and_corrupt_nothing(tmp_path, entry):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        pool.map(_append_many, [(str(tmp_path), entry, 40), (str(tmp_path), entry, 40)])
+    store = LogStore(tmp_path, HOST)
+    _, records, report = store.read()
+    assert report.skipped == [] and len(records) == 80
+    assert len((store.path / WORKLOADS).read_text().splitlines()) == 1
+
+
+def test_logs_root_that_is_a_file_is_a_clear_error(tmp_path, entry):
+    path = tmp_path / "logs"
+    path.write_text("not a folder")
+    with pytest.raises(TuningLogError, match="not a folder"):
+        LogStore(path, HOST).read()
+
+
+def test_cli_compile_with_and_without_logs(tmp_path, entry, capsys):
+    from tvmfuse.cli import main
+
+    _store_with(tmp_path / "logs", [entry])
+    model = tmp_path / "m.onnx"
+    model.write_bytes(MODEL.SerializeToString())
+    out = tmp_path / "m.so"
+    assert main(["compile", str(model), "--target", "x86-host", "-o", str(out), "-q", "--logs",
+                 str(tmp_path / "logs")]) == 0
+    assert "1 kernel(s) tuned" in capsys.readouterr().out
+    assert json.loads(out.with_suffix(".json").read_text())["tuning_logs"]["applied"] == ["tvmfuse_conv2d_relu"]
+    assert main(["compile", str(model), "--target", "x86-host", "-o", str(out), "-q", "--no-logs"]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["tuning_logs"] is None
