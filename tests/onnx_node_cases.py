@@ -18,7 +18,8 @@ from onnx import numpy_helper
 
 OP_TYPES = ("Conv", "BatchNormalization", "Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu",
             "PRelu", "Add", "Sub", "Mul", "Div", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
-            "Concat", "Flatten", "Reshape", "Transpose", "Pad", "Softmax", "QuantizeLinear", "DequantizeLinear")
+            "Concat", "Flatten", "Reshape", "Transpose", "Pad", "Softmax", "QuantizeLinear", "DequantizeLinear",
+            "QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger")
 
 # op type -> positions in the node's input list (ONNX schema order) frozen into initializers: the weights,
 # scales, shapes and pads a real CNN export carries as constants. Every other input stays a graph input.
@@ -32,6 +33,10 @@ FROZEN_INPUTS = {
     "Pad": (1, 2, 3),                     # pads, constant_value, axes
     "QuantizeLinear": (1, 2),             # y_scale, y_zero_point
     "DequantizeLinear": (1, 2),           # x_scale, x_zero_point
+    "QLinearConv": (1, 2, 3, 4, 5, 6, 7, 8),  # every input but x: scales, zero points, w, B
+    "ConvInteger": (1, 2, 3),             # w, x_zero_point, w_zero_point
+    "QLinearMatMul": (1, 2, 3, 4, 5, 6, 7),  # every input but a: scales, zero points, b
+    "MatMulInteger": (1, 2, 3),           # B, a_zero_point, b_zero_point
 }
 
 TARGET = "x86-host"
