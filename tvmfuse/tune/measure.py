@@ -90,7 +90,10 @@ class RPCSpec:
 def make_builder(timeout_sec: float = 120.0):
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_sec)
+    # The constructor's own worker check runs under the timeout too: build it with room, then apply ours.
+    builder = ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=max(timeout_sec, 60.0))
+    builder.timeout_sec = timeout_sec
+    return builder
 
 
 def make_runner(rpc: RPCSpec | None, timeout_sec: float = 60.0):

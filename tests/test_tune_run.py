@@ -1,0 +1,166 @@
+"""Real tuning runs, kept tiny (one conv kernel, a few trials): reuse, interruption and resume, clear failures, RPC.
+
+These run MetaSchedule end to end (builder processes, runner, XGBoost); each takes seconds to a minute here.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import targets
+from tvmfuse.runtime import random_inputs
+from tvmfuse.tune.database import LogStore
+from tvmfuse.tune.measure import RPCSpec, TuningError
+from tvmfuse.tune.runs import RUNS
+from tvmfuse.tune.tuner import tune
+
+try:
+    from .tune_helpers import HOST, MODEL, record_lines
+except ImportError:
+    from tune_helpers import HOST, MODEL, record_lines
+
+pytestmark = pytest.mark.slow
+
+
+def test_tune_writes_a_validated_record_that_compile_applies_and_never_retunes(tmp_path):
+    report = tune(MODEL, HOST, trials=4, logs=tmp_path, trials_per_iter=4, progress=False)
+    (result,) = report.tasks
+    assert result.status in ("tuned", "default kept") and result.trials >= 1
+    assert result.tuned_us > 0 and result.default_us > 0
+    store = LogStore(tmp_path, HOST)
+    assert len(record_lines(store.path)) == 1 and not (store.path / RUNS).exists()
+    cm = tvmfuse.compile(MODEL, target=HOST, logs=tmp_path)
+    assert cm.tuning_logs["applied"] == ["tvmfuse_conv2d_relu"]
+    x = random_inputs(cm.inputs)
+    np.testing.assert_allclose(cm.run(x)[0], tvmfuse.compile(MODEL, target=HOST, logs=False).run(x)[0],
+                               rtol=1e-4, atol=1e-4)
+    # The same workload in another model (other weights, other input name) is not tuned again.
+    from helpers import conv_relu
+
+    again = tune(conv_relu(batch=1, seed=5), HOST, trials=4, logs=tmp_path, progress=False)
+    assert [t.status for t in again.tasks] == ["in logs"] and again.records_written == 0
+
+
+SCRIPT = """
+import sys, onnx
+from tvmfuse.tune.tuner import tune
+tune(onnx.load(sys.argv[1]), "x86-host", trials=int(sys.argv[3]), logs=sys.argv[2], trials_per_iter=2,
+     resume=sys.argv[4] == "1", progress=True)
+"""
+
+
+def _start(model_path, logs, trials, resume):
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(model_path), str(logs), str(trials),
+                             "1" if resume else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _staged(store):
+    runs = sorted((store.path / RUNS).glob("*")) if (store.path / RUNS).exists() else []
+    return sum(len(record_lines(r)) for r in runs)
+
+
+def _wait_for_records(proc, store, n, timeout=300):
+    deadline = time.monotonic() + timeout
+    while _staged(store) < n:
+        assert proc.poll() is None, f"tuning ended early: {proc.communicate()[1][-2000:]}"
+        assert time.monotonic() < deadline, "no records measured in time"
+        time.sleep(0.5)
+
+
+def test_interrupted_runs_keep_their_records_and_resume(tmp_path):
+    model_path = tmp_path / "m.onnx"
+    model_path.write_bytes(MODEL.SerializeToString())
+    store = LogStore(tmp_path / "logs", HOST)
+    # kill -9 mid-run: the run folder keeps every measured batch.
+    proc = _start(model_path, tmp_path / "logs", 40, resume=False)
+    _wait_for_records(proc, store, 4)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    after_kill = _staged(store)
+    assert after_kill >= 4 and record_lines(store.path) == []
+    # Ctrl-C on a resumed run: it continues from those records, and stops cleanly keeping the new ones too.
+    proc = _start(model_path, tmp_path / "logs", 40, resume=True)
+    _wait_for_records(proc, store, after_kill + 2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "run again with --resume" in err
+    after_int = _staged(store)
+    assert after_int >= after_kill + 2 and len(list((store.path / RUNS).glob("*"))) == 1
+    # The last resume only measures what is left of the 40 trials, then writes the validated record.
+    report = tune(MODEL, HOST, trials=40, logs=tmp_path / "logs", trials_per_iter=8, resume=True, progress=False)
+    (result,) = report.tasks
+    assert result.status in ("tuned", "default kept")
+    assert len(record_lines(store.path)) == 1 and not (store.path / RUNS).exists()
+
+
+def test_nothing_built_is_a_clear_error(tmp_path):
+    # A build timeout no build can meet stands in for MetaSchedule's silent "0 valid samples".
+    with pytest.raises(TuningError, match="no candidate was built and measured.*Timeout"):
+        tune(MODEL, HOST, trials=2, logs=tmp_path, trials_per_iter=2, builder_timeout=0.001, progress=False)
+    assert record_lines(LogStore(tmp_path, HOST).path) == []
+
+
+@pytest.mark.skipif(targets.host_can_run(targets.resolve("x86-avx512")), reason="this host runs AVX-512 code")
+def test_target_this_host_cannot_run_needs_rpc(tmp_path):
+    with pytest.raises(TuningError, match="cannot run on this machine.*--rpc"):
+        tune(MODEL, "x86-avx512", trials=2, logs=tmp_path)
+
+
+def test_rpc_spec_errors():
+    with pytest.raises(TuningError, match="HOST:PORT"):
+        RPCSpec.parse("localhost", "k")
+    with pytest.raises(TuningError, match="cannot reach the RPC tracker"):
+        RPCSpec("127.0.0.1", _free_port(), "k").check()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_servers(rpc: RPCSpec, n: int, timeout=120):
+    from tvm import rpc as tvm_rpc
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            summary = tvm_rpc.connect_tracker(rpc.host, rpc.port).summary()
+            if len([s for s in summary["server_info"] if s["key"].endswith(rpc.key)]) >= n:
+                return
+        except Exception:  # noqa: BLE001 - tracker still starting
+            pass
+        time.sleep(0.5)
+    raise AssertionError("RPC servers did not register")
+
+
+def test_tune_through_an_rpc_tracker_and_two_servers(tmp_path):
+    port = _free_port()
+    rpc = RPCSpec("127.0.0.1", port, "tvmfuse-test")
+    env = dict(os.environ, TVM_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                               "--port", str(port), "--port-end", str(port + 1)], env=env)]
+    try:
+        time.sleep(2)
+        for i in range(2):
+            procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
+                                           "--port", str(9190 + 10 * i), "--port-end", str(9199 + 10 * i),
+                                           "--tracker", f"127.0.0.1:{port}", "--key", rpc.key], env=env))
+        _wait_for_servers(rpc, 2)
+        assert rpc.check() == 2
+        report = tune(MODEL, HOST, trials=4, logs=tmp_path, trials_per_iter=4, rpc=rpc, progress=False)
+        (result,) = report.tasks
+        assert result.status == "tuned" and result.trials >= 1
+        assert tvmfuse.compile(MODEL, target=HOST, logs=tmp_path).tuning_logs["applied"] == ["tvmfuse_conv2d_relu"]
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
