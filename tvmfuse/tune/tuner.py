@@ -90,9 +90,12 @@ def _context(task: Task, spec, run: StagingRun, seed: int):
     from tvmfuse.schedules.x86 import templates
 
     space = templates.space_generator() if task.family in templates.RULES else "post-order-apply"
+    # MetaSchedule logs every batch at INFO on stdout; its files under the run folder keep it all. Its console
+    # handler takes the package logger's level when the loggers are (re)configured, so set it before and after.
+    quiet = logging.getLogger("tvm.s_tir.meta_schedule")
+    quiet.setLevel(logging.WARNING)
     (logger,) = ms.logging.get_loggers_from_work_dir(str(run.path), [task.name])
-    # MetaSchedule logs every batch at INFO on stdout; its files under the run folder keep it all.
-    for handler in logging.getLogger("tvm.s_tir.meta_schedule").handlers:
+    for handler in quiet.handlers:
         if type(handler) is logging.StreamHandler:
             handler.setLevel(logging.WARNING)
     return ms.TuneContext(mod=task.mod, target=spec.tvm_target(), space_generator=space,

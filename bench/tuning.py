@@ -1,0 +1,102 @@
+"""Auto-tuning: latency with tuning logs against the default schedules and onnxruntime FP32, in one run.
+
+    # how fast tuning converges: tune one model at several trial counts (one logs folder each), then time all
+    python bench/tuning.py converge --model mobilenet_v2 --trials 4,8,16 --root /tmp/tvmfuse-converge
+    # the shipped logs (tuning_logs/): each zoo model with and without them, and onnxruntime
+    python bench/tuning.py shipped --models mobilenet_v2,resnet50,efficientnet_lite0
+
+Latencies are medians of alternating blocks (bench/common.py); report ratios from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import THREADS, inputs_for, interleaved_medians, ort_session, table  # noqa: E402
+
+import tvmfuse  # noqa: E402
+from tvmfuse import targets, zoo  # noqa: E402
+from tvmfuse.tune.database import default_root  # noqa: E402
+from tvmfuse.tune.tuner import tune  # noqa: E402
+
+
+def _compile(model, target, logs):
+    start = time.perf_counter()
+    cm = tvmfuse.compile(model, target=target, logs=logs)
+    return cm, time.perf_counter() - start
+
+
+def converge(args) -> None:
+    model = zoo.get(args.model)
+    compiled, rows = {}, []
+    default, _ = _compile(model, args.target, False)
+    for n in [int(t) for t in args.trials.split(",")]:
+        logs = Path(args.root) / f"trials-{n}"
+        start = time.perf_counter()
+        report = tune(model, args.target, trials=n, logs=logs, trials_per_iter=min(16, n), progress=False)
+        tuned = sum(t.status != "in logs" for t in report.tasks)
+        compiled[n], compile_s = _compile(model, args.target, logs)
+        rows.append({"trials per task": n, "tasks": len(report.tasks),
+                     "tuning s": f"{time.perf_counter() - start:.0f}" if tuned else "(logs existed)",
+                     "kernels tuned": len(compiled[n].tuning_logs["applied"]), "compile s": f"{compile_s:.1f}"})
+    sess = ort_session(model)
+    x = inputs_for(default.inputs)
+    fns = {"default": lambda: default.run(x), "onnxruntime": lambda: sess.run(None, x)}
+    fns.update({n: (lambda cm=cm: cm.run(x)) for n, cm in compiled.items()})
+    ms = interleaved_medians(fns, args.repeat)
+    rows.insert(0, {"trials per task": 0, "tasks": "-", "tuning s": "0", "kernels tuned": 0, "compile s": "-"})
+    for row in rows:
+        key = row["trials per task"] or "default"
+        row.update({"latency ms": f"{ms[key]:.2f}", "vs default": f"{ms[key] / ms['default']:.2f}x",
+                    "vs onnxruntime": f"{ms[key] / ms['onnxruntime']:.2f}x"})
+    print(f"# tuning convergence: {args.model}, batch 1, {THREADS} threads, target {args.target}; "
+          f"onnxruntime {ms['onnxruntime']:.2f} ms")
+    print(table(rows, ["trials per task", "tasks", "tuning s", "kernels tuned", "compile s", "latency ms",
+                       "vs default", "vs onnxruntime"]))
+
+
+def shipped(args) -> None:
+    rows = []
+    for name in args.models.split(","):
+        model = zoo.get(name)
+        default, _ = _compile(model, args.target, False)
+        tuned, compile_s = _compile(model, args.target, args.logs or None)
+        sess = ort_session(model)
+        x = inputs_for(default.inputs)
+        ms = interleaved_medians({"default": lambda: default.run(x), "logs": lambda: tuned.run(x),
+                                  "onnxruntime": lambda: sess.run(None, x)}, args.repeat)
+        applied = (tuned.tuning_logs or {}).get("applied", [])
+        rows.append({"model": name, "kernels tuned": len(applied), "onnxruntime ms": f"{ms['onnxruntime']:.2f}",
+                     "default ms": f"{ms['default']:.2f}", "with logs ms": f"{ms['logs']:.2f}",
+                     "logs / default": f"{ms['logs'] / ms['default']:.2f}x",
+                     "logs / onnxruntime": f"{ms['logs'] / ms['onnxruntime']:.2f}x",
+                     "compile s (logs)": f"{compile_s:.1f}"})
+    spec = targets.resolve(args.target)
+    print(f"# shipped tuning logs: batch 1, {THREADS} threads, target {args.target} "
+          f"({spec.config.get('mcpu')}), logs {args.logs or default_root()}")
+    print(table(rows, list(rows[0])))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p = sub.add_parser("converge")
+    p.add_argument("--model", default="mobilenet_v2")
+    p.add_argument("--trials", default="4,8,16")
+    p.add_argument("--root", default="/tmp/tvmfuse-converge")
+    p = sub.add_parser("shipped")
+    p.add_argument("--models", default="mobilenet_v2,resnet50,efficientnet_lite0")
+    p.add_argument("--logs", help="logs folder (default: tuning_logs/)")
+    for p in sub.choices.values():
+        p.add_argument("--target", default="x86-host")
+        p.add_argument("--repeat", type=int, default=30)
+    args = parser.parse_args()
+    converge(args) if args.mode == "converge" else shipped(args)
+
+
+if __name__ == "__main__":
+    main()
