@@ -19,6 +19,19 @@ HOST = targets.resolve("x86-host")
 MODEL = conv_relu(batch=1)
 
 
+def wide_conv(seed: int = 0):
+    """x[1,16,28,28] -> Conv(32, 3x3, pad 1) -> Relu: a kernel whose template has a couple dozen candidates."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from helpers import make_model
+
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype("float32"), "W")
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    return make_model(nodes, [("x", [1, 16, 28, 28])], [("y", None)], [w])
+
+
 def task_of(model=MODEL, spec=HOST):
     from tvmfuse.tune.tuner import extract_tasks
 

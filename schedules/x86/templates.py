@@ -98,6 +98,26 @@ def template(family: str, vector_lanes: int):
     return apply
 
 
+def space_size(mod, vector_bits: int) -> int | None:
+    """How many distinct schedules the template can give the kernel of ``mod`` (None: no template applies).
+
+    The knobs are categorical, so the space is the product of their candidate counts; tuning past it only
+    re-samples schedules already measured.
+    """
+    sch = s_tir.Schedule(mod)
+    for name in block_names(sch):
+        block = sch.get_sblock(name)
+        rule = sch.get(block).annotations.get("schedule_rule")
+        if rule is not None and str(rule).startswith(PREFIX) and str(rule)[len(PREFIX):] in RULES:
+            (out,) = template(str(rule)[len(PREFIX):], vector_bits // 32)(sch, block)
+            size = 1
+            for inst in out.trace.insts:
+                if inst.kind.name == "SampleCategorical":
+                    size *= len(inst.attrs[0])
+            return size
+    return None
+
+
 def register(vector_bits: int) -> list[str]:
     """Register every family's template for CPU targets with ``vector_bits``-wide vectors; return names."""
     names = []

@@ -9,9 +9,12 @@ their intrinsics inlined already), and the same trick keeps ``TuneContext`` from
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import signal
 import sys
+import threading
 import time
 import types
 
@@ -118,12 +121,38 @@ class Progress:
         self.task, self.task_index, self.task_count = "", 0, 0
         self.task_trials, self.task_valid, self.best = 0, 0, float("inf")
         self.first_error: str | None = None
+        self.stop_requested = False
+
+    @contextlib.contextmanager
+    def catching_ctrl_c(self):
+        """Turn Ctrl-C into a stop after the current batch.
+
+        MetaSchedule calls back into Python while sampling schedules and swallows exceptions raised there as
+        failed samples, so a plain KeyboardInterrupt can vanish; the flag is checked after each measured batch
+        instead. A second Ctrl-C interrupts at once.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            self.stop_requested = True
+            signal.signal(signal.SIGINT, previous)
+            print("[tune] stopping after the current batch (Ctrl-C again to stop now)", file=self.stream, flush=True)
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def begin_task(self, name: str, index: int, count: int) -> None:
         self.task, self.task_index, self.task_count = name, index, count
         self.task_trials, self.task_valid, self.best = 0, 0, float("inf")
 
     def measured(self, builder_results, runner_results) -> None:
+        if not builder_results:
+            return  # an exhausted search space sends empty batches
         for built, ran in zip(builder_results, runner_results):
             self.task_trials += 1
             self.done += 1
@@ -160,6 +189,9 @@ def progress_callback(progress: Progress):
     class _Callback(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             progress.measured(builder_results, runner_results)
+            if progress.stop_requested:
+                # Runs after the database callback: the batch just measured is already on disk.
+                raise KeyboardInterrupt
 
     return _Callback()
 

@@ -84,12 +84,19 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
     return tasks
 
 
-def _context(task: Task, spec, run: StagingRun, seed: int):
+def _context(task: Task, spec, run: StagingRun, seed: int, space_size: int | None):
     from tvm.s_tir import meta_schedule as ms
 
     from tvmfuse.schedules.x86 import templates
 
-    space = templates.space_generator() if task.family in templates.RULES else "post-order-apply"
+    space, strategy = "post-order-apply", "evolutionary"
+    if space_size is not None:
+        space = templates.space_generator()
+        # A template space is small (tens of schedules) and has no mutators: a smaller population, and giving
+        # up sooner on finding unmeasured ones, saves minutes of re-sampling per task.
+        strategy = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=min(16, space_size),
+                                                         max_fail_count=2, genetic_num_iters=2,
+                                                         genetic_max_fail_count=2)
     # MetaSchedule logs every batch at INFO on stdout; its files under the run folder keep it all. Its console
     # handler takes the package logger's level when the loggers are (re)configured, so set it before and after.
     quiet = logging.getLogger("tvm.s_tir.meta_schedule")
@@ -99,7 +106,7 @@ def _context(task: Task, spec, run: StagingRun, seed: int):
         if type(handler) is logging.StreamHandler:
             handler.setLevel(logging.WARNING)
     return ms.TuneContext(mod=task.mod, target=spec.tvm_target(), space_generator=space,
-                          search_strategy="evolutionary", task_name=task.name, logger=logger,
+                          search_strategy=strategy, task_name=task.name, logger=logger,
                           rand_state=seed, num_threads=targets._cores()).clone()
 
 
@@ -111,7 +118,7 @@ def _schedule_of(record, task: Task):
     return sch.mod
 
 
-def _accept(task: Task, ctx, db, store: LogStore, spec, time_it: bool, progress: Progress) -> TaskResult:
+def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progress) -> TaskResult:
     """Validate the task's best records (best first); write the first correct one, or the default if faster."""
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
@@ -123,13 +130,13 @@ def _accept(task: Task, ctx, db, store: LogStore, spec, time_it: bool, progress:
                           f"(first error: {progress.first_error or 'none reported'}); the builder or runner is "
                           "failing, see the task log under the run folder")
     for rank, record in enumerate(top):
-        check = validate.check(_schedule_of(record, task), task.mod, spec, time_it=time_it)
+        check = validate.check(_schedule_of(record, task), task.mod, spec, device=device)
         if not check.ok:
             print(f"[tune] {task.name}: candidate {rank + 1} rejected, wrong result ({check.detail})",
                   file=sys.stderr)
             continue
         status = "tuned"
-        if time_it and check.default_us < check.tuned_us:
+        if check.default_us < check.tuned_us:
             # Record the default itself so the workload counts as tuned: for our kernels the hand schedule is
             # the template's first decision; for TVM's it is no schedule at all (an empty trace).
             trace = ctx.generate_design_space()[0].trace if task.family else s_tir.Schedule(task.mod).trace
@@ -196,28 +203,43 @@ def _tune_tasks(todo, spec, store, trials, resume, rpc, per_iter, builder_timeou
     light_tensor_intrin(spec.kind)
     if spec.is_cpu:
         templates.register(spec.vector_bits())
-    progress = Progress(sum(max(0, trials - done[t.key]) for t in todo), enabled=show)
+    sizes = {t.key: templates.space_size(t.mod, spec.vector_bits()) if t.family in templates.RULES else None
+             for t in todo}
+    progress = Progress(sum(max(0, min(trials, sizes[t.key] or trials) - done[t.key]) for t in todo), enabled=show)
     builder, runner = make_builder(builder_timeout), make_runner(rpc)
     cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
-    db, written = run.database(), 0
+    db = run.database()
+    # Tuned kernels are checked (and timed against the default) where they will run.
+    device = validate.LocalDevice() if rpc is None else validate.RPCDevice(rpc)
     try:
-        for i, task in enumerate(todo):
-            progress.begin_task(task.name, i + 1, len(todo))
-            ctx = _context(task, spec, run, seed + i)
-            left = trials - done[task.key]
-            if left > 0:
-                ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(run.path), max_trials_global=left,
-                              max_trials_per_task=left, num_trials_per_iter=min(per_iter, left), builder=builder,
-                              runner=runner, database=db, cost_model=cost_model, task_scheduler="round-robin",
-                              measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default"))
-                              + [progress_callback(progress)])
-            progress.task_trials += done[task.key]
-            results[task.name] = _accept(task, ctx, db, store, spec, rpc is None, progress)
-            written += results[task.name].status != "rejected"
+        with progress.catching_ctrl_c():
+            _tune_each(todo, sizes, trials, done, per_iter, spec, run, seed, builder, runner, db, cost_model, device,
+                       store, progress, results)
     except BaseException:
         run.release(remove=False)
         print(f"[tune] stopped: the records measured so far are kept in {run.path}; "
               "run again with --resume to continue", file=sys.stderr)
         raise
     run.release(remove=True)
-    return written
+    return sum(results[t.name].status != "rejected" for t in todo)
+
+
+def _tune_each(todo, sizes, trials, done, per_iter, spec, run, seed, builder, runner, db, cost_model, device,
+               store, progress, results):
+    from tvm.s_tir import meta_schedule as ms
+
+    for i, task in enumerate(todo):
+        progress.begin_task(task.name, i + 1, len(todo))
+        size = sizes[task.key]
+        ctx = _context(task, spec, run, seed + i, size)
+        left = min(trials, size or trials) - done[task.key]
+        if left > 0:
+            ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(run.path), max_trials_global=left,
+                          max_trials_per_task=left, num_trials_per_iter=min(per_iter, left), builder=builder,
+                          runner=runner, database=db, cost_model=cost_model, task_scheduler="round-robin",
+                          measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default"))
+                          + [progress_callback(progress)])
+        progress.task_trials += done[task.key]
+        results[task.name] = _accept(task, ctx, db, store, spec, device, progress)
+        if progress.stop_requested:
+            raise KeyboardInterrupt
