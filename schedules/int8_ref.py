@@ -1,0 +1,155 @@
+"""Numpy side of the INT8 kernels: weight packing, zero-point folding, multipliers and reference results.
+
+The conventions are those of :mod:`tvmfuse.schedules.int8`. The references compute the *mathematical*
+definition, ``acc[o] = sum((x - za) * w[o]) + bias[o]`` over zero-padded ``x - za``, with the original bias;
+the kernels compute ``sum(x * w[o]) + fold_zero_point(bias, w, za)[o]`` over ``za``-padded codes. The two
+agree exactly, which the tests check. The epilogue (:func:`requantize`) repeats the kernel's float
+arithmetic operation by operation (float32, or float64 with a residual), so integer outputs are bit-exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .int8 import BLOCK_I, BLOCK_O, Epilogue, Int8KernelError, _pair, _padding
+
+WEIGHT_RANGE = (-127, 127)
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _check_weight(weight: np.ndarray, ndim: int, what: str) -> np.ndarray:
+    weight = np.asarray(weight)
+    if weight.dtype != np.int8 or weight.ndim != ndim:
+        raise Int8KernelError(f"{what} weight must be a {ndim}-D int8 array, got {weight.shape} {weight.dtype}")
+    if weight.size and weight.min() < WEIGHT_RANGE[0]:
+        raise Int8KernelError(f"{what} weight holds -128; symmetric INT8 weights are in [-127, 127]")
+    return weight
+
+
+def pack_conv2d_weight(weight: np.ndarray) -> np.ndarray:
+    """OIHW int8 -> ``[ceil(O/16), ceil(I/4), kh, kw, 16, 4]``, padding O and I with zero weights."""
+    weight = _check_weight(weight, 4, "conv2d")
+    o, i, kh, kw = weight.shape
+    full = np.zeros((_ceil_to(o, BLOCK_O), _ceil_to(i, BLOCK_I), kh, kw), np.int8)
+    full[:o, :i] = weight
+    blocks = full.reshape(full.shape[0] // BLOCK_O, BLOCK_O, full.shape[1] // BLOCK_I, BLOCK_I, kh, kw)
+    return np.ascontiguousarray(blocks.transpose(0, 2, 4, 5, 1, 3))
+
+
+def unpack_conv2d_weight(packed: np.ndarray, out_channels: int, in_channels: int) -> np.ndarray:
+    """Inverse of :func:`pack_conv2d_weight` (drops the padding)."""
+    ob, ib, kh, kw, bo, bi = packed.shape
+    full = packed.transpose(0, 4, 1, 5, 2, 3).reshape(ob * bo, ib * bi, kh, kw)
+    return np.ascontiguousarray(full[:out_channels, :in_channels])
+
+
+def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
+    """``[N, K]`` int8 (output features first) -> ``[ceil(N/16), ceil(K/4), 16, 4]``, zero padded.
+
+    ONNX MatMul's ``[K, N]`` weight is ``weight.T`` here.
+    """
+    weight = _check_weight(weight, 2, "dense")
+    n, k = weight.shape
+    full = np.zeros((_ceil_to(n, BLOCK_O), _ceil_to(k, BLOCK_I)), np.int8)
+    full[:n, :k] = weight
+    blocks = full.reshape(full.shape[0] // BLOCK_O, BLOCK_O, full.shape[1] // BLOCK_I, BLOCK_I)
+    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3))
+
+
+def unpack_dense_weight(packed: np.ndarray, out_features: int, in_features: int) -> np.ndarray:
+    """Inverse of :func:`pack_dense_weight`."""
+    nb, kb, bo, bi = packed.shape
+    return np.ascontiguousarray(packed.transpose(0, 2, 1, 3).reshape(nb * bo, kb * bi)[:out_features, :in_features])
+
+
+def fold_zero_point(bias: np.ndarray | None, weight: np.ndarray, input_zero_point: int) -> np.ndarray:
+    """The int32 bias the kernels take: ``bias[o] - za * sum(weight[o])``.
+
+    ``weight`` is unpacked, output channel first (OIHW, depthwise ``[C, 1, kh, kw]`` or dense ``[N, K]``);
+    ``bias`` is the int32 bias of the quantized model (``round(b / (s_x * s_w[o]))``), None for none.
+    """
+    weight = np.asarray(weight)
+    sums = weight.reshape(weight.shape[0], -1).astype(np.int64).sum(axis=1)
+    base = np.zeros(weight.shape[0], np.int64) if bias is None else np.asarray(bias, np.int64)
+    if base.shape != sums.shape:
+        raise Int8KernelError(f"bias has shape {base.shape}, the weight {weight.shape} has {sums.size} outputs")
+    folded = base - int(input_zero_point) * sums
+    if folded.min(initial=0) < np.iinfo(np.int32).min or folded.max(initial=0) > np.iinfo(np.int32).max:
+        raise Int8KernelError("folded bias overflows int32")
+    return folded.astype(np.int32)
+
+
+def requant_multiplier(input_scale: float, weight_scales, output_scale: float | None = None) -> np.ndarray:
+    """``M[o] = s_x * s_w[o] / s_y`` as float32 (``s_x * s_w[o]`` for a float32 output: ``output_scale=None``)."""
+    m = float(input_scale) * np.asarray(weight_scales, np.float64).reshape(-1)
+    return (m if output_scale is None else m / float(output_scale)).astype(np.float32)
+
+
+def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, residual: np.ndarray | None = None):
+    """The kernels' epilogue on an int accumulator (bias included, channels on axis 1), in numpy."""
+    shape = [1] * acc.ndim
+    shape[1] = -1
+    m = np.asarray(multiplier, np.float32).reshape(shape)
+    acc = np.asarray(acc).astype(np.int32)  # the kernel accumulates in int32
+    if epilogue.residual is None:
+        value = acc.astype(np.float32) * m
+    else:
+        shift = np.asarray(residual).astype(np.int32) - epilogue.residual.zero_point
+        value = acc.astype(np.float64) * m.astype(np.float64) + shift.astype(np.float64) * np.float64(
+            epilogue.residual.scale)
+    if epilogue.quantized:
+        value = np.rint(value) + value.dtype.type(epilogue.zero_point)
+    else:
+        value = value.astype(np.float32)
+    lo, hi = epilogue.bounds()
+    if lo is not None:
+        value = np.maximum(value, value.dtype.type(lo))
+    if hi is not None:
+        value = np.minimum(value, value.dtype.type(hi))
+    return value.astype(epilogue.out_dtype)
+
+
+def _windows(x: np.ndarray, kh: int, kw: int, strides, padding, dilation, input_zero_point: int) -> np.ndarray:
+    """``x - za`` zero-padded, as windows ``[N, C, OH, OW, kh, kw]`` (int64)."""
+    top, left, bottom, right = _padding(padding)
+    (sh, sw), (dh, dw) = _pair(strides), _pair(dilation)
+    shifted = np.asarray(x).astype(np.int64) - int(input_zero_point)
+    xp = np.pad(shifted, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    win = np.lib.stride_tricks.sliding_window_view(xp, (span_h, span_w), axis=(2, 3))
+    return win[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+def conv2d_ref(x, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
+               input_zero_point: int = 0, epilogue: Epilogue = Epilogue()) -> np.ndarray:
+    """Reference INT8 conv2d: ``x`` NCHW uint8, ``weight`` OIHW int8 (unpacked), ``bias`` the original int32
+    bias (None for none, zero point *not* folded)."""
+    weight = np.asarray(weight)
+    win = _windows(x, weight.shape[2], weight.shape[3], strides, padding, dilation, input_zero_point)
+    acc = np.tensordot(win, weight.astype(np.int64), axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+    if bias is not None:
+        acc = acc + np.asarray(bias, np.int64).reshape(1, -1, 1, 1)
+    return requantize(acc, multiplier, epilogue, residual)
+
+
+def depthwise_conv2d_ref(x, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
+                         input_zero_point: int = 0, epilogue: Epilogue = Epilogue()) -> np.ndarray:
+    """Reference INT8 depthwise conv2d: ``weight`` ``[C, 1, kh, kw]`` int8; otherwise as :func:`conv2d_ref`."""
+    weight = np.asarray(weight)
+    win = _windows(x, weight.shape[2], weight.shape[3], strides, padding, dilation, input_zero_point)
+    acc = (win * weight[:, 0].astype(np.int64)[None, :, None, None]).sum(axis=(4, 5))
+    if bias is not None:
+        acc = acc + np.asarray(bias, np.int64).reshape(1, -1, 1, 1)
+    return requantize(acc, multiplier, epilogue, residual)
+
+
+def dense_ref(x, weight, bias, multiplier, residual=None, *, input_zero_point: int = 0,
+              epilogue: Epilogue = Epilogue()) -> np.ndarray:
+    """Reference INT8 dense: ``x`` ``[M, K]`` uint8, ``weight`` ``[N, K]`` int8 (unpacked), original bias."""
+    acc = (np.asarray(x).astype(np.int64) - int(input_zero_point)) @ np.asarray(weight).astype(np.int64).T
+    if bias is not None:
+        acc = acc + np.asarray(bias, np.int64).reshape(1, -1)
+    return requantize(acc, multiplier, epilogue, residual)

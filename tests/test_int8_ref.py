@@ -1,0 +1,72 @@
+"""The numpy side of the INT8 kernels (tvmfuse.schedules.int8_ref) and the epilogue parameters: weight packing,
+zero-point folding, requantization by known answers, activation bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvmfuse.schedules import int8, int8_ref
+
+
+def test_pack_conv2d_weight_layout_and_padding():
+    w = np.random.default_rng(0).integers(-127, 128, (37, 19, 3, 2)).astype("int8")
+    p = int8_ref.pack_conv2d_weight(w)
+    assert p.shape == (3, 5, 3, 2, 16, 4) and p.dtype == np.int8 and p.flags.c_contiguous
+    assert p[1, 2, 0, 1, 5, 3] == w[16 + 5, 8 + 3, 0, 1]
+    assert not p[2, :, :, :, 5:].any() and not p[:, 4, :, :, :, 3:].any()  # O 37..47 and I 19 are zeros
+    np.testing.assert_array_equal(int8_ref.unpack_conv2d_weight(p, 37, 19), w)
+
+
+def test_pack_dense_weight_layout_and_padding():
+    w = np.random.default_rng(0).integers(-127, 128, (70, 130)).astype("int8")
+    p = int8_ref.pack_dense_weight(w)
+    assert p.shape == (5, 33, 16, 4)
+    assert p[4, 32, 5, 1] == w[69, 129] and not p[4, :, 6:].any() and not p[:, 32, :, 2:].any()
+    np.testing.assert_array_equal(int8_ref.unpack_dense_weight(p, 70, 130), w)
+
+
+def test_pack_rejects_minus_128_and_wrong_dtype():
+    with pytest.raises(int8.Int8KernelError, match="-128"):
+        int8_ref.pack_conv2d_weight(np.full((16, 4, 1, 1), -128, np.int8))
+    with pytest.raises(int8.Int8KernelError, match="int8"):
+        int8_ref.pack_dense_weight(np.zeros((16, 4), np.float32))
+
+
+def test_fold_zero_point_is_the_zero_point_compensation():
+    rng = np.random.default_rng(0)
+    x, w = rng.integers(0, 256, (3, 50)), rng.integers(-127, 128, (7, 50)).astype("int8")
+    bias = rng.integers(-999, 999, 7).astype("int32")
+    folded = int8_ref.fold_zero_point(bias, w, 201)
+    assert folded.dtype == np.int32
+    np.testing.assert_array_equal(x @ w.T.astype(int) + folded, (x - 201) @ w.T.astype(int) + bias)
+    np.testing.assert_array_equal(int8_ref.fold_zero_point(None, w, 0), np.zeros(7, np.int32))
+    with pytest.raises(int8.Int8KernelError, match="bias"):
+        int8_ref.fold_zero_point(bias[:3], w, 1)
+
+
+def test_requantize_rounds_half_to_even_and_clips():
+    ep = int8.Epilogue.make("uint8", zero_point=10)
+    acc = np.array([[5, 7, -5, 1000, -1000]], np.int64)  # x 0.5: 2.5, 3.5, -2.5, 500, -500
+    np.testing.assert_array_equal(int8_ref.requantize(acc, np.full(5, 0.5, np.float32), ep), [[12, 14, 8, 255, 0]])
+    out = int8_ref.requantize(acc, np.full(5, 0.5, np.float32), int8.Epilogue.make("float32", activation="relu6"))
+    np.testing.assert_array_equal(out, np.array([[2.5, 3.5, 0, 6, 0]], np.float32))
+
+
+def test_epilogue_activation_bounds():
+    assert int8.Epilogue.make("uint8", 20, 0.05, "relu").bounds() == (20, 255)
+    assert int8.Epilogue.make("uint8", 20, 0.05, "relu6").bounds() == (20, 140)
+    assert int8.Epilogue.make("int8", -100, 0.01, "relu6").bounds() == (-100, 127)
+    assert int8.Epilogue.make("float32", activation="relu6").bounds() == (0.0, 6.0)
+    assert int8.Epilogue.make("float32").bounds() == (None, None)
+    assert int8.Residual(3, 0.1).scale == float(np.float32(0.1))
+    with pytest.raises(int8.Int8KernelError, match="activation"):
+        int8.Epilogue.make("uint8", activation="gelu")
+    with pytest.raises(int8.Int8KernelError, match="out_dtype"):
+        int8.Epilogue("int32")
+    with pytest.raises(int8.Int8KernelError, match="zero point"):
+        int8.Epilogue("float32", zero_point=3)
+    with pytest.raises(int8.Int8KernelError, match="zero point"):
+        int8.Epilogue("int8", zero_point=128)
+    with pytest.raises(int8.Int8KernelError, match="empty clip"):
+        int8.Epilogue("uint8", clip_min=200, clip_max=100)
