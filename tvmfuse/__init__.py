@@ -20,12 +20,12 @@ from . import errors, zoo  # noqa: E402  (zoo builds ONNX only)
 from .errors import TvmfuseError  # noqa: E402
 from .runtime import load  # noqa: E402
 
-__all__ = ["CompiledModel", "TvmfuseError", "compile", "errors", "load", "partitions", "zoo"]
+__all__ = ["CompiledModel", "TvmfuseError", "compile", "errors", "load", "partitions", "quantize", "zoo"]
 
 
 def __getattr__(name: str):
     # The compiler side is imported on first use, keeping `import tvmfuse` + `tvmfuse.load` runtime-only.
-    if name in ("compile", "CompiledModel"):
+    if name in ("compile", "CompiledModel", "quantize"):
         from . import api
 
         return getattr(api, name)

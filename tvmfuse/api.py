@@ -30,6 +30,8 @@ class CompiledModel:
         The module after the Relax pipeline; its PrimFuncs are the library's kernels.
     stats : dict
         Seconds spent per compile step.
+    quantization : dict or None
+        For models from :func:`quantize`: the method, options, table, and what became INT8 (manifest entry).
     """
 
     def __init__(self, executable, mod, lowered, spec: targets.TargetSpec, inputs: Sequence[TensorInfo],
@@ -39,6 +41,7 @@ class CompiledModel:
         self.source, self.stats = source, stats
         self.record = PassRecord()
         self.tuning_logs: dict | None = None
+        self.quantization: dict | None = None
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
@@ -81,8 +84,10 @@ class CompiledModel:
 
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
-        return make_manifest(self.target, self.inputs, self.outputs, self.source,
-                             {"kernels": kernel_names(self.lowered), "tuning_logs": self.tuning_logs})
+        extra = {"kernels": kernel_names(self.lowered), "tuning_logs": self.tuning_logs}
+        if self.quantization is not None:
+            extra["quantization"] = self.quantization
+        return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
 
     def export(self, path: str | Path) -> Path:
         """Write the shared library ``path`` (.so) and its JSON manifest beside it."""
@@ -149,10 +154,15 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes)
+    return _compile_imported(imported, spec, steps, logs)
+
+
+def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, quantizer=None) -> CompiledModel:
+    """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
     tvm_target = spec.tvm_target()
     record = PassRecord()
-    with steps.step("partition and fuse"):
-        mod = run_graph_passes(imported.mod, spec, tvm_target, record)
+    with steps.step("partition and fuse" if quantizer is None else quantizer.step_name()):
+        mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer)
     database, log_info = _load_logs(logs, spec)
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
@@ -163,4 +173,63 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
     cm.record = record
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
+    return cm
+
+
+def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", table=None,
+             shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
+             logs=None) -> CompiledModel:
+    """Quantize an FP32 ONNX model to INT8 and compile it for a target.
+
+    Calibration runs the FP32 model on this CPU (target ``x86-host``, whatever ``target`` is) and records
+    the range of every partition input and output; ``QuantizeGraph`` then turns the conv2d, depthwise
+    conv2d and dense partitions into INT8 kernels. Partitions without an INT8 kernel stay FP32; a model
+    with nothing quantizable compiles as FP32 with a warning.
+
+    Parameters
+    ----------
+    model : str, os.PathLike or onnx.ModelProto
+        As for :func:`compile`.
+    calib : str, os.PathLike, dict, iterable of dict or None
+        Calibration data: an ``.npz`` of input batches or a directory of ``.npy`` files
+        (:mod:`tvmfuse.quant.data`), or batches (input name -> array). None: use ``table``.
+    method : str
+        ``"minmax"``, ``"entropy"`` or ``"percentile"``.
+    target : str, dict or TargetSpec
+        The compile target.
+    table : CalibrationTable, str, os.PathLike or None
+        Without ``calib``: the calibration table to use, or the path of one to load. With ``calib``: where
+        to write the new table (JSON, atomically).
+    shapes : dict, optional
+        Static shapes for inputs with dynamic dims.
+    percentile : float
+        The percentile kept by the ``"percentile"`` method.
+    progress : bool
+        Print one line per step on stderr.
+    logs : str, os.PathLike, None or False
+        Tuning logs, as for :func:`compile`.
+
+    Returns
+    -------
+    CompiledModel
+        Its ``quantization`` dict (also in the manifest) holds the method, options, table path and what
+        ``QuantizeGraph`` did (INT8 / FP32 partition counts, why partitions stayed FP32, quantize and
+        dequantize ops inserted).
+
+    Raises
+    ------
+    CalibrationError
+        No data and no table, an unknown method, calibration data that does not fit the model's inputs
+        (``CalibrationDataError``), an empty set, a corrupt table.
+    """
+    from .quant.flow import Quantizer
+
+    spec = targets.resolve(target)
+    quantizer = Quantizer(spec, calib, method, table, percentile)
+    steps = Steps(3, enabled=progress)
+    with steps.step("import ONNX"):
+        imported = frontend.import_model(model, shapes)
+    quantizer.prepare(imported.inputs, imported.source)
+    cm = _compile_imported(imported, spec, steps, logs, quantizer)
+    cm.quantization = quantizer.manifest_entry()
     return cm

@@ -57,6 +57,26 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_quantize(args) -> int:
+    from . import api
+    from .quant.table import CalibrationError
+
+    if args.percentile is not None and args.method != "percentile":
+        raise CalibrationError(f"--percentile applies to --method percentile, not {args.method}")
+    logs = False if args.no_logs else args.logs
+    cm = api.quantize(args.model, calib=args.calib, method=args.method, target=args.target, table=args.table,
+                      shapes=_shapes(args), percentile=99.99 if args.percentile is None else args.percentile,
+                      progress=not args.quiet, logs=logs)
+    path = cm.export(args.output)
+    q = cm.quantization
+    print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
+          f"{q['int8_partitions']} INT8 partition(s), {q['fp32_partitions']} FP32, "
+          f"{q['quantize_ops']} quantize / {q['dequantize_ops']} dequantize op(s)")
+    if args.calib and args.table:
+        print(f"wrote calibration table {args.table} ({q['method']})")
+    return 0
+
+
 def cmd_tune(args) -> int:
     from .tune.measure import RPCSpec, TuningError
     from .tune.tuner import tune
@@ -152,6 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
                       "$TVMFUSE_TUNING_LOGS; its <target>/ subfolder is read)")
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("quantize", help="calibrate an FP32 model and compile it to INT8 (.so with a JSON manifest)")
+    _add_model_args(p)
+    p.add_argument("--calib", metavar="DATA", help="calibration data: an .npz of input batches (arrays named "
+                   "after the inputs) or a directory of .npy files")
+    p.add_argument("--method", default="entropy", help="minmax, entropy or percentile (default entropy)")
+    p.add_argument("--percentile", type=float, help="percentile kept by --method percentile (default 99.99)")
+    p.add_argument("--target", default="x86-avx512", help="target name (default x86-avx512; calibration "
+                   "always runs on this CPU)")
+    p.add_argument("-o", "--output", required=True, help="output library path (.so)")
+    p.add_argument("--table", metavar="PATH", help="with --calib: write the calibration table (JSON) here; "
+                   "without: load this table instead of calibrating")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    logs = p.add_mutually_exclusive_group()
+    logs.add_argument("--logs", metavar="DIR", help="tuning logs folder to apply (as for compile)")
+    logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
+    p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("tune", help="tune a model's kernels with MetaSchedule + XGBoost into the tuning logs")
     _add_model_args(p)

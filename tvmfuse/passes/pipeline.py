@@ -38,8 +38,13 @@ def canonicalize_passes() -> list:
     return [CanonicalizeClip, relax.transform.FoldConstant(), FoldBatchNorm, relax.transform.FoldConstant()]
 
 
-def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True):
-    """Canonicalize, partition and lower partitions to fused kernels, under the target context."""
+def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
+                     quantize=None):
+    """Canonicalize, partition and lower partitions to fused kernels, under the target context.
+
+    ``quantize`` (optional): a function or module pass applied to the partitioned module before lowering,
+    e.g. ``QuantizeGraph``; partitions it leaves are lowered to FP32 kernels.
+    """
     import tvm
 
     from .lower import LowerPartitions
@@ -52,6 +57,8 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
             return mod
         mod = Partition(record.rejections)(mod)
         record.partitioned = mod
+        if quantize is not None:
+            mod = quantize(mod)
         return LowerPartitions(spec, record.kernels)(mod)
 
 

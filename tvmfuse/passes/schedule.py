@@ -42,6 +42,18 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
     return _apply
 
 
+INT8_FAMILIES = ("int8_conv2d", "int8_depthwise_conv2d", "int8_dense")  # QuantizeGraph's kernels
+
+
+def _schedule_int8(func, family: str, vector_bits: int, has_vnni: bool):
+    """An INT8 kernel's x86 schedule (VNNI where the target has it); unscheduled when the rule does not fit."""
+    from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
+
+    rule = {"int8_conv2d": int8_conv2d, "int8_depthwise_conv2d": int8_depthwise, "int8_dense": int8_dense}[family]
+    scheduled = rule.apply(func, vector_bits, has_vnni)
+    return scheduled if scheduled is not None else func
+
+
 def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
     """Give every tvmfuse kernel that tuning logs did not schedule its default schedule for ``spec``."""
 
@@ -56,7 +68,9 @@ def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func) or not func.attrs:
                 continue
             family = func.attrs.get("tvmfuse.family")
-            if family is not None:
+            if family is not None and str(family) in INT8_FAMILIES:
+                updates[gv] = _schedule_int8(func, str(family), spec.vector_bits(), "avx512vnni" in spec.features())
+            elif family is not None:
                 updates[gv] = x86.schedule(func, str(family), spec.vector_bits())
         if updates:
             mod = mod.clone()

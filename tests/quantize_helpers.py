@@ -1,0 +1,67 @@
+"""Tiny hand-built ONNX models for the quantization tests (test_quantize_graph.py, test_quantize_api.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from helpers import make_model
+
+
+def conv(rng, x, out, c_in, c_out, name, pads=1, stride=1, group=1):
+    """A 3x3 Conv node with seeded random weight and bias: ``(node, initializers)``."""
+    w = numpy_helper.from_array((rng.standard_normal((c_out, c_in // group, 3, 3)) * 0.2).astype(np.float32),
+                                f"{name}.w")
+    b = numpy_helper.from_array((rng.standard_normal(c_out) * 0.1).astype(np.float32), f"{name}.b")
+    node = helper.make_node("Conv", [x, w.name, b.name], [out], pads=[pads] * 4, strides=[stride] * 2, group=group,
+                            name=name)
+    return node, [w, b]
+
+
+def model(layers, inputs, outputs):
+    """A float32 model from ``(node, initializers)`` pairs; inputs/outputs as for ``helpers.make_model``."""
+    nodes, inits = [], []
+    for node, params in layers:
+        nodes.append(node)
+        inits += params
+    return make_model(nodes, inputs, outputs, inits)
+
+
+def conv_relu_conv():
+    """x (1, 3, 8, 8) -> conv+relu (16) -> conv (8): two partitions."""
+    rng = np.random.default_rng(0)
+    return model([conv(rng, "x", "c1", 3, 16, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []),
+                   conv(rng, "h", "y", 16, 8, "conv2")], [("x", [1, 3, 8, 8])], [("y", [1, 8, 8, 8])])
+
+
+def hardswish_sandwich():
+    """conv+relu -> conv+hardswish (FP32) -> conv."""
+    rng = np.random.default_rng(1)
+    return model([conv(rng, "x", "c1", 3, 8, "conv1"), (helper.make_node("Relu", ["c1"], ["h1"]), []),
+                   conv(rng, "h1", "c2", 8, 8, "conv2"), (helper.make_node("HardSwish", ["c2"], ["h2"]), []),
+                   conv(rng, "h2", "y", 8, 4, "conv3")], [("x", [1, 3, 8, 8])], [("y", [1, 4, 8, 8])])
+
+
+def two_outputs():
+    """conv+relu read by a conv and returned as a model output (mixed consumers)."""
+    rng = np.random.default_rng(2)
+    return model([conv(rng, "x", "c1", 3, 8, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []),
+                   conv(rng, "h", "y", 8, 4, "conv2")], [("x", [1, 3, 8, 8])],
+                  [("h", [1, 8, 8, 8]), ("y", [1, 4, 8, 8])])
+
+
+def residual_block(from_input: bool):
+    """conv+relu -> conv + residual -> relu; the residual is the first conv's output or the model input."""
+    rng = np.random.default_rng(3)
+    layers = [conv(rng, "x", "c1", 8, 8, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []),
+              conv(rng, "h", "c2", 8, 8, "conv2"),
+              (helper.make_node("Add", ["c2", "x" if from_input else "h"], ["s"]), []),
+              (helper.make_node("Relu", ["s"], ["y"]), [])]
+    return model(layers, [("x", [1, 8, 6, 6])], [("y", [1, 8, 6, 6])])
+
+
+def conv_sigmoid():
+    """conv + sigmoid: one partition, with an epilogue the INT8 kernels do not have."""
+    rng = np.random.default_rng(4)
+    return model([conv(rng, "x", "c", 3, 4, "conv"), (helper.make_node("Sigmoid", ["c"], ["y"]), [])],
+                 [("x", [1, 3, 6, 6])], [("y", [1, 4, 6, 6])])

@@ -1,0 +1,186 @@
+"""QuantizeGraph on tiny hand-built models: which partitions become INT8 kernels, the quantize/dequantize ops
+inserted at region borders, the output dtype of each INT8 kernel, and the partitions kept FP32 (and why).
+
+Structure tests use a synthetic calibration table (every observed tensor in [-4, 4]): borders do not depend
+on the ranges. Numbers are checked in tests/test_quantize_api.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper
+from tvm import relax
+
+from conftest import HOST
+from helpers import make_model
+from quantize_helpers import conv_relu_conv, conv_sigmoid, hardswish_sandwich, residual_block, two_outputs
+from tvmfuse import frontend, targets
+from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
+from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
+from tvmfuse.quant.collect import observed_tensors
+from tvmfuse.quant.table import CalibrationTable
+
+SPEC = targets.resolve(HOST)
+
+
+def _partitioned(model):
+    imported = frontend.import_model(model)
+    record = PassRecord()
+    run_graph_passes(imported.mod, SPEC, SPEC.tvm_target(), record)
+    return record.partitioned
+
+
+def _table(mod, drop=()):
+    return CalibrationTable({key: (-4.0, 4.0) for key, _ in observed_tensors(mod) if key not in drop}, "minmax")
+
+
+def _quantize(model, drop=()):
+    mod = _partitioned(model)
+    report = {}
+    with SPEC.tvm_target():
+        out = QuantizeGraph(_table(mod, drop), SPEC, report)(mod)
+    assert relax.analysis.check_well_formed(out)
+    return out, report
+
+
+def _main_calls(mod):
+    """(kind, value, var) per call bound in main; kind: the op name, a kernel's family or ``partition:<Composite>``."""
+    calls = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            value = b.value
+            if not isinstance(value, relax.Call):
+                continue
+            if value.op == tvm.ir.Op.get("relax.call_tir"):
+                family = mod[value.args[0]].attrs.get("tvmfuse.family")
+                calls.append((str(family) if family else "call_tir", value, b.var))
+            elif isinstance(value.op, tvm.ir.GlobalVar):
+                calls.append(("partition:" + str(mod[value.op].attrs["Composite"]), value, b.var))
+            else:
+                calls.append((value.op.name, value, b.var))
+    return calls
+
+
+def _kinds(mod):
+    return [kind for kind, _, _ in _main_calls(mod)]
+
+
+def _kernel_args(call):
+    return list(call.args[1].fields)
+
+
+def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
+    mod, report = _quantize(conv_relu_conv())
+    calls = _main_calls(mod)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_conv2d"]
+    (_, q, q_var), (_, first, first_var), (_, last, last_var) = calls
+    assert q.args[0].same_as(mod["main"].params[0]) and str(q_var.ty.dtype) == "uint8"
+    assert _kernel_args(first)[0].same_as(q_var) and str(first_var.ty.dtype) == "uint8"
+    assert _kernel_args(last)[0].same_as(first_var) and str(last_var.ty.dtype) == "float32"
+    assert mod["main"].body.body.same_as(last_var)  # the float output of the last kernel is the model output
+    assert report == {"int8_partitions": 2, "fp32_partitions": 0, "fp32_reasons": [], "uint8_outputs": 1,
+                      "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0}
+    # The kernels carry what the scheduler and reports read; weights are packed int8 constants.
+    kernel = mod[first.args[0]]
+    assert str(kernel.attrs["tvmfuse.family"]) == "int8_conv2d"
+    assert str(kernel.attrs["tvmfuse.ops"]) == "conv2d,add,relu,requantize"
+    assert str(mod[last.args[0]].attrs["tvmfuse.ops"]) == "conv2d,add,dequantize"
+    weight, bias, multiplier = (a.value.numpy() for a in _kernel_args(first)[1:])
+    assert weight.dtype == np.int8 and weight.shape == (1, 1, 3, 3, 16, 4) and weight.min() >= -127
+    assert bias.dtype == np.int32 and multiplier.dtype == np.float32 and bias.shape == multiplier.shape == (16,)
+    assert not any(isinstance(f, relax.Function) and "Composite" in (f.attrs or {}) for _, f in mod.functions_items())
+
+
+def test_hardswish_partition_stays_fp32_with_borders_around_it():
+    mod, report = _quantize(hardswish_sandwich())
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "partition:tvmfuse.conv2d_hardswish",
+                           "relax.quantize", "int8_conv2d"]
+    calls = _main_calls(mod)
+    # Before the FP32 partition the INT8 kernel outputs float32 itself; after it the float result is quantized.
+    assert str(calls[1][2].ty.dtype) == "float32" and calls[2][1].args[0].same_as(calls[1][2])
+    assert calls[3][1].args[0].same_as(calls[2][2]) and _kernel_args(calls[4][1])[0].same_as(calls[3][2])
+    assert report["fp32_reasons"] == [{"partition": "tvmfuse.conv2d_hardswish", "tensor": "lv#1",
+                                       "reason": "epilogue hardswish has no INT8 kernel"}]
+    assert (report["int8_partitions"], report["quantize_ops"], report["dequantize_ops"]) == (2, 2, 0)
+
+
+def test_mixed_consumers_get_uint8_plus_one_dequantize():
+    mod, report = _quantize(two_outputs())
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.dequantize", "int8_conv2d"]
+    calls = _main_calls(mod)
+    codes, dequantized = calls[1][2], calls[2][2]
+    assert str(codes.ty.dtype) == "uint8" and calls[2][1].args[0].same_as(codes)
+    assert _kernel_args(calls[3][1])[0].same_as(codes)  # the INT8 consumer reads the codes
+    outputs = mod["main"].body.blocks[-1].bindings[-1].value  # the tuple of model outputs
+    assert isinstance(outputs, relax.Tuple) and outputs.fields[0].same_as(dequantized)
+    assert (report["uint8_outputs"], report["float32_outputs"], report["dequantize_ops"]) == (1, 1, 1)
+
+
+def test_residual_from_an_int8_partition_is_read_as_uint8():
+    mod, report = _quantize(residual_block(from_input=False))
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_conv2d"]
+    calls = _main_calls(mod)
+    residual_kernel = calls[2][1]
+    args = _kernel_args(residual_kernel)
+    assert len(args) == 5 and args[0].same_as(calls[1][2]) and args[4].same_as(calls[1][2])
+    assert str(mod[residual_kernel.args[0]].attrs["tvmfuse.partition"]) == "tvmfuse.conv2d_add_relu"
+    assert report["quantize_ops"] == 1 and report["uint8_outputs"] == 1
+
+
+def test_float_residual_shares_the_quantize_of_the_data():
+    mod, report = _quantize(residual_block(from_input=True))
+    calls = _main_calls(mod)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_conv2d"]
+    args = _kernel_args(calls[2][1])
+    assert args[4].same_as(calls[0][2])  # the model input, quantized once for conv1 and the residual
+    assert report["quantize_ops"] == 1
+
+
+def test_missing_range_keeps_the_partition_fp32():
+    mod = _partitioned(conv_relu_conv())
+    last = observed_tensors(mod)[-1][0]
+    out, report = _quantize(conv_relu_conv(), drop=(last,))
+    assert _kinds(out) == ["relax.quantize", "int8_conv2d", "partition:tvmfuse.conv2d"]
+    assert report["fp32_reasons"][0]["reason"] == f"no calibration range for tensor {last!r}"
+    assert str(_main_calls(out)[1][2].ty.dtype) == "float32"
+
+
+@pytest.mark.parametrize("model, why", [
+    (make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, 4])], [("y", [1, 4])]),
+     "the model has no conv2d, depthwise conv2d or dense partition"),
+    (conv_sigmoid(),
+     r"none of its 1 partition\(s\) has an INT8 kernel \(tvmfuse.conv2d_sigmoid -> gv: epilogue sigmoid"),
+])
+def test_nothing_quantizable_warns_and_leaves_the_module(model, why):
+    mod = _partitioned(model)
+    report = {}
+    with pytest.warns(QuantizeWarning, match=f"nothing to quantize, the model stays FP32: {why}"):
+        out = QuantizeGraph(_table(mod), SPEC, report)(mod)
+    assert out.same_as(mod) and report["int8_partitions"] == 0 and report["quantize_ops"] == 0
+
+
+def test_non_cpu_targets_keep_every_partition_fp32():
+    mod = _partitioned(conv_relu_conv())
+    report = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = QuantizeGraph(_table(mod), targets.resolve("cuda-sm80"), report)(mod)
+    assert out.same_as(mod) and len(caught) == 1
+    assert report["fp32_reasons"][0]["reason"] == "INT8 kernels are scheduled for CPU targets only, not cuda-sm80"
+
+
+def test_tiny_convnet_regions():
+    """Depthwise and dense too: the hardswish partition splits the model into two INT8 regions."""
+    mod, report = _quantize("zoo:tiny_convnet")
+    kinds = _kinds(mod)
+    assert kinds.count("int8_conv2d") == 4 and kinds.count("int8_depthwise_conv2d") == 1
+    assert kinds.count("int8_dense") == 1 and kinds.count("partition:tvmfuse.conv2d_hardswish") == 1
+    assert (report["int8_partitions"], report["fp32_partitions"]) == (6, 1)
+    # Quantize at the input and before the dense head (after the FP32 hardswish, mean and reshape); uint8
+    # inside the first region, float32 out of the depthwise conv (read by hardswish) and the dense head.
+    assert (report["quantize_ops"], report["dequantize_ops"]) == (2, 0)
+    assert (report["uint8_outputs"], report["float32_outputs"]) == (4, 2)

@@ -1,0 +1,248 @@
+"""QuantizeGraph: turn the partitions the INT8 kernels support into INT8 kernel calls, with quantize and
+dequantize only at the borders of INT8 regions.
+
+Runs on the partitioned module (after ``Partition``, before ``LowerPartitions``) with a calibration table
+keyed like :func:`tvmfuse.quant.collect.observed_tensors`. A partition call becomes one ``call_tir`` to an
+INT8 kernel (:mod:`.int8_kernels`) when its anchor and epilogue have one (conv2d with groups = 1, depthwise
+conv2d, dense; bias, relu, clip, residual add) and the table holds its input, output and residual tensors.
+Everything else stays FP32 and is lowered as usual.
+
+Borders, with every activation uint8 and quantized per tensor:
+
+- An INT8 partition reads uint8 codes: the uint8 output of the INT8 partition that produced the tensor, or
+  one ``relax.quantize`` of a float tensor (shared by every INT8 consumer of that tensor). Residual operands
+  are handled alike.
+- Its output is uint8 when every consumer is an INT8 partition; float32 straight from the kernel's epilogue
+  (dequantize fused) when none is; uint8 plus one ``relax.dequantize`` for the FP32 consumers when mixed.
+  A model output counts as an FP32 consumer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import tvm
+from tvm import relax
+
+from tvmfuse.schedules.int8 import Int8KernelError
+
+from ..quant.params import QuantParams, activation_params
+from ..targets import TargetSpec
+from .int8_kernels import Int8Partition, analyze, int8_constants, make_int8_kernel
+from .partition import is_partition
+
+
+class QuantizeWarning(UserWarning):
+    """Nothing in the model could be quantized: it compiles as FP32."""
+
+
+@dataclasses.dataclass
+class _Site:
+    """One partition call of ``main``."""
+
+    var: relax.Var  # the var the call's result is bound to
+    call: relax.Call
+    composite: str
+    key: str  # the table key of the result
+    part: Int8Partition | None = None
+    reason: str | None = None
+    out_dtype: str = "float32"  # of an INT8 site: "uint8" or "float32"
+    dequantize: bool = False  # uint8 output that FP32 consumers also read
+
+
+def _bindings(func) -> list:
+    return [binding for block in func.body.blocks for binding in block.bindings]
+
+
+def _users(func) -> dict:
+    """Var -> the vars of the bindings that read it; None stands for the function's result."""
+    users: dict = {}
+    for binding in _bindings(func):
+        for var in relax.analysis.free_vars(binding.value):
+            users.setdefault(var, []).append(binding.var)
+    for var in relax.analysis.free_vars(func.body.body):
+        users.setdefault(var, []).append(None)
+    return users
+
+
+def _key_of(keys: dict, var) -> str:
+    """The table key of ``var``; a var calibration does not observe gets a key no table holds."""
+    return keys.get(var, f"<{var.name}: not observed by calibration>")
+
+
+def _find_sites(mod: tvm.IRModule, table, keys: dict) -> list[_Site]:
+    """Every partition call of ``main``, analysed: INT8 (``part``) or FP32 (``reason``)."""
+    sites = []
+    for binding in _bindings(mod["main"]):
+        call = binding.value
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar)
+                and is_partition(mod[call.op])):
+            continue
+        fn = mod[call.op]
+        site = _Site(binding.var, call, str(fn.attrs["Composite"]), _key_of(keys, binding.var))
+        site.part, site.reason = analyze(fn, call.args)
+        if site.part is not None:
+            tensors = [call.args[site.part.data]] + ([call.args[site.part.residual]] if site.part.residual
+                                                    is not None else [])
+            missing = [_key_of(keys, v) for v in tensors + [binding.var] if _key_of(keys, v) not in table]
+            if missing:
+                site.part, site.reason = None, f"no calibration range for tensor {missing[0]!r}"
+        sites.append(site)
+    return sites
+
+
+def _choose_outputs(sites: list[_Site], users: dict) -> None:
+    """uint8 output for INT8 sites read by INT8 sites (plus a dequantize if FP32 consumers read it too)."""
+    int8_vars = {s.var for s in sites if s.part is not None}
+    for site in sites:
+        if site.part is None:
+            continue
+        readers = users.get(site.var, [])
+        int8_readers = sum(1 for r in readers if r in int8_vars)
+        site.out_dtype = "uint8" if int8_readers else "float32"
+        site.dequantize = 0 < int8_readers < len(readers)
+
+
+@relax.expr_functor.mutator
+class _Rewrite(relax.PyExprMutator):
+    """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
+
+    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict):
+        super().__init__(mod)
+        self.sites = {s.var: s for s in sites if s.part is not None}
+        self.table, self.keys = table, keys
+        self.inputs = set(mod["main"].params)
+        self.codes: dict = {}  # original var -> its uint8 codes
+        self.quantize_ops = self.dequantize_ops = 0
+
+    def qparams(self, var) -> QuantParams:
+        return activation_params(*self.table[_key_of(self.keys, var)], dtype="uint8")
+
+    def _emit_like(self, value, like, suffix: str = ""):
+        """Emit ``value``; as a block output when ``like`` (the var it stands for) is one, so that it stays
+        visible wherever ``like`` was."""
+        name = like.name + suffix
+        if (self.builder_.current_block_is_dataflow() and not isinstance(like, relax.DataflowVar)
+                and like not in self.inputs):
+            return self.builder_.emit_output(value, name)
+        return self.builder_.emit(value, name)
+
+    def visit_dataflow_block_(self, block):
+        # A DataflowVar dies with its block: forget the codes bound to one before the next block.
+        self.codes = {k: v for k, v in self.codes.items() if not isinstance(v, relax.DataflowVar)}
+        return super().visit_dataflow_block_(block)
+
+    def _codes_of(self, var):
+        """The uint8 codes of ``var``: an INT8 producer's output, or a quantize (emitted once)."""
+        if var not in self.codes:
+            p = self.qparams(var)
+            value = relax.op.quantize(self.visit_expr(var), relax.const(float(p.scale), "float32"),
+                                      relax.const(int(p.zero_point), "int32"), axis=0, out_dtype="uint8")
+            self.codes[var] = self._emit_like(value, var, "_u8")
+            self.quantize_ops += 1
+        return self.codes[var]
+
+    def visit_var_binding_(self, binding):
+        site = self.sites.get(binding.var)
+        if site is None:
+            super().visit_var_binding_(binding)
+            return
+        part, args = site.part, site.call.args
+        out = self.qparams(site.var) if site.out_dtype == "uint8" else None
+        res = self.qparams(args[part.residual]) if part.residual is not None else None
+        kernel, constants = make_int8_kernel(part, args[part.data].ty.shape, self.qparams(args[part.data]), out, res)
+        gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
+        call_args = [self._codes_of(args[part.data])] + constants
+        if part.residual is not None:
+            call_args.append(self._codes_of(args[part.residual]))
+        result = relax.call_tir(gv, call_args, relax.TensorType(part.out_shape, site.out_dtype))
+        if out is None:
+            self.set_var_remap(binding.var, self._emit_like(result, binding.var))
+            return
+        codes = self._emit_like(result, binding.var, "_u8")
+        self.codes[binding.var] = codes
+        if site.dequantize:
+            value = relax.op.dequantize(codes, relax.const(float(out.scale), "float32"),
+                                        relax.const(int(out.zero_point), "int32"), axis=0, out_dtype="float32")
+            self.set_var_remap(binding.var, self._emit_like(value, binding.var))
+            self.dequantize_ops += 1
+
+
+def _check_constants(sites: list[_Site], table, keys: dict) -> None:
+    """Keep FP32 the INT8 sites whose kernel cannot take the calibrated parameters (and say why)."""
+    for site in sites:
+        if site.part is None:
+            continue
+        try:
+            x = activation_params(*table[_key_of(keys, site.call.args[site.part.data])])
+            int8_constants(site.part, x, activation_params(*table[site.key]))
+        except Int8KernelError as e:
+            site.part, site.reason = None, str(e)
+
+
+def _summary(sites: list[_Site], quantize_ops: int, dequantize_ops: int) -> dict:
+    int8_sites = [s for s in sites if s.part is not None]
+    return {"int8_partitions": len(int8_sites), "fp32_partitions": len(sites) - len(int8_sites),
+            "fp32_reasons": [{"partition": s.composite, "tensor": s.key, "reason": s.reason}
+                             for s in sites if s.part is None],
+            "uint8_outputs": sum(s.out_dtype == "uint8" for s in int8_sites),
+            "float32_outputs": sum(s.out_dtype == "float32" for s in int8_sites),
+            "quantize_ops": quantize_ops, "dequantize_ops": dequantize_ops}
+
+
+def _why_nothing(sites: list[_Site]) -> str:
+    if not sites:
+        return "the model has no conv2d, depthwise conv2d or dense partition"
+    reasons = "; ".join(f"{s.composite} -> {s.key}: {s.reason}" for s in sites[:5])
+    return f"none of its {len(sites)} partition(s) has an INT8 kernel ({reasons}" + \
+        ("; ..." if len(sites) > 5 else "") + ")"
+
+
+def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
+    """The quantization pass over a partitioned module.
+
+    Parameters
+    ----------
+    table : CalibrationTable
+        Calibrated ranges keyed like :func:`tvmfuse.quant.collect.observed_tensors` on this module.
+    spec : TargetSpec or None
+        The target (None: a CPU target). ``ScheduleKernels`` schedules the INT8 kernels for CPU targets after
+        fusion; on other targets every partition stays FP32.
+    report : dict, optional
+        Receives ``int8_partitions``, ``fp32_partitions``, ``fp32_reasons`` (partition, tensor, reason),
+        ``uint8_outputs`` / ``float32_outputs`` (INT8 partitions by output dtype), ``quantize_ops`` and
+        ``dequantize_ops`` (inserted).
+
+    Warns
+    -----
+    QuantizeWarning
+        When no partition can be quantized, naming why; the module is then returned unchanged (FP32).
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="QuantizeGraph")
+    def _quantize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        # The keys calibration observed; collect.py imports nothing of the compile path at module level.
+        from ..quant.collect import observed_tensors
+
+        keys = {var: key for key, var in observed_tensors(mod)}
+        sites = _find_sites(mod, table, keys)
+        if spec is not None and not spec.is_cpu:
+            for site in sites:
+                site.part, site.reason = None, f"INT8 kernels are scheduled for CPU targets only, not {spec.name}"
+        _check_constants(sites, table, keys)
+        _choose_outputs(sites, _users(mod["main"]))
+        if not any(s.part is not None for s in sites):
+            if report is not None:
+                report.update(_summary(sites, 0, 0))
+            warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
+                          QuantizeWarning, stacklevel=2)
+            return mod
+        rewrite = _Rewrite(mod, sites, table, keys)
+        gv = mod.get_global_var("main")
+        rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
+        if report is not None:
+            report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops))
+        return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
+
+    return _quantize
