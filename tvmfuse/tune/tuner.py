@@ -181,65 +181,76 @@ def tune(model, target="x86-avx512", trials: int = 64, *, logs=None, resume: boo
     db, _ = store.load()
     results = {t.name: TaskResult(t.name, "in logs") for t in tasks if db.has_workload(t.mod)}
     todo = [t for t in tasks if t.name not in results]
-    written = 0
-    if todo:
-        written = _tune_tasks(todo, spec, store, trials, resume, rpc, trials_per_iter, builder_timeout, progress,
-                              seed, results, model)
+    written = _Session(spec, store, model, trials, resume, rpc, trials_per_iter, builder_timeout, progress,
+                       seed).run(todo, results) if todo else 0
     return TuneReport(str(store.path), [results[t.name] for t in tasks], written, time.monotonic() - start)
 
 
-def _tune_tasks(todo, spec, store, trials, resume, rpc, per_iter, builder_timeout, show, seed, results, model):
-    from tvm.s_tir import meta_schedule as ms
+class _Session:
+    """One tuning run over the tasks the logs lack: staging folder, builder/runner, cost model, progress."""
 
-    from tvmfuse.schedules.x86 import templates
+    def __init__(self, spec, store, model, trials, resume, rpc, per_iter, builder_timeout, show, seed):
+        self.spec, self.store, self.model, self.trials, self.resume = spec, store, model, trials, resume
+        self.rpc, self.per_iter, self.builder_timeout, self.show, self.seed = rpc, per_iter, builder_timeout, show, seed
 
-    run = StagingRun.adopt(store) if resume else None
-    if resume and run is None:
-        print(f"[tune] nothing to resume in {store.path}: starting a new run", file=sys.stderr)
-    elif not resume and StagingRun.orphans(store):
-        print(f"[tune] {store.path} holds unfinished runs: --resume continues the newest", file=sys.stderr)
-    run = run or StagingRun.create(store, {"model": str(model), "target": spec.to_json(), "trials": trials})
-    done = run.trials_by_workload()
-    light_tensor_intrin(spec.kind)
-    if spec.is_cpu:
-        templates.register(spec.vector_bits())
-    sizes = {t.key: templates.space_size(t.mod, spec.vector_bits()) if t.family in templates.RULES else None
-             for t in todo}
-    progress = Progress(sum(max(0, min(trials, sizes[t.key] or trials) - done[t.key]) for t in todo), enabled=show)
-    builder, runner = make_builder(builder_timeout), make_runner(rpc)
-    cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
-    db = run.database()
-    # Tuned kernels are checked (and timed against the default) where they will run.
-    device = validate.LocalDevice() if rpc is None else validate.RPCDevice(rpc)
-    try:
-        with progress.catching_ctrl_c():
-            _tune_each(todo, sizes, trials, done, per_iter, spec, run, seed, builder, runner, db, cost_model, device,
-                       store, progress, results)
-    except BaseException:
-        run.release(remove=False)
-        print(f"[tune] stopped: the records measured so far are kept in {run.path}; "
-              "run again with --resume to continue", file=sys.stderr)
-        raise
-    run.release(remove=True)
-    return sum(results[t.name].status != "rejected" for t in todo)
+    def _open_run(self) -> StagingRun:
+        run = StagingRun.adopt(self.store) if self.resume else None
+        if self.resume and run is None:
+            print(f"[tune] nothing to resume in {self.store.path}: starting a new run", file=sys.stderr)
+        elif not self.resume and StagingRun.orphans(self.store):
+            print(f"[tune] {self.store.path} holds unfinished runs: --resume continues the newest", file=sys.stderr)
+        info = {"model": str(self.model), "target": self.spec.to_json(), "trials": self.trials}
+        return run or StagingRun.create(self.store, info)
 
+    def run(self, todo: list[Task], results: dict) -> int:
+        """Tune ``todo`` one task after the other; fill ``results``; return the records written."""
+        from tvm.s_tir import meta_schedule as ms
 
-def _tune_each(todo, sizes, trials, done, per_iter, spec, run, seed, builder, runner, db, cost_model, device,
-               store, progress, results):
-    from tvm.s_tir import meta_schedule as ms
+        from tvmfuse.schedules.x86 import templates
 
-    for i, task in enumerate(todo):
-        progress.begin_task(task.name, i + 1, len(todo))
-        size = sizes[task.key]
-        ctx = _context(task, spec, run, seed + i, size)
-        left = min(trials, size or trials) - done[task.key]
+        spec = self.spec
+        self.staging = self._open_run()
+        self.done = self.staging.trials_by_workload()
+        light_tensor_intrin(spec.kind)
+        if spec.is_cpu:
+            templates.register(spec.vector_bits())
+        self.sizes = {t.key: templates.space_size(t.mod, spec.vector_bits()) if t.family in templates.RULES
+                      else None for t in todo}
+        self.progress = Progress(sum(self._left(t) for t in todo), enabled=self.show)
+        self.builder, self.runner = make_builder(self.builder_timeout), make_runner(self.rpc)
+        self.cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
+        self.db = self.staging.database()
+        # Tuned kernels are checked (and timed against the default) where they will run.
+        self.device = validate.LocalDevice() if self.rpc is None else validate.RPCDevice(self.rpc)
+        try:
+            with self.progress.catching_ctrl_c():
+                for i, task in enumerate(todo):
+                    results[task.name] = self._tune_one(i, task, len(todo))
+                    if self.progress.stop_requested:
+                        raise KeyboardInterrupt
+        except BaseException:
+            self.staging.release(remove=False)
+            print(f"[tune] stopped: the records measured so far are kept in {self.staging.path}; "
+                  "run again with --resume to continue", file=sys.stderr)
+            raise
+        self.staging.release(remove=True)
+        return sum(results[t.name].status != "rejected" for t in todo)
+
+    def _left(self, task: Task) -> int:
+        """Trials still to measure: up to ``trials`` (or the template's whole space), minus staged ones."""
+        return max(0, min(self.trials, self.sizes[task.key] or self.trials) - self.done[task.key])
+
+    def _tune_one(self, index: int, task: Task, count: int) -> TaskResult:
+        from tvm.s_tir import meta_schedule as ms
+
+        self.progress.begin_task(task.name, index + 1, count)
+        ctx = _context(task, self.spec, self.staging, self.seed + index, self.sizes[task.key])
+        left = self._left(task)
         if left > 0:
-            ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(run.path), max_trials_global=left,
-                          max_trials_per_task=left, num_trials_per_iter=min(per_iter, left), builder=builder,
-                          runner=runner, database=db, cost_model=cost_model, task_scheduler="round-robin",
-                          measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default"))
-                          + [progress_callback(progress)])
-        progress.task_trials += done[task.key]
-        results[task.name] = _accept(task, ctx, db, store, spec, device, progress)
-        if progress.stop_requested:
-            raise KeyboardInterrupt
+            callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [progress_callback(self.progress)]
+            ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(self.staging.path), max_trials_global=left,
+                          max_trials_per_task=left, num_trials_per_iter=min(self.per_iter, left),
+                          builder=self.builder, runner=self.runner, database=self.db, cost_model=self.cost_model,
+                          task_scheduler="round-robin", measure_callbacks=callbacks)
+        self.progress.task_trials += self.done[task.key]
+        return _accept(task, ctx, self.db, self.store, self.spec, self.device, self.progress)
