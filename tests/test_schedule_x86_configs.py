@@ -106,9 +106,9 @@ def test_depthwise_default_config(args, expected):
 
 @pytest.mark.parametrize("args,expected", [
     # (n, k, lanes) -> up to 4 vectors of columns (any divisor, not a vector multiple), K unrolled by <= 4
-    ((48, 64, AVX2), dense.Config(24, 4)), ((1024, 512, AVX2), dense.Config(32, 4)),
-    ((1000, 1280, AVX2), dense.Config(25, 4)), ((1000, 1280, AVX512), dense.Config(50, 4)),
-    ((37, 10, AVX2), dense.Config(1, 2)), ((10, 7, AVX2), dense.Config(10, 1))])
+    ((48, 64, AVX2), dense.Config(24, 8)), ((1024, 512, AVX2), dense.Config(32, 8)),
+    ((1000, 1280, AVX2), dense.Config(40, 8)), ((1000, 1280, AVX512), dense.Config(50, 8)),
+    ((37, 10, AVX2), dense.Config(1, 5)), ((10, 7, AVX2), dense.Config(10, 7))])
 def test_dense_default_config(args, expected):
     assert dense.default_config(*args) == expected
 

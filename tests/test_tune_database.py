@@ -10,7 +10,7 @@ import pytest
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.runtime import random_inputs
-from tvmfuse.tune.database import RECORDS, WORKLOADS, LogStore, TuningLogError, target_key
+from tvmfuse.tune.database import RECORDS, WORKLOADS, LogStore, TuningLogError, default_root, target_key
 
 try:
     from .tune_helpers import HOST, MODEL, default_entry, task_of
@@ -144,3 +144,15 @@ def test_cli_compile_with_and_without_logs(tmp_path, entry, capsys):
     assert json.loads(out.with_suffix(".json").read_text())["tuning_logs"]["applied"] == ["tvmfuse_conv2d_relu"]
     assert main(["compile", str(model), "--target", "x86-host", "-o", str(out), "-q", "--no-logs"]) == 0
     assert json.loads(out.with_suffix(".json").read_text())["tuning_logs"] is None
+
+
+SHIPPED = LogStore(default_root(), HOST)
+
+
+@pytest.mark.skipif(not SHIPPED.path.exists(), reason=f"no shipped tuning logs for this CPU ({SHIPPED.path.name})")
+def test_shipped_logs_still_match_every_kernel_of_a_tuned_zoo_model():
+    # A change to a kernel's compute changes its workload hash and silently orphans the shipped records.
+    cm = tvmfuse.compile("zoo:mobilenet_v2", target=HOST)
+    kernels = [n for n in tvmfuse.export.kernel_names(cm.lowered) if n.startswith("tvmfuse_")]
+    assert cm.tuning_logs["skipped_lines"] == 0
+    assert set(kernels) <= set(cm.tuning_logs["applied"])

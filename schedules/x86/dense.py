@@ -23,8 +23,13 @@ class Config:
 
 
 def default_config(n: int, k: int, vector_lanes: int) -> Config:
-    """Up to 4 vectors of outputs per task; K unrolled by 4 where it divides."""
-    return Config(largest_divisor(n, 4 * vector_lanes), largest_divisor(k, 4))
+    """Up to 5 whole vectors of outputs per task (else the largest divisor of N up to 4 vectors); K unrolled by 8.
+
+    Whole vectors matter: N = 1000 split 25 wide streams 100-byte row pieces in 3 partial vectors, 1.5x slower
+    than 40 wide (measured on MobileNetV2's classifier, 1280 x 1000).
+    """
+    whole = [d for d in range(vector_lanes, 5 * vector_lanes + 1, vector_lanes) if n % d == 0]
+    return Config(whole[-1] if whole else largest_divisor(n, 4 * vector_lanes), largest_divisor(k, 8))
 
 
 def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
