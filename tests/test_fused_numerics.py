@@ -20,6 +20,7 @@ import tvmfuse
 from tvmfuse import frontend, targets
 from tvmfuse.passes.partition import composites
 from tvmfuse.passes.pipeline import canonicalize_passes
+from tvmfuse.schedules.compute import phase_split_pays
 
 from conftest import HOST, ort_run
 from helpers import make_model
@@ -180,6 +181,20 @@ CONV_CASES = [
     Conv(3, 6, (19, 19), 3, pads=P1, group=3, epilogue="none", tol=1e-5),  # unit tile: 19-pixel rows
 ]
 
+# Stride-2 depthwise read from an even/odd column split of the input (compute.phase_split_pays: 3x3 from
+# 28-wide outputs, 5x5 always): odd sizes, pads 0/1/2 (symmetric and EfficientNet's asymmetric), every epilogue.
+PHASE_SPLIT_CASES = [
+    Conv(3, 3, (9, 57), 3, stride=2, pads=P1, group=3, epilogue="relu6", tol=1e-5),
+    Conv(3, 3, (11, 59), 3, stride=2, pads=(0, 0, 1, 1), group=3, epilogue="relu", tol=1e-5),
+    Conv(5, 5, (9, 61), 3, stride=2, group=5, batch=2, epilogue="hardswish", tol=1e-5),
+    Conv(5, 5, (9, 57), 3, stride=2, pads=P1, group=5, epilogue="add_relu", tol=1e-5),
+    Conv(3, 3, (13, 13), 5, stride=2, pads=P2, group=3, epilogue="leakyrelu", tol=1e-5),
+    Conv(3, 6, (11, 15), 5, stride=2, pads=(1, 1, 2, 2), group=3, epilogue="sigmoid", tol=1e-5),
+    Conv(3, 3, (7, 9), 5, stride=2, pads=P1, group=3, epilogue="add", tol=1e-5),
+    Conv(3, 3, (15, 17), 5, stride=2, pads=P2, group=3, bias=False, epilogue="none", tol=1e-5),
+]
+CONV_CASES += PHASE_SPLIT_CASES
+
 DENSE_CASES = [
     Dense(1, 10, 7),
     Dense(3, 10, 17, epilogue="relu", gemm=True),
@@ -282,4 +297,9 @@ def test_grid_covers_the_brief():
     assert {c.epilogue for c in convs} == epilogues
     assert {c.epilogue for c in dws} == epilogues
     assert {c.epilogue for c in DENSE_CASES} == epilogues - {"add", "add_relu"}
+    split = [c for c in PHASE_SPLIT_CASES
+             if phase_split_pays(c.stride, c.dilation, c.out_shape()[3], c.k) and c.family == "depthwise_conv2d"]
+    assert split == PHASE_SPLIT_CASES
+    assert {c.k for c in split} == {3, 5} and {p for c in split for p in c.pads} == {0, 1, 2}
+    assert {c.epilogue for c in split} == epilogues and any(c.hw[1] % 2 for c in split)
     assert any(c.n % 16 for c in DENSE_CASES) and any(c.n % 8 for c in DENSE_CASES)

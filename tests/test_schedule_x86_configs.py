@@ -95,6 +95,12 @@ DW_DEFAULTS = [
     ((14, AVX2, 5, 2), D(14, "channel")),  # stride-2 5x5 keeps the per-channel plane
     ((7, AVX2, 3, 1), D(7, "channel")),
     ((31, AVX2, 3, 1), D(1, "channel")),  # prime width above 28: unit tile
+    # phase-split input (stride 2): per channel plane, one vector per tile for 3x3, two for 5x5
+    ((56, AVX2, 3, 2, True), D(8, "channel")),
+    ((32, AVX2, 3, 2, True), D(8, "channel")),  # 28-wide output computed 32 wide
+    ((56, AVX512, 3, 2, True), D(14, "channel")),
+    ((32, AVX2, 5, 2, True), D(16, "channel")),
+    ((8, AVX2, 5, 2, True), D(8, "channel")),
 ]
 
 

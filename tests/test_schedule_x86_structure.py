@@ -101,6 +101,40 @@ def test_depthwise_default_config_structure(dw_fn):
     assert s.shared_loops("PaddedInput", "DepthwiseConv2d_update") == 2
 
 
+@pytest.mark.parametrize("k,hw,out_w", [(3, 55, 28), (5, 15, 7)])
+def test_depthwise_stride2_reads_phase_split(k, hw, out_w):
+    """Stride 2 (3x3 from 28-wide outputs, 5x5 always): each tap reads an even/odd column split of the input."""
+    model, w, b = _conv_model(8, 8, hw, k, stride=2, pad=1, group=8, seed=k)
+    func = partition_compute(_partition_fn(model)).prim_func()
+    assert block_names(s_tir.Schedule(func))[:3] == ["PaddedInput", "PhaseSplit", "DepthwiseConv2d"]
+    cfg = depthwise_conv2d.default_config(out_w, AVX2, k, 2, phase_split=True)
+    assert cfg.pad_at == "channel" and cfg.ow_block > 1
+    out = depthwise_conv2d.apply(func, AVX2)
+    s = _check_tiled(out, func, "DepthwiseConv2d", cfg.ow_block, global_allowed=("PaddedInput", "PhaseSplit"))
+    # the taps read the split only; padding and split are built per channel plane before them
+    reads = {r.source.name for r in s.sch.get(s.blocks["DepthwiseConv2d_update"]).reads}
+    assert "PhaseSplit" in reads and "PaddedInput" not in reads
+    assert s.shared_loops("PaddedInput", "DepthwiseConv2d_update") == 1
+    assert s.shared_loops("PhaseSplit", "DepthwiseConv2d_update") == 1
+    # phase innermost and unrolled (LLVM turns the row into loads + shuffles); the window unrolled
+    phase = s.loops["PhaseSplit"][-1]
+    assert phase.kind == ForKind.UNROLLED and int(phase.extent) == 2
+    update = s.loops["DepthwiseConv2d_update"]
+    assert [l.kind for l in update[-3:]] == [ForKind.UNROLLED, ForKind.UNROLLED, ForKind.VECTORIZED]
+    half = out_w + k // 2  # phase columns: x + rx // 2 for x < out_w, rx < k
+    assert Structure(out).compacted_alloc()["PhaseSplit"][1] == [1, 1, hw + 2, 2, half]
+    x = np.random.default_rng(k).standard_normal((1, 8, hw, hw)).astype("float32")
+    ref = _ref_depthwise_relu(x, w, b, 2, 1)
+    np.testing.assert_allclose(_run(out, x, w, b.reshape(1, -1, 1, 1)), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_stride2_narrow_3x3_reads_input_directly(dw_fn):
+    """A 3x3 window over 14-wide outputs keeps the direct stride-2 read (the split did not pay there)."""
+    func = partition_compute(dw_fn).prim_func()
+    assert "PhaseSplit" not in block_names(s_tir.Schedule(func))
+    assert depthwise_conv2d.default_config(14, AVX2, 3, 2) == depthwise_conv2d.Config(14, "row")
+
+
 @pytest.mark.parametrize("cfg", [dense.Config(16, 4), dense.Config(48, 2), dense.Config(8, 1)],
                          ids=lambda c: f"n{c.n_block}k{c.k_unroll}")
 def test_dense_structure(dense_fn, cfg):

@@ -69,7 +69,8 @@ def _conv2d_config(sch, block, lanes: int) -> conv2d.Config:
 
 def _depthwise_config(sch, block, lanes: int) -> depthwise_conv2d.Config:
     _, _, _, ow, _, kernel = _extents(sch, block)
-    base = depthwise_conv2d.default_config(ow, lanes, kernel, depthwise_conv2d.stride_of(sch, ow, kernel))
+    base = depthwise_conv2d.default_config(ow, lanes, kernel, depthwise_conv2d.stride_of(sch, ow, kernel),
+                                           depthwise_conv2d.is_phase_split(sch))
     # Only split factors can be knobs: where the padding is built is a branch, fixed per trace.
     return dataclasses.replace(base, ow_block=_pick(sch, _divisors(ow, 32), base.ow_block))
 
