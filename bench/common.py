@@ -54,14 +54,17 @@ def ort_session(model):
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def compile_and_session(name: str, target: str):
-    """zoo model ``name`` compiled by tvmfuse, its onnxruntime session, seeded inputs, compile seconds."""
+def compile_and_session(name: str, target: str, logs=None):
+    """zoo model ``name`` compiled by tvmfuse, its onnxruntime session, seeded inputs, compile seconds.
+
+    ``logs`` as for ``tvmfuse.compile``: None applies the shipped tuning logs, False none.
+    """
     import tvmfuse
     from tvmfuse import zoo
 
     model = zoo.get(name)
     start = time.perf_counter()
-    cm = tvmfuse.compile(model, target=target)
+    cm = tvmfuse.compile(model, target=target, logs=logs)
     compile_s = time.perf_counter() - start
     return model, cm, ort_session(model), inputs_for(cm.inputs), compile_s
 

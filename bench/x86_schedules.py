@@ -67,7 +67,7 @@ def depthwise_row(target_name: str, bandwidth: float, repeat: int) -> dict:
 
 
 def model_row(name: str, target_name: str, repeat: int) -> dict:
-    _, cm, sess, x, compile_s = compile_and_session(name, target_name)
+    _, cm, sess, x, compile_s = compile_and_session(name, target_name, logs=False)
     ms = ours_vs_ort(cm, sess, x, repeat)
     return {"model": name, "onnxruntime ms": f"{ms['onnxruntime']:.2f}", "tvmfuse ms": f"{ms['tvmfuse']:.2f}",
             "tvmfuse / ORT": f"{ms['tvmfuse'] / ms['onnxruntime']:.2f}x", "compile s": f"{compile_s:.1f}"}

@@ -29,7 +29,7 @@ def measure(name: str, target: str, repeat: int) -> dict:
     _, cm, sess, x, compile_s = compile_and_session(name, target)
     ms = ours_vs_ort(cm, sess, x, repeat)
     return {"model": name, "onnxruntime ms": ms["onnxruntime"], "tvmfuse ms": ms["tvmfuse"],
-            "tvmfuse compile s": compile_s, "x": x}
+            "tvmfuse compile s": compile_s, "x": x, "tuned": len((cm.tuning_logs or {}).get("applied", []))}
 
 
 def measure_plain(name: str, target: str, x: dict, repeat: int) -> float:
@@ -55,7 +55,8 @@ def main(argv=None) -> int:
         ours, ort = r["tvmfuse ms"], r["onnxruntime ms"]
         rows.append({"model": name, "onnxruntime ms": f"{ort:.2f}", "tvmfuse ms": f"{ours:.2f}",
                      "plain TVM ms": f"{plain_ms:.1f}", "tvmfuse / ORT": f"{ours / ort:.2f}x",
-                     "plain TVM / ORT": f"{plain_ms / ort:.1f}x", "tvmfuse compile s": f"{r['tvmfuse compile s']:.1f}"})
+                     "plain TVM / ORT": f"{plain_ms / ort:.1f}x", "tvmfuse compile s": f"{r['tvmfuse compile s']:.1f}",
+                     "kernels from tuning logs": r["tuned"]})
     spec = targets.resolve(args.target)
     print(f"# yardstick: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
           f"{platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, TVM {tvm.__version__}")

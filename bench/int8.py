@@ -1,0 +1,145 @@
+"""INT8 vs FP32 latency, tvmfuse and onnxruntime, on zoo resnet50 and mobilenet_v2 at batch 1, in one run.
+
+    python bench/int8.py [--models resnet50,mobilenet_v2] [--target x86-host] [--repeat 20]
+                         [--calib-batches 4] [--method minmax]
+
+Five contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
+(common.interleaved_medians) on the same seeded input:
+
+- tvmfuse FP32: ``tvmfuse.compile``;
+- tvmfuse INT8: ``tvmfuse.quantize`` calibrated on a few seeded random batches (speed does not depend on the
+  data; accuracy is bench/int8_accuracy.py's subject);
+- onnxruntime FP32;
+- onnxruntime INT8: ``quantize_static`` in QDQ format, per channel, u8 activations / s8 weights, on the
+  model after onnxruntime's ``quant_pre_process`` (batch-norm folded), calibrated on the same batches;
+- tvmfuse on that onnxruntime QDQ model (``FuseQDQ`` maps its chains to the INT8 kernels).
+
+Prints a Markdown table: median ms per contender and the ratios tvmfuse INT8 / tvmfuse FP32, tvmfuse INT8 /
+onnxruntime INT8 and tvmfuse(ORT QDQ) / onnxruntime INT8 (lower is better). The header names the SIMD the
+INT8 kernels used: on a CPU without AVX512-VNNI they run the AVX2 step, not ``vpdpbusd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import THREADS, inputs_for, interleaved_medians, ort_session, table  # noqa: E402
+
+import onnx  # noqa: E402
+import tvm  # noqa: E402
+
+import tvmfuse  # noqa: E402
+from tvmfuse import targets, zoo  # noqa: E402
+
+DEFAULT_MODELS = ["resnet50", "mobilenet_v2"]
+
+
+class _Batches:
+    """onnxruntime's CalibrationDataReader protocol over a list of feed dicts."""
+
+    def __init__(self, batches: list[dict]):
+        self.batches, self.index = batches, 0
+
+    def get_next(self):
+        if self.index >= len(self.batches):
+            return None
+        self.index += 1
+        return self.batches[self.index - 1]
+
+
+def ort_qdq(model: onnx.ModelProto, batches: list[dict], workdir: Path) -> onnx.ModelProto:
+    """``model`` as onnxruntime users quantize it: pre-processed, then ``quantize_static`` QDQ per channel."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    src, prepared, out = workdir / "fp32.onnx", workdir / "prepared.onnx", workdir / "qdq.onnx"
+    onnx.save(model, src)
+    quant_pre_process(str(src), str(prepared), skip_symbolic_shape=True)
+    quantize_static(str(prepared), str(out), _Batches(batches), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return onnx.load(out)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def measure(name: str, target: str, repeat: int, calib_batches: int, method: str) -> dict:
+    """Build the five contenders of one model and time them alternately."""
+    model = zoo.get(name)
+    fp32, fp32_s = _timed(lambda: tvmfuse.compile(model, target=target))
+    batches = [inputs_for(fp32.inputs, seed=100 + i) for i in range(calib_batches)]
+    int8, int8_s = _timed(lambda: tvmfuse.quantize(model, calib=batches, method=method, target=target))
+    with tempfile.TemporaryDirectory() as tmp:
+        qdq = ort_qdq(model, batches, Path(tmp))
+    imported, imported_s = _timed(lambda: tvmfuse.compile(qdq, target=target))
+    x = inputs_for(fp32.inputs)
+    ort_fp32, ort_int8 = ort_session(model), ort_session(qdq)
+    ms = interleaved_medians({
+        "tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x),
+        "ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
+        "tvmfuse(ORT QDQ)": lambda: imported.run(x)}, repeat)
+    quant, qdq_report = int8.quantization, imported.record.qdq
+    on_int8 = qdq_report.get("int8_kernels", 0)
+    return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s),
+            "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
+            "qdq kernels": f"{on_int8}/{on_int8 + len(qdq_report.get('kept_float', []))}"}
+
+
+def _row(r: dict) -> dict:
+    ms = r["ms"]
+    fp32, int8, ort_fp32, ort_int8, imported = (ms[k] for k in ("tvmfuse FP32", "tvmfuse INT8", "ORT FP32",
+                                                              "ORT INT8", "tvmfuse(ORT QDQ)"))
+    return {"model": r["model"], "tvmfuse FP32 ms": f"{fp32:.2f}", "tvmfuse INT8 ms": f"{int8:.2f}",
+            "ORT FP32 ms": f"{ort_fp32:.2f}", "ORT INT8 ms": f"{ort_int8:.2f}",
+            "tvmfuse(ORT QDQ) ms": f"{imported:.2f}", "INT8/FP32 tvmfuse": f"{int8 / fp32:.2f}x",
+            "tvmfuse INT8 / ORT INT8": f"{int8 / ort_int8:.2f}x",
+            "tvmfuse(ORT QDQ) / ORT INT8": f"{imported / ort_int8:.2f}x",
+            "ORT INT8/FP32": f"{ort_int8 / ort_fp32:.2f}x",
+            "INT8 partitions": r["int8 partitions"], "QDQ chains on INT8": r["qdq kernels"],
+            "compile s (FP32/INT8/QDQ)": "/".join(f"{s:.0f}" for s in r["compile s"])}
+
+
+def _simd(spec: targets.TargetSpec) -> str:
+    feats = spec.features()
+    if "avx512vnni" in feats:
+        return "AVX512-VNNI (vpdpbusd)"
+    if "avx2" in feats:
+        return "AVX2 (no VNNI on this target: the INT8 kernels use the exact AVX2 u8 x s8 step)"
+    return "no AVX2 (generic INT8 loops)"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    p.add_argument("--target", default="x86-host", help="a target this CPU runs (default x86-host)")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--calib-batches", type=int, default=4)
+    p.add_argument("--method", default="minmax", help="tvmfuse calibration method (minmax, entropy, percentile)")
+    args = p.parse_args(argv)
+    spec = targets.resolve(args.target)
+    rows = [_row(measure(m, args.target, args.repeat, args.calib_batches, args.method))
+            for m in args.models.split(",")]
+    print(f"# INT8 bench: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
+          f"INT8 on {_simd(spec)}; {platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, "
+          f"TVM {tvm.__version__}, onnxruntime {_ort_version()}")
+    print(table(rows, list(rows[0])))
+    return 0
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
