@@ -5,6 +5,8 @@ INT8 kernels of :mod:`tvmfuse.schedules.int8` can compute it, and if not, why. :
 the kernel and its constant arguments from the calibrated quantization parameters, all in numpy at compile
 time: weights quantized per output channel (:func:`tvmfuse.quant.params.weight_params`) and packed for
 VNNI, the bias quantized to int32 with the input zero point folded in, requantize multipliers in float32.
+A partition taken from a quantized model (:mod:`.qdq`) carries the model's own int8 weight, scales and int32
+bias (:class:`QuantizedWeight`), which are used as they are instead of being derived from the float weight.
 """
 
 from __future__ import annotations
@@ -26,6 +28,29 @@ from .utils import const_array
 OPAQUE = 8
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
 INT8_ACTIVATIONS = ("relu", "clip")  # epilogue activations the INT8 kernels apply (as clips)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight the model quantized itself (a QDQ model): used as is, never re-quantized.
+
+    Attributes
+    ----------
+    codes : numpy.ndarray
+        int8, output channel first (OIHW, depthwise ``[C, 1, kh, kw]``, dense ``[N, K]``), zero point 0; -128
+        is allowed (every kernel step is exact with it: VNNI adds u8 x s8 products in int32, the AVX2 step
+        widens to int16 before ``vpmaddwd``, depthwise works in int32).
+    scale : numpy.ndarray
+        float32 ``[O]``, one scale per output channel.
+    bias_codes, bias_scale : numpy.ndarray or None
+        The model's int32 bias and its float32 scale per channel; used as is when the scale is the
+        ``s_x * s_w[o]`` the kernel accumulates in (ONNX Runtime's convention), re-quantized otherwise.
+    """
+
+    codes: np.ndarray
+    scale: np.ndarray
+    bias_codes: np.ndarray | None = None
+    bias_scale: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +76,8 @@ class Int8Partition:
     out_shape : tuple of int
     ops : list of str
         The partition's Relax ops, in order (recorded on the kernel).
+    quantized : QuantizedWeight or None
+        The model's own quantized weight and bias (QDQ models); None to quantize ``weight`` and ``bias``.
     """
 
     composite: str
@@ -63,6 +90,7 @@ class Int8Partition:
     conv: dict
     out_shape: tuple
     ops: list
+    quantized: QuantizedWeight | None = None
 
 
 def _ints(values) -> list[int]:
@@ -84,8 +112,8 @@ def per_channel(bias: np.ndarray, out_shape) -> np.ndarray | None:
     return np.broadcast_to(bias.reshape(-1), (channels,)).astype(np.float32)
 
 
-def _family(call) -> tuple[str | None, str | None]:
-    """(INT8 family, None) for a supported anchor, (None, why not) otherwise."""
+def anchor_family(call) -> tuple[str | None, str | None]:
+    """(INT8 family, None) for a supported anchor (conv2d or matmul call), (None, why not) otherwise."""
     if call.op.name == "relax.matmul":
         return "dense", None
     groups = int(call.attrs.groups)
@@ -100,7 +128,8 @@ def _family(call) -> tuple[str | None, str | None]:
     return None, f"grouped conv2d (groups={groups}) has no INT8 kernel"
 
 
-def _clip_bounds(call) -> tuple:
+def clip_bounds(call) -> tuple:
+    """A ``relax.clip`` call's bounds as real values; None for an infinite one."""
     lo, hi = (float(v.value) for v in call.args[1:3])
     return (lo if np.isfinite(lo) else None), (hi if np.isfinite(hi) else None)
 
@@ -131,7 +160,7 @@ def _read_epilogue(bindings: list, index: dict, args, out_shape) -> tuple[dict |
         elif name == "relax.nn.relu" and found["clip"] is None:
             found["clip"] = (0.0, None)
         elif name == "relax.clip" and found["clip"] is None:
-            found["clip"] = _clip_bounds(call)
+            found["clip"] = clip_bounds(call)
         else:
             return None, f"epilogue op {_short(name)} has no INT8 kernel"
         prev = binding.var
@@ -153,7 +182,7 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     anchor = bindings[0].value if bindings else None
     if anchor is None or getattr(anchor.op, "name", "") not in ANCHORS:
         return None, "no conv2d or dense anchor"
-    family, why = _family(anchor)
+    family, why = anchor_family(anchor)
     if family is None:
         return None, why
     index = {param: i for i, param in enumerate(fn.params)}
@@ -175,11 +204,49 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
 
 def _quantized_weight(part: Int8Partition) -> tuple[np.ndarray, QuantParams]:
     """The int8 weight, output channel first (OIHW, ``[C, 1, kh, kw]``, dense ``[N, K]``), and its parameters."""
+    if part.quantized is not None:
+        scale = np.asarray(part.quantized.scale, np.float32)
+        return part.quantized.codes, QuantParams(scale, np.zeros(scale.shape, np.int32), "int8", axis=0)
     if part.family == "dense":
         params = weight_params(part.weight, axis=1)
         return np.ascontiguousarray(params.quantize(part.weight).T), params
     params = weight_params(part.weight, axis=0)
     return params.quantize(part.weight), params
+
+
+def _int32_bias(part: Int8Partition, s_x: float, wparams: QuantParams) -> np.ndarray | None:
+    """The bias in the accumulator's units ``s_x * s_w[o]``: the model's codes when they are in those units."""
+    if part.bias is None:
+        return None
+    params = bias_params(s_x, wparams, axis=0)
+    q = part.quantized
+    if q is not None and q.bias_codes is not None and np.allclose(q.bias_scale, params.scale, rtol=1e-6, atol=0):
+        return np.asarray(q.bias_codes, np.int32)
+    return params.quantize(part.bias)
+
+
+def _pack(pack, weight: np.ndarray) -> np.ndarray:
+    """``pack(weight)``, also for a model's weight holding -128, which the packers refuse.
+
+    Packing moves values and fills with zeros, so it commutes with subtracting a 0/1 mask of the -128s.
+    """
+    low = weight == -128
+    if not low.any():
+        return pack(weight)
+    packed = pack(np.maximum(weight, -127).astype(np.int8)).astype(np.int16) - pack(low.astype(np.int8))
+    return packed.astype(np.int8)
+
+
+def model_multiplier(input_scale: float, weight_scales, output_scale: float | None = None) -> np.ndarray:
+    """``M[o] = s_x * s_w[o] / s_y`` for a quantized model's own scales, in float32 operations as ONNX
+    Runtime's QLinearConv / QLinearMatMul compute it (``s_x * s_w[o]`` for a float32 output).
+
+    It can be one ulp away from :func:`int8_ref.requant_multiplier` (float64, rounded once); that moves an
+    output lying within ~1e-7 of a rounding tie by one code, so following the runtime the model was made
+    for keeps the results equal to it.
+    """
+    m = np.float32(input_scale) * np.asarray(weight_scales, np.float32).reshape(-1)
+    return (m if output_scale is None else m / np.float32(output_scale)).astype(np.float32)
 
 
 def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParams | None) -> int8.Epilogue:
@@ -192,9 +259,9 @@ def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParam
     if out is None:
         return int8.Epilogue("float32", 0, lo, hi, res)
     zy, sy = int(out.zero_point), float(out.scale)
-    # The clip moves into the code domain; Epilogue.bounds() intersects it with [0, 255].
+    # The clip moves into the code domain; Epilogue.bounds() intersects it with the dtype's range.
     code = (lambda v: None if v is None else float(zy + round(v / sy)))
-    return int8.Epilogue("uint8", zy, code(lo), code(hi), res)
+    return int8.Epilogue(out.dtype, zy, code(lo), code(hi), res)
 
 
 def _layout(family: str) -> str:
@@ -217,8 +284,9 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
                    residual: QuantParams | None = None) -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
-    ``x``, ``out`` and ``residual`` are the uint8 parameters of the data, the output (None: float32 output,
-    dequantized in the epilogue) and the residual operand (None: no residual).
+    ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
+    output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
+    residual).
 
     Raises
     ------
@@ -227,13 +295,16 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     """
     s_x, za = float(x.scale), int(x.zero_point)
     wq, wparams = _quantized_weight(part)
-    bias = None if part.bias is None else bias_params(s_x, wparams, axis=0).quantize(part.bias)
-    folded = int8_ref.fold_zero_point(bias, wq, za)
-    multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, None if out is None else float(out.scale))
+    folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za)
+    s_y = None if out is None else float(out.scale)
+    if part.quantized is not None:
+        multiplier = model_multiplier(s_x, wparams.scale, s_y)
+    else:
+        multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
     if part.family == "conv2d":
-        packed = int8_ref.pack_conv2d_weight(wq)
+        packed = _pack(int8_ref.pack_conv2d_weight, wq)
     elif part.family == "dense":
-        packed = int8_ref.pack_dense_weight(wq)
+        packed = _pack(int8_ref.pack_dense_weight, wq)
     else:
         packed = wq
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za)
@@ -249,7 +320,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     data_shape : sequence of int
         Shape of the data tensor.
     x, out, residual : QuantParams or None
-        As in :func:`int8_constants`: the kernel takes the uint8 codes of the data (and of the residual).
+        As in :func:`int8_constants`: the kernel takes the uint8 codes of the data (and the codes of the
+        residual, in ``residual.dtype``).
 
     Returns
     -------
@@ -272,7 +344,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
                te.placeholder((channels,), "float32", name="multiplier")]
     res = None
     if part.residual is not None:
-        res = te.placeholder(part.out_shape, "uint8", name="residual")
+        res = te.placeholder(part.out_shape, residual.dtype, name="residual")
         tensors.append(res)
     common = {"input_zero_point": c.input_zero_point, "epilogue": c.epilogue}
     if part.family == "conv2d":

@@ -20,22 +20,31 @@ class PassRecord:
     kernels : dict
         Kernel (PrimFunc) name -> (the partition's Relax function it was lowered from,
         {parameter index: oc_block} of weights the kernel takes pre-packed).
+    qdq : dict
+        What ``FuseQDQ`` did with a quantized (QDQ) model: ``int8_kernels`` and ``kept_float`` (anchor, op,
+        reason), see :func:`tvmfuse.passes.qdq.FuseQDQ`.
     """
 
     partitioned: object = None
     rejections: dict = dataclasses.field(default_factory=dict)
     kernels: dict = dataclasses.field(default_factory=dict)
+    qdq: dict = dataclasses.field(default_factory=dict)
 
 
-def canonicalize_passes() -> list:
-    """Fold constants, restore R.clip, fold batch-norm into convs: the shapes the patterns expect."""
+def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None) -> list:
+    """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, fold batch-norm into convs: the shapes
+    the patterns expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
     from .fold_bn import FoldBatchNorm
+    from .qdq import FuseQDQ
 
-    # CanonicalizeClip first: it folds the importer's Clip guards cheaply before FoldConstant sees them.
-    return [CanonicalizeClip, relax.transform.FoldConstant(), FoldBatchNorm, relax.transform.FoldConstant()]
+    # CanonicalizeClip first: it folds the importer's Clip guards cheaply before FoldConstant sees them, and
+    # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
+    # dequantize(int8 weight) of every QDQ chain into a float constant.
+    return [CanonicalizeClip, FuseQDQ(spec, qdq_report), relax.transform.FoldConstant(), FoldBatchNorm,
+            relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
@@ -52,7 +61,7 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
 
     record = record if record is not None else PassRecord()
     with target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(canonicalize_passes(), name="tvmfuse.Canonicalize")(mod)
+        mod = tvm.transform.Sequential(canonicalize_passes(spec, record.qdq), name="tvmfuse.Canonicalize")(mod)
         if not partition:
             return mod
         mod = Partition(record.rejections)(mod)

@@ -2,7 +2,7 @@
 dequantize only at the borders of INT8 regions.
 
 Runs on the partitioned module (after ``Partition``, before ``LowerPartitions``) with a calibration table
-keyed like :func:`tvmfuse.quant.collect.observed_tensors`. A partition call becomes one ``call_tir`` to an
+keyed like :func:`tvmfuse.quant.keys.observed_tensors`. A partition call becomes one ``call_tir`` to an
 INT8 kernel (:mod:`.int8_kernels`) when its anchor and epilogue have one (conv2d with groups = 1, depthwise
 conv2d, dense; bias, relu, clip, residual add) and the table holds its input, output and residual tensors.
 Everything else stays FP32 and is lowered as usual.
@@ -27,6 +27,7 @@ from tvm import relax
 
 from tvmfuse.schedules.int8 import Int8KernelError
 
+from ..quant.keys import observed_tensors
 from ..quant.params import QuantParams, activation_params
 from ..targets import TargetSpec
 from .int8_kernels import Int8Partition, analyze, int8_constants, make_int8_kernel
@@ -205,7 +206,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
     Parameters
     ----------
     table : CalibrationTable
-        Calibrated ranges keyed like :func:`tvmfuse.quant.collect.observed_tensors` on this module.
+        Calibrated ranges keyed like :func:`tvmfuse.quant.keys.observed_tensors` on this module.
     spec : TargetSpec or None
         The target (None: a CPU target). ``ScheduleKernels`` schedules the INT8 kernels for CPU targets after
         fusion; on other targets every partition stays FP32.
@@ -222,9 +223,6 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
 
     @tvm.transform.module_pass(opt_level=0, name="QuantizeGraph")
     def _quantize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        # The keys calibration observed; collect.py imports nothing of the compile path at module level.
-        from ..quant.collect import observed_tensors
-
         keys = {var: key for key, var in observed_tensors(mod)}
         sites = _find_sites(mod, table, keys)
         if spec is not None and not spec.is_cpu:

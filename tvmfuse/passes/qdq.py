@@ -1,0 +1,400 @@
+"""FuseQDQ: the QDQ chains of a quantized ONNX model become INT8 kernels, with the model's own parameters.
+
+A model quantized in QDQ format (ONNX Runtime's ``quantize_static(..., quant_format=QuantFormat.QDQ)``, or
+QLinearConv / QLinearMatMul rewritten by :mod:`tvmfuse.frontend.qlinear`) imports as float ops between
+``relax.dequantize`` and ``relax.quantize``. Each chain ::
+
+    dequantize(x codes) -> conv2d | matmul      weight: [permute_dims] dequantize(int8 constant)
+        [-> add bias]                           constant, or [reshape] dequantize(int32 constant)
+        [-> add dequantize(residual codes)] [-> relu | clip] -> quantize(y)
+
+becomes one ``call_tir`` to the INT8 kernel of :mod:`.int8_kernels` (conv2d, depthwise conv2d, dense) that
+reads the codes of x and writes the codes of y. The model's weight codes, per-channel weight scales, int32
+bias and activation scales and zero points are used as they are; nothing is calibrated. The epilogue order
+is the kernel's (bias, residual, activation); an activation before the residual add stays float.
+
+Where it runs: first thing in canonicalize, right after CanonicalizeClip (so relu6 is one ``relax.clip``)
+and before FoldConstant, which would fold ``dequantize(weight constant)`` into a float constant and erase the
+chain. The chains are walked by hand from each conv2d / matmul rather than matched with FuseOpsByPattern:
+one walk covers the optional pieces (bias with or without reshape, Gemm's transposed weight, residual in
+either operand order, activation) and names the reason whenever a candidate is refused.
+
+Conventions (those of :mod:`tvmfuse.schedules.int8`) and what stays float. A refused chain keeps today's
+path, quantize / dequantize around float ops, which computes the model's own semantics, only slower; the
+reason goes to the report.
+
+- Activations: uint8 codes (ONNX Runtime's default) go straight in. int8 codes are shifted by +128 into
+  uint8 with the zero point + 128 (exact: the same integers), and an int8 quantize is written by the
+  kernel directly. Per-channel activation parameters stay float.
+- Weights: int8, zero point 0, per tensor or per output channel. -128 is accepted: every kernel step is exact
+  with it (VNNI sums u8 x s8 in int32; the AVX2 step widens to int16 before ``vpmaddwd``, pair sums reach
+  2 * 255 * 128, far inside int32; depthwise multiplies in int32). uint8 weights, a zero point != 0, and
+  scales along an axis other than the output channels stay float.
+- Bias: the model's int32 codes are used when their scale is ``s_x * s_w[o]`` (ONNX Runtime's convention),
+  otherwise the bias is re-quantized to that scale.
+- Rounding: the kernels round half to even, as ONNX QuantizeLinear does. They requantize the exact int32 sum
+  once with ``M = s_x * s_w / s_y`` computed in float32 in ONNX Runtime's order
+  (:func:`.int8_kernels.model_multiplier`), so they match ONNX Runtime's QLinearConv / QLinearMatMul bit for
+  bit (where its AVX2 kernel does not saturate); the float simulation sums dequantized products in float32
+  instead, so it can differ from both by one code next to a rounding boundary.
+- Every result inside a chain must be read only by the next op of the chain.
+
+Ops between chains (a residual add of two dequantized tensors, pooling) keep their quantize / dequantize
+around float ops. ONNX Runtime fuses those into QLinearAdd / QLinearGlobalAveragePool with fixed-point
+rounding of its own, so a whole QDQ model can end a code or two away from ONNX Runtime's output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvmfuse.schedules.int8 import Int8KernelError
+
+from ..quant.params import QuantParams, QuantParamsError
+from ..targets import TargetSpec
+from .int8_kernels import Int8Partition, QuantizedWeight, anchor_family, clip_bounds, make_int8_kernel, per_channel
+from .utils import const_array
+
+ANCHORS = {"relax.nn.conv2d": "conv2d", "relax.matmul": "matmul"}
+CODES = ("uint8", "int8")
+SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
+
+
+class QDQWarning(UserWarning):
+    """Quantized conv2d / matmul chains of the model stay float (correct, slower); the message says why."""
+
+
+class _Refused(Exception):
+    """A chain the INT8 kernels cannot compute; the message says why (recorded, never raised to callers)."""
+
+
+def _op(expr) -> str:
+    op = getattr(expr, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else ""
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]
+
+
+@dataclasses.dataclass
+class _Chain:
+    """One matched chain: the INT8 kernel, its constants, and the tensors it reads."""
+
+    end: relax.Var  # bound to the quantize the kernel replaces
+    data: relax.Var  # codes of x
+    data_dtype: str
+    residual: relax.Var | None
+    kernel: tvm.tirx.PrimFunc
+    constants: list
+    out_type: relax.TensorType
+    name: str
+
+
+class _Graph:
+    """Bindings of ``main``: var -> (block index, bound value), and var -> the vars of the bindings reading it
+    (None for the function's result)."""
+
+    def __init__(self, func: relax.Function):
+        self.bound: dict = {}
+        self.users: dict = {}
+        for index, block in enumerate(func.body.blocks):
+            for binding in block.bindings:
+                self.bound[binding.var] = (index, binding.value)
+                for var in relax.analysis.free_vars(binding.value):
+                    self.users.setdefault(var, []).append(binding.var)
+        for var in relax.analysis.free_vars(func.body.body):
+            self.users.setdefault(var, []).append(None)
+
+    def value(self, expr):
+        """The value bound to ``expr`` when it is a var of ``main``, else ``expr`` itself."""
+        return self.bound[expr][1] if isinstance(expr, relax.Var) and expr in self.bound else expr
+
+    def next_binding(self, var, anchor_name: str):
+        """The one binding that reads ``var``, in the same block."""
+        users = self.users.get(var, [])
+        if None in users:
+            raise _Refused(f"{var.name} (inside the chain after {anchor_name}) is a model output")
+        if len(users) != 1:
+            raise _Refused(f"{var.name} (inside the chain after {anchor_name}) is read by {len(users)} ops")
+        if self.bound[users[0]][0] != self.bound[var][0]:
+            raise _Refused(f"{var.name} is read in another dataflow block")
+        return users[0], self.bound[users[0]][1]
+
+
+def _qparams(call, dtype: str, what: str) -> QuantParams:
+    """Per-tensor parameters of a quantize / dequantize call whose scale and zero point are constants."""
+    scale, zero_point = const_array(call.args[1]), const_array(call.args[2])
+    if scale is None or zero_point is None:
+        raise _Refused(f"{what}: scale or zero point is not a constant")
+    if scale.size != 1 or zero_point.size != 1:
+        raise _Refused(f"{what}: quantized per channel (the kernels take per-tensor activations)")
+    if dtype not in CODES:
+        raise _Refused(f"{what}: {dtype} codes (the kernels take uint8 or int8)")
+    try:
+        return QuantParams(float(scale.reshape(())), int(zero_point.reshape(())), dtype)
+    except QuantParamsError as e:
+        raise _Refused(f"{what}: {e}") from None
+
+
+def _codes_of(graph: _Graph, expr, what: str) -> tuple[relax.Var, QuantParams]:
+    """(codes var, parameters) of ``expr`` = dequantize(codes var)."""
+    call = graph.value(expr)
+    if _op(call) != "relax.dequantize" or not isinstance(call.args[0], relax.Var):
+        raise _Refused(f"{what} is not dequantized from codes")
+    return call.args[0], _qparams(call, str(call.args[0].ty.dtype), what)
+
+
+def _weight(graph: _Graph, expr, family: str) -> QuantizedWeight:
+    """The model's int8 weight, output channel first, and its scale per output channel."""
+    call, transposed = graph.value(expr), False
+    if family == "dense" and _op(call) == "relax.permute_dims":
+        if call.attrs.axes is None or _ints(call.attrs.axes) != [1, 0]:
+            raise _Refused("the weight's permute_dims is not a transpose")
+        call, transposed = graph.value(call.args[0]), True
+    codes = const_array(call.args[0]) if _op(call) == "relax.dequantize" else None
+    if codes is None:
+        raise _Refused("the weight is not a dequantized constant")
+    scale, zero_point = const_array(call.args[1]), const_array(call.args[2])
+    if scale is None or zero_point is None:
+        raise _Refused("the weight's scale or zero point is not a constant")
+    if codes.dtype != np.int8:
+        raise _Refused(f"{codes.dtype} weight (the kernels take int8 weights)")
+    if np.any(zero_point != 0):
+        raise _Refused("weight zero point is not 0 (the kernels take symmetric weights)")
+    out_axis = 1 if family == "dense" and not transposed else 0  # matmul's weight is [K, N]
+    channels = codes.shape[out_axis]
+    if scale.size == 1:
+        scale = np.full(channels, float(scale.reshape(())), np.float32)
+    elif int(call.attrs.axis) % codes.ndim != out_axis or scale.size != channels:
+        raise _Refused(f"weight scales along axis {int(call.attrs.axis)}, not per output channel")
+    return QuantizedWeight(np.ascontiguousarray(np.moveaxis(codes, out_axis, 0)), scale.astype(np.float32))
+
+
+def _bias(graph: _Graph, expr, out_shape) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+    """(float bias per channel, int32 codes, their scale) of a bias operand; None when ``expr`` is none."""
+    node, shape = graph.value(expr), None
+    if _op(node) == "relax.reshape":
+        shape, node = _ints(node.ty.shape), graph.value(node.args[0])
+    codes = scale = None
+    if _op(node) == "relax.dequantize":
+        codes, scale, zero_point = (const_array(a) for a in node.args)
+        if codes is None or scale is None or zero_point is None:
+            return None
+        axis = int(node.attrs.axis) % max(codes.ndim, 1)
+        broadcast = [1] * codes.ndim
+        if scale.size > 1:
+            broadcast[axis] = -1
+        value = (codes.astype(np.float64) - zero_point.reshape(broadcast)) * scale.reshape(broadcast)
+        if codes.dtype != np.int32 or np.any(zero_point != 0) or codes.ndim != 1:
+            codes = None  # used through its float value only
+    else:
+        value = const_array(node)
+        if value is None:
+            return None
+    bias = per_channel(value.reshape(shape) if shape is not None else value, out_shape)
+    if bias is None:
+        raise _Refused(f"bias of shape {value.shape} is not one value per output channel")
+    if codes is None or codes.size != bias.size:
+        return bias, None, None
+    return bias, codes, np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), codes.shape).copy()
+
+
+def _check_anchor(anchor, family: str) -> None:
+    if family == "dense":
+        if len(anchor.args[0].ty.shape) != 2 or len(anchor.args[1].ty.shape) != 2:
+            raise _Refused(f"matmul of a rank-{len(anchor.args[0].ty.shape)} input (the INT8 dense is 2-D)")
+        return
+    a = anchor.attrs
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW"):
+        raise _Refused(f"conv2d layout {a.data_layout}/{a.kernel_layout} (the kernels take NCHW/OIHW)")
+
+
+@dataclasses.dataclass
+class _Epilogue:
+    """What the walk from the anchor to the quantize found."""
+
+    bias: tuple | None = None
+    residual: tuple | None = None  # (codes var, QuantParams)
+    clip: tuple | None = None
+    ops: list = dataclasses.field(default_factory=list)
+    stage: int = 0  # 1 after the bias, 2 after the residual, 3 after the activation: the kernel's order
+
+
+def _read_add(graph: _Graph, call, prev, found: _Epilogue, out_shape) -> None:
+    other = call.args[1] if call.args[0].same_as(prev) else call.args[0]
+    bias = _bias(graph, other, out_shape) if found.stage < 1 else None
+    if bias is not None:
+        found.bias, found.stage = bias, 1
+        return
+    if found.stage >= 2:
+        raise _Refused("an add after the residual add or the activation")
+    if _ints(other.ty.shape) != list(out_shape):
+        raise _Refused(f"residual operand of shape {_ints(other.ty.shape)} for an output of shape {list(out_shape)}")
+    found.residual, found.stage = _codes_of(graph, other, "the residual operand"), 2
+
+
+def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax.Var, object]:
+    """Follow the anchor's result to its quantize; returns the epilogue, the quantize's var and call."""
+    found, prev = _Epilogue(), anchor_var
+    out_shape = _ints(anchor_var.ty.shape)
+    while True:
+        var, call = graph.next_binding(prev, anchor_name)
+        name = _op(call)
+        if name == "relax.quantize":
+            if not call.args[0].same_as(prev):
+                raise _Refused(f"{prev.name} is a quantize parameter")
+            return found, var, call
+        found.ops.append(name.replace("relax.nn.", "").replace("relax.", "") or type(call).__name__)
+        if name == "relax.add":
+            _read_add(graph, call, prev, found, out_shape)
+        elif name in ("relax.nn.relu", "relax.clip") and found.stage < 3:
+            found.clip = (0.0, None) if name == "relax.nn.relu" else clip_bounds(call)
+            found.stage = 3
+        else:
+            raise _Refused(f"{found.ops[-1]} between {anchor_name} and its quantize has no INT8 kernel")
+        prev = var
+
+
+def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
+    """The chain starting at ``anchor`` as an INT8 kernel, or _Refused."""
+    kind = ANCHORS[anchor.op.name]
+    family, why = anchor_family(anchor)
+    if family is None:
+        raise _Refused(why)
+    _check_anchor(anchor, family)
+    data, x = _codes_of(graph, anchor.args[0], "the input")
+    weight = _weight(graph, anchor.args[1], family)
+    found, end, quantize = _walk(graph, anchor_var, kind)
+    out = _qparams(quantize, str(quantize.attrs.out_dtype), "the output quantize")
+    bias, bias_codes, bias_scale = found.bias if found.bias is not None else (None, None, None)
+    weight = dataclasses.replace(weight, bias_codes=bias_codes, bias_scale=bias_scale)
+    out_shape = tuple(_ints(end.ty.shape))
+    conv = {}
+    if family != "dense":
+        a = anchor.attrs
+        conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
+    shape = [1] * weight.codes.ndim
+    shape[0] = -1
+    real = weight.codes.astype(np.float32) * weight.scale.reshape(shape)
+    composite = "tvmfuse.qdq_" + "_".join([family] + found.ops)
+    # data / residual: positions in the kernel call (data, weight, bias, multiplier[, residual]).
+    part = Int8Partition(composite, family, 0, 4 if found.residual else None,
+                         real.T if family == "dense" else real, bias, found.clip, conv, out_shape,
+                         [kind] + found.ops, weight)
+    if x.dtype == "int8":
+        x = QuantParams(x.scale, x.zero_point + SHIFT, "uint8")
+    residual, res = found.residual if found.residual is not None else (None, None)
+    try:
+        kernel, constants = make_int8_kernel(part, _ints(data.ty.shape), x, out, res)
+    except (Int8KernelError, QuantParamsError) as e:
+        raise _Refused(str(e)) from None
+    return _Chain(end, data, str(data.ty.dtype), residual, kernel, constants,
+                  relax.TensorType(list(out_shape), out.dtype), composite.replace("tvmfuse.", "tvmfuse_int8_"))
+
+
+@relax.expr_functor.mutator
+class _Rewrite(relax.PyExprMutator):
+    """Binds each chain's quantize var to its kernel call; the float chain is left dead for DCE."""
+
+    def __init__(self, mod: tvm.IRModule, chains: dict):
+        super().__init__(mod)
+        self.chains = chains
+        self.shifted: dict = {}
+
+    def visit_dataflow_block_(self, block):
+        self.shifted = {}  # shifted codes are DataflowVars of the block they were emitted in
+        return super().visit_dataflow_block_(block)
+
+    def _uint8(self, var, dtype: str):
+        """The uint8 codes of ``var``: itself, or int8 codes + 128 (emitted once per block)."""
+        codes = self.visit_expr(var)
+        if dtype == "uint8":
+            return codes
+        if var not in self.shifted:
+            wide = self.builder_.emit(relax.op.astype(codes, "int16"), var.name + "_i16")
+            up = self.builder_.emit(relax.op.add(wide, relax.const(SHIFT, "int16")), var.name + "_shift")
+            self.shifted[var] = self.builder_.emit(relax.op.astype(up, "uint8"), var.name + "_u8")
+        return self.shifted[var]
+
+    def visit_var_binding_(self, binding):
+        chain = self.chains.get(binding.var)
+        if chain is None:
+            super().visit_var_binding_(binding)
+            return
+        args = [self._uint8(chain.data, chain.data_dtype)] + chain.constants
+        if chain.residual is not None:
+            args.append(self.visit_expr(chain.residual))
+        gv = self.builder_.add_func(chain.kernel, chain.name)
+        value = self.builder_.normalize(relax.call_tir(gv, args, chain.out_type))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+
+def _dequantized(graph: _Graph, expr) -> bool:
+    value = graph.value(expr)
+    if _op(value) == "relax.permute_dims":
+        value = graph.value(value.args[0])
+    return _op(value) == "relax.dequantize"
+
+
+def _candidates(graph: _Graph, func: relax.Function) -> list:
+    """(var, call) of every conv2d / matmul reading a dequantized input or weight."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if _op(call) in ANCHORS and any(_dequantized(graph, a) for a in call.args[:2]):
+                found.append((binding.var, call))
+    return found
+
+
+def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
+    """The pass mapping QDQ chains of ``main`` to INT8 kernels.
+
+    Parameters
+    ----------
+    spec : TargetSpec or None
+        The compile target (None: a CPU target). The INT8 kernels are scheduled for CPU targets only; on other
+        targets every chain stays float.
+    report : dict, optional
+        Receives ``int8_kernels`` (chains replaced) and ``kept_float``: one ``{"anchor", "op", "reason"}``
+        per conv2d / matmul reading dequantized tensors that stays float.
+
+    Warns
+    -----
+    QDQWarning
+        When some of those stay float, naming the first few and why.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="FuseQDQ")
+    def _fuse(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        func = mod["main"]
+        graph = _Graph(func)
+        chains, kept = {}, []
+        for var, call in _candidates(graph, func):
+            try:
+                if spec is not None and not spec.is_cpu:
+                    raise _Refused(f"INT8 kernels are scheduled for CPU targets only, not {spec.name}")
+                chain = _match(graph, var, call)
+                chains[chain.end] = chain
+            except _Refused as e:
+                kept.append({"anchor": var.name, "op": ANCHORS[call.op.name], "reason": str(e)})
+        if report is not None:
+            report.update({"int8_kernels": len(chains), "kept_float": kept})
+        if kept:
+            reasons = "; ".join(f"{k['op']} {k['anchor']}: {k['reason']}" for k in kept[:3])
+            more = "; ..." if len(kept) > 3 else ""
+            warnings.warn(f"FuseQDQ: {len(kept)} of {len(kept) + len(chains)} quantized conv2d/matmul stay float "
+                          f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
+        if not chains:
+            return mod
+        rewrite = _Rewrite(mod, chains)
+        rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
+
+    return _fuse
