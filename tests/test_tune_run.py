@@ -58,7 +58,8 @@ tune(onnx.load(sys.argv[1]), "x86-host", trials=int(sys.argv[3]), logs=sys.argv[
 
 def _start(model_path, logs, trials, resume):
     return subprocess.Popen([sys.executable, "-c", SCRIPT, str(model_path), str(logs), str(trials),
-                             "1" if resume else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "1" if resume else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group: kill -9 reaches its workers too
 
 
 def _staged(store):
@@ -82,7 +83,7 @@ def test_interrupted_runs_keep_their_records_and_resume(tmp_path):
     # kill -9 mid-run: the run folder keeps every measured batch.
     proc = _start(model_path, tmp_path / "logs", 12, resume=False)
     _wait_for_records(proc, store, 4)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)  # the tuner and its builder/runner processes, as a killed shell job
     proc.wait()
     after_kill = _staged(store)
     assert after_kill >= 4 and record_lines(store.path) == []
