@@ -68,3 +68,23 @@ def largest_divisor(n: int, cap: int, multiple_of: int = 1) -> int:
 
 def lanes(vector_bits: int, dtype_bits: int = 32) -> int:
     return vector_bits // dtype_bits
+
+
+def depthwise_row_tiles(sch: s_tir.Schedule, anchor, epilogue, loops, ow_block: int):
+    """The depthwise row kernel shared by the FP32 and INT8 rules; returns the parallel channel loop.
+
+    ``loops`` are the anchor's ``(n, c, oh, ow, ry, rx)``: rows are computed ``ow_block`` outputs at a time
+    in vector registers with the window unrolled, the epilogue applied to the registers, channels in parallel.
+    """
+    n, c, oh, ow, ry, rx = loops
+    ow_o, ow_i = sch.split(ow, [None, ow_block])
+    sch.reorder(n, c, oh, ow_o, ry, rx, ow_i)
+    sch.unroll(ry)
+    sch.unroll(rx)
+    sch.vectorize(ow_i)
+    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
+    vectorize_tile(sch, consumer, ow_o)
+    channel = sch.fuse(n, c)
+    sch.parallel(channel)
+    return channel, ow_o
+

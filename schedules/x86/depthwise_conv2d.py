@@ -11,7 +11,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
 from ..compute import PHASE_SPLIT
 
 ANCHOR = "DepthwiseConv2d"
@@ -86,15 +86,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     for name in names[:names.index(ANCHOR)]:
         if name.startswith("T_reshape"):  # the (C*M,1,kh,kw) -> (C,M,kh,kw) filter view
             sch.compute_inline(sch.get_sblock(name))
-    ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
-    sch.reorder(n, c, oh, ow_o, ry, rx, ow_i)
-    sch.unroll(ry)
-    sch.unroll(rx)
-    sch.vectorize(ow_i)
-    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    vectorize_tile(sch, consumer, ow_o)
-    channel = sch.fuse(n, c)
-    sch.parallel(channel)
+    channel, ow_o = depthwise_row_tiles(sch, anchor, epilogue, loops, cfg.ow_block)
     if PHASE_SPLIT in names:
         _place_phase_split(sch, channel if cfg.pad_at == "channel" else oh)
     pad = sch.get_sblock("PaddedInput")

@@ -13,7 +13,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from .. import int8
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
 
 ANCHOR = int8.ANCHOR["depthwise_conv2d"]
 PAD = int8.PAD["depthwise_conv2d"]
@@ -64,15 +64,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, config: Config | None = None
     if int(sch.get(ow).extent) % cfg.ow_block:
         return False
     epilogue = inline_epilogue(sch, ANCHOR)
-    ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
-    sch.reorder(n, c, oh, ow_o, ry, rx, ow_i)
-    sch.unroll(ry)
-    sch.unroll(rx)
-    sch.vectorize(ow_i)
-    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    vectorize_tile(sch, consumer, ow_o)
-    channel = sch.fuse(n, c)
-    sch.parallel(channel)
+    channel, ow_o = depthwise_row_tiles(sch, anchor, epilogue, loops, cfg.ow_block)
     pad = sch.get_sblock(PAD)
     sch.compute_at(pad, channel)
     sch.vectorize(sch.get_loops(pad)[-1])
