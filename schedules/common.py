@@ -88,3 +88,14 @@ def depthwise_row_tiles(sch: s_tir.Schedule, anchor, epilogue, loops, ow_block: 
     sch.parallel(channel)
     return channel, ow_o
 
+
+def anchor_loops(sch: s_tir.Schedule, anchor: str, depth: int, needs: tuple = ()):
+    """``(anchor block, its loops)`` when ``sch`` has block ``anchor`` with ``depth`` loops and every block
+    in ``needs``; None otherwise (the rule does not match, ``sch`` untouched)."""
+    names = block_names(sch)
+    if anchor not in names or any(n not in names for n in needs):
+        return None
+    block = sch.get_sblock(anchor)
+    loops = sch.get_loops(block)
+    return (block, loops) if len(loops) == depth else None
+

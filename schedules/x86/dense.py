@@ -11,7 +11,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import accumulate_in_registers, anchor_loops, inline_epilogue, largest_divisor, vectorize_tile
 
 ANCHOR = "T_matmul_NN"
 
@@ -40,13 +40,10 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
 
 def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place (also the body of the MetaSchedule template); False if no match."""
-    if ANCHOR not in block_names(sch):
+    match = anchor_loops(sch, ANCHOR, 3)
+    if match is None:
         return False
-    anchor = sch.get_sblock(ANCHOR)
-    loops = sch.get_loops(anchor)
-    if len(loops) != 3:
-        return False
-    i, j, k = loops
+    anchor, (i, j, k) = match
     cfg = config or default_config(int(sch.get(j).extent), int(sch.get(k).extent), vector_lanes)
     epilogue = inline_epilogue(sch, ANCHOR)
     j_o, j_i = sch.split(j, [None, cfg.n_block])

@@ -11,7 +11,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import anchor_loops, block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
 from ..compute import PHASE_SPLIT
 
 ANCHOR = "DepthwiseConv2d"
@@ -71,13 +71,11 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) 
 
 def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place (also the body of the MetaSchedule template); False if no match."""
+    match = anchor_loops(sch, ANCHOR, 6, needs=("PaddedInput",))
+    if match is None:
+        return False
+    anchor, loops = match
     names = block_names(sch)
-    if ANCHOR not in names or "PaddedInput" not in names:
-        return False
-    anchor = sch.get_sblock(ANCHOR)
-    loops = sch.get_loops(anchor)
-    if len(loops) != 6:
-        return False
     n, c, oh, ow, ry, rx = loops
     out_width, kernel = int(sch.get(ow).extent), int(sch.get(rx).extent)
     cfg = config or default_config(out_width, vector_lanes, kernel, stride_of(sch, out_width, kernel),

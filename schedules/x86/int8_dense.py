@@ -13,7 +13,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from .. import int8
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import anchor_loops, accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
 from ..intrin import vnni
 from .int8_conv2d import accumulators, dot_kind
 
@@ -48,13 +48,10 @@ def apply(func: tirx.PrimFunc, vector_bits: int, has_vnni: bool, config: Config 
 def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
     names = block_names(sch)
-    if ANCHOR not in names:
+    match = anchor_loops(sch, ANCHOR, 3)
+    if match is None:
         return False
-    anchor = sch.get_sblock(ANCHOR)
-    loops = sch.get_loops(anchor)
-    if len(loops) != 3:
-        return False
-    i, j, k = loops
+    anchor, (i, j, k) = match
     m, features = int(sch.get(i).extent), int(sch.get(j).extent)
     if features % int8.BLOCK_O or int(sch.get(k).extent) % int8.BLOCK_I:
         return False

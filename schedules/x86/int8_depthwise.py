@@ -13,7 +13,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from .. import int8
-from ..common import block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import anchor_loops, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
 
 ANCHOR = int8.ANCHOR["depthwise_conv2d"]
 PAD = int8.PAD["depthwise_conv2d"]
@@ -52,13 +52,10 @@ def apply(func: tirx.PrimFunc, vector_bits: int, has_vnni: bool = False,
 
 def schedule(sch: s_tir.Schedule, vector_bits: int, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
-    names = block_names(sch)
-    if ANCHOR not in names or PAD not in names:
+    match = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
+    if match is None:
         return False
-    anchor = sch.get_sblock(ANCHOR)
-    loops = sch.get_loops(anchor)
-    if len(loops) != 6:
-        return False
+    anchor, loops = match
     n, c, oh, ow, ry, rx = loops
     cfg = config or default_config(int(sch.get(ow).extent), vector_bits)
     if int(sch.get(ow).extent) % cfg.ow_block:
