@@ -12,6 +12,8 @@ import functools
 import tvm
 from tvm import relax, te, topi
 
+from . import blocked
+
 # Block names of the anchor stage, per family (the schedules look them up by name).
 ANCHOR_BLOCK = {"conv2d": "conv2d_nchw", "group_conv2d": "group_conv2d_nchw",
                 "depthwise_conv2d": "DepthwiseConv2d", "dense": "T_matmul_NN"}
@@ -172,9 +174,9 @@ class PartitionCompute:
 
     inputs: list  # te placeholders, one per composite parameter, in parameter order
     output: te.Tensor
-    family: str  # conv2d | group_conv2d | depthwise_conv2d | dense
+    family: str  # conv2d | group_conv2d | depthwise_conv2d | dense, or conv2d_nchwc | depthwise_conv2d_nchwc
     ops: list[str]  # Relax ops covered, in order
-    packed: dict  # parameter index -> oc_block of a weight the kernel reads packed (see pack_weight)
+    layout: blocked.KernelLayout  # how parameters and output differ from the partition function's
 
     def prim_func(self) -> tvm.tirx.PrimFunc:
         return te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
@@ -199,28 +201,92 @@ def anchor_call(fn: relax.Function):
     return None
 
 
-def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: int | None = None) -> PartitionCompute:
+def _param_index(fn: relax.Function, var) -> int | None:
+    found = [i for i, p in enumerate(fn.params) if p.same_as(var)]
+    return found[0] if found else None
+
+
+def blockable(fn: relax.Function, lanes: int) -> bool:
+    """Whether the partition can run in NCHW[b]c (:mod:`blocked`): a conv2d or multiplier-1 depthwise
+    conv2d with a parameter weight, whose output channels have a block."""
+    anchor = anchor_call(fn)
+    if anchor is None or not isinstance(anchor.args[1], relax.Var) or _family(anchor) not in (
+            "conv2d", "depthwise_conv2d"):
+        return False
+    out_channels = int(anchor.ty.shape[1])
+    if _family(anchor) == "depthwise_conv2d" and int(anchor.args[1].ty.shape[0]) != int(anchor.args[0].ty.shape[1]):
+        return False
+    return blocked.block_for(out_channels, lanes) is not None and isinstance(anchor.args[0], relax.Var)
+
+
+def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
+    out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
+    data, weight = _param_index(fn, anchor.args[0]), _param_index(fn, anchor.args[1])
+    if _family(anchor) == "conv2d":
+        packing = ("conv", blocks.get(data, 1), out_block)
+    else:
+        if blocks.get(data) != out_block:
+            raise ValueError("a blocked depthwise kernel needs its input blocked like its output")
+        packing = ("depthwise", out_block)
+    return blocked.KernelLayout({weight: packing}, blocks, out_block)
+
+
+def _placeholder_shape(shape: list[int], index: int, layout: blocked.KernelLayout) -> list[int]:
+    if index in layout.activations:
+        return blocked.blocked_shape(shape, layout.activations[index])
+    if index not in layout.weights:
+        return shape
+    kind, *b = layout.weights[index]
+    o, i, h, w = shape
+    if kind == "oc":
+        return [o // b[0], i, h, w, b[0]]
+    if kind == "conv":
+        return [o // b[1], i // b[0], h, w, b[0], b[1]]
+    return [o // b[0], h, w, b[0]]
+
+
+def _blocked_ops(out_block: int) -> dict:
+    """TE_OPS for a blocked kernel: the anchor from :mod:`blocked`, epilogue operands seen blocked."""
+
+    def conv(call, data, weight):
+        a = call.attrs
+        args = (_ints(a.strides), _ints(a.padding), _ints(a.dilation))
+        if int(a.groups) == 1:
+            return blocked.conv2d(data, weight, *args, call.ty.dtype)
+        return blocked.depthwise_conv2d(data, weight, *args)
+
+    def epilogue(op):
+        return lambda call, *args: op(call, *[blocked.blocked_view(a, out_block) for a in args])
+
+    return dict({name: epilogue(op) for name, op in TE_OPS.items()}, **{"relax.nn.conv2d": conv})
+
+
+def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: int | None = None,
+                      blocks: dict | None = None) -> PartitionCompute:
     """Interpret a composite function's body with TE (parameters become placeholders).
 
-    With ``oc_block``, a groups == 1 conv2d reads its weight parameter packed by :func:`pack_weight`; with
-    ``lanes``, depthwise rows are computed in whole vectors of that many elements.
+    NCHW (``blocks`` None): with ``oc_block``, a groups == 1 conv2d reads its weight parameter packed by
+    :func:`pack_weight`; with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
+    Blocked (``blocks``: parameter index -> block of each activation passed NCHW[b]c, see :func:`blockable`):
+    the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``.
     """
     anchor = anchor_call(fn)
-    packed = {}
-    if oc_block and anchor is not None and _family(anchor) == "conv2d" and isinstance(anchor.args[1], relax.Var):
-        index = [i for i, p in enumerate(fn.params) if p.same_as(anchor.args[1])]
-        if index and int(anchor.args[1].ty.shape[0]) % oc_block == 0:
-            packed[index[0]] = oc_block
+    if blocks is not None:
+        layout = _blocked_layout(fn, anchor, blocks, lanes)
+        te_ops = _blocked_ops(layout.out_block)
+    else:
+        layout = blocked.KernelLayout()
+        weight = _param_index(fn, anchor.args[1]) if anchor is not None else None
+        if oc_block and weight is not None and _family(anchor) == "conv2d" and \
+                int(anchor.args[1].ty.shape[0]) % oc_block == 0:
+            layout.weights[weight] = ("oc", oc_block)
+        # The conv2d entry learns the vector width (depthwise rows are computed in whole vectors).
+        te_ops = dict(TE_OPS, **{"relax.nn.conv2d": functools.partial(_conv2d, lanes=lanes)})
     env, inputs = {}, []
     for i, p in enumerate(fn.params):
-        shape = _ints(p.ty.shape)
-        if i in packed:
-            shape = [shape[0] // packed[i], shape[1], shape[2], shape[3], packed[i]]
-        t = te.placeholder(shape, p.ty.dtype, name=f"p{i}")
+        t = te.placeholder(_placeholder_shape(_ints(p.ty.shape), i, layout), p.ty.dtype, name=f"p{i}")
         env[p] = t
         inputs.append(t)
-    # The conv2d entry learns the vector width (depthwise rows are computed in whole vectors).
-    te_ops = dict(TE_OPS, **{"relax.nn.conv2d": functools.partial(_conv2d, lanes=lanes)})
     ops, family = [], None
     for block in fn.body.blocks:
         for binding in block.bindings:
@@ -229,8 +295,8 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
             if name not in te_ops:
                 raise NotImplementedError(f"no TE compute for {name} in partition")
             if family is None and name in ("relax.nn.conv2d", "relax.matmul"):
-                family = _family(call)
+                family = _family(call) + ("_nchwc" if layout.blocked else "")
             args = [env[a] for a in call.args if isinstance(a, relax.Var)]
             env[binding.var] = te_ops[name](call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
-    return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops, packed)
+    return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops, layout)

@@ -14,7 +14,6 @@ from typing import Mapping
 
 import numpy as np
 
-from tvmfuse.schedules.compute import unpack_weight
 
 from .errors import TargetError, TvmfuseError
 
@@ -74,9 +73,8 @@ def run_checked(cm, inputs: Mapping[str, np.ndarray], rtol: float = 1e-4, atol: 
         runner._vm.set_instrument(lambda *a: 0)
     target, refs, results = cm.target.tvm_target(), {}, []
     for symbol, arrays in calls:
-        fn, packed = kernels[symbol]
-        for index in packed:  # the reference takes the weight in its original OIHW layout
-            arrays[index] = unpack_weight(arrays[index])
+        fn, layout = kernels[symbol]
+        arrays = layout.plain(arrays)  # the reference takes OIHW weights and NCHW activations
         if symbol not in refs:
             refs[symbol] = _reference(fn, target)
         expected = refs[symbol]["main"](*[tvm.runtime.tensor(a) for a in arrays[:-1]]).numpy()

@@ -17,10 +17,11 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..common import block_names
-from . import conv2d, dense, depthwise_conv2d
+from . import conv2d, conv2d_nchwc, dense, depthwise_conv2d, depthwise_nchwc
 
 PREFIX = "tvmfuse.x86."
-RULES = {"conv2d": conv2d, "depthwise_conv2d": depthwise_conv2d, "dense": dense}
+RULES = {"conv2d": conv2d, "depthwise_conv2d": depthwise_conv2d, "dense": dense, "conv2d_nchwc": conv2d_nchwc,
+         "depthwise_conv2d_nchwc": depthwise_nchwc}
 
 
 def rule_name(family: str) -> str:
@@ -83,7 +84,26 @@ def _dense_config(sch, block, lanes: int) -> dense.Config:
     return dense.Config(n_block, k_unroll)
 
 
-CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config}
+def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
+    _, out_blocks, _, ow, _, _, _, _, in_block = _extents(sch, block)
+    base = conv2d_nchwc.default_config(out_blocks, ow, lanes)
+    # Channel vectors and row pixels are sampled independently; a pair past the register file spills and
+    # simply measures slow.
+    budget = conv2d_nchwc.accumulators(lanes)
+    oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
+    ow_block = _pick(sch, _divisors(ow, budget), base.ow_block)
+    ic_unroll = _pick(sch, _divisors(in_block, 8), base.ic_unroll)
+    return conv2d_nchwc.Config(oc_vectors, ow_block, ic_unroll)
+
+
+def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
+    base = depthwise_nchwc.default_config(*depthwise_nchwc.widths(sch))
+    ow = _extents(sch, block)[3]
+    return dataclasses.replace(base, ow_block=_pick(sch, _divisors(ow, 16), base.ow_block))
+
+
+CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
+           "conv2d_nchwc": _conv2d_nchwc_config, "depthwise_conv2d_nchwc": _depthwise_nchwc_config}
 
 
 def template(family: str, vector_lanes: int):

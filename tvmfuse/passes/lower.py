@@ -10,9 +10,11 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.compute import pack_weight, partition_compute
+from tvmfuse.schedules.blocked import KernelLayout, block_for, blocked_shape, to_blocked, to_plain
+from tvmfuse.schedules.compute import anchor_call, blockable, partition_compute
 
 from ..targets import TargetSpec
+from .layout import layout_kernel
 from .partition import is_partition
 from .utils import const_array
 
@@ -25,22 +27,26 @@ def kernel_name(partition: str) -> str:
     return partition.replace(".", "_")
 
 
-def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = True) -> tuple[tvm.tirx.PrimFunc, dict]:
+def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = True,
+                blocks: dict | None = None) -> tuple[tvm.tirx.PrimFunc, KernelLayout]:
     """The fused PrimFunc for one partition function.
 
     On CPU targets the anchor block is marked for its MetaSchedule template (the mark is part of the
     kernel's identity in tuning logs). With ``schedule`` the kernel also gets the target's default schedule;
     LowerPartitions passes False and leaves scheduling to ``ScheduleKernels``, after tuning logs are applied.
+    ``blocks`` (CPU only) makes a blocked kernel: parameter index -> block of each activation passed
+    NCHW[b]c (see :func:`tvmfuse.schedules.compute.partition_compute`).
 
-    Returns the kernel and ``{parameter index: oc_block}`` for weights it reads pre-packed.
+    Returns the kernel and how its parameters and output differ from ``fn``'s (packed weights, blocked
+    activations).
     """
     oc_block, lanes = None, None
     if spec is not None and spec.is_cpu:
         from tvmfuse.schedules import x86
 
-        oc_block = x86.weight_block(fn, spec.vector_bits())
         lanes = spec.vector_bits() // 32
-    pc = partition_compute(fn, oc_block, lanes)
+        oc_block = x86.weight_block(fn, spec.vector_bits()) if blocks is None else None
+    pc = partition_compute(fn, oc_block, lanes, blocks)
     func = pc.prim_func()
     if spec is not None and spec.is_cpu:
         from tvmfuse.schedules.x86 import templates
@@ -49,56 +55,118 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = Tr
         if schedule:
             func = x86.schedule(func, pc.family, spec.vector_bits())
     name = str(fn.attrs["Composite"])
-    layout = "NCHW" if pc.family != "dense" else "NC"
-    if pc.packed:
-        layout += f", weight OIHW{next(iter(pc.packed.values()))}o"
+    layout = pc.layout.describe() if pc.family != "dense" else "NC"
     return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family, "tvmfuse.layout": layout,
-                            "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.packed
+                            "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.layout
 
 
-def _pack_args(args: list, packed: dict) -> list:
+def _pack_args(args: list, layout: KernelLayout) -> list:
     """Call arguments with the weights the kernel reads packed, packed in numpy at compile time.
 
     Every anchor pattern requires a constant weight and the partition keeps it a call argument
     (``bind_constants=False``), so the weight is always a constant here.
     """
     args = list(args)
-    for index, oc_block in packed.items():
-        args[index] = relax.const(pack_weight(const_array(args[index]), oc_block))
+    for index in layout.weights:
+        args[index] = relax.const(layout.pack(index, const_array(args[index])))
     return args
+
+
+def _is_activation(arg) -> bool:
+    return isinstance(arg, relax.Var) and len(getattr(arg.ty, "shape", None) or []) == 4
 
 
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None):
+    """Partition calls -> ``call_tir``; on CPU, blockable partitions (see ``compute.blockable``) keep their
+    activations NCHW[b]c between them, with a layout transform only where a plain tensor is needed: the
+    NCHW value of every blocked output is bound to the original variable, read by whatever is not a blocked
+    kernel, and removed as dead code when nothing is."""
+
+    def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None, blocked: bool):
         super().__init__(mod)
         self.mod_, self.spec, self.record = mod, spec, record
+        self.lanes = spec.vector_bits() // 32 if blocked and spec is not None and spec.is_cpu else None
+        self.blocked_of = {}  # plain NCHW var -> the NCHW[b]c var it was made from (or made into)
 
-    def visit_call_(self, call):
-        call = super().visit_call_(call)
-        if not isinstance(call.op, tvm.ir.GlobalVar):
-            return call
-        fn = self.mod_[call.op]
-        if not is_partition(fn):
-            return call
-        kernel, packed = make_kernel(fn, self.spec, schedule=False)
-        args = _pack_args(call.args, packed)
+    def _partition(self, call):
+        if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar):
+            fn = self.mod_[call.op]
+            if is_partition(fn):
+                return fn
+        return None
+
+    def _kernel(self, fn, args, blocks=None):
+        kernel, layout = make_kernel(fn, self.spec, schedule=False, blocks=blocks)
         gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
         if self.record is not None:
-            self.record[gv.name_hint] = (fn, packed)
-        return relax.call_tir(gv, args, fn.ret_ty)
+            self.record[gv.name_hint] = (fn, layout)
+        return gv, _pack_args(args, layout), layout
+
+    def _transform(self, compute, arg, out_shape):
+        func = layout_kernel(compute, arg.ty)
+        gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
+        return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))
+
+    def _as_blocked(self, arg):
+        """``arg`` (a plain NCHW activation) in NCHW[b]c, transformed once; None when it has no block."""
+        if arg in self.blocked_of:
+            return self.blocked_of[arg]
+        block = block_for(int(arg.ty.shape[1]), self.lanes)
+        if block is None:
+            return None
+        shape = blocked_shape(arg.ty.shape, block)
+        var = self.builder_.emit(self._transform(lambda t: to_blocked(t, block), arg, shape))
+        self.blocked_of[arg] = var
+        return var
+
+    def _blocked_args(self, fn, args):
+        """(args, blocks): activations passed NCHW[b]c where the kernel benefits; a conv2d reads a plain
+        input directly (the stem), depthwise inputs and residuals are blocked (transformed if they are not)."""
+        anchor = anchor_call(fn)
+        data = [i for i, p in enumerate(fn.params) if p.same_as(anchor.args[0])][0]
+        depthwise = int(anchor.attrs.groups) != 1
+        args, blocks = list(args), {}
+        for i, arg in enumerate(args):
+            if not _is_activation(arg):
+                continue
+            blocked = self.blocked_of.get(arg) if i == data and not depthwise else self._as_blocked(arg)
+            if blocked is not None:
+                args[i], blocks[i] = blocked, int(blocked.ty.shape[4])
+        return args, blocks
+
+    def _bind(self, var, value):
+        """Bind ``value`` to the original variable: its readers, in this block or after it, stay valid."""
+        self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
+
+    def visit_var_binding_(self, binding):
+        fn = self._partition(binding.value)
+        if fn is None:
+            return super().visit_var_binding_(binding)
+        args = [self.visit_expr(a) for a in binding.value.args]
+        if self.lanes is None or not blockable(fn, self.lanes):
+            gv, args, _ = self._kernel(fn, args)
+            return self._bind(binding.var, relax.call_tir(gv, args, fn.ret_ty))
+        args, blocks = self._blocked_args(fn, args)
+        gv, args, layout = self._kernel(fn, args, blocks)
+        shape = blocked_shape(fn.ret_ty.shape, layout.out_block)
+        out = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(shape, fn.ret_ty.dtype)))
+        self._bind(binding.var, self._transform(to_plain, out, fn.ret_ty.shape))
+        self.blocked_of[binding.var] = out
 
 
-def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
+def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None,  # noqa: N802
+                    blocked: bool = True) -> tvm.transform.Pass:
     """Lower every partition call to ``call_tir``; the partition functions are then dropped.
 
-    ``record`` (optional dict) receives kernel name -> (the partition function it came from,
-    {parameter index: oc_block} of the weights passed pre-packed).
+    ``record`` (optional dict) receives kernel name -> (the partition function it came from, its
+    :class:`~tvmfuse.schedules.blocked.KernelLayout`). ``blocked`` (CPU targets): chain blockable
+    partitions in NCHW[b]c; False keeps every kernel NCHW.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="LowerPartitions")
     def _lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        lower = _Lower(mod, spec, record)
+        lower = _Lower(mod, spec, record, blocked)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not is_partition(func):
                 lower.builder_.update_func(gv, lower.visit_expr(func))

@@ -1,0 +1,190 @@
+"""TE computes for the blocked channel layout NCHW[b]c (activations ``[N, C/b, H, W, b]``).
+
+With ``b`` the target's float32 vector width, the ``b`` channels of one pixel are one vector: a conv2d
+output tile is stored with whole-vector stores straight from its accumulators, a depthwise tap is one
+vector load whatever the stride or row width, and a 1x1 conv's input channels are read in cache-line
+runs. MKL-DNN and TVM's old x86 conv2d used the same layout.
+
+- Weights are packed once at compile time: conv2d ``OIHW -> [O/bo, I/bi, kh, kw, bi, bo]`` (``bi = 1``
+  when the kernel reads NCHW input, e.g. the stem), depthwise ``[C, 1, kh, kw] -> [C/b, kh, kw, b]``.
+- Epilogue operands in NCHW (bias ``(1, C, 1, 1)``, a residual left NCHW) are read through inlined
+  views, so the epilogue ops of the partition body apply unchanged.
+- :func:`to_blocked` / :func:`to_plain` are the layout transforms the lowering inserts at partition
+  boundaries where a plain NCHW tensor is needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, topi
+
+CONV_ANCHOR = "conv2d_NCHWc"
+DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
+TO_BLOCKED = "to_blocked"
+TO_PLAIN = "to_plain"
+
+
+def block_for(channels: int, lanes: int) -> int | None:
+    """The channel block of a ``channels``-channel activation: a whole vector, or 8 (half a 512-bit
+    vector) when ``channels`` is not a multiple of the vector width; None keeps the tensor NCHW."""
+    for block in (lanes, 8):
+        if block <= lanes and channels % block == 0:
+            return block
+    return None
+
+
+def blocked_shape(shape, block: int) -> list[int]:
+    n, c, h, w = (int(d) for d in shape)
+    return [n, c // block, h, w, block]
+
+
+def pack_conv_weight(weight: np.ndarray, in_block: int, out_block: int) -> np.ndarray:
+    """OIHW -> ``[O/out_block, I/in_block, kh, kw, in_block, out_block]``."""
+    o, i, h, w = weight.shape
+    return np.ascontiguousarray(
+        weight.reshape(o // out_block, out_block, i // in_block, in_block, h, w).transpose(0, 2, 4, 5, 3, 1))
+
+
+def unpack_conv_weight(packed: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_conv_weight`."""
+    ob, ib, h, w, bi, bo = packed.shape
+    return packed.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, h, w)
+
+
+def pack_depthwise_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """``[C, 1, kh, kw] -> [C/block, kh, kw, block]``."""
+    c, _, h, w = weight.shape
+    return np.ascontiguousarray(weight.reshape(c // block, block, h, w).transpose(0, 2, 3, 1))
+
+
+def _out_size(size: int, before: int, after: int, kernel: int, stride: int, dilation: int) -> int:
+    return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32"):
+    """conv2d (groups 1) from NCHW (4-D) or NCHW[bi]c (5-D) ``data`` to NCHW[bo]c.
+
+    ``weight`` is packed by :func:`pack_conv_weight` (``bi = 1`` for 4-D data).
+    """
+    out_blocks, in_blocks, kh, kw, bi, bo = (int(d) for d in weight.shape)
+    blocked_in = len(data.shape) == 5
+    n, h, w = int(data.shape[0]), int(data.shape[2]), int(data.shape[3])
+    top, left, bottom, right = padding
+    if any(padding):
+        pads = ([0, 0, top, left, 0], [0, 0, bottom, right, 0]) if blocked_in else \
+            ([0, 0, top, left], [0, 0, bottom, right])
+        data = topi.nn.pad(data, *pads, name="pad_temp")
+    out_h = _out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = _out_size(w, left, right, kw, strides[1], dilation[1])
+    rco, rci = te.reduce_axis((0, in_blocks), "rco"), te.reduce_axis((0, bi), "rci")
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def read(b, y, x):
+        iy, ix = y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1]
+        return data[b, rco, iy, ix, rci] if blocked_in else data[b, rco * bi + rci, iy, ix]
+
+    return te.compute(
+        (n, out_blocks, out_h, out_w, bo),
+        lambda b, ob, y, x, i: te.sum(read(b, y, x).astype(out_dtype) * weight[ob, rco, ry, rx, rci, i].astype(out_dtype),
+                                      axis=[rco, ry, rx, rci]),
+        name=CONV_ANCHOR)
+
+
+def depthwise_conv2d(data, weight, strides, padding, dilation):
+    """Depthwise conv2d (multiplier 1) from NCHW[b]c to NCHW[b]c; ``weight`` from :func:`pack_depthwise_weight`."""
+    n, blocks, h, w, block = (int(d) for d in data.shape)
+    _, kh, kw, _ = (int(d) for d in weight.shape)
+    top, left, bottom, right = padding
+    padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="PaddedInput")
+    out_h = _out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = _out_size(w, left, right, kw, strides[1], dilation[1])
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (n, blocks, out_h, out_w, block),
+        lambda b, c, y, x, i: te.sum(
+            padded[b, c, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], i] * weight[c, ry, rx, i],
+            axis=[ry, rx]),
+        name=DEPTHWISE_ANCHOR)
+
+
+def blocked_view(tensor, block: int):
+    """An operand of NCHW rank 1-4 (an activation, or a broadcast constant like a ``(1, C, 1, 1)`` bias)
+    seen as NCHW[block]c under NumPy broadcasting; scalars and 5-D tensors are returned as they are."""
+    rank = len(tensor.shape)
+    if rank in (0, 5):
+        return tensor
+    n, c, h, w = [1] * (4 - rank) + [int(d) for d in tensor.shape]
+    blocks, inner = (c // block, block) if c > 1 else (1, 1)
+
+    def read(b, cb, y, x, i):
+        index = [b if n > 1 else 0, cb * block + i if c > 1 else 0, y if h > 1 else 0, x if w > 1 else 0]
+        return tensor[tuple(index[4 - rank:])]
+
+    return te.compute((n, blocks, h, w, inner), read, name="T_blocked_view")
+
+
+def to_blocked(tensor, block: int):
+    """NCHW -> NCHW[block]c (a layout transform kernel)."""
+    n, c, h, w = (int(d) for d in tensor.shape)
+    return te.compute((n, c // block, h, w, block), lambda b, cb, y, x, i: tensor[b, cb * block + i, y, x],
+                      name=TO_BLOCKED)
+
+
+def to_plain(tensor):
+    """NCHW[b]c -> NCHW (a layout transform kernel)."""
+    n, blocks, h, w, block = (int(d) for d in tensor.shape)
+    return te.compute((n, blocks * block, h, w), lambda b, c, y, x: tensor[b, c // block, y, x, c % block],
+                      name=TO_PLAIN)
+
+
+class KernelLayout:
+    """How a kernel's arguments differ from its partition function's (NCHW activations, OIHW weights).
+
+    ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`compute.pack_weight`),
+    ``("conv", bi, bo)`` or ``("depthwise", b)``; ``activations``: parameter index -> block of an input
+    passed NCHW[b]c; ``out_block``: the output's block (None: NCHW).
+    """
+
+    def __init__(self, weights: dict | None = None, activations: dict | None = None, out_block: int | None = None):
+        self.weights = dict(weights or {})
+        self.activations = dict(activations or {})
+        self.out_block = out_block
+
+    @property
+    def blocked(self) -> bool:
+        return self.out_block is not None
+
+    def describe(self) -> str:
+        text = f"NCHW{self.out_block}c" if self.blocked else "NCHW"
+        for kind, *blocks in self.weights.values():
+            text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c"}[kind].format(*blocks)
+        return text
+
+    def pack(self, index: int, weight: np.ndarray) -> np.ndarray:
+        """Parameter ``index``'s constant as the kernel reads it."""
+        if index not in self.weights:
+            return weight
+        kind, *blocks = self.weights[index]
+        if kind == "oc":
+            from .compute import pack_weight
+
+            return pack_weight(weight, *blocks)
+        return pack_conv_weight(weight, *blocks) if kind == "conv" else pack_depthwise_weight(weight, *blocks)
+
+    def plain(self, arrays: list) -> list:
+        """A kernel call's arrays (inputs, then the output) in the partition function's layouts."""
+        out = list(arrays)
+        for index, (kind, *blocks) in self.weights.items():
+            if kind == "oc":
+                from .compute import unpack_weight
+
+                out[index] = unpack_weight(out[index])
+            elif kind == "conv":
+                out[index] = unpack_conv_weight(out[index])
+            else:
+                c, h, w, b = out[index].shape
+                out[index] = out[index].transpose(0, 3, 1, 2).reshape(c * b, 1, h, w)
+        for index in list(self.activations) + ([len(out) - 1] if self.blocked else []):
+            n, cb, h, w, b = out[index].shape
+            out[index] = out[index].transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+        return out
