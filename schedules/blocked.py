@@ -151,6 +151,11 @@ class KernelLayout:
         self.out_block = out_block
 
     @property
+    def packed(self) -> dict:
+        """Parameter index -> oc_block of the weights an NCHW kernel reads packed (``("oc", oc_block)``)."""
+        return {i: blocks[0] for i, (kind, *blocks) in self.weights.items() if kind == "oc"}
+
+    @property
     def blocked(self) -> bool:
         return self.out_block is not None
 

@@ -178,6 +178,11 @@ class PartitionCompute:
     ops: list[str]  # Relax ops covered, in order
     layout: blocked.KernelLayout  # how parameters and output differ from the partition function's
 
+    @property
+    def packed(self) -> dict:
+        """Parameter index -> oc_block of a weight read packed by :func:`pack_weight` (NCHW kernels)."""
+        return self.layout.packed
+
     def prim_func(self) -> tvm.tirx.PrimFunc:
         return te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
 

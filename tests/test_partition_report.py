@@ -7,9 +7,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tvmfuse
-from tvmfuse import cli, model_info
+from tvmfuse import cli, model_info, targets
 from tvmfuse.opcheck import OpCheckError
 from tvmfuse.partition_report import partitions
+from tvmfuse.schedules import blocked
 
 from conftest import HOST
 from helpers import make_model
@@ -69,9 +70,14 @@ def test_kernels_carry_family_and_layout():
     cm = tvmfuse.compile("zoo:tiny_convnet", target=HOST)
     kernels = {gv.name_hint: f for gv, f in cm.mod.functions_items() if gv.name_hint.startswith("tvmfuse_")}
     layouts = {str(f.attrs["tvmfuse.family"]): str(f.attrs["tvmfuse.layout"]) for f in kernels.values()}
-    # groups == 1 convs read weights packed for their channel tile; depthwise and dense keep theirs.
-    assert layouts["conv2d"].startswith("NCHW, weight OIHW") and layouts["conv2d"].endswith("o")
-    assert layouts["depthwise_conv2d"] == "NCHW" and layouts["dense"] == "NC"
+    # Convs write blocked NCHW[b]c and read weights packed for it (the stem reads the plain 3-channel input);
+    # dense keeps NC.
+    b = blocked.block_for(16, targets.resolve(HOST).vector_bits() // 32)
+    assert layouts["conv2d_nchwc"].startswith(f"NCHW{b}c, weight OIHW") and layouts["conv2d_nchwc"].endswith(f"{b}o")
+    assert layouts["depthwise_conv2d_nchwc"] == f"NCHW{b}c, weight CHW{b}c" and layouts["dense"] == "NC"
+    nchw = tvmfuse.compile("zoo:tiny_convnet", target=HOST, layout="nchw")
+    families = {str(f.attrs["tvmfuse.family"]) for gv, f in nchw.mod.functions_items() if gv.name_hint.startswith("tvmfuse_")}
+    assert families == {"conv2d", "depthwise_conv2d", "dense"}
 
 
 def test_opcheck_passes_on_zoo_model():

@@ -231,14 +231,15 @@ def test_lower_before_expected_conv_bias_relu():
     model = _g_conv(_act("Relu"))
     part, _ = _partition(_canonical(model))
     kernels: dict = {}
-    lowered = LowerPartitions(targets.resolve(HOST), kernels)(part)
+    lowered = LowerPartitions(targets.resolve(HOST), kernels, blocked=False)(part)
     _assert_well_formed(lowered)
     assert composites(lowered) == {}
     main_calls = [bd.value for bd in _bindings(lowered["main"]) if isinstance(bd.value, relax.Call)]
     assert [c.op.name for c in main_calls] == ["relax.call_tir"]
     gv = main_calls[0].args[0]
     assert gv.name_hint == "tvmfuse_conv2d_relu" and list(kernels) == ["tvmfuse_conv2d_relu"]
-    fn, packed = kernels["tvmfuse_conv2d_relu"]
+    fn, layout = kernels["tvmfuse_conv2d_relu"]
+    packed = layout.packed
     assert str(fn.attrs["Composite"]) == "tvmfuse.conv2d_relu"
     args = main_calls[0].args[1].fields
     assert len(args) == 3 and all(isinstance(a, tvm.ir.expr.Constant) for a in args[1:])
@@ -263,14 +264,21 @@ KERNEL_CASES = [
     ("grouped", lambda: _g_conv(_act("Relu"), cin=8, cout=8, group=2), "tvmfuse.conv2d_relu", "group_conv2d",
      "conv2d,add,relu"),
     ("dense", lambda: _g_gemm_relu(), "tvmfuse.dense_relu", "dense", "matmul,add,relu"),
-    ("residual", lambda: _g_residual(("r", "c"), "Relu"), "tvmfuse.conv2d_add_relu", "conv2d", "conv2d,add,add,relu"),
+    ("residual", lambda: _g_residual(("r", "c"), "Relu", c=8), "tvmfuse.conv2d_add_relu", "conv2d",
+     "conv2d,add,add,relu"),
+    ("residual-5ch", lambda: _g_residual(("r", "c"), "Relu"), "tvmfuse.conv2d_add_relu", "conv2d_5ch",
+     "conv2d,add,add,relu"),  # 5 channels have no block: NCHW in both modes
 ]
 
 
+@pytest.mark.parametrize("blocked", [False, True])
 @pytest.mark.parametrize("make,partition,family,ops", [c[1:] for c in KERNEL_CASES], ids=[c[0] for c in KERNEL_CASES])
-def test_lowered_kernel_attrs(make, partition, family, ops):
+def test_lowered_kernel_attrs(make, partition, family, ops, blocked):
     part, _ = _partition(_canonical(make()))
-    lowered = LowerPartitions(targets.resolve(HOST))(part)
+    lowered = LowerPartitions(targets.resolve(HOST), blocked=blocked)(part)
+    # Blocked: conv2d and depthwise kernels (8 channels here) run in NCHW[8]c; grouped and dense cannot.
+    family += "_nchwc" if blocked and family in ("conv2d", "depthwise_conv2d") else ""
+    family = family.replace("_5ch", "")
     kernels = [f for _, f in lowered.functions_items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.partition" in f.attrs]
     assert len(kernels) == 1
@@ -305,7 +313,7 @@ def test_zoo_well_formed_after_partition_and_lower(name):
     assert sum(composite_calls(part).values()) > 0
     assert composites(lowered) == {}
     assert kernels
-    families = {"conv2d", "depthwise_conv2d", "group_conv2d", "dense"}
+    families = {"conv2d", "depthwise_conv2d", "group_conv2d", "dense", "conv2d_nchwc", "depthwise_conv2d_nchwc"}
     for gv, f in lowered.functions_items():
         if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.partition" in f.attrs:
             assert str(f.attrs["tvmfuse.family"]) in families, gv

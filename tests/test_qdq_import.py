@@ -34,7 +34,7 @@ from tvmfuse.passes.qdq import FuseQDQ, QDQWarning
 from tvmfuse.quant.params import QuantParams
 from tvmfuse.schedules import int8, int8_ref
 
-FLOAT_FAMILIES = {"conv2d", "depthwise_conv2d", "dense"}  # FP32 kernels of LowerPartitions
+FLOAT_FAMILIES = {"conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "depthwise_conv2d_nchwc"}  # FP32 kernels
 
 
 def _kinds(mod) -> collections.Counter:
@@ -134,7 +134,7 @@ def test_refused_chain_still_computes_the_model():
     x = x_input(Spec())
     with pytest.warns(QDQWarning, match="weight zero point"):
         got, _, cm = _compile_and_compare(model, x)
-    assert cm.record.qdq["int8_kernels"] == 0 and _kinds(cm.mod)["conv2d"] == 1
+    assert cm.record.qdq["int8_kernels"] == 0 and _kinds(cm.mod)["conv2d"] + _kinds(cm.mod)["conv2d_nchwc"] == 1
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the float QDQ semantics
     ref = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

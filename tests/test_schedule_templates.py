@@ -32,7 +32,8 @@ def test_annotate_marks_the_anchor_only_for_known_families():
 
 def test_register_is_explicit_and_names_cpu_rules():
     names = templates.register(HOST.vector_bits())
-    assert names == [f"s_tir.meta_schedule.cpu.tvmfuse.x86.{f}" for f in ("conv2d", "depthwise_conv2d", "dense")]
+    families = ("conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "depthwise_conv2d_nchwc")
+    assert names == [f"s_tir.meta_schedule.cpu.tvmfuse.x86.{f}" for f in families]
     assert all(tvm.get_global_func(n, allow_missing=True) is not None for n in names)
 
 
@@ -74,3 +75,26 @@ def test_tiny_tuning_run_is_correct(tmp_path):
     lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(pack_weight(w, 16)), tvm.runtime.tensor(b), out)
     expected = np.maximum(conv2d_nchw_python(x, w, 1, 1) + b, 0)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def _blocked_kernels():
+    from tvmfuse.schedules import blocked
+
+    data = te.placeholder((1, 2, 14, 14, 8), name="p0")
+    conv = blocked.conv2d(data, te.placeholder((4, 2, 3, 3, 8, 8), name="p1"), [1, 1], [1] * 4, [1, 1])
+    dw = blocked.depthwise_conv2d(data, te.placeholder((2, 3, 3, 8), name="p2"), [2, 2], [1] * 4, [1, 1])
+    return {"conv2d_nchwc": te.create_prim_func([data, conv.op.input_tensors[1], topi.nn.relu(conv)]),
+            "depthwise_conv2d_nchwc": te.create_prim_func([data, dw.op.input_tensors[1], topi.nn.relu(dw)])}
+
+
+@pytest.mark.parametrize("family,knobs,space", [("conv2d_nchwc", 3, 3 * 3 * 4), ("depthwise_conv2d_nchwc", 1, 2)])
+def test_blocked_template_defaults_equal_the_hand_schedules(family, knobs, space):
+    # conv: oc_vectors (1, 2, 4 of 4 blocks) x ow_block (1, 2, 7: divisors of 14 within 8 accumulators) x
+    # ic_unroll (1, 2, 4, 8); depthwise (7-wide output): ow_block 1 or 7.
+    func = _blocked_kernels()[family].without_attr("global_symbol")
+    module = templates.RULES[family]
+    sch = s_tir.Schedule(templates.annotate(func, family))
+    (out,) = templates.template(family, 8)(sch, sch.get_sblock(module.ANCHOR))
+    assert [i.kind.name for i in out.trace.insts].count("SampleCategorical") == knobs
+    tvm.ir.assert_structural_equal(out.mod["main"], module.apply(func, 8))
+    assert templates.space_size(templates.annotate(func, family), 256) == space

@@ -134,9 +134,9 @@ def test_conv2d_unit_tile(cin, cout, hw, k, pad):
     model, w, b = _conv_model(cin, cout, hw, k, pad=pad, seed=cout)
     fn = _partition_fn(model)
     lanes = _host_lanes()
-    func, packed = make_kernel(fn, targets.resolve(HOST))
+    func, layout = make_kernel(fn, targets.resolve(HOST))
     cfg = conv2d.default_config(cout, hw, lanes, cin, k)
-    assert packed == {1: cfg.oc_block}
+    assert layout.packed == {1: cfg.oc_block}
     s = Structure(func)
     assert ForKind.PARALLEL in s.kinds()
     assert not s.vectorized_not_innermost(), "a 1-wide tile must not vectorize the tile (reduction) loop"
@@ -150,8 +150,8 @@ def test_conv2d_unit_tile(cin, cout, hw, k, pad):
 @pytest.mark.parametrize("m,k,n", [(3, 10, 37), (1, 10, 37), (2, 12, 41)])
 def test_dense_unit_tile(m, k, n):
     model, w, b = _dense_model(m, k, n, seed=n)
-    func, packed = make_kernel(_partition_fn(model), targets.resolve(HOST))
-    assert packed == {}
+    func, layout = make_kernel(_partition_fn(model), targets.resolve(HOST))
+    assert layout.packed == {}
     assert dense.default_config(n, k, _host_lanes()).n_block == 1
     s = Structure(func)
     assert ForKind.PARALLEL in s.kinds()
@@ -281,10 +281,10 @@ def test_avx512_dense_asm():
 def test_avx512_schedules_compute_correctly_on_this_host(cin, cout, hw, k, stride, pad, group, oc_block):
     """The AVX-512 tiles, compiled for the host (LLVM splits the 512-bit vectors), give the right numbers."""
     model, w, b = _conv_model(cin, cout, hw, k, stride=stride, pad=pad, group=group, seed=cout)
-    func, packed = make_kernel(_partition_fn(model), targets.resolve("x86-avx512"))
-    assert packed == ({1: oc_block} if oc_block else {})
+    func, layout = make_kernel(_partition_fn(model), targets.resolve("x86-avx512"))
+    assert layout.packed == ({1: oc_block} if oc_block else {})
     x = np.random.default_rng(4).standard_normal((1, cin, hw, hw)).astype("float32")
-    weight = pack_weight(w, packed[1]) if packed else w
+    weight = pack_weight(w, layout.packed[1]) if layout.packed else w
     out = _run(func, x, weight, b.reshape(1, -1, 1, 1))
     ref = _ref_conv_relu(x, w, b, stride, pad) if group == 1 else _ref_depthwise_relu(x, w, b, stride, pad)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)

@@ -8,11 +8,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import frontend, opcheck, targets
+from .errors import InputError
 from .export import build, export_library, kernel_names, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
 from .runtime import Runner, check_cpu_flags, random_inputs
 from .tensors import TensorInfo
+
+LAYOUTS = ("blocked", "nchw")  # compile(layout=...)
 
 
 class CompiledModel:
@@ -41,6 +44,7 @@ class CompiledModel:
         self.source, self.stats = source, stats
         self.record = PassRecord()
         self.tuning_logs: dict | None = None
+        self.layout = "blocked"
         self.quantization: dict | None = None
         self._runner: Runner | None = None
 
@@ -84,7 +88,7 @@ class CompiledModel:
 
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
-        extra = {"kernels": kernel_names(self.lowered), "tuning_logs": self.tuning_logs}
+        extra = {"kernels": kernel_names(self.lowered), "layout": self.layout, "tuning_logs": self.tuning_logs}
         if self.quantization is not None:
             extra["quantization"] = self.quantization
         return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
@@ -128,7 +132,7 @@ def _load_logs(logs, spec: targets.TargetSpec):
 
 
 def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: bool = False, logs=None) -> CompiledModel:
+            progress: bool = False, logs=None, layout: str = "blocked") -> CompiledModel:
     """Compile an ONNX model for a target.
 
     Parameters
@@ -145,24 +149,31 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
         Tuning logs to apply: a logs folder (its ``<target>/`` subfolder is read), None for the default
         (``$TVMFUSE_TUNING_LOGS`` or the repository's ``tuning_logs/``), False for none. Bad lines are
         skipped with a warning; the manifest records the folder and the kernels tuned records scheduled.
+    layout : str
+        Activation layout between conv partitions on CPU targets: ``"blocked"`` (NCHW[b]c, b the vector
+        width; layout transforms only where a plain tensor is needed) or ``"nchw"`` (every kernel NCHW).
 
     Returns
     -------
     CompiledModel
     """
     spec = targets.resolve(target)
+    if layout not in LAYOUTS:
+        raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes)
-    return _compile_imported(imported, spec, steps, logs)
+    return _compile_imported(imported, spec, steps, logs, layout=layout)
 
 
-def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, quantizer=None) -> CompiledModel:
+def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, quantizer=None,
+                      layout: str = "blocked") -> CompiledModel:
     """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
     tvm_target = spec.tvm_target()
     record = PassRecord()
     with steps.step("partition and fuse" if quantizer is None else quantizer.step_name()):
-        mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer)
+        mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
+                               blocked=layout == "blocked")
     database, log_info = _load_logs(logs, spec)
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
@@ -171,6 +182,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     outputs = _relax_output_infos(mod, names)
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
     cm.record = record
+    cm.layout = layout
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
     return cm

@@ -45,7 +45,8 @@ def cmd_compile(args) -> int:
     from . import api
 
     logs = False if args.no_logs else args.logs
-    cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs)
+    cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs,
+                     layout=args.layout)
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
@@ -171,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--logs", metavar="DIR", help="tuning logs folder to apply (default: tuning_logs/ or "
                       "$TVMFUSE_TUNING_LOGS; its <target>/ subfolder is read)")
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
+    p.add_argument("--layout", choices=["blocked", "nchw"], default="blocked",
+                   help="activations between conv kernels: blocked NCHW[b]c (default) or plain NCHW")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("quantize", help="calibrate an FP32 model and compile it to INT8 (.so with a JSON manifest)")

@@ -18,8 +18,8 @@ class PassRecord:
     rejections : dict
         Anchor var name -> why a candidate group was refused.
     kernels : dict
-        Kernel (PrimFunc) name -> (the partition's Relax function it was lowered from,
-        {parameter index: oc_block} of weights the kernel takes pre-packed).
+        Kernel (PrimFunc) name -> (the partition's Relax function it was lowered from, its
+        :class:`tvmfuse.schedules.blocked.KernelLayout`: packed weights, blocked activations).
     qdq : dict
         What ``FuseQDQ`` did with a quantized (QDQ) model: ``int8_kernels`` and ``kept_float`` (anchor, op,
         reason), see :func:`tvmfuse.passes.qdq.FuseQDQ`.
@@ -48,11 +48,12 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
-                     quantize=None):
+                     quantize=None, blocked: bool = True):
     """Canonicalize, partition and lower partitions to fused kernels, under the target context.
 
     ``quantize`` (optional): a function or module pass applied to the partitioned module before lowering,
-    e.g. ``QuantizeGraph``; partitions it leaves are lowered to FP32 kernels.
+    e.g. ``QuantizeGraph``; partitions it leaves are lowered to FP32 kernels. ``blocked``: see
+    :func:`tvmfuse.passes.lower.LowerPartitions`.
     """
     import tvm
 
@@ -68,7 +69,7 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
         record.partitioned = mod
         if quantize is not None:
             mod = quantize(mod)
-        return LowerPartitions(spec, record.kernels)(mod)
+        return LowerPartitions(spec, record.kernels, blocked)(mod)
 
 
 def relax_pipeline(spec: TargetSpec, target, database=None, applied: list | None = None):

@@ -16,6 +16,7 @@ import sys
 import time
 
 from .. import frontend, targets
+from ..passes.layout import FAMILY as LAYOUT_FAMILY
 from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
@@ -67,7 +68,8 @@ class TuneReport:
 
 
 def extract_tasks(model, spec, shapes=None) -> list[Task]:
-    """The distinct kernels of ``model`` compiled for ``spec`` (deduplicated structurally)."""
+    """The distinct kernels of ``model`` compiled for ``spec`` (deduplicated structurally), but the layout
+    transforms between NCHW and NCHW[b]c."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
@@ -79,6 +81,8 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
         task_mod = extracted.dispatched[0]
         attrs = task_mod["main"].attrs
         family = str(attrs["tvmfuse.family"]) if attrs and "tvmfuse.family" in attrs else None
+        if family == LAYOUT_FAMILY:
+            continue  # a copy at a partition boundary: its fixed schedule is all there is to it
         tasks.append(Task(extracted.task_name, task_mod, int(extracted.weight),
                           str(tvm_ffi.structural_hash(task_mod)), family))
     return tasks

@@ -1,0 +1,289 @@
+"""Blocked NCHW[b]c kernels (schedules/blocked.py, x86 conv2d_nchwc / depthwise_nchwc) and the layout plan
+of LowerPartitions: each kernel against onnxruntime over a grid of shapes, weight packing, where layout
+transforms appear, and whole models in both layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper, numpy_helper
+from tvm.tirx import ForKind
+
+import tvmfuse
+from tvmfuse import frontend, targets
+from tvmfuse.passes.lower import make_kernel
+from tvmfuse.passes.partition import Partition, composites
+from tvmfuse.passes.pipeline import PassRecord, canonicalize_passes, run_graph_passes
+from tvmfuse.passes.utils import const_array
+from tvmfuse.schedules import blocked
+from tvmfuse.schedules.compute import anchor_call
+from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
+
+from conftest import HOST, ort_run
+from helpers import make_model
+from schedule_helpers import Structure
+
+SPEC = targets.resolve(HOST)
+LANES = SPEC.vector_bits() // 32
+
+
+def _model(cin, cout, hw, k, stride=1, pad=0, dilation=1, group=1, act="Relu", residual=False, seed=0):
+    """x -> Conv(bias) [-> Add(r)] -> act; returns the model and its inputs."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype("float32")
+    b = rng.standard_normal(cout).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
+                              pads=[pad] * 4, dilations=[dilation] * 2, group=group)]
+    inputs = [("x", [1, cin, hw, hw])]
+    out_hw = (hw + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    last = "c"
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        inputs.append(("r", [1, cout, out_hw, out_hw]))
+        last = "s"
+    if act == "Relu6":
+        mn, mx = numpy_helper.from_array(np.float32(0), "mn"), numpy_helper.from_array(np.float32(6), "mx")
+        nodes.append(helper.make_node("Clip", [last, "mn", "mx"], ["y"]))
+        inits = [mn, mx]
+    else:
+        nodes.append(helper.make_node(act, [last], ["y"]))
+        inits = []
+    model = make_model(nodes, inputs, [("y", None)], [numpy_helper.from_array(w, "W"),
+                                                       numpy_helper.from_array(b, "B"), *inits])
+    feeds = {name: rng.standard_normal(shape).astype("float32") for name, shape in inputs}
+    return model, feeds
+
+
+def _partition_call(model):
+    """(partition function, its call's arguments as numpy arrays or input names)."""
+    mod = frontend.import_model(model).mod
+    with SPEC.tvm_target(), tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(canonicalize_passes())(mod)
+        mod = Partition()(mod)
+    (fn,) = composites(mod).values()
+    calls = []
+
+    @tvm.relax.expr_functor.visitor
+    class _Calls(tvm.relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if isinstance(call.op, tvm.ir.GlobalVar):
+                calls.append(call)
+
+    _Calls().visit_expr(mod["main"])
+    args = [const_array(a) if const_array(a) is not None else a.name for a in calls[0].args]
+    return fn, args
+
+
+def _run_blocked(model, feeds, block_inputs=True):
+    """The partition's blocked kernel (default schedule) run on ``feeds``; returns (NCHW output, kernel)."""
+    fn, args = _partition_call(model)
+    data = [i for i, p in enumerate(fn.params) if p.same_as(anchor_call(fn).args[0])][0]
+    blocks = {}
+    for i, arg in enumerate(args):
+        block = blocked.block_for(feeds[arg].shape[1], LANES) if isinstance(arg, str) else None
+        if block and (block_inputs or i != data):
+            blocks[i] = block
+    kernel, layout = make_kernel(fn, SPEC, blocks=blocks)
+    arrays = []
+    for i, arg in enumerate(args):
+        value = feeds[arg] if isinstance(arg, str) else arg
+        if i in blocks:
+            n, c, h, w = value.shape
+            value = value.reshape(n, c // blocks[i], blocks[i], h, w).transpose(0, 1, 3, 4, 2)
+        arrays.append(tvm.runtime.tensor(np.array(layout.pack(i, value), order="C")))
+    out_shape = [int(d) for d in kernel.params[-1].ty.shape]
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
+    lib["main"](*arrays, out)
+    plain = layout.plain([a.numpy() for a in arrays] + [out.numpy()])
+    return plain[-1], kernel
+
+
+CONV_GRID = [
+    # cin, cout, hw, k, stride, pad, dilation
+    (16, 32, 14, 3, 1, 1, 1),
+    (8, 24, 9, 3, 2, 1, 1),  # 24 output channels: 8-channel blocks, odd input size, stride 2
+    (24, 16, 13, 1, 1, 0, 1),
+    (16, 16, 12, 3, 1, 2, 2),  # dilation 2, padding 2
+    (32, 64, 7, 3, 1, 1, 1),
+    (16, 8, 3, 3, 1, 0, 1),  # 1x1 output
+    (64, 32, 11, 5, 2, 2, 1),
+]
+
+
+@pytest.mark.parametrize("cin,cout,hw,k,stride,pad,dilation", CONV_GRID)
+def test_blocked_conv2d_matches_onnxruntime(cin, cout, hw, k, stride, pad, dilation):
+    model, feeds = _model(cin, cout, hw, k, stride, pad, dilation)
+    got, kernel = _run_blocked(model, feeds)
+    assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_nchwc"
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cin,hw,k,stride", [(3, 17, 7, 2), (3, 16, 3, 2), (5, 9, 3, 1)])
+def test_blocked_conv2d_reads_plain_input(cin, hw, k, stride):
+    # The stem: NCHW input (3 channels have no block) read directly, NCHW[b]c written.
+    model, feeds = _model(cin, 16, hw, k, stride, k // 2)
+    got, kernel = _run_blocked(model, feeds, block_inputs=False)
+    assert "OIHW1i" in str(kernel.attrs["tvmfuse.layout"])
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+DEPTHWISE_GRID = [
+    # channels, hw, k, stride, pad, dilation
+    (16, 14, 3, 1, 1, 1),
+    (24, 13, 3, 2, 1, 1),
+    (8, 11, 5, 2, 2, 1),
+    (16, 12, 3, 1, 2, 2),  # dilation 2 (segmentation models)
+    (32, 9, 7, 1, 3, 1),
+    (16, 56, 3, 1, 1, 1),  # rows 56 wide: the border is read through bounds checks
+    (16, 7, 3, 1, 1, 1),  # 7-wide 3x3: padded per output row
+    (8, 3, 3, 1, 0, 1),  # 1x1 output
+]
+
+
+@pytest.mark.parametrize("c,hw,k,stride,pad,dilation", DEPTHWISE_GRID)
+def test_blocked_depthwise_matches_onnxruntime(c, hw, k, stride, pad, dilation):
+    model, feeds = _model(c, c, hw, k, stride, pad, dilation, group=c, act="Relu6")
+    got, kernel = _run_blocked(model, feeds)
+    assert str(kernel.attrs["tvmfuse.family"]) == "depthwise_conv2d_nchwc"
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("block_residual", [True, False])
+def test_blocked_residual_add(block_residual):
+    model, feeds = _model(16, 16, 10, 3, 1, 1, residual=True, seed=3)
+    got, _ = _run_blocked(model, feeds, block_inputs=block_residual)
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", ["HardSwish", "Relu6", "LeakyRelu"])
+def test_blocked_activations(act):
+    model, feeds = _model(8, 16, 9, 3, 1, 1, act=act, seed=4)
+    fn, _ = _partition_call(model)
+    assert "conv2d" in str(fn) and act.lower().replace("6", "") in str(fn).replace("clip", "relu").replace("_", "")
+    got, _ = _run_blocked(model, feeds)
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_weight_packing_round_trips():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 24, 3, 3)).astype("float32")
+    layout = blocked.KernelLayout({1: ("conv", 8, 16)}, {}, 16)
+    packed = layout.pack(1, w)
+    assert packed.shape == (2, 3, 3, 3, 8, 16)
+    assert packed[1, 2, 0, 1, 3, 5] == w[16 + 5, 2 * 8 + 3, 0, 1]
+    np.testing.assert_array_equal(blocked.unpack_conv_weight(packed), w)
+    dw = rng.standard_normal((16, 1, 5, 5)).astype("float32")
+    layout = blocked.KernelLayout({0: ("depthwise", 8)}, {}, 8)
+    x5 = rng.standard_normal((1, 2, 4, 4, 8)).astype("float32")
+    plain = layout.plain([layout.pack(0, dw), x5])
+    np.testing.assert_array_equal(plain[0], dw)
+    np.testing.assert_array_equal(plain[1][0, 9], x5[0, 1, :, :, 1])
+
+
+def test_block_for_picks_whole_vectors_then_eight():
+    assert blocked.block_for(32, 16) == 16 and blocked.block_for(24, 16) == 8 and blocked.block_for(24, 8) == 8
+    assert blocked.block_for(12, 8) is None and blocked.block_for(3, 16) is None
+
+
+def test_default_configs():
+    # The most FMAs per load, then the most accumulators, then the widest row (AVX2 budget: 8).
+    assert conv2d_nchwc.default_config(8, 56, 8) == conv2d_nchwc.Config(2, 4)
+    assert conv2d_nchwc.default_config(32, 14, 8) == conv2d_nchwc.Config(4, 2)
+    assert conv2d_nchwc.default_config(64, 7, 8) == conv2d_nchwc.Config(1, 7)
+    assert conv2d_nchwc.default_config(3, 56, 8) == conv2d_nchwc.Config(3, 2)
+    assert depthwise_nchwc.default_config(56, 112, 3) == depthwise_nchwc.Config(7, "inline")
+    assert depthwise_nchwc.default_config(14, 14, 3) == depthwise_nchwc.Config(7, "channel")
+    assert depthwise_nchwc.default_config(7, 7, 3) == depthwise_nchwc.Config(7, "row")
+    assert depthwise_nchwc.default_config(10, 10, 5) == depthwise_nchwc.Config(5, "channel")
+
+
+@pytest.mark.parametrize("cin,k,dw", [(16, 3, False), (32, 3, True)])
+def test_blocked_schedule_structure(cin, k, dw):
+    model, feeds = _model(cin, cin, 14, k, 1, 1, group=cin if dw else 1)
+    _, kernel = _run_blocked(model, feeds)
+    s = Structure(kernel)
+    anchor = (depthwise_nchwc if dw else conv2d_nchwc).ANCHOR
+    assert ForKind.PARALLEL in s.kinds()
+    # The channel-block axis is the vector: innermost in the update and in the epilogue store.
+    update, epilogue = s.loops[f"{anchor}_update"], s.loops[list(s.blocks)[-1]]
+    assert update[-1].kind == ForKind.VECTORIZED and int(update[-1].extent) == LANES
+    assert epilogue[-1].kind == ForKind.VECTORIZED and int(epilogue[-1].extent) == LANES
+    assert not s.vectorized_not_innermost()
+    assert any(scope == "local" for scope, _ in s.compacted_alloc().values())
+
+
+# ------------------------------------------------------------------------------------------ the layout plan
+
+
+def _chain(c=16, residual=True, pool=True):
+    """x -> conv 3x3 -> depthwise 3x3 -> conv 1x1 (+ x residual) -> [global pool]: one NCHW boundary."""
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+
+    def conv(name, src, cin, cout, k, group=1):
+        w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype("float32")
+        inits.extend([numpy_helper.from_array(w, f"W{name}"),
+                      numpy_helper.from_array(rng.standard_normal(cout).astype("float32"), f"B{name}")])
+        nodes.append(helper.make_node("Conv", [src, f"W{name}", f"B{name}"], [f"c{name}"], kernel_shape=[k, k],
+                                      pads=[k // 2] * 4, group=group))
+        nodes.append(helper.make_node("Relu", [f"c{name}"], [f"a{name}"]))
+        return f"a{name}"
+
+    a = conv("0", "x", 3, c, 3)
+    b = conv("1", a, c, c, 3, group=c)
+    w = (rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)).astype("float32")
+    inits.append(numpy_helper.from_array(w, "W2"))
+    nodes.append(helper.make_node("Conv", [b, "W2"], ["c2"]))
+    last = "c2"
+    if residual:
+        nodes.append(helper.make_node("Add", ["c2", a], ["s2"]))
+        last = "s2"
+    if pool:
+        nodes.append(helper.make_node("GlobalAveragePool", [last], ["y"]))
+    else:
+        nodes.append(helper.make_node("Relu", [last], ["y"]))
+    return make_model(nodes, [("x", [1, 3, 12, 12])], [("y", None)], inits)
+
+
+def _transforms(model, layout="blocked") -> dict:
+    imported = frontend.import_model(model)
+    mod = run_graph_passes(imported.mod, SPEC, SPEC.tvm_target(), PassRecord(), blocked=layout == "blocked")
+    counts = {"to_blocked": 0, "to_plain": 0, "nchwc": 0}
+    for _, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs:
+            kernel = func.attrs.get("tvmfuse.kernel")
+            if kernel is not None:
+                counts[str(kernel)] += str(mod["main"]).count(f"call_tir({kernel},")
+            counts["nchwc"] += str(func.attrs.get("tvmfuse.family", "")).endswith("_nchwc")
+    return counts
+
+
+def test_layout_transforms_only_at_the_boundary():
+    counts = _transforms(_chain())
+    # Stem reads the plain input, the chain stays blocked, one transform back before the pooling.
+    assert counts == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}
+    assert _transforms(_chain(), layout="nchw") == {"to_blocked": 0, "to_plain": 0, "nchwc": 0}
+
+
+def test_channels_without_a_block_stay_nchw():
+    counts = _transforms(_chain(c=12))
+    assert counts["nchwc"] == 0 and counts["to_plain"] == 0
+
+
+@pytest.mark.parametrize("pool", [True, False])
+@pytest.mark.parametrize("layout", ["blocked", "nchw"])
+def test_chain_matches_onnxruntime_in_both_layouts(pool, layout):
+    model = _chain(pool=pool)
+    x = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype("float32")
+    cm = tvmfuse.compile(model, target=HOST, logs=False, layout=layout)
+    np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert cm.manifest()["layout"] == layout
+    checks = cm.opcheck({"x": x})  # blocked kernels unpacked back to NCHW for the reference
+    assert len(checks) == 3
+
+
+def test_unknown_layout_is_refused():
+    with pytest.raises(tvmfuse.errors.InputError, match="layout 'nhwc'"):
+        tvmfuse.compile(_chain(), target=HOST, logs=False, layout="nhwc")
