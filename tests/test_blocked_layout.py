@@ -75,16 +75,18 @@ def _partition_call(model):
     return fn, args
 
 
-def _run_blocked(model, feeds, block_inputs=True):
-    """The partition's blocked kernel (default schedule) run on ``feeds``; returns (NCHW output, kernel)."""
+def _run_blocked(model, feeds, block_inputs=True, spec=SPEC):
+    """The partition's blocked kernel (default schedule for ``spec``, built for this host) run on ``feeds``;
+    returns (NCHW output, kernel)."""
+    lanes = spec.vector_bits() // 32
     fn, args = _partition_call(model)
     data = [i for i, p in enumerate(fn.params) if p.same_as(anchor_call(fn).args[0])][0]
     blocks = {}
     for i, arg in enumerate(args):
-        block = blocked.block_for(feeds[arg].shape[1], LANES) if isinstance(arg, str) else None
+        block = blocked.block_for(feeds[arg].shape[1], lanes) if isinstance(arg, str) else None
         if block and (block_inputs or i != data):
             blocks[i] = block
-    kernel, layout = make_kernel(fn, SPEC, blocks=blocks)
+    kernel, layout = make_kernel(fn, spec, blocks=blocks)
     arrays = []
     for i, arg in enumerate(args):
         value = feeds[arg] if isinstance(arg, str) else arg
@@ -147,6 +149,16 @@ def test_blocked_depthwise_matches_onnxruntime(c, hw, k, stride, pad, dilation):
     model, feeds = _model(c, c, hw, k, stride, pad, dilation, group=c, act="Relu6")
     got, kernel = _run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "depthwise_conv2d_nchwc"
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cin,cout,group,block", [(16, 32, 1, 16), (24, 48, 1, 16), (16, 40, 1, 8), (32, 32, 32, 16), (24, 24, 24, 8)])
+def test_avx512_blocked_kernels_compute_correctly_on_this_host(cin, cout, group, block):
+    """x86-avx512 kernels (16-channel blocks, 8 where the channels need it), built for this host (LLVM
+    splits the 512-bit vectors), give the right numbers."""
+    model, feeds = _model(cin, cout, 11, 3, 2, 1, group=group, seed=cin)
+    got, kernel = _run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
+    assert str(kernel.attrs["tvmfuse.layout"]).startswith(f"NCHW{block}c")
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
