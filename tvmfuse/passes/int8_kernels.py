@@ -21,11 +21,8 @@ from tvmfuse.schedules import int8, int8_ref
 
 from ..patterns.builders import ACTIVATIONS
 from ..quant.params import QuantParams, bias_params, weight_params
-from .utils import const_array
+from .utils import OPAQUE, const_array
 
-# AnnotateTIROpPattern leaves a func with op_pattern set alone; kOpaque keeps FuseOps from merging
-# neighbours into the kernel (as for the FP32 kernels of LowerPartitions).
-OPAQUE = 8
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
 INT8_ACTIVATIONS = ("relu", "clip")  # epilogue activations the INT8 kernels apply (as clips)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
-OPAQUE = 8  # relax op_pattern kOpaque: FuseOps leaves the kernel whole (see lower.OPAQUE)
+from .utils import OPAQUE
+
 FAMILY = "layout_transform"
 
 

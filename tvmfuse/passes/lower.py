@@ -16,11 +16,7 @@ from tvmfuse.schedules.compute import anchor_call, blockable, partition_compute
 from ..targets import TargetSpec
 from .layout import layout_kernel
 from .partition import is_partition
-from .utils import const_array
-
-# AnnotateTIROpPattern leaves a func with op_pattern set alone; kOpaque keeps FuseOps from merging
-# neighbours into the kernel (the epilogue is already inside).
-OPAQUE = 8
+from .utils import OPAQUE, const_array
 
 
 def kernel_name(partition: str) -> str:
