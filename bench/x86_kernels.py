@@ -1,0 +1,104 @@
+"""Per-kernel x86 table: conv2d and depthwise layers of ResNet-50 / MobileNetV2 / EfficientNet-Lite0, the
+blocked NCHW[b]c kernel tvmfuse compiles by default against its NCHW kernel (``layout="nchw"``), default
+schedules, no tuning. GFLOP/s and the ratio, both kernels timed in one run.
+
+    python bench/x86_kernels.py [--target x86-host] [--repeat 20]
+
+Each kernel is timed alone with its inputs in cache (``time_evaluator``), as it runs between neighbours
+that have just written its input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import THREADS, table  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+from tvmfuse import targets  # noqa: E402
+from tvmfuse.passes.lower import make_kernel  # noqa: E402
+from tvmfuse.schedules.blocked import block_for  # noqa: E402
+
+# (name, in channels, out channels, input size, kernel, stride, groups)
+LAYERS = [
+    ("resnet50 3x3", 64, 64, 56, 3, 1, 1),
+    ("resnet50 3x3 s2", 128, 128, 56, 3, 2, 1),
+    ("resnet50 3x3", 256, 256, 14, 3, 1, 1),
+    ("resnet50 3x3", 512, 512, 7, 3, 1, 1),
+    ("resnet50 1x1", 64, 256, 56, 1, 1, 1),
+    ("resnet50 1x1", 1024, 256, 14, 1, 1, 1),
+    ("resnet50 1x1", 2048, 512, 7, 1, 1, 1),
+    ("mobilenet_v2 1x1", 24, 144, 56, 1, 1, 1),
+    ("mobilenet_v2 1x1", 144, 24, 56, 1, 1, 1),
+    ("mobilenet_v2 dw 3x3", 144, 144, 56, 3, 1, 144),
+    ("mobilenet_v2 dw 3x3 s2", 96, 96, 112, 3, 2, 96),
+    ("mobilenet_v2 dw 3x3", 576, 576, 14, 3, 1, 576),
+    ("mobilenet_v2 dw 3x3", 960, 960, 7, 3, 1, 960),
+    ("efficientnet dw 5x5 s2", 144, 144, 56, 5, 2, 144),
+    ("efficientnet dw 5x5", 672, 672, 14, 5, 1, 672),
+]
+
+
+def _partition(cin, cout, size, k, stride, groups):
+    """The conv + bias + relu partition function of a one-layer model."""
+    from tvmfuse import frontend
+    from tvmfuse.passes.partition import Partition, composites
+    from tvmfuse.passes.pipeline import canonicalize_passes
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((cout, cin // groups, k, k)).astype("float32"), "W"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype("float32"), "B")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
+                              pads=[k // 2] * 4, group=groups), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", 1, [1, cin, size, size])],
+                              [helper.make_tensor_value_info("y", 1, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    with tvm.transform.PassContext(opt_level=3):
+        mod = Partition()(tvm.transform.Sequential(canonicalize_passes())(frontend.import_model(model).mod))
+    (fn,) = composites(mod).values()
+    return fn
+
+
+def _ms(fn, spec, blocks, repeat: int) -> float:
+    kernel, _ = make_kernel(fn, spec, blocks=blocks)
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+    rng = np.random.default_rng(1)
+    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32"))
+            for p in kernel.params]
+    return lib.mod.time_evaluator("main", tvm.cpu(), number=10, repeat=repeat, min_repeat_ms=20)(*args).median * 1e3
+
+
+def row(layer, spec, repeat: int) -> dict:
+    name, cin, cout, size, k, stride, groups = layer
+    fn = _partition(cin, cout, size, k, stride, groups)
+    lanes = spec.vector_bits() // 32
+    block = block_for(cin, lanes)
+    nchw, blocked = _ms(fn, spec, None, repeat), _ms(fn, spec, {0: block} if block else {}, repeat)
+    out = (size + 2 * (k // 2) - k) // stride + 1
+    flops = 2 * cout * out * out * (cin // groups) * k * k
+    return {"layer": name, "shape": f"{cin}->{cout} {size}x{size}", "NCHW ms": f"{nchw:.3f}",
+            "NCHW GFLOP/s": f"{flops / nchw / 1e6:.0f}", "blocked ms": f"{blocked:.3f}",
+            "blocked GFLOP/s": f"{flops / blocked / 1e6:.0f}", "NCHW / blocked": f"{nchw / blocked:.2f}x"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="x86-host")
+    p.add_argument("--repeat", type=int, default=20)
+    args = p.parse_args(argv)
+    spec = targets.resolve(args.target)
+    print(f"# x86 kernels, default schedules: {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}, "
+          f"{spec.vector_bits()}-bit vectors); conv + bias + relu")
+    rows = [row(layer, spec, args.repeat) for layer in LAYERS]
+    print(table(rows, list(rows[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
