@@ -299,3 +299,23 @@ def test_chain_matches_onnxruntime_in_both_layouts(pool, layout):
 def test_unknown_layout_is_refused():
     with pytest.raises(tvmfuse.errors.InputError, match="layout 'nhwc'"):
         tvmfuse.compile(_chain(), target=HOST, logs=False, layout="nhwc")
+
+
+@pytest.mark.parametrize("row_block", [1, 2, 14])
+def test_conv_row_block_moves_the_parallel_axis_and_keeps_the_numbers(row_block):
+    model, feeds = _model(16, 16, 14, 3, 1, 1, seed=5)
+    fn, args = _partition_call(model)
+    kernel, layout = make_kernel(fn, SPEC, schedule=False, blocks={0: blocked.block_for(16, LANES)})
+    config = conv2d_nchwc.Config(2 if LANES == 8 else 1, 7, 1, row_block)
+    scheduled = conv2d_nchwc.apply(kernel, LANES, config)
+    s = Structure(scheduled)
+    parallel = [loop for loop in s.loops[f"{conv2d_nchwc.ANCHOR}_update"] if loop.kind == ForKind.PARALLEL]
+    # (n, channel-block tiles, row blocks) fused: fewer, larger parallel tasks as row_block grows.
+    assert len(parallel) == 1 and int(parallel[0].extent) == (16 // LANES // config.oc_vectors) * (14 // row_block)
+    x = feeds["x"].reshape(1, 16 // LANES, LANES, 14, 14).transpose(0, 1, 3, 4, 2)
+    arrays = [x, layout.pack(1, args[1]), args[2]]
+    out = tvm.runtime.tensor(np.zeros([int(d) for d in scheduled.params[-1].ty.shape], "float32"))
+    lib = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
+    lib["main"](*[tvm.runtime.tensor(np.array(a, order="C")) for a in arrays], out)
+    got = layout.plain(arrays + [out.numpy()])[-1]
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)

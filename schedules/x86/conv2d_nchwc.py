@@ -25,11 +25,13 @@ ANCHOR = CONV_ANCHOR
 @dataclasses.dataclass(frozen=True)
 class Config:
     """``oc_vectors`` channel blocks x ``ow_block`` pixels of accumulators; ``ic_unroll`` unrolls the
-    input channels within a block."""
+    input channels within a block; ``row_block`` output rows form one parallel task (the parallel axis:
+    1 spreads every row, the output height leaves only channel blocks in parallel)."""
 
     oc_vectors: int
     ow_block: int
     ic_unroll: int = 1
+    row_block: int = 1
 
 
 def accumulators(vector_lanes: int) -> int:
@@ -80,9 +82,10 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     inline_views(sch)
     epilogue = inline_epilogue(sch, ANCHOR)
     ob_o, ob_i = sch.split(ob, [None, cfg.oc_vectors])
+    oh_o, oh_i = sch.split(oh, [None, cfg.row_block])
     ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
     rci_o, rci_i = sch.split(rci, [None, cfg.ic_unroll])
-    sch.reorder(n, ob_o, oh, ow_o, rco, ry, rx, rci_o, rci_i, ow_i, ob_i, oc_i)
+    sch.reorder(n, ob_o, oh_o, oh_i, ow_o, rco, ry, rx, rci_o, rci_i, ow_i, ob_i, oc_i)
     sch.vectorize(oc_i)
     sch.unroll(ob_i)
     sch.unroll(ow_i)
@@ -90,7 +93,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
     vectorize_tile(sch, consumer, ow_o)
     # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
-    sch.parallel(sch.fuse(n, ob_o, oh))
+    sch.parallel(sch.fuse(n, ob_o, oh_o))
     vectorize_tile(sch, sch.decompose_reduction(anchor, rco), ow_o)
     if "pad_temp" in block_names(sch):
         pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))

@@ -85,7 +85,7 @@ def _dense_config(sch, block, lanes: int) -> dense.Config:
 
 
 def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
-    _, out_blocks, _, ow, _, _, _, _, in_block = _extents(sch, block)
+    _, out_blocks, oh, ow, _, _, _, _, in_block = _extents(sch, block)
     base = conv2d_nchwc.default_config(out_blocks, ow, lanes)
     # Channel vectors and row pixels are sampled independently; a pair past the register file spills and
     # simply measures slow.
@@ -93,7 +93,9 @@ def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
     ow_block = _pick(sch, _divisors(ow, budget), base.ow_block)
     ic_unroll = _pick(sch, _divisors(in_block, 8), base.ic_unroll)
-    return conv2d_nchwc.Config(oc_vectors, ow_block, ic_unroll)
+    # The parallel axis: rows spread one by one, a few at a time, or kept together (channel blocks only).
+    row_block = _pick(sch, sorted(set(_divisors(oh, 4)) | {oh}), base.row_block)
+    return conv2d_nchwc.Config(oc_vectors, ow_block, ic_unroll, row_block)
 
 
 def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
