@@ -38,6 +38,18 @@ def accumulate_in_registers(sch: s_tir.Schedule, anchor, epilogue, tile_loop):
     return consumer
 
 
+def register_tile(sch: s_tir.Schedule, anchor, epilogue, tile_loop, unrolled: list, vector):
+    """The register tile every rule builds: ``unrolled`` loops unrolled, ``vector`` vectorized, ``anchor``'s
+    tile accumulated in registers under ``tile_loop`` and the epilogue stored from them, vectorized.
+    Returns the block that consumes the accumulator."""
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(vector)
+    consumer = accumulate_in_registers(sch, anchor, epilogue, tile_loop)
+    vectorize_tile(sch, consumer, tile_loop)
+    return consumer
+
+
 def loops_below(sch: s_tir.Schedule, block, loop) -> list:
     """The loops of ``block`` nested inside ``loop`` (empty when the block sits right under it)."""
     loops = sch.get_loops(block)
@@ -79,11 +91,7 @@ def depthwise_row_tiles(sch: s_tir.Schedule, anchor, epilogue, loops, ow_block: 
     n, c, oh, ow, ry, rx = loops
     ow_o, ow_i = sch.split(ow, [None, ow_block])
     sch.reorder(n, c, oh, ow_o, ry, rx, ow_i)
-    sch.unroll(ry)
-    sch.unroll(rx)
-    sch.vectorize(ow_i)
-    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    vectorize_tile(sch, consumer, ow_o)
+    register_tile(sch, anchor, epilogue, ow_o, [ry, rx], ow_i)
     channel = sch.fuse(n, c)
     sch.parallel(channel)
     return channel, ow_o

@@ -19,7 +19,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import block_names, inline_epilogue, largest_divisor, register_tile, vectorize_tile
 
 ANCHOR = "conv2d_nchw"
 
@@ -130,18 +130,10 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     oc_o, oc_i = sch.split(oc, [None, cfg.oc_block])
     ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
     rc, rc_i = sch.split(rc, [None, cfg.ic_unroll])
-    if cfg.kind == "oc":
-        sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, rc_i, ow_i, oc_i)
-        sch.unroll(ow_i)
-        sch.vectorize(oc_i)
-    else:
-        sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, rc_i, oc_i, ow_i)
-        sch.unroll(oc_i)
-        sch.vectorize(ow_i)
-    sch.unroll(rc_i)
-    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
+    unrolled, vector = (ow_i, oc_i) if cfg.kind == "oc" else (oc_i, ow_i)
+    sch.reorder(n, oc_o, oh, ow_o, rc, ry, rx, rc_i, unrolled, vector)
     # The store runs along output pixels (NCHW rows) for both kernels.
-    vectorize_tile(sch, consumer, ow_o)
+    register_tile(sch, anchor, epilogue, ow_o, [unrolled, rc_i], vector)
     # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
     sch.parallel(sch.fuse(n, oc_o, oh))
     vectorize_tile(sch, sch.decompose_reduction(anchor, rc), ow_o)

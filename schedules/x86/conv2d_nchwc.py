@@ -17,7 +17,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from ..blocked import CONV_ANCHOR
-from ..common import accumulate_in_registers, anchor_loops, block_names, inline_epilogue, vectorize_tile
+from ..common import anchor_loops, block_names, inline_epilogue, register_tile, vectorize_tile
 
 ANCHOR = CONV_ANCHOR
 
@@ -86,12 +86,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
     rci_o, rci_i = sch.split(rci, [None, cfg.ic_unroll])
     sch.reorder(n, ob_o, oh_o, oh_i, ow_o, rco, ry, rx, rci_o, rci_i, ow_i, ob_i, oc_i)
-    sch.vectorize(oc_i)
-    sch.unroll(ob_i)
-    sch.unroll(ow_i)
-    sch.unroll(rci_i)
-    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    vectorize_tile(sch, consumer, ow_o)
+    register_tile(sch, anchor, epilogue, ow_o, [ob_i, ow_i, rci_i], oc_i)
     # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
     sch.parallel(sch.fuse(n, ob_o, oh_o))
     vectorize_tile(sch, sch.decompose_reduction(anchor, rco), ow_o)

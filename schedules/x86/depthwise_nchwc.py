@@ -13,7 +13,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from ..blocked import DEPTHWISE_ANCHOR
-from ..common import accumulate_in_registers, anchor_loops, inline_epilogue, vectorize_tile
+from ..common import anchor_loops, inline_epilogue, register_tile, vectorize_tile
 from .conv2d_nchwc import inline_views
 
 ANCHOR = DEPTHWISE_ANCHOR
@@ -65,12 +65,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     epilogue = inline_epilogue(sch, ANCHOR)
     ow_o, ow_i = sch.split(ow, [None, cfg.ow_block])
     sch.reorder(n, c, oh, ow_o, ry, rx, ow_i, c_i)
-    sch.unroll(ry)
-    sch.unroll(rx)
-    sch.unroll(ow_i)
-    sch.vectorize(c_i)
-    consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
-    vectorize_tile(sch, consumer, ow_o)
+    register_tile(sch, anchor, epilogue, ow_o, [ry, rx, ow_i], c_i)
     channel = sch.fuse(n, c)
     pad = sch.get_sblock("PaddedInput")
     if cfg.pad_at == "inline":
