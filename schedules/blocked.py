@@ -38,6 +38,19 @@ def blocked_shape(shape, block: int) -> list[int]:
     return [n, c // block, h, w, block]
 
 
+def pack_weight(weight: np.ndarray, oc_block: int) -> np.ndarray:
+    """OIHW -> [O/oc_block, I, H, W, oc_block] (the NCHW conv2d kernel's weight): the oc_block weights of one
+    step are contiguous."""
+    o, i, h, w = weight.shape
+    return weight.reshape(o // oc_block, oc_block, i, h, w).transpose(0, 2, 3, 4, 1).copy()
+
+
+def unpack_weight(packed: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_weight`."""
+    blocks, i, h, w, oc_block = packed.shape
+    return packed.transpose(0, 4, 1, 2, 3).reshape(blocks * oc_block, i, h, w)
+
+
 def pack_conv_weight(weight: np.ndarray, in_block: int, out_block: int) -> np.ndarray:
     """OIHW -> ``[O/out_block, I/in_block, kh, kw, in_block, out_block]``."""
     o, i, h, w = weight.shape
@@ -57,7 +70,14 @@ def pack_depthwise_weight(weight: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(c // block, block, h, w).transpose(0, 2, 3, 1))
 
 
-def _out_size(size: int, before: int, after: int, kernel: int, stride: int, dilation: int) -> int:
+def unpack_depthwise_weight(packed: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_depthwise_weight`."""
+    c, h, w, b = packed.shape
+    return packed.transpose(0, 3, 1, 2).reshape(c * b, 1, h, w)
+
+
+def out_size(size: int, before: int, after: int, kernel: int, stride: int, dilation: int) -> int:
+    """Output extent of a convolution window along one axis."""
     return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
 
 
@@ -74,8 +94,8 @@ def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32")
         pads = ([0, 0, top, left, 0], [0, 0, bottom, right, 0]) if blocked_in else \
             ([0, 0, top, left], [0, 0, bottom, right])
         data = topi.nn.pad(data, *pads, name="pad_temp")
-    out_h = _out_size(h, top, bottom, kh, strides[0], dilation[0])
-    out_w = _out_size(w, left, right, kw, strides[1], dilation[1])
+    out_h = out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = out_size(w, left, right, kw, strides[1], dilation[1])
     rco, rci = te.reduce_axis((0, in_blocks), "rco"), te.reduce_axis((0, bi), "rci")
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
 
@@ -96,8 +116,8 @@ def depthwise_conv2d(data, weight, strides, padding, dilation):
     _, kh, kw, _ = (int(d) for d in weight.shape)
     top, left, bottom, right = padding
     padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="PaddedInput")
-    out_h = _out_size(h, top, bottom, kh, strides[0], dilation[0])
-    out_w = _out_size(w, left, right, kw, strides[1], dilation[1])
+    out_h = out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = out_size(w, left, right, kw, strides[1], dilation[1])
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     return te.compute(
         (n, blocks, out_h, out_w, block),
@@ -140,7 +160,7 @@ def to_plain(tensor):
 class KernelLayout:
     """How a kernel's arguments differ from its partition function's (NCHW activations, OIHW weights).
 
-    ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`compute.pack_weight`),
+    ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`pack_weight`),
     ``("conv", bi, bo)`` or ``("depthwise", b)``; ``activations``: parameter index -> block of an input
     passed NCHW[b]c; ``out_block``: the output's block (None: NCHW).
     """
@@ -165,31 +185,37 @@ class KernelLayout:
             text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c"}[kind].format(*blocks)
         return text
 
+    def shape(self, index: int, shape: list[int]) -> list[int]:
+        """Parameter ``index``'s shape as the kernel reads it, from its shape in the partition function."""
+        if index in self.activations:
+            return blocked_shape(shape, self.activations[index])
+        if index not in self.weights:
+            return shape
+        kind, *b = self.weights[index]
+        o, i, h, w = shape
+        if kind == "oc":
+            return [o // b[0], i, h, w, b[0]]
+        if kind == "conv":
+            return [o // b[1], i // b[0], h, w, b[0], b[1]]
+        return [o // b[0], h, w, b[0]]
+
     def pack(self, index: int, weight: np.ndarray) -> np.ndarray:
         """Parameter ``index``'s constant as the kernel reads it."""
         if index not in self.weights:
             return weight
         kind, *blocks = self.weights[index]
-        if kind == "oc":
-            from .compute import pack_weight
-
-            return pack_weight(weight, *blocks)
-        return pack_conv_weight(weight, *blocks) if kind == "conv" else pack_depthwise_weight(weight, *blocks)
+        return _PACK[kind](weight, *blocks)
 
     def plain(self, arrays: list) -> list:
         """A kernel call's arrays (inputs, then the output) in the partition function's layouts."""
         out = list(arrays)
-        for index, (kind, *blocks) in self.weights.items():
-            if kind == "oc":
-                from .compute import unpack_weight
-
-                out[index] = unpack_weight(out[index])
-            elif kind == "conv":
-                out[index] = unpack_conv_weight(out[index])
-            else:
-                c, h, w, b = out[index].shape
-                out[index] = out[index].transpose(0, 3, 1, 2).reshape(c * b, 1, h, w)
+        for index, (kind, *_) in self.weights.items():
+            out[index] = _UNPACK[kind](out[index])
         for index in list(self.activations) + ([len(out) - 1] if self.blocked else []):
             n, cb, h, w, b = out[index].shape
             out[index] = out[index].transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
         return out
+
+
+_PACK = {"oc": pack_weight, "conv": pack_conv_weight, "depthwise": pack_depthwise_weight}
+_UNPACK = {"oc": unpack_weight, "conv": unpack_conv_weight, "depthwise": unpack_depthwise_weight}

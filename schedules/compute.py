@@ -13,6 +13,7 @@ import tvm
 from tvm import relax, te, topi
 
 from . import blocked
+from .blocked import out_size
 
 # Block names of the anchor stage, per family (the schedules look them up by name).
 ANCHOR_BLOCK = {"conv2d": "conv2d_nchw", "group_conv2d": "group_conv2d_nchw",
@@ -25,18 +26,6 @@ def _ints(values) -> list[int]:
     return [int(v) for v in values]
 
 
-def pack_weight(weight, oc_block: int):
-    """OIHW -> [O/oc_block, I, H, W, oc_block] (numpy): the oc_block weights of one step are contiguous."""
-    o, i, h, w = weight.shape
-    return weight.reshape(o // oc_block, oc_block, i, h, w).transpose(0, 2, 3, 4, 1).copy()
-
-
-def unpack_weight(packed):
-    """Inverse of :func:`pack_weight`."""
-    blocks, i, h, w, oc_block = packed.shape
-    return packed.transpose(0, 4, 1, 2, 3).reshape(blocks * oc_block, i, h, w)
-
-
 def _conv2d_packed(data, packed, strides, padding, dilation, out_dtype):
     """NCHW conv2d reading a weight packed by :func:`pack_weight`; same block names as topi's."""
     n, c, h, w = (int(d) for d in data.shape)
@@ -44,8 +33,8 @@ def _conv2d_packed(data, packed, strides, padding, dilation, out_dtype):
     top, left, bottom, right = padding
     if any(padding):
         data = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp")
-    out_h = (h + top + bottom - (kh - 1) * dilation[0] - 1) // strides[0] + 1
-    out_w = (w + left + right - (kw - 1) * dilation[1] - 1) // strides[1] + 1
+    out_h = out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = out_size(w, left, right, kw, strides[1], dilation[1])
     rc, ry, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     return te.compute(
         (n, blocks * oc_block, out_h, out_w),
@@ -66,8 +55,8 @@ def _depthwise_whole_vectors(data, weight, strides, padding, dilation, lanes: in
     out_channels, _, kh, kw = (int(d) for d in weight.shape)
     multiplier = out_channels // c
     top, left, bottom, right = padding
-    out_h = (h + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (w + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_h = out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = out_size(w, left, right, kw, strides[1], dilation[1])
     wide = -(-out_w // lanes) * lanes
     padded = topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right + (wide - out_w) * strides[1]],
                          name="PaddedInput")
@@ -105,8 +94,8 @@ def _depthwise_phase_split(data, weight, strides, padding, dilation, lanes: int 
     out_channels, _, kh, kw = (int(d) for d in weight.shape)
     multiplier = out_channels // c
     top, left, bottom, right = padding
-    out_h = (h + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (w + left + right - kw) // 2 + 1
+    out_h = out_size(h, top, bottom, kh, strides[0], dilation[0])
+    out_w = out_size(w, left, right, kw, 2, 1)
     wide = -(-out_w // lanes) * lanes if lanes else out_w
     # Half-width columns: tap kw - 1 of output wide - 1 reads phase x index wide - 1 + (kw - 1) // 2.
     half = wide + kw // 2
@@ -206,7 +195,8 @@ def anchor_call(fn: relax.Function):
     return None
 
 
-def _param_index(fn: relax.Function, var) -> int | None:
+def param_index(fn: relax.Function, var) -> int | None:
+    """The position of ``var`` among ``fn``'s parameters (None when it is not one)."""
     found = [i for i, p in enumerate(fn.params) if p.same_as(var)]
     return found[0] if found else None
 
@@ -226,7 +216,7 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
 
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
-    data, weight = _param_index(fn, anchor.args[0]), _param_index(fn, anchor.args[1])
+    data, weight = param_index(fn, anchor.args[0]), param_index(fn, anchor.args[1])
     if _family(anchor) == "conv2d":
         packing = ("conv", blocks.get(data, 1), out_block)
     else:
@@ -234,20 +224,6 @@ def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayou
             raise ValueError("a blocked depthwise kernel needs its input blocked like its output")
         packing = ("depthwise", out_block)
     return blocked.KernelLayout({weight: packing}, blocks, out_block)
-
-
-def _placeholder_shape(shape: list[int], index: int, layout: blocked.KernelLayout) -> list[int]:
-    if index in layout.activations:
-        return blocked.blocked_shape(shape, layout.activations[index])
-    if index not in layout.weights:
-        return shape
-    kind, *b = layout.weights[index]
-    o, i, h, w = shape
-    if kind == "oc":
-        return [o // b[0], i, h, w, b[0]]
-    if kind == "conv":
-        return [o // b[1], i // b[0], h, w, b[0], b[1]]
-    return [o // b[0], h, w, b[0]]
 
 
 def _blocked_ops(out_block: int) -> dict:
@@ -281,7 +257,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
         te_ops = _blocked_ops(layout.out_block)
     else:
         layout = blocked.KernelLayout()
-        weight = _param_index(fn, anchor.args[1]) if anchor is not None else None
+        weight = param_index(fn, anchor.args[1]) if anchor is not None else None
         if oc_block and weight is not None and _family(anchor) == "conv2d" and \
                 int(anchor.args[1].ty.shape[0]) % oc_block == 0:
             layout.weights[weight] = ("oc", oc_block)
@@ -289,7 +265,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
         te_ops = dict(TE_OPS, **{"relax.nn.conv2d": functools.partial(_conv2d, lanes=lanes)})
     env, inputs = {}, []
     for i, p in enumerate(fn.params):
-        t = te.placeholder(_placeholder_shape(_ints(p.ty.shape), i, layout), p.ty.dtype, name=f"p{i}")
+        t = te.placeholder(layout.shape(i, _ints(p.ty.shape)), p.ty.dtype, name=f"p{i}")
         env[p] = t
         inputs.append(t)
     ops, family = [], None

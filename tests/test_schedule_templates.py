@@ -7,7 +7,8 @@ from tvm import s_tir, te, topi
 from tvm.topi.testing import conv2d_nchw_python
 
 from tvmfuse import targets
-from tvmfuse.schedules.compute import _conv2d_packed, pack_weight
+from tvmfuse.schedules.blocked import pack_weight
+from tvmfuse.schedules.compute import _conv2d_packed
 from tvmfuse.schedules.x86 import templates
 
 HOST = targets.resolve("x86-host")

@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules.blocked import KernelLayout, block_for, blocked_shape, to_blocked, to_plain
-from tvmfuse.schedules.compute import anchor_call, blockable, partition_compute
+from tvmfuse.schedules.compute import anchor_call, blockable, param_index, partition_compute
 
 from ..targets import TargetSpec
 from .layout import layout_kernel
@@ -120,7 +120,7 @@ class _Lower(relax.PyExprMutator):
         """(args, blocks): activations passed NCHW[b]c where the kernel benefits; a conv2d reads a plain
         input directly (the stem), depthwise inputs and residuals are blocked (transformed if they are not)."""
         anchor = anchor_call(fn)
-        data = [i for i, p in enumerate(fn.params) if p.same_as(anchor.args[0])][0]
+        data = param_index(fn, anchor.args[0])
         depthwise = int(anchor.attrs.groups) != 1
         args, blocks = list(args), {}
         for i, arg in enumerate(args):
