@@ -98,3 +98,31 @@ def table(rows: list[dict], columns: list[str]) -> str:
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def conv_layer(cin: int, cout: int, size: int, kernel: int, stride: int, pad: int, groups: int, rng):
+    """A one-layer ONNX model ``x[1, cin, size, size] -> Conv(bias) -> Relu`` with ``rng``'s weights."""
+    from onnx import helper, numpy_helper
+
+    inits = [numpy_helper.from_array(rng.standard_normal((cout, cin // groups, kernel, kernel)).astype("float32"), "W"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype("float32"), "B")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[kernel, kernel], strides=[stride] * 2,
+                              pads=[pad] * 4, group=groups), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", 1, [1, cin, size, size])],
+                              [helper.make_tensor_value_info("y", 1, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def single_partition(model, spec):
+    """The one partition function of a one-op ``model``, as tvmfuse partitions it for ``spec``."""
+    import tvm
+
+    from tvmfuse import frontend
+    from tvmfuse.passes.partition import Partition, composites
+    from tvmfuse.passes.pipeline import canonicalize_passes
+
+    mod = frontend.import_model(model).mod
+    with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
+        mod = Partition()(tvm.transform.Sequential(canonicalize_passes())(mod))
+    (fn,) = composites(mod).values()
+    return fn

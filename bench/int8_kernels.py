@@ -18,17 +18,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import statistics  # noqa: E402
 
-from common import THREADS, table  # noqa: E402
+from common import THREADS, conv_layer, single_partition, table  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 from tvm import te  # noqa: E402
 
-from tvmfuse import frontend, targets  # noqa: E402
+from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
-from tvmfuse.passes.partition import Partition, composites  # noqa: E402
-from tvmfuse.passes.pipeline import canonicalize_passes  # noqa: E402
 from tvmfuse.schedules import int8  # noqa: E402
 from tvmfuse.schedules.intrin import vnni  # noqa: E402
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise  # noqa: E402
@@ -80,22 +78,13 @@ def _fp32_kernel(layer, spec, rng):
                  helper.make_node("Relu", ["c"], ["y"])]
         inits = [numpy_helper.from_array(_random((k, n), "float32", rng), "W"),
                  numpy_helper.from_array(_random((n,), "float32", rng), "B")]
-        x_shape = [1, k]
+        graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", 1, [1, k])],
+                                  [helper.make_tensor_value_info("y", 1, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     else:
         _, c, o, size, kern, stride, pad = layer
-        group = c if kind == "depthwise" else 1
-        nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[kern, kern], strides=[stride] * 2,
-                                  pads=[pad] * 4, group=group), helper.make_node("Relu", ["c"], ["y"])]
-        inits = [numpy_helper.from_array(_random((o, c // group, kern, kern), "float32", rng), "W"),
-                 numpy_helper.from_array(_random((o,), "float32", rng), "B")]
-        x_shape = [1, c, size, size]
-    graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", 1, x_shape)],
-                              [helper.make_tensor_value_info("y", 1, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    mod = frontend.import_model(model).mod
-    with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
-        mod = Partition()(tvm.transform.Sequential(canonicalize_passes())(mod))
-    (fn,) = composites(mod).values()
+        model = conv_layer(c, o, size, kern, stride, pad, c if kind == "depthwise" else 1, rng)
+    fn = single_partition(model, spec)
     func, _ = make_kernel(fn, spec)
     tensors = [_random([int(d) for d in p.ty.shape], "float32", rng) for p in func.params]
     return _compile(func, spec), tensors

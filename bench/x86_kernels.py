@@ -15,11 +15,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, table  # noqa: E402
+from common import THREADS, conv_layer, single_partition, table  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
 
 from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
@@ -45,26 +44,6 @@ LAYERS = [
 ]
 
 
-def _partition(cin, cout, size, k, stride, groups):
-    """The conv + bias + relu partition function of a one-layer model."""
-    from tvmfuse import frontend
-    from tvmfuse.passes.partition import Partition, composites
-    from tvmfuse.passes.pipeline import canonicalize_passes
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((cout, cin // groups, k, k)).astype("float32"), "W"),
-             numpy_helper.from_array(rng.standard_normal(cout).astype("float32"), "B")]
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
-                              pads=[k // 2] * 4, group=groups), helper.make_node("Relu", ["c"], ["y"])]
-    graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", 1, [1, cin, size, size])],
-                              [helper.make_tensor_value_info("y", 1, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    with tvm.transform.PassContext(opt_level=3):
-        mod = Partition()(tvm.transform.Sequential(canonicalize_passes())(frontend.import_model(model).mod))
-    (fn,) = composites(mod).values()
-    return fn
-
-
 def _ms(fn, spec, blocks, repeat: int) -> float:
     kernel, _ = make_kernel(fn, spec, blocks=blocks)
     lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=spec.tvm_target())
@@ -76,7 +55,7 @@ def _ms(fn, spec, blocks, repeat: int) -> float:
 
 def row(layer, spec, repeat: int) -> dict:
     name, cin, cout, size, k, stride, groups = layer
-    fn = _partition(cin, cout, size, k, stride, groups)
+    fn = single_partition(conv_layer(cin, cout, size, k, stride, k // 2, groups, np.random.default_rng(0)), spec)
     lanes = spec.vector_bits() // 32
     block = block_for(cin, lanes)
     nchw, blocked = _ms(fn, spec, None, repeat), _ms(fn, spec, {0: block} if block else {}, repeat)

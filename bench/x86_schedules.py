@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, compile_and_session, ort_session, ours_vs_ort, table  # noqa: E402
+from common import THREADS, compile_and_session, ort_session, ours_vs_ort, single_partition, table  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
@@ -40,19 +40,6 @@ def copy_bandwidth(target) -> float:
     return 2 * n * 4 / seconds
 
 
-def _single_partition(model):
-    """The one partition function of a one-op ``model``."""
-    from tvmfuse import frontend
-    from tvmfuse.passes.partition import Partition, composites
-    from tvmfuse.passes.pipeline import canonicalize_passes
-
-    mod = frontend.import_model(model).mod
-    with tvm.transform.PassContext(opt_level=3):
-        mod = Partition()(tvm.transform.Sequential(canonicalize_passes())(mod))
-    (fn,) = composites(mod).values()
-    return fn
-
-
 def depthwise_row(target_name: str, bandwidth: float, repeat: int) -> dict:
     """Depthwise 3x3, C=144, 56x56, stride 1, pad 1, + bias + relu6: the kernel tvmfuse compiles between
     two blocked neighbours (NCHW[b]c in and out), timed alone from memory (against the roofline) and in
@@ -73,7 +60,7 @@ def depthwise_row(target_name: str, bandwidth: float, repeat: int) -> dict:
                               [helper.make_tensor_value_info("y", 1, [1, c, h, h])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     spec = targets.resolve(target_name)
-    kernel, layout = make_kernel(_single_partition(model), spec, blocks={0: block_for(c, spec.vector_bits() // 32)})
+    kernel, layout = make_kernel(single_partition(model, spec), spec, blocks={0: block_for(c, spec.vector_bits() // 32)})
     lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=spec.tvm_target())
     args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32"))
             for p in kernel.params]
