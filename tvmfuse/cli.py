@@ -153,6 +153,15 @@ def cmd_zoo(args) -> int:
     return 0
 
 
+def cmd_bundle(args) -> int:
+    from .bundle import runtime_bundle
+
+    made = runtime_bundle(args.dest, args.ffi_wheel)
+    print(f"wrote {made['path']} ({made['bytes'] / 2**20:.1f} MiB, tvm_ffi for {made['python']}); there: "
+          f"PYTHONPATH={made['path']} TVM_USE_RUNTIME_LIB=1 python -m tvmfuse run LIB.so")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__, targets
 
@@ -214,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bundle", help="write a runtime-only TVM (~25 MB) for running .so files where TVM is not "
+                       "installed")
+    p.add_argument("dest", help="folder to write; put it on PYTHONPATH there and set TVM_USE_RUNTIME_LIB=1")
+    p.add_argument("--ffi-wheel", metavar="WHEEL", help="apache-tvm-ffi wheel for the other machine's Python "
+                   "(default: this Python's tvm_ffi)")
+    p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("info", help="inputs, op histogram, parameter count and FLOPs of a model")
     _add_model_args(p)
