@@ -1,7 +1,9 @@
 """tvmfuse: compile ONNX CNNs into fused, tuned shared libraries for x86 and CUDA, on Apache TVM.
 
 ``tvmfuse.load`` and ``tvmfuse.zoo`` import no TVM compiler code, so an exported library can be run in a
-process where only the TVM runtime is present (``TVM_USE_RUNTIME_LIB=1``).
+process where only the TVM runtime is present (``TVM_USE_RUNTIME_LIB=1``). ``import tvmfuse`` needs only
+numpy (``zoo`` needs onnx and is imported on first use), so a runtime bundle (``tvmfuse bundle``) runs
+where neither TVM nor onnx is installed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ __version__ = "0.1.0"
 _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
                                                else (_os.cpu_count() or 1)))
 
-from . import errors, zoo  # noqa: E402  (zoo builds ONNX only)
+from . import cuda_driver, errors  # noqa: E402
+
+cuda_driver.preload()  # before anything imports tvm: lets a driverless machine build loadable CUDA libraries
 from .errors import TvmfuseError  # noqa: E402
 from .runtime import load  # noqa: E402
 
@@ -29,6 +33,10 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name == "zoo":
+        import importlib
+
+        return importlib.import_module(".zoo", __name__)
     if name == "partitions":
         from .partition_report import partitions
 

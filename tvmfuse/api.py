@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -45,6 +46,7 @@ class CompiledModel:
         self.record = PassRecord()
         self.tuning_logs: dict | None = None
         self.layout = "blocked"
+        self.cuda_code = None  # CUDA targets: "binary" (cubin) or "source" (see cuda_driver)
         self.quantization: dict | None = None
         self._runner: Runner | None = None
 
@@ -89,6 +91,8 @@ class CompiledModel:
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
         extra = {"kernels": kernel_names(self.lowered), "layout": self.layout, "tuning_logs": self.tuning_logs}
+        if self.cuda_code is not None:
+            extra["cuda_code"] = self.cuda_code
         if self.quantization is not None:
             extra["quantization"] = self.quantization
         return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
@@ -175,6 +179,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
                                blocked=layout == "blocked")
     database, log_info = _load_logs(logs, spec)
+    cuda_code = _cuda_code(spec)
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
         executable, lowered = build(mod, spec, database, applied)
@@ -183,9 +188,25 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
     cm.record = record
     cm.layout = layout
+    cm.cuda_code = cuda_code
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
     return cm
+
+
+def _cuda_code(spec: targets.TargetSpec) -> str | None:
+    """How a CUDA build will hold its kernels: ``"binary"``, or ``"source"`` with a warning (no TVM CUDA runtime)."""
+    if not spec.is_cuda:
+        return None
+    from . import cuda_driver
+
+    if cuda_driver.cuda_codegen_ready():
+        return "binary"
+    warnings.warn("TVM's CUDA runtime is not loaded (no NVIDIA driver, and the build stub was off or could not "
+                  f"be built: {cuda_driver.state['driver']}), so the CUDA kernels are kept as source, which a GPU "
+                  "machine may not load; import tvmfuse before tvm, and keep a C compiler on PATH",
+                  stacklevel=3)
+    return "source"
 
 
 def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", table=None,

@@ -1,0 +1,99 @@
+"""Build CUDA libraries that a GPU machine can load, on a machine with no NVIDIA driver.
+
+TVM compiles CUDA kernels to a cubin only when its CUDA runtime (``libtvm_runtime_cuda.so``) is loaded, and
+that library links ``libcuda.so.1``, the driver. Without a driver TVM keeps the kernels as CUDA source in
+the exported library (a "fallback" module), which is not what a deployment should ship. The CUDA toolkit
+solves the same problem for linking with a stub driver; tvmfuse does it at run time: where no
+``libcuda.so.1`` can be loaded, it compiles a stub with the few entry points TVM's runtime links against
+(each answers "no device"), caches it under ``~/.cache/tvmfuse``, and loads it before TVM is imported.
+``tvm.cuda(0).exist`` stays False, nothing can run on the stub, and nvcc produces real cubins.
+
+Also: TVM compiles CUDA with NVRTC through the ``cuda-bindings`` package by default; where that package is
+missing and ``nvcc`` is on PATH, ``TVM_CUDA_COMPILE_MODE=nvcc`` is set (a value the user set wins).
+
+Set ``TVMFUSE_CUDA_STUB=0`` to turn the stub off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# The driver entry points libtvm_runtime_cuda.so links (`nm -D --undefined-only`); all return
+# CUDA_ERROR_NO_DEVICE (100) except the two error-text lookups.
+STUB_SOURCE = """\
+/* libcuda.so.1 stand-in written by tvmfuse for building on machines without an NVIDIA driver. */
+#define NO_DEVICE 100
+int cuDeviceGetName(void) { return NO_DEVICE; }
+int cuFuncSetAttribute(void) { return NO_DEVICE; }
+int cuLaunchKernelEx(void) { return NO_DEVICE; }
+int cuModuleGetFunction(void) { return NO_DEVICE; }
+int cuModuleLoadData(void) { return NO_DEVICE; }
+int cuModuleUnload(void) { return NO_DEVICE; }
+int cuTensorMapEncodeTiled(void) { return NO_DEVICE; }
+int cuGetErrorName(int e, const char **s) { (void)e; *s = "CUDA_ERROR_NO_DEVICE"; return 0; }
+int cuGetErrorString(int e, const char **s) { (void)e; *s = "no NVIDIA driver (tvmfuse build stub)"; return 0; }
+"""
+
+state = {"driver": "unchecked"}  # "real", "stub", "none" (no driver, no stub), "off"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TVMFUSE_CACHE", Path.home() / ".cache" / "tvmfuse"))
+
+
+def build_stub(directory: Path) -> Path | None:
+    """Compile the stub into ``directory``; None where no C compiler is available or it fails."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    source, lib = directory / "libcuda_stub.c", directory / "libcuda.so.1"
+    source.write_text(STUB_SOURCE)
+    tmp = directory / f".libcuda.so.1.{os.getpid()}"
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(source)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, lib)  # atomic: concurrent processes never load a half-written stub
+    return lib
+
+
+def preload() -> str:
+    """Make sure TVM's CUDA runtime can load; call before ``import tvm``. Returns the driver state."""
+    if state["driver"] != "unchecked":
+        return state["driver"]
+    # Off when asked, when tvm is already imported (too late), and in runtime-only processes (which run
+    # libraries, never build them: a real driver, if any, is found by TVM itself).
+    if (os.environ.get("TVMFUSE_CUDA_STUB", "1") == "0" or "tvm" in sys.modules
+            or os.environ.get("TVM_USE_RUNTIME_LIB") == "1"):
+        state["driver"] = "off"
+        return state["driver"]
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+        state["driver"] = "real"
+    except OSError:
+        lib = cache_dir() / "cuda-stub" / "libcuda.so.1"
+        try:
+            lib = lib if lib.exists() else build_stub(lib.parent)
+            if lib is not None:
+                ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            lib = None
+        state["driver"] = "stub" if lib is not None else "none"
+    if importlib.util.find_spec("cuda") is None and shutil.which("nvcc"):
+        os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    return state["driver"]
+
+
+def cuda_codegen_ready() -> bool:
+    """True when TVM will compile CUDA kernels to binaries (its CUDA runtime is loaded)."""
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func("ffi.Module.load_from_bytes.cuda", allow_missing=True) is not None
