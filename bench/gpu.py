@@ -1,0 +1,125 @@
+"""Batch-1 latency on an NVIDIA GPU: tvmfuse against plain TVM (and PyTorch where installed), in one run.
+
+    python bench/gpu.py [--models mobilenet_v2,resnet50] [--target cuda-sm90] [--repeat 50]
+
+Needs a CUDA GPU. For each zoo model:
+
+- tvmfuse: ``tvmfuse.compile(model, target)``, checked against onnxruntime (CPU) on the same seeded input;
+- plain TVM: from_onnx + ``tvm.compile`` with TVM's default CUDA pipeline (dlight schedules);
+- PyTorch (only with ``--torch`` and torchvision installed): torchvision's model of the same name and
+  architecture (its own random weights), eager and cuDNN, as a GPU user's everyday reference.
+
+All timings are GPU-synchronized medians (``time_evaluator`` for TVM, CUDA events for PyTorch). Prints a
+Markdown table with the ratios to plain TVM.
+
+(Not named ``cuda.py``: with ``bench/`` on ``sys.path`` that file would shadow the ``cuda`` package whose
+``cuda.bindings.nvrtc`` TVM imports to compile kernels.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import inputs_for, ort_session, table  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+DEFAULT_MODELS = ["mobilenet_v2", "resnet50", "efficientnet_lite0"]
+TORCHVISION = {"mobilenet_v2": "mobilenet_v2", "resnet50": "resnet50", "resnet18": "resnet18"}
+
+
+def plain_tvm_ms(model, spec, x: dict, repeat: int) -> tuple[float, np.ndarray]:
+    import tvm
+    from tvm import relax
+
+    from tvmfuse import frontend
+
+    imported = frontend.import_model(model)
+    ex = tvm.compile(imported.mod, target=spec.tvm_target())
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(x[i.name], dev) for i in imported.inputs]
+    out = vm["main"](*args)
+    out = (out[0] if not isinstance(out, tvm.runtime.Tensor) else out).numpy()
+    timer = vm.time_evaluator("main", dev, number=10, repeat=repeat)
+    return statistics.median(timer(*args).results) * 1e3, out
+
+
+def torch_ms(name: str, shape, repeat: int) -> float | None:
+    try:
+        import torch
+        import torchvision
+    except ImportError:
+        return None
+    if name not in TORCHVISION:
+        return None
+    net = getattr(torchvision.models, TORCHVISION[name])().eval().cuda()
+    x = torch.randn(*shape, device="cuda")
+    times = []
+    with torch.inference_mode():
+        for _ in range(10):
+            net(x)
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                net(x)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 10)
+    return statistics.median(times)
+
+
+def measure(name: str, target: str, repeat: int, with_torch: bool) -> dict:
+    import tvmfuse
+    from tvmfuse import targets, zoo
+
+    spec = targets.resolve(target)
+    model = zoo.get(name)
+    start = time.perf_counter()
+    cm = tvmfuse.compile(model, target=target)
+    compile_s = time.perf_counter() - start
+    x = inputs_for(cm.inputs)
+    ref = ort_session(model).run(None, x)[0]
+    ours = cm.run(x)[0]
+    ours_ms = cm.benchmark(x, repeat=repeat)["median_ms"]
+    plain_ms, plain_out = plain_tvm_ms(model, spec, x, repeat)
+    scale = float(np.abs(ref).max()) or 1.0
+    row = {"model": name, "tvmfuse ms": f"{ours_ms:.3f}", "plain TVM ms": f"{plain_ms:.3f}",
+           "tvmfuse / plain TVM": f"{ours_ms / plain_ms:.2f}x",
+           "max abs diff vs onnxruntime (tvmfuse / plain)":
+               f"{np.abs(ours - ref).max() / scale:.1e} / {np.abs(plain_out - ref).max() / scale:.1e} (of max)",
+           "compile s": f"{compile_s:.1f}"}
+    if with_torch:
+        t = torch_ms(name, cm.inputs[0].shape, repeat)
+        row["PyTorch ms"] = f"{t:.3f}" if t is not None else "-"
+        row["tvmfuse / PyTorch"] = f"{ours_ms / t:.2f}x" if t else "-"
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    p.add_argument("--target", default="cuda-sm90")
+    p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--torch", action="store_true", help="also time torchvision's model (needs torch + GPU)")
+    args = p.parse_args(argv)
+    from tvmfuse import targets
+
+    if not targets.cuda_available():
+        print("bench/gpu.py needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 1
+    rows = [measure(m, args.target, args.repeat, args.torch) for m in args.models.split(",")]
+    columns = list(rows[0])
+    print(f"target {args.target}, batch 1, GPU-synchronized medians of {args.repeat} x 10 runs\n")
+    print(table(rows, columns))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
