@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Here (the build machine): pack the full TVM compiler for a lent GPU machine (Python 3.12, no TVM, 64 MiB per
+# call). libtvm_compiler.so is 250 MB, 59 MB as xz: it travels in two halves, .dev1/ then .dev2/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SP=$(python -c "import tvm, os; print(os.path.dirname(os.path.dirname(tvm.__file__)))")
+FFI=$(python -c "import tvm_ffi; print(tvm_ffi.__version__)")
+XGB=$(python -c "import xgboost; print(xgboost.__version__)")
+TOR=$(python -c "import tornado; print(tornado.version)")
+mkdir -p .dev1 .dev2 && grep -qx "/.dev1/" .git/info/exclude || printf '/.dev1/\n/.dev2/\n' >> .git/info/exclude
+xz -T0 -6 -c "$SP/tvm/lib/libtvm_compiler.so" | split -b 31000000 - /tmp/compiler.xz.
+mv /tmp/compiler.xz.aa .dev1/ && mv /tmp/compiler.xz.ab .dev2/
+tar -C "$SP" --exclude=libtvm_compiler.so --exclude=__pycache__ --exclude=tvm/3rdparty --exclude=tvm/src \
+    --exclude=tvm/include -cJf .dev2/tvm_py.tar.xz tvm
+for w in apache-tvm-ffi==$FFI xgboost-cpu==$XGB tornado==$TOR; do
+  pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .dev2 "$w"
+done
+du -sh .dev1 .dev2
