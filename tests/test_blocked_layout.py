@@ -111,6 +111,7 @@ CONV_GRID = [
     (32, 64, 7, 3, 1, 1, 1),
     (16, 8, 3, 3, 1, 0, 1),  # 1x1 output
     (64, 32, 11, 5, 2, 2, 1),
+    (64, 128, 14, 1, 2, 0, 1),  # 1x1 stride 2 to a 7-wide map: 2x4 tiles with a predicated last pixel
 ]
 
 
@@ -200,10 +201,12 @@ def test_block_for_picks_whole_vectors_then_eight():
 
 
 def test_default_configs():
-    # The most FMAs per load, then the most accumulators, then the widest row (AVX2 budget: 8).
+    # The most useful FMAs per load (a width that does not divide the row wastes its tail), then the most
+    # accumulators, then the widest row (AVX2 budget: 8).
     assert conv2d_nchwc.default_config(8, 56, 8) == conv2d_nchwc.Config(2, 4)
     assert conv2d_nchwc.default_config(32, 14, 8) == conv2d_nchwc.Config(4, 2)
-    assert conv2d_nchwc.default_config(64, 7, 8) == conv2d_nchwc.Config(1, 7)
+    assert conv2d_nchwc.default_config(64, 7, 8) == conv2d_nchwc.Config(2, 4)  # 7 of 8 pixels used
+    assert conv2d_nchwc.default_config(5, 14, 8) == conv2d_nchwc.Config(1, 7)  # 5 blocks: a dividing tile wins
     assert conv2d_nchwc.default_config(3, 56, 8) == conv2d_nchwc.Config(3, 2)
     assert depthwise_nchwc.default_config(56, 112, 3) == depthwise_nchwc.Config(7, "inline")
     assert depthwise_nchwc.default_config(14, 14, 3) == depthwise_nchwc.Config(7, "channel")

@@ -88,9 +88,9 @@ def _blocked_kernels():
             "depthwise_conv2d_nchwc": te.create_prim_func([data, dw.op.input_tensors[1], topi.nn.relu(dw)])}
 
 
-@pytest.mark.parametrize("family,knobs,space", [("conv2d_nchwc", 4, 3 * 3 * 4 * 3), ("depthwise_conv2d_nchwc", 1, 2)])
+@pytest.mark.parametrize("family,knobs,space", [("conv2d_nchwc", 4, 3 * 8 * 4 * 3), ("depthwise_conv2d_nchwc", 1, 2)])
 def test_blocked_template_defaults_equal_the_hand_schedules(family, knobs, space):
-    # conv: oc_vectors (1, 2, 4 of 4 blocks) x ow_block (1, 2, 7: divisors of 14 within 8 accumulators) x
+    # conv: oc_vectors (1, 2, 4 of 4 blocks) x ow_block (1-8 within 8 accumulators; a tail is predicated) x
     # ic_unroll (1, 2, 4, 8) x row_block (1, 2, 14: the parallel axis); depthwise (7-wide output): ow_block 1 or 7.
     func = _blocked_kernels()[family].without_attr("global_symbol")
     module = templates.RULES[family]

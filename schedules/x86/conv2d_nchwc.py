@@ -41,19 +41,20 @@ def accumulators(vector_lanes: int) -> int:
 
 
 def default_config(out_blocks: int, out_width: int, vector_lanes: int) -> Config:
-    """The tile with the most FMAs per load (``v * w / (v + w)``), then the most accumulators, then the
-    widest row. Measured (AVX2): 2x4 on 56/28-wide maps (64ch 3x3: 185 GFLOP/s, 4x2: 160, 1x8: 153), 4x2
-    on 14-wide (1024->256 1x1: 172; 2x2: 100), 1x7 on 7-wide (512ch 3x3: 147; 2x1: 49), 3x2 for 24
-    channels (147; 1x8: 139)."""
+    """The tile with the most useful FMAs per load: ``v * w / (v + w)`` times the share of the row's
+    tiles that is real pixels (a width that does not divide the row computes a predicated tail), then the
+    most accumulators, then the widest row. Measured (AVX2, 2 threads): 2x4 on 56/28-wide maps (64ch 3x3:
+    185 GFLOP/s, 4x2: 160, 1x8: 153); 4x2 on 14-wide (1024->256 1x1: 175; 2x4: 164); 2x4 on 7-wide, one
+    pixel of 8 wasted (2048->512 1x1: 165 against 147 for the dividing 1x7; 1024->2048 1x1 stride 2: 159
+    against 108; 512ch 3x3: 160 against 156); 3x2 for 24 channels (147; 1x8: 139)."""
     budget = accumulators(vector_lanes)
     best = None
     for vectors in range(1, 5):
         if out_blocks % vectors:
             continue
-        for width in range(1, budget // vectors + 1):
-            if out_width % width:
-                continue
-            score = (vectors * width / (vectors + width), vectors * width, width)
+        for width in range(1, min(budget // vectors, out_width) + 1):
+            used = out_width / (-(-out_width // width) * width)
+            score = (vectors * width / (vectors + width) * used, vectors * width, width)
             if best is None or score > best[0]:
                 best = (score, vectors, width)
     return Config(best[1], best[2])

@@ -91,7 +91,7 @@ def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     # simply measures slow.
     budget = conv2d_nchwc.accumulators(lanes)
     oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
-    ow_block = _pick(sch, _divisors(ow, budget), base.ow_block)
+    ow_block = _pick(sch, list(range(1, min(ow, budget) + 1)), base.ow_block)  # a tail is predicated
     ic_unroll = _pick(sch, _divisors(in_block, 8), base.ic_unroll)
     # The parallel axis: rows spread one by one, a few at a time, or kept together (channel blocks only).
     row_block = _pick(sch, sorted(set(_divisors(oh, 4)) | {oh}), base.row_block)
