@@ -69,10 +69,12 @@ def preload() -> str:
     """Make sure TVM's CUDA runtime can load; call before ``import tvm``. Returns the driver state."""
     if state["driver"] != "unchecked":
         return state["driver"]
-    # Off when asked, when tvm is already imported (too late), and in runtime-only processes (which run
-    # libraries, never build them: a real driver, if any, is found by TVM itself).
+    # Off when asked, when tvm is already imported (too late), in runtime-only processes (which run
+    # libraries, never build them: a real driver, if any, is found by TVM itself), and where CUDA cannot be
+    # compiled anyway (neither nvcc nor cuda-bindings): CPU-only start-up then pays nothing.
+    nvcc, nvrtc = shutil.which("nvcc"), importlib.util.find_spec("cuda") is not None
     if (os.environ.get("TVMFUSE_CUDA_STUB", "1") == "0" or "tvm" in sys.modules
-            or os.environ.get("TVM_USE_RUNTIME_LIB") == "1"):
+            or os.environ.get("TVM_USE_RUNTIME_LIB") == "1" or not (nvcc or nvrtc)):
         state["driver"] = "off"
         return state["driver"]
     try:
@@ -87,7 +89,7 @@ def preload() -> str:
         except OSError:
             lib = None
         state["driver"] = "stub" if lib is not None else "none"
-    if importlib.util.find_spec("cuda") is None and shutil.which("nvcc"):
+    if not nvrtc:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     return state["driver"]
 
