@@ -2,10 +2,9 @@
 
 A bundle is a folder to put on ``PYTHONPATH``: the ``tvm`` Python package without its compiler library
 (``libtvm_compiler.so``, ~250 MB) and sources, ``tvm_ffi``, and ``tvmfuse`` itself (pure Python; loading needs
-only numpy). In a process started with
-``TVM_USE_RUNTIME_LIB=1`` only ``libtvm_runtime`` is mapped, which is all :func:`tvmfuse.load` needs. The
-result is ~25 MB instead of ~300 MB, and it is how a CUDA library built on a GPU-less machine is run on a GPU
-machine that has no TVM.
+only numpy). In a process started with ``TVM_USE_RUNTIME_LIB=1`` only ``libtvm_runtime`` is mapped, which is
+all :func:`tvmfuse.load` needs. The result is ~20 MB instead of ~300 MB, and it is how a CUDA library built on
+a GPU-less machine is run on a GPU machine that has no TVM.
 
 ``tvm_ffi`` has a compiled Cython core per Python version: by default the installed one is copied (same
 Python as here); for another Python pass that Python's ``apache-tvm-ffi`` wheel (``pip download

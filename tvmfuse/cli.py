@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("bundle", help="write a runtime-only TVM (~25 MB) for running .so files where TVM is not "
+    p = sub.add_parser("bundle", help="write a runtime-only TVM (~20 MB) for running .so files where TVM is not "
                        "installed")
     p.add_argument("dest", help="folder to write; put it on PYTHONPATH there and set TVM_USE_RUNTIME_LIB=1")
     p.add_argument("--ffi-wheel", metavar="WHEEL", help="apache-tvm-ffi wheel for the other machine's Python "
