@@ -167,3 +167,27 @@ def test_tune_through_an_rpc_tracker_and_two_servers(tmp_path):
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+FAKE_TORCH = """import os
+with open({marker!r}, "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+raise ImportError("fake torch: only records who imports it")
+"""
+
+
+def test_tuning_workers_do_not_import_torch(tmp_path, monkeypatch):
+    # tvm-ffi imports torch whenever it can; in every builder and runner worker that cost a PyTorch import
+    # (the builder pool restarts every batch). A fake torch on PYTHONPATH records each process importing it.
+    marker = tmp_path / "imported_by"
+    (tmp_path / "fake" / "torch").mkdir(parents=True)
+    (tmp_path / "fake" / "torch" / "__init__.py").write_text(FAKE_TORCH.format(marker=str(marker)))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    # The fake works: a fresh interpreter importing tvm (tvm-ffi) imports it.
+    subprocess.run([sys.executable, "-c", "import tvm"], check=True)
+    assert marker.read_text().split() != []
+    marker.unlink()
+    report = tune(MODEL, HOST, trials=2, logs=tmp_path / "logs", trials_per_iter=2, progress=False)
+    assert report.tasks[0].trials >= 1  # candidates were built and run by workers
+    assert not marker.exists(), f"tuning workers imported torch: pids {marker.read_text().split()}"
+    assert os.environ["PYTHONPATH"] == str(tmp_path / "fake")  # restored after the run

@@ -21,7 +21,7 @@ from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
 from .measure import (Progress, RPCSpec, TuningError, light_tensor_intrin, make_builder, make_runner,
-                      progress_callback, target_runs_here)
+                      progress_callback, target_runs_here, workers_without)
 from .runs import StagingRun
 
 
@@ -208,8 +208,6 @@ class _Session:
 
     def run(self, todo: list[Task], results: dict) -> int:
         """Tune ``todo`` one task after the other; fill ``results``; return the records written."""
-        from tvm.s_tir import meta_schedule as ms
-
         from tvmfuse.schedules.x86 import templates
 
         spec = self.spec
@@ -221,6 +219,12 @@ class _Session:
         self.sizes = {t.key: templates.space_size(t.mod, spec.vector_bits()) if t.family in templates.RULES
                       else None for t in todo}
         self.progress = Progress(sum(self._left(t) for t in todo), enabled=self.show)
+        with workers_without():  # the workers start lazily, while tuning: the whole run is inside
+            return self._run(todo, results)
+
+    def _run(self, todo: list[Task], results: dict) -> int:
+        from tvm.s_tir import meta_schedule as ms
+
         self.builder, self.runner = make_builder(self.builder_timeout), make_runner(self.rpc)
         self.cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
         self.db = self.staging.database()
