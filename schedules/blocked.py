@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, topi
 
+from . import winograd
+
 CONV_ANCHOR = "conv2d_NCHWc"
 DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
 TO_BLOCKED = "to_blocked"
@@ -161,7 +163,8 @@ class KernelLayout:
     """How a kernel's arguments differ from its partition function's (NCHW activations, OIHW weights).
 
     ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`pack_weight`),
-    ``("conv", bi, bo)`` or ``("depthwise", b)``; ``activations``: parameter index -> block of an input
+    ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`) or ``("depthwise", b)``;
+    ``activations``: parameter index -> block of an input
     passed NCHW[b]c; ``out_block``: the output's block (None: NCHW).
     """
 
@@ -182,7 +185,8 @@ class KernelLayout:
     def describe(self) -> str:
         text = f"NCHW{self.out_block}c" if self.blocked else "NCHW"
         for kind, *blocks in self.weights.values():
-            text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c"}[kind].format(*blocks)
+            text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c",
+                                   "winograd": "Winograd F(2x2,3x3) {1}o"}[kind].format(*blocks)
         return text
 
     def shape(self, index: int, shape: list[int]) -> list[int]:
@@ -197,6 +201,8 @@ class KernelLayout:
             return [o // b[0], i, h, w, b[0]]
         if kind == "conv":
             return [o // b[1], i // b[0], h, w, b[0], b[1]]
+        if kind == "winograd":
+            return [winograd.ALPHA, winograd.ALPHA, o // b[1], i, b[1]]
         return [o // b[0], h, w, b[0]]
 
     def pack(self, index: int, weight: np.ndarray) -> np.ndarray:
@@ -217,5 +223,7 @@ class KernelLayout:
         return out
 
 
-_PACK = {"oc": pack_weight, "conv": pack_conv_weight, "depthwise": pack_depthwise_weight}
-_UNPACK = {"oc": unpack_weight, "conv": unpack_conv_weight, "depthwise": unpack_depthwise_weight}
+_PACK = {"oc": pack_weight, "conv": pack_conv_weight, "depthwise": pack_depthwise_weight,
+         "winograd": winograd.pack_weight}
+_UNPACK = {"oc": unpack_weight, "conv": unpack_conv_weight, "depthwise": unpack_depthwise_weight,
+           "winograd": winograd.unpack_weight}

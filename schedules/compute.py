@@ -12,7 +12,7 @@ import functools
 import tvm
 from tvm import relax, te, topi
 
-from . import blocked
+from . import blocked, winograd
 from .blocked import out_size
 
 # Block names of the anchor stage, per family (the schedules look them up by name).
@@ -163,7 +163,8 @@ class PartitionCompute:
 
     inputs: list  # te placeholders, one per composite parameter, in parameter order
     output: te.Tensor
-    family: str  # conv2d | group_conv2d | depthwise_conv2d | dense, or conv2d_nchwc | depthwise_conv2d_nchwc
+    family: str  # conv2d | group_conv2d | depthwise_conv2d | dense, or conv2d_nchwc | conv2d_winograd |
+    # depthwise_conv2d_nchwc (blocked)
     ops: list[str]  # Relax ops covered, in order
     layout: blocked.KernelLayout  # how parameters and output differ from the partition function's
 
@@ -214,11 +215,19 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
     return blocked.block_for(out_channels, lanes) is not None and isinstance(anchor.args[0], relax.Var)
 
 
+def _winograd_pays(call) -> bool:
+    a = call.attrs
+    weight = _ints(call.args[1].ty.shape)
+    return str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and winograd.pays(
+        weight[1], weight[0], weight[2:], _ints(a.strides), _ints(a.dilation), _ints(a.padding), int(a.groups))
+
+
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
     data, weight = param_index(fn, anchor.args[0]), param_index(fn, anchor.args[1])
     if _family(anchor) == "conv2d":
-        packing = ("conv", blocks.get(data, 1), out_block)
+        kind = "winograd" if data in blocks and _winograd_pays(anchor) else "conv"
+        packing = (kind, blocks.get(data, 1), out_block)
     else:
         if blocks.get(data) != out_block:
             raise ValueError("a blocked depthwise kernel needs its input blocked like its output")
@@ -232,6 +241,8 @@ def _blocked_ops(out_block: int) -> dict:
     def conv(call, data, weight):
         a = call.attrs
         args = (_ints(a.strides), _ints(a.padding), _ints(a.dilation))
+        if len(weight.shape) == 5:  # packed by winograd.pack_weight (see _blocked_layout)
+            return winograd.conv2d(data, weight, call.ty.dtype)
         if int(a.groups) == 1:
             return blocked.conv2d(data, weight, *args, call.ty.dtype)
         return blocked.depthwise_conv2d(data, weight, *args)
@@ -277,6 +288,8 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
                 raise NotImplementedError(f"no TE compute for {name} in partition")
             if family is None and name in ("relax.nn.conv2d", "relax.matmul"):
                 family = _family(call) + ("_nchwc" if layout.blocked else "")
+                if any(kind == "winograd" for kind, *_ in layout.weights.values()):
+                    family = "conv2d_winograd"
             args = [env[a] for a in call.args if isinstance(a, relax.Var)]
             env[binding.var] = te_ops[name](call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))

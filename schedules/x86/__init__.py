@@ -9,13 +9,14 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..common import block_names, lanes
-from . import conv2d, conv2d_nchwc, dense, depthwise_conv2d, depthwise_nchwc, fused, layout
+from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc, fused, layout
 
 RULES = {
     "conv2d": conv2d.apply,
     "depthwise_conv2d": depthwise_conv2d.apply,
     "dense": dense.apply,
     "conv2d_nchwc": conv2d_nchwc.apply,
+    "conv2d_winograd": conv2d_winograd.apply,
     "depthwise_conv2d_nchwc": depthwise_nchwc.apply,
     "layout_transform": layout.apply,
 }

@@ -17,11 +17,11 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..common import block_names
-from . import conv2d, conv2d_nchwc, dense, depthwise_conv2d, depthwise_nchwc
+from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc
 
 PREFIX = "tvmfuse.x86."
 RULES = {"conv2d": conv2d, "depthwise_conv2d": depthwise_conv2d, "dense": dense, "conv2d_nchwc": conv2d_nchwc,
-         "depthwise_conv2d_nchwc": depthwise_nchwc}
+         "conv2d_winograd": conv2d_winograd, "depthwise_conv2d_nchwc": depthwise_nchwc}
 
 
 def rule_name(family: str) -> str:
@@ -98,6 +98,16 @@ def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     return conv2d_nchwc.Config(oc_vectors, ow_block, ic_unroll, row_block)
 
 
+def _conv2d_winograd_config(sch, block, lanes: int) -> conv2d_winograd.Config:
+    """Knobs of the products stage (the transforms have none); ``block`` is the output transform."""
+    product = sch.get_sblock(conv2d_winograd.winograd.PRODUCT)
+    _, _, out_blocks, tiles, _, _, _ = _extents(sch, product)
+    base = conv2d_winograd.default_config(out_blocks, tiles, lanes)
+    oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
+    tile_block = _pick(sch, list(range(1, conv2d_nchwc.accumulators(lanes) + 1)), base.tile_block)
+    return conv2d_winograd.Config(oc_vectors, tile_block)
+
+
 def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
     base = depthwise_nchwc.default_config(*depthwise_nchwc.widths(sch))
     ow = _extents(sch, block)[3]
@@ -105,7 +115,8 @@ def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
 
 
 CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
-           "conv2d_nchwc": _conv2d_nchwc_config, "depthwise_conv2d_nchwc": _depthwise_nchwc_config}
+           "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
+           "depthwise_conv2d_nchwc": _depthwise_nchwc_config}
 
 
 def template(family: str, vector_lanes: int):

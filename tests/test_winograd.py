@@ -1,0 +1,117 @@
+"""Winograd F(2x2, 3x3) conv2d (schedules/winograd.py, x86 conv2d_winograd): where it is chosen, its weight
+transform, its numbers against onnxruntime (odd sizes, residual, batch, 16-channel blocks) and its schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm.tirx import ForKind
+
+import tvmfuse
+from tvmfuse import targets
+from tvmfuse.schedules import winograd
+from tvmfuse.schedules.x86 import conv2d_winograd, templates
+
+from conftest import HOST, ort_run
+from schedule_helpers import Structure
+from test_blocked_layout import _model, _run_blocked
+
+
+@pytest.mark.parametrize("cin,cout,hw,residual", [(256, 256, 14, False), (256, 256, 7, True), (256, 512, 5, False)])
+def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
+    # 7 and 5 are odd: the last tile row and column stick out of the map and are cut.
+    model, feeds = _model(cin, cout, hw, 3, 1, 1, residual=residual, seed=hw)
+    got, kernel = _run_blocked(model, feeds)
+    assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_winograd"
+    assert "Winograd" in str(kernel.attrs["tvmfuse.layout"])
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host():
+    model, feeds = _model(256, 256, 6, 3, 1, 1, seed=1)
+    got, kernel = _run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
+    assert str(kernel.attrs["tvmfuse.layout"]).startswith("NCHW16c, weight Winograd")
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cin,cout,k,stride,pad,dilation", [
+    (128, 256, 3, 1, 1, 1),  # too few input channels: the transforms cost what the products save
+    (256, 256, 3, 2, 1, 1),  # stride 2
+    (256, 256, 3, 1, 0, 1),  # no padding
+    (256, 256, 3, 1, 2, 2),  # dilation
+    (256, 256, 1, 1, 0, 1),  # 1x1
+])
+def test_direct_conv_where_winograd_does_not_apply_or_pay(cin, cout, k, stride, pad, dilation):
+    model, feeds = _model(cin, cout, 6, k, stride, pad, dilation)
+    _, kernel = _run_blocked(model, feeds)
+    assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_nchwc"
+
+
+def test_a_whole_model_with_batch_two_matches_onnxruntime():
+    from helpers import make_model
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((256, 256, 3, 3)) / 48).astype("float32")
+    w2 = (rng.standard_normal((256, 256, 3, 3)) / 48).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "W2"], ["b"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Add", ["b", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [("x", [2, 256, 9, 9])], [("y", None)],
+                       [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    cm = tvmfuse.compile(model, target=HOST, logs=False)
+    families = {str(f.attrs["tvmfuse.family"]) for gv, f in cm.mod.functions_items() if gv.name_hint.startswith("tvmfuse_")}
+    # The first conv reads the plain model input directly (direct kernel); the second gets it blocked.
+    assert families == {"conv2d_nchwc", "conv2d_winograd"}
+    x = {"x": rng.standard_normal((2, 256, 9, 9)).astype("float32")}
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_weight_transform_round_trips_and_matches_the_definition():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 24, 3, 3)).astype("float32")
+    packed = winograd.pack_weight(w, 8, 8)
+    assert packed.shape == (4, 4, 2, 24, 8)
+    _, _, g = winograd.matrices()
+    np.testing.assert_allclose(packed[1, 2, 1, 5, 3], (g @ w[8 + 3, 5] @ g.T)[1, 2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(winograd.unpack_weight(packed), w, rtol=1e-5, atol=1e-5)
+
+
+def _kernel(cin=256, cout=256, hw=8):
+    from test_blocked_layout import _partition_call
+    from tvmfuse.passes.lower import make_kernel
+
+    model, feeds = _model(cin, cout, hw, 3, 1, 1)
+    fn, _ = _partition_call(model)
+    data = [i for i, p in enumerate(fn.params) if p.ty.shape is not None and len(p.ty.shape) == 4][0]
+    kernel, _ = make_kernel(fn, targets.resolve(HOST), schedule=False, blocks={data: 8})
+    return kernel
+
+
+def test_schedule_structure():
+    """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels."""
+    func = conv2d_winograd.apply(_kernel(), 8)
+    s = Structure(func)
+    assert not {"A", "B", "pad_temp"} & set(s.blocks), s.blocks
+    for block in (winograd.INPUT, winograd.PRODUCT, winograd.ANCHOR):
+        kinds = [loop.kind for loop in s.loops[block + "_update"]]
+        assert ForKind.PARALLEL in kinds and kinds[-1] == ForKind.VECTORIZED, (block, kinds)
+
+
+def test_template_space_and_a_non_default_config_keep_the_numbers():
+    kernel = _kernel()
+    # oc_vectors in {1, 2, 4} (of 32 output blocks) x tile_block 1..8 (the AVX2 accumulator budget)
+    assert templates.space_size(templates.annotate(kernel, "conv2d_winograd"), 256) == 3 * 8
+    spec = targets.resolve(HOST)
+    x = [np.random.default_rng(i).standard_normal([int(d) for d in p.ty.shape]).astype("float32")
+         for i, p in enumerate(kernel.params)]
+    outs = []
+    for cfg in (None, conv2d_winograd.Config(1, 3)):
+        func = conv2d_winograd.apply(kernel, 8, cfg)
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+        arrays = [tvm.runtime.tensor(a) for a in x]
+        lib["main"](*arrays)
+        outs.append(arrays[-1].numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
