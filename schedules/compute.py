@@ -218,7 +218,8 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
 def _winograd_pays(call) -> bool:
     a = call.attrs
     weight = _ints(call.args[1].ty.shape)
-    return str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and winograd.pays(
+    floats = all(str(t.dtype) == "float32" for t in (call.ty, call.args[0].ty, call.args[1].ty))
+    return floats and str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and winograd.pays(
         weight[1], weight[0], weight[2:], _ints(a.strides), _ints(a.dilation), _ints(a.padding), int(a.groups))
 
 
