@@ -1,6 +1,7 @@
 """Per-kernel x86 table: conv2d and depthwise layers of ResNet-50 / MobileNetV2 / EfficientNet-Lite0, the
 blocked NCHW[b]c kernel tvmfuse compiles by default against its NCHW kernel (``layout="nchw"``), default
-schedules, no tuning. GFLOP/s and the ratio, both kernels timed in one run.
+schedules, no tuning. GFLOP/s (of the direct convolution's multiply-adds) and the ratio, all kernels timed
+in one run; where the default is Winograd, the direct blocked kernel's time too.
 
     python bench/x86_kernels.py [--target x86-host] [--repeat 20]
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import THREADS, conv_layer, single_partition, table  # noqa: E402
@@ -22,6 +24,7 @@ import tvm  # noqa: E402
 
 from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
+from tvmfuse.schedules import winograd as winograd_rule  # noqa: E402
 from tvmfuse.schedules.blocked import block_for  # noqa: E402
 
 # (name, in channels, out channels, input size, kernel, stride, groups)
@@ -44,13 +47,16 @@ LAYERS = [
 ]
 
 
-def _ms(fn, spec, blocks, repeat: int) -> float:
-    kernel, _ = make_kernel(fn, spec, blocks=blocks)
+def _ms(fn, spec, blocks, repeat: int, winograd: bool = True) -> tuple[float, str]:
+    """(median ms, family) of the partition's default kernel; ``winograd=False`` forces the direct conv."""
+    with mock.patch.object(winograd_rule, "pays", winograd_rule.pays if winograd else (lambda *a, **k: False)):
+        kernel, _ = make_kernel(fn, spec, blocks=blocks)
     lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=spec.tvm_target())
     rng = np.random.default_rng(1)
     args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32"))
             for p in kernel.params]
-    return lib.mod.time_evaluator("main", tvm.cpu(), number=10, repeat=repeat, min_repeat_ms=20)(*args).median * 1e3
+    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=10, repeat=repeat, min_repeat_ms=20)
+    return timer(*args).median * 1e3, str(kernel.attrs["tvmfuse.family"])
 
 
 def row(layer, spec, repeat: int) -> dict:
@@ -58,12 +64,16 @@ def row(layer, spec, repeat: int) -> dict:
     fn = single_partition(conv_layer(cin, cout, size, k, stride, k // 2, groups, np.random.default_rng(0)), spec)
     lanes = spec.vector_bits() // 32
     block = block_for(cin, lanes)
-    nchw, blocked = _ms(fn, spec, None, repeat), _ms(fn, spec, {0: block} if block else {}, repeat)
+    blocks = {0: block} if block else {}
+    (nchw, _), (blocked, family) = _ms(fn, spec, None, repeat), _ms(fn, spec, blocks, repeat)
+    # Where the default is Winograd, the direct blocked kernel too (what the Winograd kernel replaced).
+    direct = _ms(fn, spec, blocks, repeat, winograd=False)[0] if family == "conv2d_winograd" else None
     out = (size + 2 * (k // 2) - k) // stride + 1
     flops = 2 * cout * out * out * (cin // groups) * k * k
     return {"layer": name, "shape": f"{cin}->{cout} {size}x{size}", "NCHW ms": f"{nchw:.3f}",
-            "NCHW GFLOP/s": f"{flops / nchw / 1e6:.0f}", "blocked ms": f"{blocked:.3f}",
-            "blocked GFLOP/s": f"{flops / blocked / 1e6:.0f}", "NCHW / blocked": f"{nchw / blocked:.2f}x"}
+            "NCHW GFLOP/s": f"{flops / nchw / 1e6:.0f}", "blocked kernel": family, "blocked ms": f"{blocked:.3f}",
+            "blocked GFLOP/s": f"{flops / blocked / 1e6:.0f}", "NCHW / blocked": f"{nchw / blocked:.2f}x",
+            "direct blocked ms": f"{direct:.3f}" if direct else "-"}
 
 
 def main(argv=None) -> int:

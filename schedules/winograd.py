@@ -33,9 +33,9 @@ def matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int) -> bool:
     """Whether a conv2d runs as Winograd F(2x2, 3x3): 3x3, stride 1, no dilation, padding 1, groups 1, and
     at least 256 input and output channels. Measured against the direct blocked kernel (AVX2, 2 threads,
-    kernel alone): 256ch at 14x14 0.71 ms against 1.25-1.46; 512ch at 7x7 1.39 against 1.47; 128ch at
-    28x28 even (1.22); 64ch at 56x56 slower (1.88 against 1.23): with few channels the transforms cost as
-    much as the products save."""
+    kernel alone, ``bench/x86_kernels.py``): 256ch at 14x14 0.69 ms against 1.42; 512ch at 7x7 0.89 against
+    1.44. A first version measured 128ch at 28x28 even (1.22 ms) and 64ch at 56x56 slower (1.88 against
+    1.23): with few channels the transforms cost as much as the products save."""
     return (list(kernel) == [3, 3] and list(strides) == [1, 1] and list(dilation) == [1, 1]
             and list(padding) == [1, 1, 1, 1] and groups == 1 and min(in_channels, out_channels) >= 256)
 
