@@ -18,7 +18,8 @@ from schedule_helpers import Structure
 from test_blocked_layout import _model, _run_blocked
 
 
-@pytest.mark.parametrize("cin,cout,hw,residual", [(256, 256, 14, False), (256, 256, 7, True), (256, 512, 5, False)])
+@pytest.mark.parametrize("cin,cout,hw,residual", [(256, 256, 14, False), (256, 256, 7, True), (256, 512, 5, False),
+                                                   (128, 128, 9, False)])
 def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
     # 7 and 5 are odd: the last tile row and column stick out of the map and are cut.
     model, feeds = _model(cin, cout, hw, 3, 1, 1, residual=residual, seed=hw)
@@ -36,7 +37,8 @@ def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host():
 
 
 @pytest.mark.parametrize("cin,cout,k,stride,pad,dilation", [
-    (128, 256, 3, 1, 1, 1),  # too few input channels: the transforms cost what the products save
+    (64, 256, 3, 1, 1, 1),  # too few input channels: the transforms cost what the products save
+    (256, 64, 3, 1, 1, 1),  # too few output channels
     (256, 256, 3, 2, 1, 1),  # stride 2
     (256, 256, 3, 1, 0, 1),  # no padding
     (256, 256, 3, 1, 2, 2),  # dilation
