@@ -35,7 +35,7 @@ def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding
     at least 128 input and output channels. Measured against the direct blocked kernel (AVX2, 2 threads,
     kernel alone, ``bench/x86_kernels.py``): 256ch at 14x14 0.69 ms against 1.42; 512ch at 7x7 0.89 against
     1.44; 128ch at 28x28 0.79 against 1.23; 64ch at 56x56 even (1.22 against 1.24): with few channels the
-    transforms cost what the products save, so those stay direct (and exact to the last bit of a direct sum).
+    transforms cost what the products save, so those stay direct.
     In ResNet-50 (with the shipped logs) this took the model from 1.06x onnxruntime to 0.95-0.99x."""
     return (list(kernel) == [3, 3] and list(strides) == [1, 1] and list(dilation) == [1, 1]
             and list(padding) == [1, 1, 1, 1] and groups == 1 and min(in_channels, out_channels) >= 128)

@@ -101,8 +101,8 @@ def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
 def _conv2d_winograd_config(sch, block, lanes: int) -> conv2d_winograd.Config:
     """Knobs of the products stage (the transforms have none); ``block`` is the output transform."""
     product = sch.get_sblock(conv2d_winograd.winograd.PRODUCT)
-    _, _, out_blocks, tiles, _, _, _ = _extents(sch, product)
-    base = conv2d_winograd.default_config(out_blocks, tiles, lanes)
+    out_blocks = _extents(sch, product)[2]
+    base = conv2d_winograd.default_config(out_blocks, lanes)
     oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
     tile_block = _pick(sch, list(range(1, conv2d_nchwc.accumulators(lanes) + 1)), base.tile_block)
     return conv2d_winograd.Config(oc_vectors, tile_block)
