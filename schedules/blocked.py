@@ -11,6 +11,9 @@ runs. MKL-DNN and TVM's old x86 conv2d used the same layout.
   views, so the epilogue ops of the partition body apply unchanged.
 - :func:`to_blocked` / :func:`to_plain` are the layout transforms the lowering inserts at partition
   boundaries where a plain NCHW tensor is needed.
+- :func:`pool2d`: max/average pooling of a blocked activation stays blocked (no transform before it, and
+  the conv after it reads it blocked); :func:`spatial_mean` (global average pooling) reads it blocked and
+  writes the small NCHW result, so the last feature map is never transformed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ CONV_ANCHOR = "conv2d_NCHWc"
 DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
 TO_BLOCKED = "to_blocked"
 TO_PLAIN = "to_plain"
+POOL_ANCHORS = {"max": "pool_max", "avg": "pool_sum"}  # topi.nn.pool2d's reduction block, per pool type
+SPATIAL_SUM = "spatial_sum"
 
 
 def block_for(channels: int, lanes: int) -> int | None:
@@ -157,6 +162,29 @@ def to_plain(tensor):
     n, blocks, h, w, block = (int(d) for d in tensor.shape)
     return te.compute((n, blocks * block, h, w), lambda b, c, y, x: tensor[b, c // block, y, x, c % block],
                       name=TO_PLAIN)
+
+
+def pool2d(data, pool_type: str, pool_size, strides, padding, dilation, ceil_mode: bool = False,
+           count_include_pad: bool = True):
+    """Max (``pool_type`` "max") or average ("avg") pooling from NCHW[b]c to NCHW[b]c: topi's ``pool2d``, the
+    compute Relax legalizes ``max_pool2d`` / ``avg_pool2d`` to, with the blocked layout's name, so windows,
+    padding, ceil mode and the average's divisor are the NCHW op's."""
+    block = int(data.shape[4])
+    return topi.nn.pool2d(data, [int(k) for k in pool_size], [int(s) for s in strides],
+                          [int(d) for d in dilation], [int(p) for p in padding], pool_type, bool(ceil_mode),
+                          layout=f"NCHW{block}c", count_include_pad=bool(count_include_pad))
+
+
+def spatial_mean(data, out_shape):
+    """The mean over H and W of NCHW[b]c ``data``, written NCHW: ``out_shape`` is ``(N, C, 1, 1)`` (keepdims)
+    or ``(N, C)``. Sum, then divide by H * W, as Relax legalizes ``mean``."""
+    n, blocks, h, w, block = (int(d) for d in data.shape)
+    ry, rx = te.reduce_axis((0, h), "ry"), te.reduce_axis((0, w), "rx")
+    total = te.compute((n, blocks, block), lambda b, cb, i: te.sum(data[b, cb, ry, rx, i], axis=[ry, rx]),
+                       name=SPATIAL_SUM)
+    count = te.const(h * w, data.dtype)
+    return te.compute([int(d) for d in out_shape], lambda b, c, *_: total[b, c // block, c % block] / count,
+                      name="spatial_mean")
 
 
 class KernelLayout:

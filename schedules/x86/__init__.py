@@ -9,7 +9,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..common import block_names, lanes
-from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc, fused, layout
+from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc, fused, layout, pool
 
 RULES = {
     "conv2d": conv2d.apply,
@@ -19,6 +19,7 @@ RULES = {
     "conv2d_winograd": conv2d_winograd.apply,
     "depthwise_conv2d_nchwc": depthwise_nchwc.apply,
     "layout_transform": layout.apply,
+    "pool2d_nchwc": pool.apply,
 }
 
 

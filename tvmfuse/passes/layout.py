@@ -1,9 +1,11 @@
-"""Layout transform kernels between NCHW and NCHW[b]c (see ``tvmfuse.schedules.blocked``).
+"""Layout transform kernels between NCHW and NCHW[b]c (see ``tvmfuse.schedules.blocked``), and the pooling
+kernels that keep a blocked activation blocked.
 
-``LowerPartitions`` inserts them only at partition boundaries where a plain tensor is needed (a non-kernel
-consumer such as pooling, the model output, or a depthwise/residual input that arrives NCHW). Each is a
-kernel of family ``layout_transform``: scheduled by ``ScheduleKernels`` like a partition kernel, kept whole
-by FuseOps.
+``LowerPartitions`` inserts transforms only at partition boundaries where a plain tensor is needed (a
+non-kernel consumer, the model output, or a depthwise/residual input that arrives NCHW). Each is a kernel of
+family ``layout_transform``; a max/average pooling of a blocked activation becomes one of family
+``pool2d_nchwc``. Both are scheduled by ``ScheduleKernels`` like a partition kernel, kept whole by FuseOps,
+and not tuned (their fixed schedule is all there is to them).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from tvm import te
 from .utils import OPAQUE
 
 FAMILY = "layout_transform"
+POOL_FAMILY = "pool2d_nchwc"
+FIXED_FAMILIES = (FAMILY, POOL_FAMILY)  # kernels with one fixed schedule: never tuning tasks
 
 
-def layout_kernel(compute, struct_info) -> tvm.tirx.PrimFunc:
+def layout_kernel(compute, struct_info, family: str = FAMILY, name: str | None = None) -> tvm.tirx.PrimFunc:
     """The PrimFunc of ``compute`` (a one-input TE function, e.g. ``blocked.to_plain``) on a tensor of
-    ``struct_info``; its name (attribute ``tvmfuse.kernel``) is the compute's stage name."""
+    ``struct_info``; its name (attribute ``tvmfuse.kernel``) is ``name`` or the compute's stage name."""
     data = te.placeholder([int(d) for d in struct_info.shape], struct_info.dtype, name="data")
     out = compute(data)
     func = te.create_prim_func([data, out]).without_attr("global_symbol")
-    return func.with_attrs({"tvmfuse.family": FAMILY, "tvmfuse.kernel": out.op.name, "op_pattern": OPAQUE})
+    return func.with_attrs({"tvmfuse.family": family, "tvmfuse.kernel": name or out.op.name, "op_pattern": OPAQUE})

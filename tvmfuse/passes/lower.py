@@ -10,13 +10,17 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.blocked import KernelLayout, block_for, blocked_shape, to_blocked, to_plain
+from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, pool2d, spatial_mean, to_blocked,
+                                       to_plain)
 from tvmfuse.schedules.compute import anchor_call, blockable, param_index, partition_compute
 
 from ..targets import TargetSpec
-from .layout import layout_kernel
+from .layout import POOL_FAMILY, layout_kernel
 from .partition import is_partition
 from .utils import OPAQUE, const_array
+
+
+POOLS = {"relax.nn.max_pool2d": "max", "relax.nn.avg_pool2d": "avg"}
 
 
 def kernel_name(partition: str) -> str:
@@ -99,8 +103,8 @@ class _Lower(relax.PyExprMutator):
             self.record[gv.name_hint] = (fn, layout)
         return gv, _pack_args(args, layout), layout
 
-    def _transform(self, compute, arg, out_shape):
-        func = layout_kernel(compute, arg.ty)
+    def _transform(self, compute, arg, out_shape, **kernel):
+        func = layout_kernel(compute, arg.ty, **kernel)
         gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
         return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))
 
@@ -135,7 +139,40 @@ class _Lower(relax.PyExprMutator):
         """Bind ``value`` to the original variable: its readers, in this block or after it, stay valid."""
         self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
 
+    def _blocked_pool(self, binding) -> bool:
+        """A max/average pooling of a blocked activation, pooled blocked (True); False leaves the binding
+        to TVM's NCHW op on the plain value."""
+        call = binding.value
+        pool_type = POOLS.get(getattr(getattr(call, "op", None), "name", None))
+        blocked = self.blocked_of.get(call.args[0]) if pool_type else None
+        a = call.attrs if blocked is not None else None
+        if a is None or str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+            return False
+        divisor = {"count_include_pad": bool(a.count_include_pad)} if pool_type == "avg" else {}
+        out = self.builder_.emit(self._transform(
+            lambda t: pool2d(t, pool_type, a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode, **divisor),
+            blocked, blocked_shape(call.ty.shape, int(blocked.ty.shape[4])), family=POOL_FAMILY,
+            name=f"{pool_type}_pool2d_nchwc"))
+        self._bind(binding.var, self._transform(to_plain, out, call.ty.shape))
+        self.blocked_of[binding.var] = out
+        return True
+
+    def _blocked_mean(self, binding) -> bool:
+        """A mean over H and W (global average pooling) of a blocked activation: read blocked, written NCHW."""
+        call = binding.value
+        if getattr(getattr(call, "op", None), "name", None) != "relax.mean" or call.args[0] not in self.blocked_of:
+            return False
+        axes = sorted(int(a) % 4 for a in call.attrs.axis) if call.attrs.axis is not None else None
+        if axes != [2, 3]:
+            return False
+        self._bind(binding.var, self._transform(lambda t: spatial_mean(t, call.ty.shape),
+                                                self.blocked_of[call.args[0]], call.ty.shape,
+                                                family=POOL_FAMILY, name="mean_nchwc"))
+        return True
+
     def visit_var_binding_(self, binding):
+        if self.lanes is not None and (self._blocked_pool(binding) or self._blocked_mean(binding)):
+            return None
         fn = self._partition(binding.value)
         if fn is None:
             return super().visit_var_binding_(binding)

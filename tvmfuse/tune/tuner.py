@@ -16,7 +16,7 @@ import sys
 import time
 
 from .. import frontend, targets
-from ..passes.layout import FAMILY as LAYOUT_FAMILY
+from ..passes.layout import FIXED_FAMILIES
 from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
@@ -69,7 +69,7 @@ class TuneReport:
 
 def extract_tasks(model, spec, shapes=None) -> list[Task]:
     """The distinct kernels of ``model`` compiled for ``spec`` (deduplicated structurally), but the layout
-    transforms between NCHW and NCHW[b]c."""
+    transforms between NCHW and NCHW[b]c and the blocked pooling kernels."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
@@ -81,8 +81,8 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
         task_mod = extracted.dispatched[0]
         attrs = task_mod["main"].attrs
         family = str(attrs["tvmfuse.family"]) if attrs and "tvmfuse.family" in attrs else None
-        if family == LAYOUT_FAMILY:
-            continue  # a copy at a partition boundary: its fixed schedule is all there is to it
+        if family in FIXED_FAMILIES:
+            continue  # a copy at a partition boundary or a blocked pooling: its fixed schedule is all there is
         tasks.append(Task(extracted.task_name, task_mod, int(extracted.weight),
                           str(tvm_ffi.structural_hash(task_mod)), family))
     return tasks
