@@ -27,6 +27,7 @@ CONV_ANCHOR = "conv2d_NCHWc"
 DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
 TO_BLOCKED = "to_blocked"
 TO_PLAIN = "to_plain"
+SUBSAMPLE = "subsample"  # the gathered input of a strided 1x1 conv
 POOL_ANCHORS = {"max": "pool_max", "avg": "pool_sum"}  # topi.nn.pool2d's reduction block, per pool type
 SPATIAL_SUM = "spatial_sum"
 
@@ -97,6 +98,9 @@ def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32")
     blocked_in = len(data.shape) == 5
     n, h, w = int(data.shape[0]), int(data.shape[2]), int(data.shape[3])
     top, left, bottom, right = padding
+    if blocked_in and (kh, kw) == (1, 1) and max(strides) > 1 and not any(padding):
+        data = subsample(data, strides)
+        n, h, w, strides = int(data.shape[0]), int(data.shape[2]), int(data.shape[3]), (1, 1)
     if any(padding):
         pads = ([0, 0, top, left, 0], [0, 0, bottom, right, 0]) if blocked_in else \
             ([0, 0, top, left], [0, 0, bottom, right])
@@ -115,6 +119,18 @@ def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32")
         lambda b, ob, y, x, i: te.sum(read(b, y, x).astype(out_dtype) * weight[ob, rco, ry, rx, rci, i].astype(out_dtype),
                                       axis=[rco, ry, rx, rci]),
         name=CONV_ANCHOR)
+
+
+def subsample(data, strides):
+    """The pixels a strided 1x1 conv reads, gathered: ``SUBSAMPLE[b, c, y, x] = data[b, c, sy*y, sx*x]``.
+
+    Read in place, a stride-2 1x1 conv uses half of every input cache line it loads; on the gathered copy
+    it runs as a stride-1 conv. Measured (AVX2, 2 threads, kernel alone): ResNet-50's 1024->2048 14->7
+    conv at 133 GFLOP/s strided, 160 as the stride-1 conv on the gathered input."""
+    n, blocks, h, w, block = (int(d) for d in data.shape)
+    out_h, out_w = (h - 1) // strides[0] + 1, (w - 1) // strides[1] + 1
+    return te.compute((n, blocks, out_h, out_w, block),
+                      lambda b, c, y, x, i: data[b, c, y * strides[0], x * strides[1], i], name=SUBSAMPLE)
 
 
 def depthwise_conv2d(data, weight, strides, padding, dilation):

@@ -112,6 +112,8 @@ CONV_GRID = [
     (16, 8, 3, 3, 1, 0, 1),  # 1x1 output
     (64, 32, 11, 5, 2, 2, 1),
     (64, 128, 14, 1, 2, 0, 1),  # 1x1 stride 2 to a 7-wide map: 2x4 tiles with a predicated last pixel
+    (16, 16, 15, 1, 2, 0, 1),  # 1x1 stride 2 from an odd size: the gathered input's last row and column
+    (16, 16, 13, 1, 3, 0, 1),  # 1x1 stride 3
 ]
 
 
@@ -227,6 +229,20 @@ def test_blocked_schedule_structure(cin, k, dw):
     assert epilogue[-1].kind == ForKind.VECTORIZED and int(epilogue[-1].extent) == LANES
     assert not s.vectorized_not_innermost()
     assert any(scope == "local" for scope, _ in s.compacted_alloc().values())
+
+
+@pytest.mark.parametrize("k,stride,pad,gathered", [(1, 2, 0, True), (1, 1, 0, False), (3, 2, 1, False),
+                                                   (1, 2, 1, False)])
+def test_strided_1x1_conv_runs_stride_1_on_a_gathered_input(k, stride, pad, gathered):
+    """A strided 1x1 conv without padding reads a parallel, vectorized gather of the pixels it uses."""
+    model, feeds = _model(16, 16, 14, k, stride, pad)
+    got, kernel = _run_blocked(model, feeds)
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    s = Structure(kernel)
+    assert (blocked.SUBSAMPLE in s.blocks) == gathered
+    if gathered:
+        loops = s.loops[blocked.SUBSAMPLE]
+        assert loops[0].kind == ForKind.PARALLEL and loops[-1].kind == ForKind.VECTORIZED
 
 
 # ------------------------------------------------------------------------------------------ the layout plan

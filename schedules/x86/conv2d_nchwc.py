@@ -16,7 +16,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..blocked import CONV_ANCHOR
+from ..blocked import CONV_ANCHOR, SUBSAMPLE
 from ..common import anchor_loops, block_names, inline_epilogue, register_tile, vectorize_tile
 
 ANCHOR = CONV_ANCHOR
@@ -91,8 +91,9 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     # Parallel before decompose_reduction: afterwards the loop nest no longer has compact dataflow.
     sch.parallel(sch.fuse(n, ob_o, oh_o))
     vectorize_tile(sch, sch.decompose_reduction(anchor, rco), ow_o)
-    if "pad_temp" in block_names(sch):
-        pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
-        sch.parallel(sch.fuse(*pad_loops[:3]))
-        sch.vectorize(pad_loops[-1])
+    for name in ("pad_temp", SUBSAMPLE):
+        if name in block_names(sch):
+            loops = sch.get_loops(sch.get_sblock(name))
+            sch.parallel(sch.fuse(*loops[:3]))
+            sch.vectorize(loops[-1])
     return True
