@@ -1,7 +1,8 @@
 """x86 schedules (LLVM targets): one rule per op family, tried in order; the first that applies wins.
 
 ``schedule(func, family, vector_bits)`` returns the scheduled PrimFunc. The generic fused schedule is the
-catch-all for families without a rule of their own (grouped convolution).
+catch-all for families without a rule of their own (grouped convolution); ``generic`` schedules the kernels
+of TVM's default path (ops outside partitions).
 """
 
 from __future__ import annotations

@@ -55,23 +55,27 @@ def _schedule_int8(func, family: str, vector_bits: int, has_vnni: bool):
 
 
 def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
-    """Give every tvmfuse kernel that tuning logs did not schedule its default schedule for ``spec``."""
+    """Give every kernel that tuning logs did not schedule its default schedule for ``spec``: tvmfuse's
+    kernels their family's rule, the kernels of TVM's default path the generic one (``x86.generic``)."""
 
     @tvm.transform.module_pass(opt_level=0, name="ScheduleKernels")
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not spec.is_cpu:
             return mod
         from tvmfuse.schedules import x86
+        from tvmfuse.schedules.x86 import generic
 
         updates = {}
         for gv, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func) or not func.attrs:
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            family = func.attrs.get("tvmfuse.family")
+            family = func.attrs.get("tvmfuse.family") if func.attrs else None
             if family is not None and str(family) in INT8_FAMILIES:
                 updates[gv] = _schedule_int8(func, str(family), spec.vector_bits(), "avx512vnni" in spec.features())
             elif family is not None:
                 updates[gv] = x86.schedule(func, str(family), spec.vector_bits())
+            else:  # a kernel of TVM's default path (an op outside every partition)
+                updates[gv] = generic.apply(func, spec.vector_bits() // 32) or func
         if updates:
             mod = mod.clone()
             for gv, func in updates.items():

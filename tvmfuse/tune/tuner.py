@@ -122,9 +122,24 @@ def _schedule_of(record, task: Task):
     return sch.mod
 
 
+def _default_trace(task: Task, ctx, spec):
+    """The trace of the schedule a compile without logs gives ``task``'s kernel: for our kernels the template's
+    first decision (the hand schedule), for TVM's the generic x86 schedule (none on GPUs)."""
+    from tvm import s_tir
+
+    if task.family:
+        return ctx.generate_design_space()[0].trace
+    if spec.is_cpu:
+        from tvmfuse.schedules.x86 import generic
+
+        sch = generic.scheduled(task.mod["main"], spec.vector_bits() // 32)
+        if sch is not None:
+            return sch.trace
+    return s_tir.Schedule(task.mod).trace
+
+
 def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progress) -> TaskResult:
     """Validate the task's best records (best first); write the first correct one, or the default if faster."""
-    from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
     workload = db.commit_workload(task.mod)
@@ -141,9 +156,8 @@ def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progre
             continue
         status = "tuned"
         if check.default_us < check.tuned_us:
-            # Record the default itself so the workload counts as tuned: for our kernels the hand schedule is
-            # the template's first decision; for TVM's it is no schedule at all (an empty trace).
-            trace = ctx.generate_design_space()[0].trace if task.family else s_tir.Schedule(task.mod).trace
+            # Record the default itself so the workload counts as tuned (see _default_trace).
+            trace = _default_trace(task, ctx, spec)
             record = ms.database.TuningRecord(trace, workload, [check.default_us * 1e-6], spec.tvm_target(),
                                               record.args_info)
             status = "default kept"

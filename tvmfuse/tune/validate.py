@@ -2,8 +2,9 @@
 
 MetaSchedule only measures speed: a candidate that computes the wrong thing (auto-tensorized INT8 has done
 so) "succeeds". Every record that goes into the shared logs is first run on seeded random inputs and compared
-with the kernel's default schedule (tvmfuse kernels: the hand schedule; other kernels: TVM's unscheduled
-lowering), exactly for integer outputs, within a float tolerance otherwise.
+with the kernel's default schedule (tvmfuse kernels: the hand schedule; other kernels: the generic x86
+schedule, or TVM's unscheduled lowering on GPUs), exactly for integer outputs, within a float tolerance
+otherwise.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ def default_schedule(mod, spec: TargetSpec):
     """The kernel of task module ``mod`` as compile would build it without logs."""
     func = mod["main"]
     family = func.attrs.get("tvmfuse.family") if func.attrs else None
-    if family is not None and spec.is_cpu:
+    if spec.is_cpu:
         from tvmfuse.schedules import x86
+        from tvmfuse.schedules.x86 import generic
 
-        func = x86.schedule(func, str(family), spec.vector_bits())
+        if family is not None:
+            func = x86.schedule(func, str(family), spec.vector_bits())
+        else:
+            func = generic.apply(func, spec.vector_bits() // 32) or func
     return type(mod)({"main": func})
 
 

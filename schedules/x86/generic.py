@@ -1,0 +1,73 @@
+"""The default x86 schedule for the kernels TVM's default path lowers: every op outside a partition that
+tvmfuse has no kernel for (concat, softmax, transpose, elementwise ops the patterns leave, pools of plain
+tensors, ...). Unscheduled, such a kernel runs on one core, one scalar at a time.
+
+Elementwise producers are inlined into their consumers; each remaining stage runs its data-parallel loops
+fused and in parallel (when there is enough work to share), and a stage without a reduction is vectorized
+along its fused loop when the vector width divides it. Tuning logs replace it where they have a record.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir, tirx
+
+PARALLEL_MIN = 4096  # iterations below which a parallel loop costs more than it saves (thread wake-up)
+
+
+def _inline(sch: s_tir.Schedule) -> None:
+    """Inline every stage that can be (elementwise, padding, broadcast views) into its consumers."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in list(blocks)[:-1]:
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            pass  # a reduction, or a stage read by more than one loop nest: it stays a stage
+
+
+def _stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
+    loops = sch.get_loops(block)
+    iters = sch.get(block).iter_vars
+    extents = [sch.get(loop).extent for loop in loops]
+    if len(loops) != len(iters) or not loops or not all(isinstance(e, tirx.IntImm) for e in extents):
+        return
+    spatial = 0
+    while spatial < len(iters) and iters[spatial].iter_type == tirx.IterVar.DataPar:
+        spatial += 1
+    if spatial == 0 or any(it.iter_type == tirx.IterVar.DataPar for it in iters[spatial:]):
+        return  # not TE's order (data-parallel loops, then reductions)
+    work = math.prod(int(e) for e in extents)
+    outer = sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0]
+    extent = math.prod(int(e) for e in extents[:spatial])
+    if spatial == len(iters) and extent % vector_lanes == 0 and extent >= vector_lanes:
+        outer, inner = sch.split(outer, [None, vector_lanes])
+        sch.vectorize(inner)
+    if work >= PARALLEL_MIN and int(sch.get(outer).extent) > 1:
+        sch.parallel(outer)
+
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
+    """Apply the schedule to ``sch`` in place; False when the kernel has no stage to schedule."""
+    if not sch.get_child_blocks(sch.get_sblock("root")):
+        return False
+    _inline(sch)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        _stage(sch, block, vector_lanes)
+    return True
+
+
+def scheduled(func: tirx.PrimFunc, vector_lanes: int) -> s_tir.Schedule | None:
+    """A schedule of ``func`` with this default applied (its trace is what a tuning log records as the
+    default), or None when the kernel is left as TVM lowered it."""
+    try:
+        sch = s_tir.Schedule(func)
+        return sch if schedule(sch, vector_lanes) else None
+    except s_tir.ScheduleError:
+        return None
+
+
+def apply(func: tirx.PrimFunc, vector_lanes: int) -> tirx.PrimFunc | None:
+    """``func`` scheduled, or None when it is left as TVM lowered it."""
+    sch = scheduled(func, vector_lanes)
+    return sch.mod["main"] if sch is not None else None

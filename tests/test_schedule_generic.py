@@ -1,0 +1,121 @@
+"""The generic x86 schedule of the kernels TVM's default path lowers (schedules/x86/generic.py): ops outside
+every partition run parallel and vectorized, compute what TVM's unscheduled kernels compute, and a tuning
+log's "default kept" record replays this schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper, numpy_helper
+from tvm import te, topi
+from tvm.tirx import ForKind
+
+import tvmfuse
+from tvmfuse import targets
+from tvmfuse.schedules.x86 import generic
+
+from conftest import HOST, ort_run
+from helpers import make_model
+
+SPEC = targets.resolve(HOST)
+LANES = SPEC.vector_bits() // 32
+
+
+def _loop_kinds(func) -> list:
+    """The kinds of every loop above the stages of ``func``."""
+    sch = tvm.s_tir.Schedule(func)
+    return [sch.get(loop).kind for block in sch.get_child_blocks(sch.get_sblock("root"))
+            for loop in sch.get_loops(block)]
+
+
+def _run(func, arrays):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*args)
+    return args[-1].numpy()
+
+
+def _same_as_unscheduled(func, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in func.params]
+    want = _run(func, [a.copy() for a in arrays])
+    scheduled = generic.apply(func, LANES)
+    assert scheduled is not None
+    np.testing.assert_allclose(_run(scheduled, arrays), want, rtol=1e-6, atol=1e-6)
+    return scheduled
+
+
+def test_elementwise_chain_is_one_parallel_vectorized_stage():
+    a, b = te.placeholder((4, 64, 28, 28), name="a"), te.placeholder((1, 64, 1, 1), name="b")
+    out = topi.nn.relu(topi.add(a, b))
+    s = _same_as_unscheduled(te.create_prim_func([a, b, out]))
+    kinds = _loop_kinds(s)
+    assert kinds.count(ForKind.PARALLEL) == 1 and kinds.count(ForKind.VECTORIZED) == 1
+    sch = tvm.s_tir.Schedule(s)
+    assert len(sch.get_child_blocks(sch.get_sblock("root"))) == 1  # the add inlined into the relu
+
+
+def test_reduction_runs_its_rows_in_parallel():
+    a = te.placeholder((64, 1000), name="a")
+    kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([a, topi.nn.softmax(a, axis=1)])))
+    assert ForKind.PARALLEL in kinds
+
+
+def test_small_or_odd_kernels_stay_serial_or_scalar():
+    small = te.placeholder((2, 8), name="small")
+    kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([small, topi.exp(small)])))
+    assert ForKind.PARALLEL not in kinds and ForKind.VECTORIZED in kinds  # 16 elements: no threads
+    odd = te.placeholder((3, 101, 97), name="odd")  # no vector width divides 29391
+    kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([odd, topi.sigmoid(odd)])))
+    assert ForKind.PARALLEL in kinds and ForKind.VECTORIZED not in kinds
+
+
+def _model():
+    """Two conv branches -> Concat -> Mul by a Sigmoid gate -> Softmax over channels -> Transpose to NHWC: every
+    op after the convs is outside a partition."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 8, 3, 3)) / 8).astype("float32"), "W0"),
+             numpy_helper.from_array((rng.standard_normal((16, 8, 1, 1)) / 3).astype("float32"), "W1")]
+    nodes = [helper.make_node("Conv", ["x", "W0"], ["c0"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["c0"], ["a0"]),
+             helper.make_node("Conv", ["x", "W1"], ["c1"], kernel_shape=[1, 1]),
+             helper.make_node("Concat", ["a0", "c1"], ["cat"], axis=1),
+             helper.make_node("Sigmoid", ["cat"], ["gate"]),
+             helper.make_node("Mul", ["cat", "gate"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["sm"], axis=1),
+             helper.make_node("Transpose", ["sm"], ["y"], perm=[0, 2, 3, 1])]
+    return make_model(nodes, [("x", [1, 8, 24, 24])], [("y", None)], inits)
+
+
+def test_ops_outside_partitions_match_onnxruntime_and_run_parallel():
+    model = _model()
+    x = np.random.default_rng(1).standard_normal((1, 8, 24, 24)).astype("float32")
+    cm = tvmfuse.compile(model, target=HOST, logs=False)
+    np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    tvm_kernels = {gv.name_hint: f for gv, f in cm.lowered.functions_items()
+                   if isinstance(f, tvm.tirx.PrimFunc) and not (f.attrs and "tvmfuse.family" in f.attrs)}
+    assert tvm_kernels  # concat, the gate, softmax, transpose: fused by TVM into a few kernels
+    for name, func in tvm_kernels.items():
+        assert ForKind.PARALLEL in _loop_kinds(func), name
+
+
+def test_default_kept_record_replays_the_generic_schedule():
+    from tvm import s_tir
+
+    from tvmfuse.tune.tuner import _default_trace, extract_tasks
+
+    tasks = [t for t in extract_tasks(_model(), SPEC) if t.family is None]
+    assert tasks
+    for task in tasks:
+        sch = s_tir.Schedule(task.mod)
+        _default_trace(task, None, SPEC).apply_to_schedule(sch, remove_postproc=False)
+        want = generic.apply(task.mod["main"], LANES)
+        assert want is not None
+        tvm.ir.assert_structural_equal(sch.mod["main"], want)
+
+
+@pytest.mark.parametrize("shape,axis", [((1, 3, 7, 5), 2), ((2, 16, 4, 4), 1)])
+def test_concat_of_odd_shapes(shape, axis):
+    a, b = te.placeholder(shape, name="a"), te.placeholder(shape, name="b")
+    _same_as_unscheduled(te.create_prim_func([a, b, topi.concatenate([a, b], axis)]), seed=3)
