@@ -31,11 +31,13 @@ from tvmfuse.schedules.blocked import block_for  # noqa: E402
 LAYERS = [
     ("resnet50 3x3", 64, 64, 56, 3, 1, 1),
     ("resnet50 3x3 s2", 128, 128, 56, 3, 2, 1),
+    ("resnet50 3x3 s2", 512, 512, 14, 3, 2, 1),
     ("resnet50 3x3", 256, 256, 14, 3, 1, 1),
     ("resnet50 3x3", 512, 512, 7, 3, 1, 1),
     ("resnet50 1x1", 64, 256, 56, 1, 1, 1),
     ("resnet50 1x1", 1024, 256, 14, 1, 1, 1),
     ("resnet50 1x1", 2048, 512, 7, 1, 1, 1),
+    ("resnet50 1x1 s2", 1024, 2048, 14, 1, 2, 1),
     ("mobilenet_v2 1x1", 24, 144, 56, 1, 1, 1),
     ("mobilenet_v2 1x1", 144, 24, 56, 1, 1, 1),
     ("mobilenet_v2 dw 3x3", 144, 144, 56, 3, 1, 144),

@@ -1,0 +1,91 @@
+"""Where a compiled model's time goes: each kernel's time per inference, summed by kind, then the slowest
+conv kernels with their shapes, GFLOP/s and layout.
+
+    python bench/profile.py resnet50 [--target x86-host] [--no-logs] [--top 12]
+
+Times come from the Relax VM's instrument hook (a Python callback around every call), so they include a
+microsecond or so of overhead per call: compare kernels within one run, not against other benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import THREADS, inputs_for, table  # noqa: E402
+
+import tvmfuse  # noqa: E402
+from tvmfuse.schedules.compute import anchor_call  # noqa: E402
+
+
+def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:
+    """Kernel (or VM builtin) name -> its call times in seconds over ``runs`` inferences."""
+    runner = cm._get_runner()
+    x = inputs_for(cm.inputs)
+    times, started = collections.defaultdict(list), {}
+
+    def instrument(func, symbol, before_run, ret_value, *args):
+        if before_run:
+            started["t"] = time.perf_counter()
+        else:
+            times[symbol].append(time.perf_counter() - started["t"])
+        return 0
+
+    for _ in range(warmup):
+        runner.run(x)
+    runner._vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            runner.run(x)
+    finally:
+        runner._vm.set_instrument(lambda *a: 0)
+    return times
+
+
+def _conv_row(name: str, seconds: float, calls: int, cm) -> dict | None:
+    fn, layout = cm.record.kernels.get(name, (None, None))
+    call = anchor_call(fn) if fn is not None else None
+    if call is None or call.op.name != "relax.nn.conv2d":
+        return None
+    out, weight = [int(d) for d in call.ty.shape], [int(d) for d in call.args[1].ty.shape]
+    flops = 2 * out[0] * out[1] * out[2] * out[3] * weight[1] * weight[2] * weight[3]
+    per_call = seconds / calls
+    return {"kernel": name, "conv": f"{weight[1]}->{out[1]} {weight[2]}x{weight[3]} s{int(call.attrs.strides[0])} "
+            f"to {out[2]}x{out[3]}", "us per call": f"{per_call * 1e6:.0f}",
+            "GFLOP/s": f"{flops / per_call / 1e9:.0f}", "layout": layout.describe()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", help="zoo name or .onnx path")
+    p.add_argument("--target", default="x86-host")
+    p.add_argument("--no-logs", action="store_true", help="default schedules only")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args(argv)
+    source = args.model if args.model.endswith(".onnx") else f"zoo:{args.model}"
+    cm = tvmfuse.compile(source, target=args.target, logs=False if args.no_logs else None)
+    times = kernel_times(cm, args.runs)
+    per_run = {name: sum(t) / args.runs for name, t in times.items()}
+    total = sum(per_run.values())
+    kinds = collections.defaultdict(float)
+    for name, seconds in per_run.items():
+        kinds[name.rstrip("0123456789")] += seconds
+    print(f"# {args.model}: {total * 1e3:.2f} ms per inference in kernels and VM builtins, {THREADS} threads, "
+          f"target {args.target}, {'no logs' if args.no_logs else 'with logs'}")
+    print(table([{"kind": k, "us": f"{s * 1e6:.0f}", "share": f"{100 * s / total:.1f}%"}
+                 for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])], ["kind", "us", "share"]))
+    rows = [_conv_row(n, sum(t), len(t), cm) for n, t in times.items()]
+    rows = sorted((r for r in rows if r), key=lambda r: -float(r["us per call"]))[:args.top]
+    if rows:
+        print(f"\n# slowest {len(rows)} conv kernels")
+        print(table(rows, list(rows[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
