@@ -23,6 +23,27 @@ def test_x86_avx512_has_vnni_and_amx():
     assert spec.is_cpu and spec.vector_bits() == 512
     assert {"avx512f", "avx512vnni", "amx-int8"} <= spec.features()
     assert "avx512_vnni" in targets.required_cpu_flags(spec)
+    # No kernel executes AMX or BF16 instructions (checked below): an Ice Lake or Zen 4 runs the code.
+    assert not {"amx_int8", "amx_bf16", "avx512_bf16"} & set(targets.required_cpu_flags(spec))
+
+
+def test_avx512_int8_build_has_no_amx_bf16_or_vex_vnni():
+    # What _NOT_EMITTED promises: a quantized x86-avx512 build (VNNI kernels and MetaSchedule-free defaults)
+    # holds no AMX tile, BF16 or FP16 instruction, and its dot products use 512-bit EVEX vpdpbusd only (a
+    # ymm/xmm one could be re-encoded as AVX-VNNI, which AVX-512 CPUs such as Zen 4 lack).
+    import re
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    calib = [{"input": rng.standard_normal((1, 3, 32, 32)).astype("float32")} for _ in range(2)]
+    cm = tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target="x86-avx512", logs=False)
+    asm = cm.executable.mod.imports[0].inspect_source("asm")
+    dots = re.findall(r"vpdpbus[dw]s?\s+[^\n]*", asm)
+    assert dots and all("%zmm" in d and "%ymm" not in d and "%xmm" not in d for d in dots)
+    for op in (r"tileloadd\w*", r"tdp\w+", r"ldtilecfg", r"vdpbf16ps", r"vcvtne2?ps2bf16",
+               r"v(add|sub|mul|div|min|max|f\w*madd\w*)ph", r"vcvtps2phx"):
+        assert not re.search(rf"\b{op}\b", asm), op
 
 
 def test_x86_host_runs_here():

@@ -109,10 +109,12 @@ def test_nothing_built_is_a_clear_error(tmp_path):
     assert record_lines(LogStore(tmp_path, HOST).path) == []
 
 
-@pytest.mark.skipif(targets.host_can_run(targets.resolve("x86-avx512")), reason="this host runs AVX-512 code")
 def test_target_this_host_cannot_run_needs_rpc(tmp_path):
     with pytest.raises(TuningError, match="cannot run on this machine.*--rpc"):
-        tune(MODEL, "x86-avx512", trials=2, logs=tmp_path)
+        tune(MODEL, "cuda-sm80", trials=2, logs=tmp_path)
+    if not targets.host_can_run(targets.resolve("x86-avx512")):
+        with pytest.raises(TuningError, match="cannot run on this machine.*lacks avx512"):
+            tune(MODEL, "x86-avx512", trials=2, logs=tmp_path)
 
 
 def test_rpc_spec_errors():
