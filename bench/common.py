@@ -25,13 +25,16 @@ def median_ms(fn, repeat: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(fns: dict, repeat: int, warmup: int = 3, rounds: int = 5) -> dict[str, float]:
+def interleaved_medians(fns: dict, repeat: int, warmup: int = 3, rounds: int | None = None) -> dict[str, float]:
     """Median ms of each callable, timed in alternating blocks so load from other jobs hits all alike.
 
     Blocks (not single runs) alternate, with a pause between contenders: onnxruntime's and TVM's
     worker threads spin for a while after a run and would otherwise steal the cores from the next one.
+    Blocks are short (``rounds`` defaults to one per 6 runs): this machine's speed drifts by up to 1.5x
+    over tens of seconds, and 5 long blocks let a drift land on one contender (ratios moved by 0.2).
     """
     times = {name: [] for name in fns}
+    rounds = rounds or max(5, repeat // 6)
     per_round = max(1, repeat // rounds)
     for _ in range(rounds):
         for name, fn in fns.items():

@@ -52,6 +52,15 @@ def test_x86_host_runs_here():
     assert spec.vector_bits() in (256, 512)
 
 
+def test_host_mcpu_from_flags_for_intel_and_llvm_name_for_amd():
+    spr = frozenset({"avx512f", "avx512_vnni", "amx_int8"})
+    assert targets.mcpu_for(spr, "rocketlake") == "sapphirerapids"  # LLVM's guess in a VM loses AMX
+    assert targets.mcpu_for(frozenset({"avx512f", "avx512_vnni"}), "icelake-server") == "cascadelake"
+    assert targets.mcpu_for(frozenset({"avx512f"}), "skylake-avx512") == "skylake-avx512"
+    assert targets.mcpu_for(frozenset({"avx512f", "avx512_vnni"}), "znver4") == "znver4"
+    assert targets.mcpu_for(frozenset({"avx2", "fma"}), "znver3") == "znver3"
+
+
 def test_cuda_targets_have_generic_host():
     for name, arch in (("cuda-sm80", "sm_80"), ("cuda-sm90", "sm_90")):
         spec = targets.resolve(name)

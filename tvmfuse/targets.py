@@ -109,18 +109,24 @@ def host_mcpu() -> str:
     """The LLVM CPU name that fits this host.
 
     LLVM's own detection names an AMX-capable Sapphire Rapids in a VM ``rocketlake``, which loses AMX, so
-    the richest Intel parts are chosen from the CPU flags first.
+    the richest Intel parts are chosen from the CPU flags first. AMD parts keep LLVM's name (``znver4``).
     """
-    flags = host_cpu_flags()
+    from tvm.target import codegen
+
+    return mcpu_for(host_cpu_flags(), str(codegen.llvm_get_system_cpu()))
+
+
+def mcpu_for(flags: frozenset[str], llvm_cpu: str) -> str:
+    """The LLVM CPU for a CPU with these /proc/cpuinfo flags that LLVM detects as ``llvm_cpu``."""
+    if llvm_cpu.startswith("znver"):
+        return llvm_cpu
     if {"amx_int8", "avx512_vnni"} <= flags:
         return "sapphirerapids"
     if "avx512_vnni" in flags:
         return "cascadelake"
     if "avx512f" in flags:
         return "skylake-avx512"
-    from tvm.target import codegen
-
-    return str(codegen.llvm_get_system_cpu())
+    return llvm_cpu
 
 
 def _x86_avx512() -> TargetSpec:
