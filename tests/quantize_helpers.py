@@ -65,3 +65,16 @@ def conv_sigmoid():
     rng = np.random.default_rng(4)
     return model([conv(rng, "x", "c", 3, 4, "conv"), (helper.make_node("Sigmoid", ["c"], ["y"]), [])],
                  [("x", [1, 3, 6, 6])], [("y", [1, 4, 6, 6])])
+
+
+def depthwise_s2(channels=96, size=16):
+    """conv+relu (8 -> channels) -> depthwise 3x3 stride 2 + relu -> conv (16): MobileNetV2's stride-2 step.
+
+    At 96 channels LLVM turns part of the INT8 depthwise kernel into ``vpdpwssd`` (an AVX-VNNI instruction
+    when the target allows it).
+    """
+    rng = np.random.default_rng(0)
+    return model([conv(rng, "x", "c1", 8, channels, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []),
+                  conv(rng, "h", "c2", channels, channels, "dw", stride=2, group=channels),
+                  (helper.make_node("Relu", ["c2"], ["h2"]), []), conv(rng, "h2", "y", channels, 16, "conv2")],
+                 [("x", [1, 8, size, size])], [("y", [1, 16, size // 2, size // 2])])

@@ -18,32 +18,51 @@ def test_unknown_name_lists_known_ones():
         assert name in str(e.value)
 
 
-def test_x86_avx512_has_vnni_and_amx():
+def test_x86_avx512_is_avx512_vnni_without_sapphire_rapids_only_extensions():
     spec = targets.resolve("x86-avx512")
-    assert spec.is_cpu and spec.vector_bits() == 512
-    assert {"avx512f", "avx512vnni", "amx-int8"} <= spec.features()
-    assert "avx512_vnni" in targets.required_cpu_flags(spec)
-    # No kernel executes AMX or BF16 instructions (checked below): an Ice Lake or Zen 4 runs the code.
-    assert not {"amx_int8", "amx_bf16", "avx512_bf16"} & set(targets.required_cpu_flags(spec))
+    assert spec.is_cpu and spec.vector_bits() == 512 and spec.config["mcpu"] == "sapphirerapids"
+    assert spec.features() == {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni"}
+    assert targets.required_cpu_flags(spec) == ["avx2", "avx512_vnni", "avx512bw", "avx512f", "avx512vl", "fma"]
+    # The plain CPU name has them: a library for it needs a Sapphire Rapids.
+    spr = targets.resolve({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert {"avxvnni", "avx512fp16", "amx-int8"} <= spr.features()
+    assert {"avx_vnni", "avx512_fp16", "amx_int8"} <= set(targets.required_cpu_flags(spr))
 
 
-def test_avx512_int8_build_has_no_amx_bf16_or_vex_vnni():
-    # What _NOT_EMITTED promises: a quantized x86-avx512 build (VNNI kernels and MetaSchedule-free defaults)
-    # holds no AMX tile, BF16 or FP16 instruction, and its dot products use 512-bit EVEX vpdpbusd only (a
-    # ymm/xmm one could be re-encoded as AVX-VNNI, which AVX-512 CPUs such as Zen 4 lack).
-    import re
-
+def _int8_depthwise_asm(target):
     import numpy as np
 
+    from quantize_helpers import depthwise_s2
+
     rng = np.random.default_rng(0)
-    calib = [{"input": rng.standard_normal((1, 3, 32, 32)).astype("float32")} for _ in range(2)]
-    cm = tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target="x86-avx512", logs=False)
-    asm = cm.executable.mod.imports[0].inspect_source("asm")
-    dots = re.findall(r"vpdpbus[dw]s?\s+[^\n]*", asm)
-    assert dots and all("%zmm" in d and "%ymm" not in d and "%xmm" not in d for d in dots)
+    calib = [{"x": rng.standard_normal((1, 8, 16, 16)).astype("float32")} for _ in range(2)]
+    cm = tvmfuse.quantize(depthwise_s2(), calib=calib, method="minmax", target=target, logs=False)
+    assert cm.quantization["int8_partitions"] == 3
+    return cm, cm.executable.mod.imports[0].inspect_source("asm")
+
+
+def test_x86_avx512_int8_code_has_no_vex_vnni_amx_or_fp16():
+    # For mcpu=sapphirerapids LLVM emits this depthwise kernel's multiply-add as VEX-encoded AVX-VNNI
+    # vpdpwssd, which AVX-512 CPUs without AVX-VNNI (Ice Lake, Zen 4) fault on; x86-avx512 turns it off.
+    import re
+
+    _, spr = _int8_depthwise_asm({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert re.search(r"\{vex\}\s*vpdp", spr)
+    cm, asm = _int8_depthwise_asm("x86-avx512")
+    assert "vpdpbusd" in asm and not re.search(r"\{vex\}", asm)
     for op in (r"tileloadd\w*", r"tdp\w+", r"ldtilecfg", r"vdpbf16ps", r"vcvtne2?ps2bf16",
                r"v(add|sub|mul|div|min|max|f\w*madd\w*)ph", r"vcvtps2phx"):
         assert not re.search(rf"\b{op}\b", asm), op
+
+
+@pytest.mark.avx512
+def test_x86_avx512_int8_runs_and_matches_the_host_build():
+    import numpy as np
+
+    cm, _ = _int8_depthwise_asm("x86-avx512")
+    host, _ = _int8_depthwise_asm("x86-host")
+    x = {"x": np.random.default_rng(7).standard_normal((1, 8, 16, 16)).astype("float32")}
+    np.testing.assert_allclose(cm.run(x)[0], host.run(x)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_x86_host_runs_here():
