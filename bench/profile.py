@@ -66,9 +66,15 @@ def main(argv=None) -> int:
     p.add_argument("--no-logs", action="store_true", help="default schedules only")
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--int8", metavar="METHOD", help="quantize first (minmax, entropy, percentile) on 2 seeded "
+                   "random batches, as bench/int8.py does")
     args = p.parse_args(argv)
     source = args.model if args.model.endswith(".onnx") else f"zoo:{args.model}"
-    cm = tvmfuse.compile(source, target=args.target, logs=False if args.no_logs else None)
+    logs = False if args.no_logs else None
+    cm = tvmfuse.compile(source, target=args.target, logs=logs)
+    if args.int8:
+        batches = [inputs_for(cm.inputs, seed=100 + i) for i in range(2)]
+        cm = tvmfuse.quantize(source, calib=batches, method=args.int8, target=args.target, logs=logs)
     times = kernel_times(cm, args.runs)
     per_run = {name: sum(t) / args.runs for name, t in times.items()}
     total = sum(per_run.values())
@@ -76,7 +82,7 @@ def main(argv=None) -> int:
     for name, seconds in per_run.items():
         kinds[name.rstrip("0123456789")] += seconds
     print(f"# {args.model}: {total * 1e3:.2f} ms per inference in kernels and VM builtins, {THREADS} threads, "
-          f"target {args.target}, {'no logs' if args.no_logs else 'with logs'}")
+          f"target {args.target}, {'no logs' if args.no_logs else 'with logs'}{', INT8' if args.int8 else ''}")
     print(table([{"kind": k, "us": f"{s * 1e6:.0f}", "share": f"{100 * s / total:.1f}%"}
                  for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])], ["kind", "us", "share"]))
     rows = [_conv_row(n, sum(t), len(t), cm) for n, t in times.items()]
