@@ -47,16 +47,25 @@ def converge(args) -> None:
     x = inputs_for(default.inputs)
     fns = {"default": lambda: default.run(x), "onnxruntime": lambda: sess.run(None, x)}
     fns.update({n: (lambda cm=cm: cm.run(x)) for n, cm in compiled.items()})
-    ms = interleaved_medians(fns, args.repeat)
+    # Each timing is one interleaved run; with --reps N the ratios are given as the range over N such runs.
+    runs = [interleaved_medians(fns, args.repeat) for _ in range(args.reps)]
     rows.insert(0, {"trials per task": 0, "tasks": "-", "tuning s": "0", "kernels tuned": 0, "compile s": "-"})
     for row in rows:
         key = row["trials per task"] or "default"
-        row.update({"latency ms": f"{ms[key]:.2f}", "vs default": f"{ms[key] / ms['default']:.2f}x",
-                    "vs onnxruntime": f"{ms[key] / ms['onnxruntime']:.2f}x"})
+        row.update({"latency ms": _span([ms[key] for ms in runs], "", ".2f"),
+                    "vs default": _span([ms[key] / ms["default"] for ms in runs]),
+                    "vs onnxruntime": _span([ms[key] / ms["onnxruntime"] for ms in runs])})
+    ort = _span([ms["onnxruntime"] for ms in runs], " ms", ".2f")
     print(f"# tuning convergence: {args.model}, batch 1, {THREADS} threads, target {args.target}; "
-          f"onnxruntime {ms['onnxruntime']:.2f} ms")
+          f"onnxruntime {ort}; {args.reps} timing run(s)")
     print(table(rows, ["trials per task", "tasks", "tuning s", "kernels tuned", "compile s", "latency ms",
                        "vs default", "vs onnxruntime"]))
+
+
+def _span(values: list[float], unit: str = "x", fmt: str = ".2f") -> str:
+    """``0.95x`` for one value, ``0.93-0.96x`` (min-max) for several."""
+    lo, hi = min(values), max(values)
+    return f"{lo:{fmt}}{unit}" if len(values) == 1 or f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}{unit}"
 
 
 def shipped(args) -> None:
@@ -88,6 +97,7 @@ def main() -> None:
     p.add_argument("--model", default="mobilenet_v2")
     p.add_argument("--trials", default="4,8,16")
     p.add_argument("--root", default="/tmp/tvmfuse-converge")
+    p.add_argument("--reps", type=int, default=1, help="timing runs (ratios reported as their range)")
     p = sub.add_parser("shipped")
     p.add_argument("--models", default="mobilenet_v2,resnet50,efficientnet_lite0")
     p.add_argument("--logs", help="logs folder (default: tuning_logs/)")
