@@ -76,13 +76,15 @@ def shipped(args) -> None:
         tuned, compile_s = _compile(model, args.target, args.logs or None)
         sess = ort_session(model)
         x = inputs_for(default.inputs)
-        ms = interleaved_medians({"default": lambda: default.run(x), "logs": lambda: tuned.run(x),
-                                  "onnxruntime": lambda: sess.run(None, x)}, args.repeat)
+        fns = {"default": lambda: default.run(x), "logs": lambda: tuned.run(x),
+               "onnxruntime": lambda: sess.run(None, x)}
+        runs = [interleaved_medians(fns, args.repeat) for _ in range(args.reps)]
         applied = (tuned.tuning_logs or {}).get("applied", [])
-        rows.append({"model": name, "kernels tuned": len(applied), "onnxruntime ms": f"{ms['onnxruntime']:.2f}",
-                     "default ms": f"{ms['default']:.2f}", "with logs ms": f"{ms['logs']:.2f}",
-                     "logs / default": f"{ms['logs'] / ms['default']:.2f}x",
-                     "logs / onnxruntime": f"{ms['logs'] / ms['onnxruntime']:.2f}x",
+        rows.append({"model": name, "kernels tuned": len(applied),
+                     **{f"{k} ms": _span([ms[k] for ms in runs], "", ".2f")
+                        for k in ("onnxruntime", "default", "logs")},
+                     "logs / default": _span([ms["logs"] / ms["default"] for ms in runs]),
+                     "logs / onnxruntime": _span([ms["logs"] / ms["onnxruntime"] for ms in runs]),
                      "compile s (logs)": f"{compile_s:.1f}"})
     spec = targets.resolve(args.target)
     print(f"# shipped tuning logs: batch 1, {THREADS} threads, target {args.target} "
@@ -97,13 +99,13 @@ def main() -> None:
     p.add_argument("--model", default="mobilenet_v2")
     p.add_argument("--trials", default="4,8,16")
     p.add_argument("--root", default="/tmp/tvmfuse-converge")
-    p.add_argument("--reps", type=int, default=1, help="timing runs (ratios reported as their range)")
     p = sub.add_parser("shipped")
     p.add_argument("--models", default="mobilenet_v2,resnet50,efficientnet_lite0")
     p.add_argument("--logs", help="logs folder (default: tuning_logs/)")
     for p in sub.choices.values():
         p.add_argument("--target", default="x86-host")
         p.add_argument("--repeat", type=int, default=30)
+        p.add_argument("--reps", type=int, default=1, help="timing runs (ratios reported as their range)")
     args = parser.parse_args()
     converge(args) if args.mode == "converge" else shipped(args)
 
