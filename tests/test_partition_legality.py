@@ -3,20 +3,13 @@
 
 from __future__ import annotations
 
-import collections
-import functools
-
 import numpy as np
-import pytest
 import tvm
-from onnx import helper, numpy_helper
+from onnx import helper
 from tvm import relax
 
 import tvmfuse
-from tvmfuse import frontend, patterns, targets, zoo
-from tvmfuse.passes.lower import OPAQUE, LowerPartitions
-from tvmfuse.passes.partition import Partition, composites
-from tvmfuse.passes.pipeline import canonicalize_passes
+from tvmfuse.passes.lower import LowerPartitions
 from tvmfuse.patterns import checks
 
 from conftest import HOST, ort_run

@@ -7,13 +7,12 @@ well-formedness check. Graphs are small ONNX models imported and canonicalized l
 
 from __future__ import annotations
 
-import collections
 import functools
 
 import numpy as np
 import pytest
 import tvm
-from onnx import helper, numpy_helper
+from onnx import helper
 from tvm import relax
 
 import tvmfuse
@@ -21,7 +20,6 @@ from tvmfuse import frontend, patterns, targets, zoo
 from tvmfuse.passes.lower import OPAQUE, LowerPartitions
 from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
-from tvmfuse.patterns import checks
 
 from conftest import HOST, ort_run
 from helpers import make_model

@@ -6,24 +6,18 @@ import math
 
 import numpy as np
 import pytest
-import tvm
-from onnx import helper, numpy_helper
 from tvm import s_tir
 from tvm.tirx import ForKind
 
-import tvmfuse
-from tvmfuse import frontend, targets
+from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
-from tvmfuse.passes.partition import Partition, composites
-from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.schedules import x86
 from tvmfuse.schedules.common import block_names, largest_divisor
 from tvmfuse.schedules.blocked import pack_weight, unpack_weight
-from tvmfuse.schedules.compute import ANCHOR_BLOCK, partition_compute
-from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
+from tvmfuse.schedules.compute import partition_compute
+from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d
 
-from conftest import HOST, ort_run
-from helpers import make_model
+from conftest import HOST
 
 AVX2 = 8  # float32 lanes
 AVX512 = 16
