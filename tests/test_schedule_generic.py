@@ -88,6 +88,17 @@ def _model():
     return make_model(nodes, [("x", [1, 8, 24, 24])], [("y", None)], inits)
 
 
+@pytest.mark.parametrize("pad", [1, 0])
+def test_padded_pool_is_left_as_tvm_lowers_it(pad):
+    x = te.placeholder((1, 16, 32, 32), "float32", name="x")
+    y = topi.nn.pool2d(x, (3, 3), (2, 2), (1, 1), (pad,) * 4, "max", layout="NCHW")
+    func = te.create_prim_func([x, y])
+    if pad:
+        assert generic.apply(func, LANES) is None  # unscheduled beats the generic schedule on a padded window
+    else:
+        assert ForKind.PARALLEL in _loop_kinds(_same_as_unscheduled(func))
+
+
 def test_ops_outside_partitions_match_onnxruntime_and_run_parallel():
     model = _model()
     x = np.random.default_rng(1).standard_normal((1, 8, 24, 24)).astype("float32")
