@@ -22,7 +22,7 @@ from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError
 
 from conftest import HOST
-from quantize_helpers import conv_relu_conv, conv_sigmoid, residual_block
+from quantize_helpers import conv_pool_conv, conv_relu_conv, conv_sigmoid, residual_block
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -75,6 +75,14 @@ def test_residual_block_int8_is_close_to_fp32(method):
     kernels = [f for gv, f in cm.lowered.functions_items()
                if getattr(f, "attrs", None) and str(f.attrs.get("tvmfuse.family", "")).startswith("int8_")]
     assert len(kernels) == 2 and all("T.parallel" in f.script() for f in kernels)
+
+
+def test_max_pool_of_uint8_codes_is_close_to_fp32():
+    model = conv_pool_conv()
+    calib = _random_batches((1, 3, 16, 16), 8, 2)
+    cm = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST)
+    assert cm.quantization["uint8_pools"] == 1 and cm.quantization["quantize_ops"] == 1
+    assert _relative_error(cm, tvmfuse.compile(model, target=HOST), calib) < TOLERANCE
 
 
 def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):

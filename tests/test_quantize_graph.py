@@ -17,7 +17,8 @@ from tvm import relax
 
 from conftest import HOST
 from helpers import make_model
-from quantize_helpers import conv_relu_conv, conv_sigmoid, hardswish_sandwich, residual_block, two_outputs
+from quantize_helpers import (conv_pool_conv, conv_relu_conv, conv_sigmoid, hardswish_sandwich, residual_block,
+                              two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
@@ -83,7 +84,7 @@ def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
     assert _kernel_args(last)[0].same_as(first_var) and str(last_var.ty.dtype) == "float32"
     assert mod["main"].body.body.same_as(last_var)  # the float output of the last kernel is the model output
     assert report == {"int8_partitions": 2, "fp32_partitions": 0, "fp32_reasons": [], "uint8_outputs": 1,
-                      "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0}
+                      "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0, "uint8_pools": 0}
     # The kernels carry what the scheduler and reports read; weights are packed int8 constants.
     kernel = mod[first.args[0]]
     assert str(kernel.attrs["tvmfuse.family"]) == "int8_conv2d"
@@ -93,6 +94,21 @@ def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
     assert weight.dtype == np.int8 and weight.shape == (1, 1, 3, 3, 16, 4) and weight.min() >= -127
     assert bias.dtype == np.int32 and multiplier.dtype == np.float32 and bias.shape == multiplier.shape == (16,)
     assert not any(isinstance(f, relax.Function) and "Composite" in (f.attrs or {}) for _, f in mod.functions_items())
+
+
+def test_max_pool_between_int8_partitions_pools_the_uint8_codes():
+    mod, report = _quantize(conv_pool_conv())
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.nn.max_pool2d", "int8_conv2d"]
+    (_, _, _), (_, _, conv_var), (_, pool, pool_var), (_, last, _) = _main_calls(mod)
+    assert pool.args[0].same_as(conv_var) and str(conv_var.ty.dtype) == str(pool_var.ty.dtype) == "uint8"
+    assert _kernel_args(last)[0].same_as(pool_var)
+    assert (report["quantize_ops"], report["dequantize_ops"], report["uint8_pools"]) == (1, 0, 1)
+
+
+def test_max_pool_read_by_an_fp32_consumer_stays_float():
+    mod, report = _quantize(conv_pool_conv(pool_is_output=True))  # the model output is an FP32 consumer
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.nn.max_pool2d"]
+    assert str(_main_calls(mod)[-1][2].ty.dtype) == "float32" and report["uint8_pools"] == 0
 
 
 def test_hardswish_partition_stays_fp32_with_borders_around_it():

@@ -15,6 +15,7 @@ Borders, with every activation uint8 and quantized per tensor:
 - Its output is uint8 when every consumer is an INT8 partition; float32 straight from the kernel's epilogue
   (dequantize fused) when none is; uint8 plus one ``relax.dequantize`` for the FP32 consumers when mixed.
   A model output counts as an FP32 consumer.
+- A max-pool between INT8 partitions pools the uint8 codes (exact; see ``_uint8_pools``).
 """
 
 from __future__ import annotations
@@ -93,9 +94,31 @@ def _find_sites(mod: tvm.IRModule, table, keys: dict) -> list[_Site]:
     return sites
 
 
-def _choose_outputs(sites: list[_Site], users: dict) -> None:
-    """uint8 output for INT8 sites read by INT8 sites (plus a dequantize if FP32 consumers read it too)."""
-    int8_vars = {s.var for s in sites if s.part is not None}
+def _uint8_pools(mod: tvm.IRModule, sites: list[_Site], users: dict) -> dict:
+    """Max-pools that pool uint8 codes instead: pool var -> the INT8 site it reads.
+
+    Eligible when the pool reads an INT8 partition's output and only INT8 partitions read the pool. Max
+    commutes with the monotonic quantization, and the code 0 the pool pads with is at most every real code,
+    so pooling the codes is exact. It saves the float pass: the producer writes uint8 instead of float32 and
+    the pool reads a quarter of the bytes, with no quantize after it. The pooled codes keep their input's
+    quantization parameters.
+    """
+    int8 = {s.var for s in sites if s.part is not None}
+    pools = {}
+    for binding in _bindings(mod["main"]):
+        value = binding.value
+        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name == "relax.nn.max_pool2d" and value.args[0] in int8):
+            readers = users.get(binding.var, [])
+            if readers and all(r in int8 for r in readers):
+                pools[binding.var] = value.args[0]
+    return pools
+
+
+def _choose_outputs(sites: list[_Site], users: dict, pools: dict) -> None:
+    """uint8 output for INT8 sites read by INT8 sites or uint8 pools (plus a dequantize if FP32 consumers read
+    it too)."""
+    int8_vars = {s.var for s in sites if s.part is not None} | set(pools)
     for site in sites:
         if site.part is None:
             continue
@@ -109,15 +132,17 @@ def _choose_outputs(sites: list[_Site], users: dict) -> None:
 class _Rewrite(relax.PyExprMutator):
     """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
 
-    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict):
+    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict):
         super().__init__(mod)
         self.sites = {s.var: s for s in sites if s.part is not None}
+        self.pools = pools
         self.table, self.keys = table, keys
         self.inputs = set(mod["main"].params)
         self.codes: dict = {}  # original var -> its uint8 codes
         self.quantize_ops = self.dequantize_ops = 0
 
     def qparams(self, var) -> QuantParams:
+        var = self.pools.get(var, var)  # pooled codes keep their input's parameters
         return activation_params(*self.table[_key_of(self.keys, var)], dtype="uint8")
 
     def _emit_like(self, value, like, suffix: str = ""):
@@ -145,6 +170,11 @@ class _Rewrite(relax.PyExprMutator):
         return self.codes[var]
 
     def visit_var_binding_(self, binding):
+        if binding.var in self.pools:
+            pool = binding.value
+            codes = relax.Call(pool.op, [self._codes_of(self.pools[binding.var])], pool.attrs)
+            self.codes[binding.var] = self._emit_like(codes, binding.var, "_u8")
+            return
         site = self.sites.get(binding.var)
         if site is None:
             super().visit_var_binding_(binding)
@@ -213,7 +243,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
     report : dict, optional
         Receives ``int8_partitions``, ``fp32_partitions``, ``fp32_reasons`` (partition, tensor, reason),
         ``uint8_outputs`` / ``float32_outputs`` (INT8 partitions by output dtype), ``quantize_ops`` and
-        ``dequantize_ops`` (inserted).
+        ``dequantize_ops`` (inserted), ``uint8_pools`` (max-pools that pool uint8 codes).
 
     Warns
     -----
@@ -229,18 +259,20 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
             for site in sites:
                 site.part, site.reason = None, f"INT8 kernels are scheduled for CPU targets only, not {spec.name}"
         _check_constants(sites, table, keys)
-        _choose_outputs(sites, _users(mod["main"]))
+        users = _users(mod["main"])
+        pools = _uint8_pools(mod, sites, users)
+        _choose_outputs(sites, users, pools)
         if not any(s.part is not None for s in sites):
             if report is not None:
                 report.update(_summary(sites, 0, 0))
             warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
                           QuantizeWarning, stacklevel=2)
             return mod
-        rewrite = _Rewrite(mod, sites, table, keys)
+        rewrite = _Rewrite(mod, sites, table, keys, pools)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
-            report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops))
+            report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops), uint8_pools=len(pools))
         return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
 
     return _quantize
