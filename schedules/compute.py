@@ -12,7 +12,7 @@ import functools
 import tvm
 from tvm import relax, te, topi
 
-from . import blocked, winograd
+from . import blocked, families, winograd
 from .blocked import out_size
 
 # Block names of the anchor stage, per family (the schedules look them up by name).
@@ -114,24 +114,52 @@ def _depthwise_phase_split(data, weight, strides, padding, dilation, lanes: int 
     return te.compute((n, out_channels, out_h, out_w), lambda b, o, y, x: conv[b, o, y, x], name="DepthwiseCrop")
 
 
-def _conv2d(call, data, weight, lanes: int | None = None):
+def _conv_args(call) -> tuple[list[int], list[int], list[int]]:
     a = call.attrs
-    strides, padding, dilation, groups = _ints(a.strides), _ints(a.padding), _ints(a.dilation), int(a.groups)
+    return _ints(a.strides), _ints(a.padding), _ints(a.dilation)
+
+
+def conv2d(call, data, weight, lanes: int | None = None):
+    """groups = 1 conv2d; a 5-D weight is packed by :func:`blocked.pack_weight` (see ``partition_compute``)."""
+    del lanes  # the schedule blocks output channels, not rows
+    if len(weight.shape) == 5:
+        return _conv2d_packed(data, weight, *_conv_args(call), call.ty.dtype)
+    return topi.nn.conv2d_nchw(data, weight, *_conv_args(call))
+
+
+def depthwise_conv2d(call, data, weight, lanes: int | None = None):
+    """Depthwise conv2d; rows computed in whole vectors of ``lanes`` where that pays (see the helpers)."""
+    strides, padding, dilation = _conv_args(call)
+    if phase_split_pays(strides[1], dilation[1], int(call.ty.shape[3]), int(weight.shape[3])):
+        return _depthwise_phase_split(data, weight, strides, padding, dilation, lanes)
+    if lanes and int(call.ty.shape[3]) % lanes:
+        return _depthwise_whole_vectors(data, weight, strides, padding, dilation, lanes)
+    # Relax weight (C*M, 1, kh, kw) -> topi's depthwise filter (C, M, kh, kw).
     in_channels = int(data.shape[1])
-    if groups == 1 and len(weight.shape) == 5:
-        return _conv2d_packed(data, weight, strides, padding, dilation, call.ty.dtype)
-    if groups == 1:
-        return topi.nn.conv2d_nchw(data, weight, strides, padding, dilation)
-    if groups == in_channels and int(weight.shape[1]) == 1:
-        if phase_split_pays(strides[1], dilation[1], int(call.ty.shape[3]), int(weight.shape[3])):
-            return _depthwise_phase_split(data, weight, strides, padding, dilation, lanes)
-        if lanes and int(call.ty.shape[3]) % lanes:
-            return _depthwise_whole_vectors(data, weight, strides, padding, dilation, lanes)
-        # Relax weight (C*M, 1, kh, kw) -> topi's depthwise filter (C, M, kh, kw).
-        multiplier = int(weight.shape[0]) // in_channels
-        filt = topi.reshape(weight, (in_channels, multiplier, int(weight.shape[2]), int(weight.shape[3])))
-        return topi.nn.depthwise_conv2d_nchw(data, filt, strides, padding, dilation)
-    return topi.nn.group_conv2d_nchw(data, weight, strides, padding, dilation, groups)
+    multiplier = int(weight.shape[0]) // in_channels
+    filt = topi.reshape(weight, (in_channels, multiplier, int(weight.shape[2]), int(weight.shape[3])))
+    return topi.nn.depthwise_conv2d_nchw(data, filt, strides, padding, dilation)
+
+
+def group_conv2d(call, data, weight, lanes: int | None = None):
+    del lanes
+    return topi.nn.group_conv2d_nchw(data, weight, *_conv_args(call), int(call.attrs.groups))
+
+
+def dense(call, data, weight, lanes: int | None = None):
+    del lanes
+    return topi.nn.matmul(data, weight)
+
+
+def conv2d_blocked(call, data, weight):
+    """NCHW[b]c conv2d; a 5-D weight packed by ``winograd.pack_weight`` selects Winograd (``_blocked_layout``)."""
+    if len(weight.shape) == 5:
+        return winograd.conv2d(data, weight, call.ty.dtype)
+    return blocked.conv2d(data, weight, *_conv_args(call), call.ty.dtype)
+
+
+def depthwise_conv2d_blocked(call, data, weight):
+    return blocked.depthwise_conv2d(data, weight, *_conv_args(call))
 
 
 def _clip(call, x):
@@ -143,9 +171,8 @@ def _leakyrelu(call, x):
     return topi.nn.leaky_relu(x, float(call.attrs.alpha))
 
 
+# The epilogue ops a partition may hold after its anchor (the anchor's compute comes from its family).
 TE_OPS = {
-    "relax.nn.conv2d": _conv2d,
-    "relax.matmul": lambda call, a, b: topi.nn.matmul(a, b),
     "relax.add": lambda call, a, b: topi.add(a, b),
     "relax.subtract": lambda call, a, b: topi.subtract(a, b),
     "relax.multiply": lambda call, a, b: topi.multiply(a, b),
@@ -177,21 +204,11 @@ class PartitionCompute:
         return te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
 
 
-def _family(call) -> str:
-    if call.op.name == "relax.matmul":
-        return "dense"
-    groups = int(call.attrs.groups)
-    if groups == 1:
-        return "conv2d"
-    weight_in = call.args[1].ty.shape[1]
-    return "depthwise_conv2d" if groups == int(call.args[0].ty.shape[1]) and int(weight_in) == 1 else "group_conv2d"
-
-
 def anchor_call(fn: relax.Function):
-    """The conv2d or matmul call of a partition function."""
+    """The anchor call (conv2d or matmul, see :mod:`.families`) of a partition function."""
     for block in fn.body.blocks:
         for binding in block.bindings:
-            if getattr(binding.value.op, "name", "") in ("relax.nn.conv2d", "relax.matmul"):
+            if families.is_anchor(binding.value):
                 return binding.value
     return None
 
@@ -203,14 +220,14 @@ def param_index(fn: relax.Function, var) -> int | None:
 
 
 def blockable(fn: relax.Function, lanes: int) -> bool:
-    """Whether the partition can run in NCHW[b]c (:mod:`blocked`): a conv2d or multiplier-1 depthwise
-    conv2d with a parameter weight, whose output channels have a block."""
+    """Whether the partition can run in NCHW[b]c (:mod:`blocked`): a family with a blocked compute (conv2d,
+    multiplier-1 depthwise conv2d) and a parameter weight, whose output channels have a block."""
     anchor = anchor_call(fn)
-    if anchor is None or not isinstance(anchor.args[1], relax.Var) or _family(anchor) not in (
-            "conv2d", "depthwise_conv2d"):
+    if anchor is None or not isinstance(anchor.args[1], relax.Var) or families.family_of(anchor).blocked() is None:
         return False
     out_channels = int(anchor.ty.shape[1])
-    if _family(anchor) == "depthwise_conv2d" and int(anchor.args[1].ty.shape[0]) != int(anchor.args[0].ty.shape[1]):
+    if families.family_of(anchor).name == "depthwise_conv2d" and \
+            int(anchor.args[1].ty.shape[0]) != int(anchor.args[0].ty.shape[1]):
         return False
     return blocked.block_for(out_channels, lanes) is not None and isinstance(anchor.args[0], relax.Var)
 
@@ -226,7 +243,7 @@ def _winograd_pays(call) -> bool:
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
     data, weight = param_index(fn, anchor.args[0]), param_index(fn, anchor.args[1])
-    if _family(anchor) == "conv2d":
+    if families.family_of(anchor).name == "conv2d":
         kind = "winograd" if data in blocks and _winograd_pays(anchor) else "conv"
         packing = (kind, blocks.get(data, 1), out_block)
     else:
@@ -236,62 +253,60 @@ def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayou
     return blocked.KernelLayout({weight: packing}, blocks, out_block)
 
 
-def _blocked_ops(out_block: int) -> dict:
-    """TE_OPS for a blocked kernel: the anchor from :mod:`blocked`, epilogue operands seen blocked."""
-
-    def conv(call, data, weight):
-        a = call.attrs
-        args = (_ints(a.strides), _ints(a.padding), _ints(a.dilation))
-        if len(weight.shape) == 5:  # packed by winograd.pack_weight (see _blocked_layout)
-            return winograd.conv2d(data, weight, call.ty.dtype)
-        if int(a.groups) == 1:
-            return blocked.conv2d(data, weight, *args, call.ty.dtype)
-        return blocked.depthwise_conv2d(data, weight, *args)
+def _blocked_epilogue(out_block: int) -> dict:
+    """TE_OPS for a blocked kernel: epilogue operands seen blocked."""
 
     def epilogue(op):
         return lambda call, *args: op(call, *[blocked.blocked_view(a, out_block) for a in args])
 
-    return dict({name: epilogue(op) for name, op in TE_OPS.items()}, **{"relax.nn.conv2d": conv})
+    return {name: epilogue(op) for name, op in TE_OPS.items()}
+
+
+def _kernel_name(family: families.Family, layout: blocked.KernelLayout) -> str:
+    """The kernel's ``tvmfuse.family``: the family's name, ``_nchwc`` when blocked, or ``conv2d_winograd``."""
+    if any(kind == "winograd" for kind, *_ in layout.weights.values()):
+        return "conv2d_winograd"
+    return family.name + ("_nchwc" if layout.blocked else "")
 
 
 def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: int | None = None,
                       blocks: dict | None = None) -> PartitionCompute:
     """Interpret a composite function's body with TE (parameters become placeholders).
 
-    NCHW (``blocks`` None): with ``oc_block``, a groups == 1 conv2d reads its weight parameter packed by
+    The anchor is computed by its family's compute (:mod:`.families`), the epilogue by :data:`TE_OPS`.
+    NCHW (``blocks`` None): with ``oc_block``, a conv2d of family conv2d reads its weight parameter packed by
     :func:`pack_weight`; with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
     Blocked (``blocks``: parameter index -> block of each activation passed NCHW[b]c, see :func:`blockable`):
     the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``.
     """
     anchor = anchor_call(fn)
+    family = families.family_of(anchor) if anchor is not None else None
     if blocks is not None:
         layout = _blocked_layout(fn, anchor, blocks, lanes)
-        te_ops = _blocked_ops(layout.out_block)
+        te_ops, anchor_compute = _blocked_epilogue(layout.out_block), family.blocked()
     else:
         layout = blocked.KernelLayout()
         weight = param_index(fn, anchor.args[1]) if anchor is not None else None
-        if oc_block and weight is not None and _family(anchor) == "conv2d" and \
+        if oc_block and weight is not None and family.name == "conv2d" and \
                 int(anchor.args[1].ty.shape[0]) % oc_block == 0:
             layout.weights[weight] = ("oc", oc_block)
-        # The conv2d entry learns the vector width (depthwise rows are computed in whole vectors).
-        te_ops = dict(TE_OPS, **{"relax.nn.conv2d": functools.partial(_conv2d, lanes=lanes)})
+        te_ops = TE_OPS
+        anchor_compute = functools.partial(family.fp32_compute(), lanes=lanes) if family is not None else None
     env, inputs = {}, []
     for i, p in enumerate(fn.params):
         t = te.placeholder(layout.shape(i, _ints(p.ty.shape)), p.ty.dtype, name=f"p{i}")
         env[p] = t
         inputs.append(t)
-    ops, family = [], None
+    ops = []
     for block in fn.body.blocks:
         for binding in block.bindings:
             call = binding.value
             name = call.op.name
-            if name not in te_ops:
+            compute = anchor_compute if call.same_as(anchor) else te_ops.get(name)
+            if compute is None:
                 raise NotImplementedError(f"no TE compute for {name} in partition")
-            if family is None and name in ("relax.nn.conv2d", "relax.matmul"):
-                family = _family(call) + ("_nchwc" if layout.blocked else "")
-                if any(kind == "winograd" for kind, *_ in layout.weights.values()):
-                    family = "conv2d_winograd"
             args = [env[a] for a in call.args if isinstance(a, relax.Var)]
-            env[binding.var] = te_ops[name](call, *args)
+            env[binding.var] = compute(call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
-    return PartitionCompute(inputs, env[fn.body.body], family or "unknown", ops, layout)
+    kernel = _kernel_name(family, layout) if family is not None else "unknown"
+    return PartitionCompute(inputs, env[fn.body.body], kernel, ops, layout)

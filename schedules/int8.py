@@ -369,3 +369,24 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
 def prim_func(tensors: list) -> tirx.PrimFunc:
     """PrimFunc over ``tensors`` (inputs in call order, output last), without ``global_symbol``."""
     return te.create_prim_func(list(tensors)).without_attr("global_symbol")
+
+
+# One signature for the three computes (``families.Int8.compute``):
+# (data, weight, bias, multiplier, residual, *, channels, input_zero_point, epilogue, **conv).
+def conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int, input_zero_point: int = 0,
+                  epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
+    return conv2d_compute(data, weight, bias, multiplier, residual, out_channels=channels,
+                          input_zero_point=input_zero_point, epilogue=epilogue, **conv)
+
+
+def depthwise_conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int,
+                            input_zero_point: int = 0, epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
+    del channels  # the weight's
+    return depthwise_conv2d_compute(data, weight, bias, multiplier, residual, input_zero_point=input_zero_point,
+                                    epilogue=epilogue, **conv)
+
+
+def dense_kernel(data, weight, bias, multiplier, residual=None, *, channels: int, input_zero_point: int = 0,
+                 epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
+    del input_zero_point, conv  # folded into the bias; a dense has no window
+    return dense_compute(data, weight, bias, multiplier, residual, out_features=channels, epilogue=epilogue)

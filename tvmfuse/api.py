@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -46,18 +45,15 @@ class CompiledModel:
         self.record = PassRecord()
         self.tuning_logs: dict | None = None
         self.layout = "blocked"
-        self.cuda_code = None  # CUDA targets: "binary" (cubin) or "source" (see cuda_driver)
+        self.build_info: dict = {}  # the backend's manifest entries (CUDA: "cuda_code", see cuda_driver)
         self.quantization: dict | None = None
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
         if self._runner is None:
-            if self.target.is_cuda:
-                self._runner = Runner(self.executable, self.inputs, self.outputs, device="cuda")
-            else:
-                check_cpu_flags(targets.required_cpu_flags(self.target),
-                                f"model compiled for {self.target.name} ({self.target.config.get('mcpu')})")
-                self._runner = Runner(self.executable, self.inputs, self.outputs, device="cpu")
+            check_cpu_flags(targets.required_cpu_flags(self.target),
+                            f"model compiled for {self.target.name} ({self.target.config.get('mcpu')})")
+            self._runner = Runner(self.executable, self.inputs, self.outputs, device=self.target.backend().device)
         return self._runner
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -65,7 +61,7 @@ class CompiledModel:
 
         With ``TVMFUSE_OPCHECK=1`` every partition is also checked against the unfused reference.
         """
-        if opcheck.enabled() and self.target.is_cpu:
+        if opcheck.enabled() and targets.host_can_run(self.target):
             return opcheck.run_checked(self, inputs)[0]
         return self._get_runner().run(inputs)
 
@@ -91,8 +87,7 @@ class CompiledModel:
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
         extra = {"kernels": kernel_names(self.lowered), "layout": self.layout, "tuning_logs": self.tuning_logs}
-        if self.cuda_code is not None:
-            extra["cuda_code"] = self.cuda_code
+        extra.update(self.build_info)
         if self.quantization is not None:
             extra["quantization"] = self.quantization
         return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
@@ -124,7 +119,7 @@ def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
 
 def _load_logs(logs, spec: targets.TargetSpec):
     """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
-    if logs is False or not spec.is_cpu:
+    if logs is False or not spec.backend().applies_tuning_logs:
         return None, None
     from .tune.database import LogStore, default_root
 
@@ -179,7 +174,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
                                blocked=layout == "blocked")
     database, log_info = _load_logs(logs, spec)
-    cuda_code = _cuda_code(spec)
+    build_info = spec.backend().build_info()
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
         executable, lowered = build(mod, spec, database, applied)
@@ -188,25 +183,10 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
     cm.record = record
     cm.layout = layout
-    cm.cuda_code = cuda_code
+    cm.build_info = build_info
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
     return cm
-
-
-def _cuda_code(spec: targets.TargetSpec) -> str | None:
-    """How a CUDA build will hold its kernels: ``"binary"``, or ``"source"`` with a warning (no TVM CUDA runtime)."""
-    if not spec.is_cuda:
-        return None
-    from . import cuda_driver
-
-    if cuda_driver.cuda_codegen_ready():
-        return "binary"
-    warnings.warn("TVM's CUDA runtime is not loaded (no NVIDIA driver, and the build stub was off or could not "
-                  f"be built: {cuda_driver.state['driver']}), so the CUDA kernels are kept as source, which a GPU "
-                  "machine may not load; import tvmfuse before tvm, and keep a C compiler on PATH",
-                  stacklevel=3)
-    return "source"
 
 
 def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", table=None,
@@ -255,7 +235,7 @@ def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", ta
         No data and no table, an unknown method, calibration data that does not fit the model's inputs
         (``CalibrationDataError``), an empty set, a corrupt table.
     """
-    from .quant.flow import Quantizer
+    from .calibration import Quantizer
 
     spec = targets.resolve(target)
     quantizer = Quantizer(spec, calib, method, table, percentile)

@@ -61,7 +61,8 @@ def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Seque
         "inputs": [i.to_json() for i in inputs],
         "outputs": [o.to_json() for o in outputs],
         "target": spec.to_json(),
-        "cpu_flags": required_cpu_flags(spec) if spec.is_cpu else [],
+        "cpu_flags": required_cpu_flags(spec),
+        "device": spec.backend().device,  # what the runtime loads the library on (read without TVM's compiler)
         "versions": versions(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

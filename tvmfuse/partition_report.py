@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-ANCHORS = ("relax.nn.conv2d", "relax.matmul")
+from tvmfuse.schedules import families
 
 
 @dataclasses.dataclass
@@ -87,13 +87,8 @@ def _nbytes(expr) -> int:
 
 
 def anchor_flops(call) -> int:
-    """2 x multiply-adds of a conv2d (OIHW weight) or matmul call; 0 for any other op."""
-    name = getattr(call.op, "name", "")
-    if name == "relax.nn.conv2d":
-        return 2 * int(np.prod(_dims(call))) * int(np.prod(_dims(call.args[1])[1:]))
-    if name == "relax.matmul":
-        return 2 * int(np.prod(_dims(call))) * int(_dims(call.args[0])[-1])
-    return 0
+    """2 x multiply-adds of an anchor call (conv2d with an OIHW weight, matmul); 0 for any other op."""
+    return families.family_of(call).flops(call) if families.is_anchor(call) else 0
 
 
 def _op_name(call) -> str:
@@ -109,10 +104,9 @@ def _op_name(call) -> str:
 def _reason(call, var_name: str, rejections: dict) -> str:
     import tvm
 
-    name = getattr(call.op, "name", "")
     if var_name in rejections:
         return f"not fused: {rejections[var_name]}"
-    if name in ANCHORS:
+    if families.is_anchor(call):
         weight = call.args[1]
         if not isinstance(weight, tvm.ir.expr.Constant):
             return "no tvmfuse kernel: weight is computed at run time, not a constant"

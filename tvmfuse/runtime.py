@@ -172,8 +172,8 @@ class LoadedModel(Runner):
         except (ValueError, KeyError, TypeError) as e:
             raise ModelLoadError(f"{mpath}: not a tvmfuse manifest ({type(e).__name__}: {e})") from None
         target = self.manifest.get("target", {}).get("config", {})
-        if target.get("kind") == "cuda" and device == "cpu":
-            device = "cuda"
+        if device == "cpu":
+            device = self.manifest.get("device", "cpu")  # a CUDA library selects "cuda" itself
         check_cpu_flags(self.manifest.get("cpu_flags", []), f"{path} (target {target})")
         try:
             library = tvm.runtime.load_module(str(path))

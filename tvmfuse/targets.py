@@ -55,6 +55,16 @@ class TargetSpec:
         return str(self.config["kind"])
 
     @property
+    def backend_name(self) -> str:
+        """The backend that compiles for this target: the folder ``schedules/<backend_name>/``."""
+        return BACKENDS[self.kind]
+
+    def backend(self):
+        """The target's backend (``tvmfuse.schedules.<backend_name>.Backend``); see
+        :class:`tvmfuse.schedules.backend.Backend` for what it answers."""
+        return backend_class(self.kind)(self)
+
+    @property
     def is_cpu(self) -> bool:
         return self.kind == "llvm"
 
@@ -88,6 +98,17 @@ class TargetSpec:
 
     def to_json(self) -> dict:
         return {"name": self.name, "config": dict(self.config), "host": dict(self.host) if self.host else None}
+
+
+# TVM target kind -> backend folder under schedules/. A new target kind is a new folder plus one line here.
+BACKENDS = {"llvm": "x86", "cuda": "cuda"}
+
+
+def backend_class(kind: str):
+    """The Backend class of TVM target kind ``kind`` (imports the backend, and with it the TVM compiler)."""
+    import importlib
+
+    return importlib.import_module(f"tvmfuse.schedules.{BACKENDS[kind]}").Backend
 
 
 def _cores() -> int:
@@ -183,8 +204,9 @@ def resolve(target: str | Mapping[str, Any] | TargetSpec) -> TargetSpec:
     if isinstance(target, Mapping):
         config = dict(target)
         host = config.pop("host", None)
-        if config.get("kind") not in ("llvm", "cuda"):
-            raise TargetError(f"target dict must have kind 'llvm' or 'cuda', got {config.get('kind')!r}")
+        if config.get("kind") not in BACKENDS:
+            raise TargetError(f"target dict must have kind {' or '.join(repr(k) for k in BACKENDS)}, "
+                              f"got {config.get('kind')!r}")
         if config["kind"] == "cuda" and host is None:
             host = {"kind": "llvm"}
         return TargetSpec("custom", config, host)

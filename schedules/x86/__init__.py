@@ -1,27 +1,26 @@
-"""x86 schedules (LLVM targets): one rule per op family, tried in order; the first that applies wins.
+"""The x86 backend (LLVM targets): AVX2 / AVX-512 schedules, VNNI for INT8, MetaSchedule templates.
 
-``schedule(func, family, vector_bits)`` returns the scheduled PrimFunc. The generic fused schedule is the
-catch-all for families without a rule of their own (grouped convolution); ``generic`` schedules the kernels
-of TVM's default path (ops outside partitions).
+Each kernel's rule module comes from the family registry (``families.Kernel.rules["x86"]``): a kernel
+with a rule gets it; a fused partition whose rule does not fit (or that has none, grouped conv2d) gets
+the generic fused schedule (:mod:`.fused`); a kernel of TVM's default path (an op outside every
+partition) gets :mod:`.generic`. :class:`Backend` is what the rest of tvmfuse asks.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from tvm import s_tir, tirx
 
+from .. import families
+from ..backend import Backend as _Base
 from ..common import block_names, lanes
-from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc, fused, layout, pool
+from . import conv2d, fused, generic
 
-RULES = {
-    "conv2d": conv2d.apply,
-    "depthwise_conv2d": depthwise_conv2d.apply,
-    "dense": dense.apply,
-    "conv2d_nchwc": conv2d_nchwc.apply,
-    "conv2d_winograd": conv2d_winograd.apply,
-    "depthwise_conv2d_nchwc": depthwise_nchwc.apply,
-    "layout_transform": layout.apply,
-    "pool2d_nchwc": pool.apply,
-}
+NAME = "x86"
+# kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
+RULES = {name: importlib.import_module(f"{__name__}.{k.rules[NAME]}")
+         for name, k in families.KERNELS.items() if NAME in k.rules}
 
 
 def weight_block(fn, vector_bits: int) -> int | None:
@@ -29,7 +28,7 @@ def weight_block(fn, vector_bits: int) -> int | None:
     from ..compute import anchor_call
 
     call = anchor_call(fn)
-    if call is None or getattr(call.op, "name", "") != "relax.nn.conv2d" or int(call.attrs.groups) != 1:
+    if call is None or families.family_of(call).name != "conv2d":
         return None
     out_channels, out_width = int(call.ty.shape[1]), int(call.ty.shape[3])
     weight = [int(d) for d in call.args[1].ty.shape]
@@ -37,29 +36,110 @@ def weight_block(fn, vector_bits: int) -> int | None:
     return conv2d.weight_block(out_channels, out_width, lanes(vector_bits), in_channels, kernel)
 
 
-def strip_rule(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` without the blocks' ``schedule_rule`` marks (they only mean something to MetaSchedule)."""
+def _unmarked(func: tirx.PrimFunc) -> s_tir.Schedule:
+    """A schedule of ``func`` with the blocks' ``schedule_rule`` marks removed (they only mean something to
+    MetaSchedule); the removal is part of its trace."""
     sch = s_tir.Schedule(func)
-    marked = False
     for name in block_names(sch):
         block = sch.get_sblock(name)
         if "schedule_rule" in sch.get(block).annotations:
             sch.unannotate(block, "schedule_rule")
-            marked = True
-    return sch.mod["main"] if marked else func
+    return sch
 
 
-def schedule(func: tirx.PrimFunc, family: str, vector_bits: int) -> tirx.PrimFunc:
-    """The best schedule tvmfuse has for a fused partition of ``family`` (unscheduled when none fits).
+def _rule(sch: s_tir.Schedule, kernel: str, vector_bits: int, vnni: bool) -> bool:
+    module = RULES.get(kernel)
+    if module is None:
+        return False
+    if families.KERNELS[kernel].int8:
+        return module.schedule(sch, vector_bits, vnni)
+    return module.schedule(sch, lanes(vector_bits))
 
-    A kernel marked for a MetaSchedule template (``schedule_rule``) gets the template's default: the mark
-    is dropped first, so the result is the same as for an unmarked kernel.
+
+def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False):
+    """The schedule compile gives ``func`` (its trace replays it), or None when it stays as lowered.
+
+    ``kernel`` is the ``tvmfuse.family`` attribute (None: a kernel of TVM's default path). A kernel marked
+    for a MetaSchedule template gets the template's default: the mark is dropped first.
     """
-    func = strip_rule(func)
-    rule = RULES.get(family)
-    if rule is not None:
-        scheduled = rule(func, lanes(vector_bits))
-        if scheduled is not None:
-            return scheduled
-    scheduled = fused.schedule_fused(func, family)
-    return scheduled if scheduled is not None else func
+    if kernel is None:
+        return generic.scheduled(func, lanes(vector_bits))
+    sch = _unmarked(func)
+    if _rule(sch, kernel, vector_bits, vnni):
+        return sch
+    sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind
+    return sch if fused.schedule(sch, kernel) else None
+
+
+def schedule(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False) -> tirx.PrimFunc:
+    """The best schedule tvmfuse has for ``func`` (unscheduled when none fits); see :func:`scheduled`."""
+    sch = scheduled(func, kernel, vector_bits, vnni)
+    return sch.mod["main"] if sch is not None else func
+
+
+class Backend(_Base):
+    """x86 for one LLVM target: vector width and VNNI from the target's CPU features."""
+
+    name = NAME
+    device = "cpu"
+    int8_kernels = True
+    applies_tuning_logs = True
+    tensor_intrin = ("x86",)
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.vector_bits = spec.vector_bits()
+        self.vnni = "avx512vnni" in spec.features()
+
+    def vector_lanes(self) -> int:
+        return lanes(self.vector_bits)
+
+    def weight_block(self, fn) -> int | None:
+        return weight_block(fn, self.vector_bits)
+
+    def annotate(self, func, kernel: str):
+        from . import templates
+
+        return templates.annotate(func, kernel) or func
+
+    def schedule(self, func):
+        return schedule(func, _kernel_of(func), self.vector_bits, self.vnni)
+
+    def default_trace(self, mod):
+        sch = scheduled(mod["main"], _kernel_of(mod["main"]), self.vector_bits, self.vnni)
+        return sch.trace if sch is not None else super().default_trace(mod)
+
+    def relax_pipeline(self, target, scheduling: list):
+        """TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with
+        ``scheduling`` inserted after fusion."""
+        import tvm
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+        @tvm.transform.module_pass(opt_level=0, name="tvmfuse.RelaxPipeline")
+        def _pipeline(mod, _ctx):
+            with target:
+                passes = (self.legalize_passes(target) + scheduling + cpu.dataflow_lower_passes(target)
+                          + cpu.finalize_passes(target))
+                return tvm.transform.Sequential(passes)(mod)
+
+        return _pipeline
+
+    def register_templates(self) -> list[str]:
+        from . import templates
+
+        return templates.register(self.vector_bits)
+
+    def space_size(self, mod) -> int | None:
+        from . import templates
+
+        return templates.space_size(mod, self.vector_bits)
+
+    def space_generator(self):
+        from . import templates
+
+        return templates.space_generator()
+
+
+def _kernel_of(func) -> str | None:
+    kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
+    return str(kernel) if kernel is not None else None

@@ -16,10 +16,16 @@ from ..compute import ANCHOR_BLOCK
 def schedule_fused(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
     """Return the scheduled function, or None when its structure is not the expected one."""
     sch = s_tir.Schedule(func)
+    return sch.mod["main"] if schedule(sch, family) else None
+
+
+def schedule(sch: s_tir.Schedule, family: str) -> bool:
+    """Apply the schedule to ``sch`` in place; False (``sch`` untouched) when the kernel of ``family`` does
+    not have the expected structure."""
     anchor_name = ANCHOR_BLOCK.get(family)
     names = block_names(sch)
     if anchor_name not in names:
-        return None  # not our structure: leave the func to the default path
+        return False  # not our structure: leave the func to the default path
     anchor = sch.get_sblock(anchor_name)
     # Every epilogue stage but the last inlined into its consumer: one pass over the output.
     last = inline_epilogue(sch, anchor_name)
@@ -28,11 +34,11 @@ def schedule_fused(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
         sch.reverse_compute_at(last, loops[1])
     if family == "dense":
         sch.parallel(loops[1])
-        return sch.mod["main"]
+        return True
     if family == "depthwise_conv2d":
         # Depthwise reads only its own channel: pad that channel right before use.
         for name in names[:names.index(anchor_name)]:
             if name.startswith("PaddedInput"):
                 sch.compute_at(sch.get_sblock(name), loops[1])
     sch.parallel(sch.fuse(loops[0], loops[1]))
-    return sch.mod["main"]
+    return True

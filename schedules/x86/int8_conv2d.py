@@ -6,7 +6,7 @@ requantized straight from the registers into the NCHW output. The input is first
 padded with the zero point (``data_pack``, one parallel pass), so the 4 input channels of a step are one
 32-bit word.
 
-- With AVX512-VNNI the 16x4 inner step is tensorized with :mod:`tvmfuse.schedules.intrin.vnni` (one
+- With AVX512-VNNI the 16x4 inner step is tensorized with :mod:`tvmfuse.schedules.x86.intrin.vnni` (one
   ``vpdpbusd`` per pixel and block: the 64 weight bytes of the step loaded once, the pixel's 4 bytes
   broadcast).
 - Without VNNI but with AVX2, the same step is tensorized with the intrinsic's exact AVX2 variant
@@ -28,7 +28,7 @@ from tvm import s_tir, tirx
 
 from .. import int8
 from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
-from ..intrin import vnni
+from .intrin import vnni
 
 ANCHOR = int8.ANCHOR["conv2d"]
 PAD = int8.PAD["conv2d"]
@@ -38,7 +38,7 @@ PAD = int8.PAD["conv2d"]
 class Config:
     """``oc_blocks`` 16-channel blocks x ``ow_block`` pixels accumulate in registers.
 
-    ``dot`` forces the 16x4 step's implementation (a kind of :mod:`~tvmfuse.schedules.intrin.vnni`:
+    ``dot`` forces the 16x4 step's implementation (a kind of :mod:`~tvmfuse.schedules.x86.intrin.vnni`:
     ``"vnni"``, ``"avx2"``, ``"generic"``); None picks it from the target (:func:`dot_kind`). The tests run
     the VNNI tiling with ``"generic"`` to check it on any CPU.
     """

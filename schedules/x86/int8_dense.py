@@ -14,7 +14,7 @@ from tvm import s_tir, tirx
 
 from .. import int8
 from ..common import anchor_loops, accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
-from ..intrin import vnni
+from .intrin import vnni
 from .int8_conv2d import accumulators, dot_kind
 
 ANCHOR = int8.ANCHOR["dense"]

@@ -47,11 +47,13 @@ def apply(func: tirx.PrimFunc, vector_bits: int, has_vnni: bool = False,
     """Schedule an INT8 depthwise kernel; None when ``func`` is not one. ``has_vnni`` is accepted for a
     uniform signature with the other INT8 rules and ignored."""
     sch = s_tir.Schedule(func)
-    return sch.mod["main"] if schedule(sch, vector_bits, config) else None
+    return sch.mod["main"] if schedule(sch, vector_bits, has_vnni, config) else None
 
 
-def schedule(sch: s_tir.Schedule, vector_bits: int, config: Config | None = None) -> bool:
-    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
+def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool = False, config: Config | None = None) -> bool:
+    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match. ``has_vnni`` is
+    ignored (a uniform signature with the other INT8 rules)."""
+    del has_vnni
     match = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
     if match is None:
         return False

@@ -23,18 +23,24 @@ def default_ow_block(out_width: int) -> int:
 
 def apply(func: tirx.PrimFunc, vector_lanes: int, ow_block: int | None = None) -> tirx.PrimFunc | None:
     """Schedule a blocked pooling kernel; None when ``func`` is not one."""
-    del vector_lanes  # the vector is the channel block, whatever the target's width
     sch = s_tir.Schedule(func)
+    return sch.mod["main"] if schedule(sch, vector_lanes, ow_block) else None
+
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int, ow_block: int | None = None) -> bool:
+    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it is not a blocked pooling."""
+    del vector_lanes  # the vector is the channel block, whatever the target's width
     names = block_names(sch)
     if names == [SPATIAL_SUM, "spatial_mean"]:
-        return _spatial_mean(sch)
+        _spatial_mean(sch)
+        return True
     anchors = [name for name in POOL_ANCHORS.values() if name in names]
     if len(anchors) != 1:
-        return None
+        return False
     anchor = sch.get_sblock(anchors[0])
     loops = sch.get_loops(anchor)
     if len(loops) != 7:
-        return None
+        return False
     n, c, oh, ow, c_i, ry, rx = loops
     for name in names[:names.index(anchors[0])]:
         sch.compute_inline(sch.get_sblock(name))  # the padded view: a bounds check per tap
@@ -45,10 +51,10 @@ def apply(func: tirx.PrimFunc, vector_lanes: int, ow_block: int | None = None) -
     register_tile(sch, anchor, epilogue, ow_o, [ry, rx, ow_i], c_i)
     sch.parallel(sch.fuse(n, c, oh))
     vectorize_tile(sch, sch.decompose_reduction(anchor, ry), ow_o)
-    return sch.mod["main"]
+    return True
 
 
-def _spatial_mean(sch: s_tir.Schedule) -> tirx.PrimFunc:
+def _spatial_mean(sch: s_tir.Schedule) -> None:
     total = sch.get_sblock(SPATIAL_SUM)
     n, c, c_i, ry, rx = sch.get_loops(total)
     sch.reorder(n, c, ry, rx, c_i)
@@ -66,4 +72,3 @@ def _spatial_mean(sch: s_tir.Schedule) -> tirx.PrimFunc:
     outer, inner = sch.split(channels, [None, block])
     sch.reorder(outer, *units, inner)
     sch.vectorize(inner)
-    return sch.mod["main"]

@@ -17,11 +17,10 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..common import block_names
+from . import RULES as X86_RULES
 from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc
 
 PREFIX = "tvmfuse.x86."
-RULES = {"conv2d": conv2d, "depthwise_conv2d": depthwise_conv2d, "dense": dense, "conv2d_nchwc": conv2d_nchwc,
-         "conv2d_winograd": conv2d_winograd, "depthwise_conv2d_nchwc": depthwise_nchwc}
 
 
 def rule_name(family: str) -> str:
@@ -117,6 +116,8 @@ def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
 CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
            "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
            "depthwise_conv2d_nchwc": _depthwise_nchwc_config}
+# kernel -> the rule module its template applies (the registry's x86 rule): the kernels with a config here.
+RULES = {kernel: X86_RULES[kernel] for kernel in CONFIGS}
 
 
 def template(family: str, vector_lanes: int):

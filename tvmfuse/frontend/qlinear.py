@@ -11,7 +11,7 @@ each such node is replaced here by standard ONNX nodes:
   integer accumulation requantized once; the QDQ form accumulates the dequantized values in float32, so
   an output next to a rounding boundary can land one unit off. Measured on x86-host: 0 of the 9 ONNX
   node-test cases; 6 of 1,354,752 outputs (4e-6, never more than 1) over seven ResNet-like layers with
-  random full-range weights against an int64 accumulation (``tests/test_frontend_qlinear.py`` prints
+  random full-range weights against an int64 accumulation (``tests/frontend/test_frontend_qlinear.py`` prints
   the share per case with ``-s``).
 - ``ConvInteger`` must be exact (int32 output): ``Cast`` to int32, ``Sub`` the zero points, ``Conv`` on int32
   tensors. TVM's conv2d on int32 is exact (checked up to K = 4608 at the extremes 255 and -128); float32 is

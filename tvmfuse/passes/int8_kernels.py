@@ -17,14 +17,11 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from tvmfuse.schedules import int8, int8_ref
+from tvmfuse.schedules import families, int8, int8_ref
 
-from ..patterns.builders import ACTIVATIONS
 from ..quant.params import QuantParams, bias_params, weight_params
 from .utils import OPAQUE, const_array
 
-ANCHORS = ("relax.nn.conv2d", "relax.matmul")
-INT8_ACTIVATIONS = ("relu", "clip")  # epilogue activations the INT8 kernels apply (as clips)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,22 +106,6 @@ def per_channel(bias: np.ndarray, out_shape) -> np.ndarray | None:
     return np.broadcast_to(bias.reshape(-1), (channels,)).astype(np.float32)
 
 
-def anchor_family(call) -> tuple[str | None, str | None]:
-    """(INT8 family, None) for a supported anchor (conv2d or matmul call), (None, why not) otherwise."""
-    if call.op.name == "relax.matmul":
-        return "dense", None
-    groups = int(call.attrs.groups)
-    if groups == 1:
-        return "conv2d", None
-    in_channels = int(call.args[0].ty.shape[1])
-    out_channels, weight_in = int(call.args[1].ty.shape[0]), int(call.args[1].ty.shape[1])
-    if groups == in_channels and weight_in == 1:
-        if out_channels == in_channels:
-            return "depthwise_conv2d", None
-        return None, f"depthwise conv2d with channel multiplier {out_channels // in_channels} has no INT8 kernel"
-    return None, f"grouped conv2d (groups={groups}) has no INT8 kernel"
-
-
 def clip_bounds(call) -> tuple:
     """A ``relax.clip`` call's bounds as real values; None for an infinite one."""
     lo, hi = (float(v.value) for v in call.args[1:3])
@@ -172,16 +153,16 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     (Int8Partition, None) when an INT8 kernel computes the partition, (None, reason) when it stays FP32.
     """
     composite = str(fn.attrs["Composite"])
-    activation = composite.rsplit("_", 1)[-1]
-    if activation in ACTIVATIONS and activation not in INT8_ACTIVATIONS:
-        return None, f"epilogue {activation} has no INT8 kernel"
     bindings = _bindings(fn)
     anchor = bindings[0].value if bindings else None
-    if anchor is None or getattr(anchor.op, "name", "") not in ANCHORS:
+    if anchor is None or not families.is_anchor(anchor):
         return None, "no conv2d or dense anchor"
-    family, why = anchor_family(anchor)
+    family, why = families.int8_family(anchor)
     if family is None:
         return None, why
+    activation = composite.rsplit("_", 1)[-1]
+    if activation in families.ACTIVATIONS and activation not in family.int8.activations:
+        return None, f"epilogue {activation} has no INT8 kernel"
     index = {param: i for i, param in enumerate(fn.params)}
     data, weight_param = anchor.args[0], anchor.args[1]
     weight = const_array(args[index[weight_param]]) if weight_param in index else None
@@ -192,10 +173,10 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     if epilogue is None:
         return None, why
     conv = {}
-    if family != "dense":
+    if family.name != "dense":
         a = anchor.attrs
         conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
-    return Int8Partition(composite, family, index[data], epilogue["residual"], weight, epilogue["bias"],
+    return Int8Partition(composite, family.name, index[data], epilogue["residual"], weight, epilogue["bias"],
                          epilogue["clip"], conv, out_shape, epilogue["ops"]), None
 
 
@@ -261,11 +242,6 @@ def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParam
     return int8.Epilogue(out.dtype, zy, code(lo), code(hi), res)
 
 
-def _layout(family: str) -> str:
-    return {"conv2d": "NCHW, weight OIHW16o4i", "depthwise_conv2d": "NCHW, weight OIHW",
-            "dense": "NC, weight NK16n4k"}[family]
-
-
 @dataclasses.dataclass(frozen=True)
 class Int8Constants:
     """What an INT8 kernel takes besides its activations, computed in numpy."""
@@ -298,12 +274,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
-    if part.family == "conv2d":
-        packed = _pack(int8_ref.pack_conv2d_weight, wq)
-    elif part.family == "dense":
-        packed = _pack(int8_ref.pack_dense_weight, wq)
-    else:
-        packed = wq
+    pack = families.FAMILIES[part.family].int8.pack
+    packed = _pack(families.resolve(pack), wq) if pack else wq
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za)
 
 
@@ -343,15 +315,12 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     if part.residual is not None:
         res = te.placeholder(part.out_shape, residual.dtype, name="residual")
         tensors.append(res)
-    common = {"input_zero_point": c.input_zero_point, "epilogue": c.epilogue}
-    if part.family == "conv2d":
-        output = int8.conv2d_compute(*tensors[:4], res, out_channels=channels, **common, **part.conv)
-    elif part.family == "depthwise_conv2d":
-        output = int8.depthwise_conv2d_compute(*tensors[:4], res, **common, **part.conv)
-    else:
-        output = int8.dense_compute(*tensors[:4], res, out_features=channels, epilogue=c.epilogue)
+    family = families.FAMILIES[part.family]
+    compute = families.resolve(family.int8.compute)
+    output = compute(*tensors[:4], res, channels=channels, input_zero_point=c.input_zero_point,
+                     epilogue=c.epilogue, **part.conv)
     ops = part.ops + ["requantize" if out is not None else "dequantize"]
     kernel = int8.prim_func(tensors + [output]).with_attrs({
-        "tvmfuse.partition": part.composite, "tvmfuse.family": f"int8_{part.family}",
-        "tvmfuse.layout": _layout(part.family), "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
+        "tvmfuse.partition": part.composite, "tvmfuse.family": families.int8_kernel_name(family),
+        "tvmfuse.layout": family.int8.layout, "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
     return kernel, [relax.const(c.weight), relax.const(c.bias), relax.const(c.multiplier)]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
+from tvmfuse.schedules.families import LAYOUT_TRANSFORM, POOL_NCHWC
+
 from .utils import OPAQUE
 
-FAMILY = "layout_transform"
-POOL_FAMILY = "pool2d_nchwc"
-FIXED_FAMILIES = (FAMILY, POOL_FAMILY)  # kernels with one fixed schedule: never tuning tasks
+FAMILY = LAYOUT_TRANSFORM.name
+POOL_FAMILY = POOL_NCHWC.name
 
 
 def layout_kernel(compute, struct_info, family: str = FAMILY, name: str | None = None) -> tvm.tirx.PrimFunc:

@@ -31,29 +31,25 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = Tr
                 blocks: dict | None = None) -> tuple[tvm.tirx.PrimFunc, KernelLayout]:
     """The fused PrimFunc for one partition function.
 
-    On CPU targets the anchor block is marked for its MetaSchedule template (the mark is part of the
-    kernel's identity in tuning logs). With ``schedule`` the kernel also gets the target's default schedule;
-    LowerPartitions passes False and leaves scheduling to ``ScheduleKernels``, after tuning logs are applied.
-    ``blocks`` (CPU only) makes a blocked kernel: parameter index -> block of each activation passed
-    NCHW[b]c (see :func:`tvmfuse.schedules.compute.partition_compute`).
+    The target's backend packs the weight, says the vector width, and marks the anchor block for its
+    MetaSchedule template (the mark is part of the kernel's identity in tuning logs). With ``schedule`` the
+    kernel also gets the backend's default schedule; LowerPartitions passes False and leaves scheduling to
+    ``ScheduleKernels``, after tuning logs are applied. ``blocks`` (backends with a blocked layout) makes a
+    blocked kernel: parameter index -> block of each activation passed NCHW[b]c (see
+    :func:`tvmfuse.schedules.compute.partition_compute`).
 
     Returns the kernel and how its parameters and output differ from ``fn``'s (packed weights, blocked
     activations).
     """
-    oc_block, lanes = None, None
-    if spec is not None and spec.is_cpu:
-        from tvmfuse.schedules import x86
-
-        lanes = spec.vector_bits() // 32
-        oc_block = x86.weight_block(fn, spec.vector_bits()) if blocks is None else None
+    backend = spec.backend() if spec is not None else None
+    lanes = backend.vector_lanes() if backend is not None else None
+    oc_block = backend.weight_block(fn) if backend is not None and blocks is None else None
     pc = partition_compute(fn, oc_block, lanes, blocks)
     func = pc.prim_func()
-    if spec is not None and spec.is_cpu:
-        from tvmfuse.schedules.x86 import templates
-
-        func = templates.annotate(func, pc.family) or func
+    if backend is not None:
+        func = backend.annotate(func, pc.family)
         if schedule:
-            func = x86.schedule(func, pc.family, spec.vector_bits())
+            func = backend.schedule(func.with_attr("tvmfuse.family", pc.family))
     name = str(fn.attrs["Composite"])
     layout = pc.layout.describe() if pc.family != "dense" else "NC"
     return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family, "tvmfuse.layout": layout,
@@ -78,7 +74,7 @@ def _is_activation(arg) -> bool:
 
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator):
-    """Partition calls -> ``call_tir``; on CPU, blockable partitions (see ``compute.blockable``) keep their
+    """Partition calls -> ``call_tir``; on backends with a blocked layout, blockable partitions (see ``compute.blockable``) keep their
     activations NCHW[b]c between them, with a layout transform only where a plain tensor is needed: the
     NCHW value of every blocked output is bound to the original variable, read by whatever is not a blocked
     kernel, and removed as dead code when nothing is."""
@@ -86,7 +82,7 @@ class _Lower(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None, blocked: bool):
         super().__init__(mod)
         self.mod_, self.spec, self.record = mod, spec, record
-        self.lanes = spec.vector_bits() // 32 if blocked and spec is not None and spec.is_cpu else None
+        self.lanes = spec.backend().vector_lanes() if blocked and spec is not None else None
         self.blocked_of = {}  # plain NCHW var -> the NCHW[b]c var it was made from (or made into)
 
     def _partition(self, call):
@@ -193,8 +189,8 @@ def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None, 
     """Lower every partition call to ``call_tir``; the partition functions are then dropped.
 
     ``record`` (optional dict) receives kernel name -> (the partition function it came from, its
-    :class:`~tvmfuse.schedules.blocked.KernelLayout`). ``blocked`` (CPU targets): chain blockable
-    partitions in NCHW[b]c; False keeps every kernel NCHW.
+    :class:`~tvmfuse.schedules.blocked.KernelLayout`). ``blocked`` (backends with a blocked layout):
+    chain blockable partitions in NCHW[b]c; False keeps every kernel NCHW.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="LowerPartitions")

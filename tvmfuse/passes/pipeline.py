@@ -73,38 +73,19 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
 
 
 def relax_pipeline(spec: TargetSpec, target, database=None, applied: list | None = None):
-    """The Relax pipeline for ``tvm.compile``.
-
-    CPU: TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with
-    scheduling inserted after fusion: records from ``database`` (a MetaSchedule database of tuning logs,
-    optional; ``applied`` receives the kernel names it scheduled), then tvmfuse's default schedules for the
-    kernels left. CUDA: TVM's default pipeline, which adds dlight schedules.
-    """
-    import tvm
-    from tvm import relax
-
-    if not spec.is_cpu:
-        return relax.get_default_pipeline(target)
-    from tvm.relax.backend.cpu_generic import pipeline as cpu
-
+    """The Relax pipeline for ``tvm.compile``: the backend's (:meth:`~tvmfuse.schedules.backend.Backend.relax_pipeline`),
+    with scheduling where the backend schedules kernels: records from ``database`` (a MetaSchedule
+    database of tuning logs, optional; ``applied`` receives the kernel names it scheduled), then the
+    backend's default schedules for the kernels left."""
     from .schedule import ApplyTuningLogs, ScheduleKernels
 
     scheduling = ([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
-
-    @tvm.transform.module_pass(opt_level=0, name="tvmfuse.RelaxPipeline")
-    def _pipeline(mod, _ctx):
-        with target:
-            passes = (cpu.library_dispatch_passes(target) + cpu.legalize_passes(target) + scheduling
-                      + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
-            return tvm.transform.Sequential(passes)(mod)
-
-    return _pipeline
+    return spec.backend().relax_pipeline(target, scheduling)
 
 
-def fused_module(mod, target):
-    """``mod`` after TVM's CPU legalize/fuse passes: the state tuning tasks are extracted from."""
+def fused_module(mod, spec: TargetSpec, target):
+    """``mod`` after the backend's legalize/fuse passes: the state tuning tasks are extracted from."""
     import tvm
-    from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target))(mod)
+        return tvm.transform.Sequential(spec.backend().legalize_passes(target))(mod)

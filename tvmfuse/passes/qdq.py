@@ -53,14 +53,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvmfuse.schedules import families
 from tvmfuse.schedules.int8 import Int8KernelError
 
 from ..quant.params import QuantParams, QuantParamsError
 from ..targets import TargetSpec
-from .int8_kernels import Int8Partition, QuantizedWeight, anchor_family, clip_bounds, make_int8_kernel, per_channel
+from .int8_kernels import Int8Partition, QuantizedWeight, clip_bounds, make_int8_kernel, per_channel
 from .utils import const_array
 
-ANCHORS = {"relax.nn.conv2d": "conv2d", "relax.matmul": "matmul"}
 CODES = ("uint8", "int8")
 SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 
@@ -263,10 +263,11 @@ def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax
 
 def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
     """The chain starting at ``anchor`` as an INT8 kernel, or _Refused."""
-    kind = ANCHORS[anchor.op.name]
-    family, why = anchor_family(anchor)
-    if family is None:
+    kind = _short_op(anchor)
+    int8_family, why = families.int8_family(anchor)
+    if int8_family is None:
         raise _Refused(why)
+    family = int8_family.name
     _check_anchor(anchor, family)
     data, x = _codes_of(graph, anchor.args[0], "the input")
     weight = _weight(graph, anchor.args[1], family)
@@ -342,13 +343,17 @@ def _dequantized(graph: _Graph, expr) -> bool:
     return _op(value) == "relax.dequantize"
 
 
+def _short_op(call) -> str:
+    return call.op.name.rsplit(".", 1)[-1]  # "conv2d", "matmul"
+
+
 def _candidates(graph: _Graph, func: relax.Function) -> list:
     """(var, call) of every conv2d / matmul reading a dequantized input or weight."""
     found = []
     for block in func.body.blocks:
         for binding in block.bindings:
             call = binding.value
-            if _op(call) in ANCHORS and any(_dequantized(graph, a) for a in call.args[:2]):
+            if families.is_anchor(call) and any(_dequantized(graph, a) for a in call.args[:2]):
                 found.append((binding.var, call))
     return found
 
@@ -376,14 +381,15 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None) -> tvm.t
         func = mod["main"]
         graph = _Graph(func)
         chains, kept = {}, []
+        int8_kernels = spec is None or spec.backend().int8_kernels
         for var, call in _candidates(graph, func):
             try:
-                if spec is not None and not spec.is_cpu:
-                    raise _Refused(f"INT8 kernels are scheduled for CPU targets only, not {spec.name}")
+                if not int8_kernels:
+                    raise _Refused(f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})")
                 chain = _match(graph, var, call)
                 chains[chain.end] = chain
             except _Refused as e:
-                kept.append({"anchor": var.name, "op": ANCHORS[call.op.name], "reason": str(e)})
+                kept.append({"anchor": var.name, "op": _short_op(call), "reason": str(e)})
         if report is not None:
             report.update({"int8_kernels": len(chains), "kept_float": kept})
         if kept:

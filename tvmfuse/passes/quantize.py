@@ -255,9 +255,9 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
     def _quantize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         keys = {var: key for key, var in observed_tensors(mod)}
         sites = _find_sites(mod, table, keys)
-        if spec is not None and not spec.is_cpu:
+        if spec is not None and not spec.backend().int8_kernels:
             for site in sites:
-                site.part, site.reason = None, f"INT8 kernels are scheduled for CPU targets only, not {spec.name}"
+                site.part, site.reason = None, f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})"
         _check_constants(sites, table, keys)
         users = _users(mod["main"])
         pools = _uint8_pools(mod, sites, users)

@@ -3,7 +3,7 @@
 Priority (earlier wins, as ``FuseOpsByPattern`` wants): per anchor family (depthwise conv2d, conv2d,
 dense), the longest epilogue first: residual add + relu, residual add, then each activation, then the
 anchor alone. The bias is optional in every entry; residual entries come as two patterns (one per add
-operand order) under one name. ``tests/test_patterns.py`` pins this order.
+operand order) under one name. ``tests/patterns/test_patterns.py`` pins this order.
 """
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ import functools
 
 from tvm.relax.transform import FusionPattern
 
-from .builders import ACTIVATIONS, make_fused_pattern
+from tvmfuse.schedules.families import ACTIVATIONS, FAMILIES, PATTERN_FAMILIES
+
+from .builders import make_fused_pattern
 from .checks import check_fused
 
 PREFIX = "tvmfuse"
-FAMILIES = ("depthwise_conv2d", "conv2d", "dense")
 
 
 def _entries(family: str):
     """(residual, activation) variants of one family, longest first."""
-    if family != "dense":
+    if FAMILIES[family].residual:
         yield True, "relu"
         yield True, None
     for act in ACTIVATIONS:
@@ -36,7 +37,7 @@ def entry_name(family: str, residual: bool, activation: str | None) -> str:
 def table(rejections: dict | None = None) -> list[FusionPattern]:
     """The ordered pattern table. ``rejections`` (optional) collects why a match was refused."""
     patterns = []
-    for family in FAMILIES:
+    for family in PATTERN_FAMILIES:
         for residual, act in _entries(family):
             check = functools.partial(check_fused, family=family, rejections=rejections)
             # A residual entry is two patterns under one name, one per add operand order.
@@ -48,4 +49,4 @@ def table(rejections: dict | None = None) -> list[FusionPattern]:
 
 def names() -> list[str]:
     """Pattern names in priority order."""
-    return [entry_name(f, r, a) for f in FAMILIES for r, a in _entries(f)]
+    return [entry_name(f, r, a) for f in PATTERN_FAMILIES for r, a in _entries(f)]

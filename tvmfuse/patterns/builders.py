@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-ACTIVATIONS = ("relu", "clip", "hardswish", "leakyrelu", "sigmoid")
+from tvmfuse.schedules.families import ACTIVATIONS, FAMILIES
 
 
 def make_anchor_pattern(family: str) -> tuple[DFPattern, dict]:
     """conv2d (also depthwise: the checks tell them apart) or dense, with a constant weight."""
     data, weight = wildcard(), is_const()
-    op = "relax.matmul" if family == "dense" else "relax.nn.conv2d"
-    root = is_op(op)(data, weight)
+    root = is_op(FAMILIES[family].anchor_op)(data, weight)
     return root, {"data": data, "weight": weight, "root": root}
 
 

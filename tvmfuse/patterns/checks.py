@@ -10,6 +10,8 @@ import tvm
 from tvm import relax
 from tvm.relax.transform import PatternCheckContext
 
+from tvmfuse.schedules.families import FAMILIES, family_of
+
 SUPPORTED_DTYPES = ("float32",)
 
 
@@ -30,13 +32,6 @@ def _reject(ctx: PatternCheckContext, reason: str, rejections: dict | None) -> b
         if var is not None:
             rejections.setdefault(var.name, reason)
     return False
-
-
-def is_depthwise(conv: relax.Call) -> bool:
-    """groups == in_channels, one input channel per group (out_channels = multiplier * in_channels)."""
-    data, weight = _shape(conv.args[0]), _shape(conv.args[1])
-    groups = int(conv.attrs.groups)
-    return data is not None and weight is not None and groups == data[1] and weight[1] == 1 and groups > 1
 
 
 def _leaks(ctx: PatternCheckContext) -> str | None:
@@ -93,15 +88,11 @@ def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None =
     dtype = root.ty.dtype
     if dtype not in SUPPORTED_DTYPES or any(a.ty.dtype != dtype for a in root.args):
         return _reject(ctx, f"dtype {dtype} not supported by the {family} kernels", rejections)
-    if family == "dense":
-        if len(_shape(root.args[0]) or ()) != 2 or len(_shape(root.args[1]) or ()) != 2:
-            return _reject(ctx, "matmul: only 2-D data x 2-D constant weight is a dense", rejections)
-    else:
-        a = root.attrs
-        if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
-            return _reject(ctx, f"conv2d layout {a.data_layout}/{a.kernel_layout} not supported", rejections)
-        if (family == "depthwise_conv2d") != is_depthwise(root):
-            return False  # the other conv family's entry takes it
+    why = FAMILIES[family].anchor_check(root)
+    if why is not None:
+        return _reject(ctx, why, rejections)
+    if family_of(root).pattern != family:
+        return False  # another family's entry takes it
     if "residual" in ctx.annotated_expr and is_constant(ctx.annotated_expr["residual"]):
         return False  # a constant added to the output is a bias: the non-residual entries take it
     leak = _leaks(ctx)

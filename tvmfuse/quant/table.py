@@ -14,7 +14,7 @@ reuse the table (``tvmfuse quantize --table``). The file looks like::
       "ranges": {"input": [-2.1, 2.3], "lv": [0.0, 4.5]}
     }
 
-Keys of ``ranges`` are the tensor keys of :func:`tvmfuse.quant.collect.observed_tensors`.
+Keys of ``ranges`` are the tensor keys of :func:`tvmfuse.quant.keys.observed_tensors`.
 """
 
 from __future__ import annotations

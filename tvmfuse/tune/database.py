@@ -63,7 +63,7 @@ def _target_identity(config) -> tuple[str, str]:
     """What must match between a record's target and the folder's: kind and CPU (or GPU arch)."""
     kind = str(config.get("kind", ""))
     cpu = str(config.get("mcpu") or config.get("arch") or "")
-    return kind, cpu.replace("sm_", "") if kind == "cuda" else cpu
+    return kind, cpu.removeprefix("sm_")  # a GPU arch is written "sm_90" or "90"
 
 
 @dataclasses.dataclass

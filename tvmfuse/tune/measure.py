@@ -42,7 +42,8 @@ def build_candidate(mod, target, _params):
 
 
 def light_tensor_intrin(kind: str) -> None:
-    """Make ``import tvm.s_tir.tensor_intrin`` load only the intrinsics of target ``kind`` (llvm or cuda).
+    """Make ``import tvm.s_tir.tensor_intrin`` load only the intrinsics the backend of TVM target ``kind``
+    needs (``Backend.tensor_intrin``).
 
     The package is put in ``sys.modules`` as a namespace over the real folder, so any other intrinsic module
     can still be imported explicitly (``import tvm.s_tir.tensor_intrin.arm_cpu``). A no-op once the real
@@ -57,7 +58,9 @@ def light_tensor_intrin(kind: str) -> None:
     package.__path__ = list(spec.submodule_search_locations)
     package.__package__ = INTRIN
     sys.modules[INTRIN] = package
-    for name in {"llvm": ("x86",), "cuda": ("cuda",)}.get(kind, ()):
+    from ..targets import BACKENDS, backend_class
+
+    for name in backend_class(kind).tensor_intrin if kind in BACKENDS else ():
         setattr(package, name, importlib.import_module(f"{INTRIN}.{name}"))
 
 
@@ -231,4 +234,4 @@ def progress_callback(progress: Progress):
 def target_runs_here(spec: TargetSpec) -> bool:
     from ..targets import host_can_run
 
-    return spec.is_cpu and host_can_run(spec)
+    return host_can_run(spec)

@@ -1,8 +1,8 @@
 """``tvmfuse tune``: tune a model's kernels with MetaSchedule + XGBoost into the per-target tuning logs.
 
 Tasks are the kernels of the compiled module in the state compile applies logs to (after TVM's fusion): our
-partition kernels, tuned through their templates (``schedules/x86/templates.py``), and the kernels of TVM's
-default path, tuned with MetaSchedule's default rules. A workload already in the logs is never tuned again,
+partition kernels, tuned through their backend's templates (e.g. ``schedules/x86/templates.py``), and the
+kernels of TVM's default path, tuned with MetaSchedule's default rules. A workload already in the logs is never tuned again,
 whatever model it came from. Tasks are tuned one after the other, each to ``trials`` measured candidates,
 sharing one XGBoost cost model; after each task its best candidate is checked against the default schedule
 and only then written to the shared log.
@@ -16,7 +16,7 @@ import sys
 import time
 
 from .. import frontend, targets
-from ..passes.layout import FIXED_FAMILIES
+from ..schedules import families
 from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
@@ -75,13 +75,13 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
 
     imported = frontend.import_model(model, shapes)
     target = spec.tvm_target()
-    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord()), target)
+    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord()), spec, target)
     tasks = []
     for extracted in ms.relax_integration.extract_tasks(mod, target):
         task_mod = extracted.dispatched[0]
         attrs = task_mod["main"].attrs
         family = str(attrs["tvmfuse.family"]) if attrs and "tvmfuse.family" in attrs else None
-        if family in FIXED_FAMILIES:
+        if family in families.FIXED_KERNELS:
             continue  # a copy at a partition boundary or a blocked pooling: its fixed schedule is all there is
         tasks.append(Task(extracted.task_name, task_mod, int(extracted.weight),
                           str(tvm_ffi.structural_hash(task_mod)), family))
@@ -91,11 +91,9 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
 def _context(task: Task, spec, run: StagingRun, seed: int, space_size: int | None):
     from tvm.s_tir import meta_schedule as ms
 
-    from tvmfuse.schedules.x86 import templates
-
     space, strategy = "post-order-apply", "evolutionary"
     if space_size is not None:
-        space = templates.space_generator()
+        space = spec.backend().space_generator()
         # A template space is small (tens of schedules) and has no mutators: a smaller population, and giving
         # up sooner on finding unmeasured ones, saves minutes of re-sampling per task.
         strategy = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=min(16, space_size),
@@ -122,23 +120,17 @@ def _schedule_of(record, task: Task):
     return sch.mod
 
 
-def _default_trace(task: Task, ctx, spec):
-    """The trace of the schedule a compile without logs gives ``task``'s kernel: for our kernels the template's
-    first decision (the hand schedule), for TVM's the generic x86 schedule (none on GPUs)."""
-    from tvm import s_tir
-
-    if task.family:
+def _default_trace(task: Task, ctx, spec, templated: bool):
+    """The trace of the schedule a compile without logs gives ``task``'s kernel: for a kernel with a template
+    the template's first decision (the hand schedule), for every other kernel the backend's default (INT8
+    rules, the generic schedule)."""
+    if templated:
         return ctx.generate_design_space()[0].trace
-    if spec.is_cpu:
-        from tvmfuse.schedules.x86 import generic
-
-        sch = generic.scheduled(task.mod["main"], spec.vector_bits() // 32)
-        if sch is not None:
-            return sch.trace
-    return s_tir.Schedule(task.mod).trace
+    return spec.backend().default_trace(task.mod)
 
 
-def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progress) -> TaskResult:
+def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progress,
+            templated: bool = False) -> TaskResult:
     """Validate the task's best records (best first); write the first correct one, or the default if faster."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -157,7 +149,7 @@ def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progre
         status = "tuned"
         if check.default_us < check.tuned_us:
             # Record the default itself so the workload counts as tuned (see _default_trace).
-            trace = _default_trace(task, ctx, spec)
+            trace = _default_trace(task, ctx, spec, templated)
             record = ms.database.TuningRecord(trace, workload, [check.default_us * 1e-6], spec.tvm_target(),
                                               record.args_info)
             status = "default kept"
@@ -222,16 +214,13 @@ class _Session:
 
     def run(self, todo: list[Task], results: dict) -> int:
         """Tune ``todo`` one task after the other; fill ``results``; return the records written."""
-        from tvmfuse.schedules.x86 import templates
-
         spec = self.spec
         self.staging = self._open_run()
         self.done = self.staging.trials_by_workload()
         light_tensor_intrin(spec.kind)
-        if spec.is_cpu:
-            templates.register(spec.vector_bits())
-        self.sizes = {t.key: templates.space_size(t.mod, spec.vector_bits()) if t.family in templates.RULES
-                      else None for t in todo}
+        backend = spec.backend()
+        backend.register_templates()
+        self.sizes = {t.key: backend.space_size(t.mod) if t.family else None for t in todo}
         self.progress = Progress(sum(self._left(t) for t in todo), enabled=self.show)
         with workers_without():  # the workers start lazily, while tuning: the whole run is inside
             return self._run(todo, results)
@@ -275,4 +264,5 @@ class _Session:
                           builder=self.builder, runner=self.runner, database=self.db, cost_model=self.cost_model,
                           task_scheduler="round-robin", measure_callbacks=callbacks)
         self.progress.task_trials += self.done[task.key]
-        return _accept(task, ctx, self.db, self.store, self.spec, self.device, self.progress)
+        return _accept(task, ctx, self.db, self.store, self.spec, self.device, self.progress,
+                       self.sizes[task.key] is not None)

@@ -2,8 +2,8 @@
 
 MetaSchedule only measures speed: a candidate that computes the wrong thing (auto-tensorized INT8 has done
 so) "succeeds". Every record that goes into the shared logs is first run on seeded random inputs and compared
-with the kernel's default schedule (tvmfuse kernels: the hand schedule; other kernels: the generic x86
-schedule, or TVM's unscheduled lowering on GPUs), exactly for integer outputs, within a float tolerance
+with the kernel's default schedule, exactly the one compile gives it (the backend's ``schedule``: for
+tvmfuse kernels the family's rule, for other kernels the backend's generic one), exactly for integer outputs, within a float tolerance
 otherwise.
 """
 
@@ -37,18 +37,9 @@ class Check:
 
 
 def default_schedule(mod, spec: TargetSpec):
-    """The kernel of task module ``mod`` as compile would build it without logs."""
-    func = mod["main"]
-    family = func.attrs.get("tvmfuse.family") if func.attrs else None
-    if spec.is_cpu:
-        from tvmfuse.schedules import x86
-        from tvmfuse.schedules.x86 import generic
-
-        if family is not None:
-            func = x86.schedule(func, str(family), spec.vector_bits())
-        else:
-            func = generic.apply(func, spec.vector_bits() // 32) or func
-    return type(mod)({"main": func})
+    """The kernel of task module ``mod`` as compile would build it without logs: the backend's schedule,
+    the one ``ScheduleKernels`` gives (INT8 kernels included)."""
+    return type(mod)({"main": spec.backend().schedule(mod["main"])})
 
 
 def _random_args(func, rng: np.random.Generator) -> list[np.ndarray]:

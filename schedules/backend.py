@@ -1,0 +1,94 @@
+"""The backend interface: everything a target kind contributes to a compile, asked in one place.
+
+Each folder ``schedules/<name>/`` is a backend; its ``__init__`` defines ``Backend``, a subclass of
+:class:`Backend`. ``tvmfuse.targets`` maps a TVM target kind to its folder and ``TargetSpec.backend()``
+returns the instance; the passes, the tuner and the API ask it and never branch on the target kind.
+The defaults here describe a backend that contributes nothing: kernels stay as lowered, NCHW only, no
+INT8 kernels, no templates, no tuning logs.
+"""
+
+from __future__ import annotations
+
+
+class Backend:
+    """What one target kind contributes. Subclasses override what they have.
+
+    Attributes
+    ----------
+    name : str
+        The folder under ``schedules/``.
+    device : str
+        The TVM runtime device the code runs on (``"cpu"``, ``"cuda"``).
+    int8_kernels : bool
+        Whether the INT8 kernels (``QuantizeGraph``, ``FuseQDQ``) can be scheduled for it.
+    applies_tuning_logs : bool
+        Whether compile applies records from ``tuning_logs/<target>/``.
+    tensor_intrin : tuple of str
+        The ``tvm.s_tir.tensor_intrin`` modules tuning workers need for it.
+    """
+
+    name = ""
+    device = "cpu"
+    int8_kernels = False
+    applies_tuning_logs = False
+    tensor_intrin: tuple = ()
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    # --- lowering partitions (LowerPartitions) ---
+    def vector_lanes(self) -> int | None:
+        """float32 lanes of the widest vector: the block of the NCHW[b]c activation layout, and the width
+        depthwise rows are computed in; None keeps every kernel NCHW, rows as they are."""
+        return None
+
+    def weight_block(self, fn) -> int | None:
+        """oc_block to pre-pack an NCHW partition's conv2d weight with (None: keep OIHW)."""
+        return None
+
+    def annotate(self, func, kernel: str):
+        """``func`` marked for the MetaSchedule template of ``kernel`` (unchanged when it has none)."""
+        return func
+
+    # --- scheduling (ScheduleKernels, tuning validation) ---
+    def schedule(self, func):
+        """The default schedule of any kernel: tvmfuse's (``tvmfuse.family`` attribute) or TVM's default
+        path's. Compile and the validation of tuned kernels both call this."""
+        return func
+
+    def default_trace(self, mod):
+        """A trace that replays :meth:`schedule` on the kernel of ``mod`` (what a "default kept" tuning
+        record stores)."""
+        from tvm import s_tir
+
+        return s_tir.Schedule(mod).trace
+
+    # --- the Relax pipeline ---
+    def legalize_passes(self, target) -> list:
+        """Passes up to the state tuning tasks are extracted from and tuning logs are applied to."""
+        from tvm.relax.backend.cpu_generic import pipeline as generic
+
+        return generic.library_dispatch_passes(target) + generic.legalize_passes(target)
+
+    def relax_pipeline(self, target, scheduling: list):
+        """The pipeline for ``tvm.compile``; ``scheduling`` (tuning logs, then :meth:`schedule` for every
+        kernel) runs where the backend schedules kernels."""
+        raise NotImplementedError(f"backend {self.name!r} has no Relax pipeline")
+
+    # --- tuning ---
+    def register_templates(self) -> list[str]:
+        """Register the MetaSchedule templates of the rules; return their global names."""
+        return []
+
+    def space_size(self, mod) -> int | None:
+        """How many schedules the template of ``mod``'s kernel can give (None: no template)."""
+        return None
+
+    def space_generator(self):
+        """The MetaSchedule design space for kernels with a template."""
+        return "post-order-apply"
+
+    # --- build ---
+    def build_info(self) -> dict:
+        """Manifest entries the backend adds for a build (checked before building)."""
+        return {}

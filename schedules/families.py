@@ -1,0 +1,231 @@
+"""The op-family registry: every family tvmfuse fuses, as data in one place.
+
+A family is what a partition is anchored on (conv2d, grouped conv2d, depthwise conv2d, dense). Its entry
+says which Relax op anchors it and what the anchor must satisfy, which pattern-table entries match it and
+which epilogues they take, its TE computes (FP32 NCHW, FP32 blocked NCHW[b]c, INT8), and the kernels it
+lowers to with, per backend, the rule module that schedules each (``schedules/<backend>/<module>.py``; a
+rule module that defines ``template_config`` is also the kernel's MetaSchedule template).
+
+Readers: the pattern table (``tvmfuse.patterns``), the TE computes (:mod:`.compute`), the INT8 kernels
+(``tvmfuse.passes.int8_kernels``), the backends and the tuner. Computes and rules are named by string
+(``"module.function"`` under ``tvmfuse.schedules``) and imported on first use, so this module imports
+nothing of tvmfuse and every layer can read it.
+
+Adding a family: one :class:`Family` entry here, its compute(s), its rule(s). See ``docs/extending.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable, Mapping
+
+PACKAGE = "tvmfuse.schedules"
+# Epilogue activations the fusion patterns know (``tvmfuse.patterns.builders`` spells each as a pattern).
+ACTIVATIONS = ("relu", "clip", "hardswish", "leakyrelu", "sigmoid")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One kernel a family lowers to; ``name`` is the kernel's ``tvmfuse.family`` attribute.
+
+    ``rules``: backend name -> rule module in ``schedules/<backend>/``; a backend without an entry gives
+    the kernel its fallback schedule. ``int8``: the kernel computes on uint8/int8 codes.
+    """
+
+    name: str
+    rules: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    int8: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8:
+    """A family's INT8 kernel: its compute, how its weight is packed, the epilogue activations it applies."""
+
+    compute: str  # "module.function": (data, weight, bias, multiplier, residual, *, channels, input_zero_point,
+    # epilogue, **conv) -> te.Tensor
+    pack: str | None  # "module.function" packing the OIHW / [N, K] int8 weight; None: used as is
+    layout: str  # as recorded on the kernel (``tvmfuse.layout``)
+    activations: tuple = ("relu", "clip")
+    check: Callable | None = None  # anchor call -> why this anchor has no INT8 kernel, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One op family.
+
+    Attributes
+    ----------
+    name : str
+    anchor_op : str
+        The Relax op the family's partitions are anchored on.
+    pattern : str
+        The pattern-table family whose entries match this family's anchors (grouped conv2d is matched by
+        conv2d's entries; the checks tell the convolutions apart with :func:`family_of`).
+    residual : bool
+        Whether the pattern entries take a residual add (add-to-output).
+    compute : str
+        FP32 NCHW compute: ``(call, data, weight, lanes) -> te.Tensor``.
+    blocked_compute : str or None
+        FP32 NCHW[b]c compute ``(call, data, weight) -> te.Tensor``; None: the family stays NCHW.
+    int8 : Int8 or None
+        The INT8 kernel; None when the family has none.
+    kernels : tuple of Kernel
+    anchor_check : callable or None
+        anchor call -> why the family's kernels cannot compute it (None: they can).
+    flops : callable
+        anchor call -> 2 x its multiply-adds (reports, rooflines).
+    """
+
+    name: str
+    anchor_op: str
+    pattern: str
+    residual: bool
+    compute: str
+    blocked_compute: str | None = None
+    int8: Int8 | None = None
+    kernels: tuple = ()
+    anchor_check: Callable | None = None
+    flops: Callable | None = None  # anchor call -> 2 x its multiply-adds
+
+    def fp32_compute(self) -> Callable:
+        return resolve(self.compute)
+
+    def blocked(self) -> Callable | None:
+        return resolve(self.blocked_compute) if self.blocked_compute else None
+
+
+def _ints(values) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(v) for v in values)
+    except (TypeError, ValueError):  # a symbolic dim
+        return None
+
+
+def _shape(expr) -> tuple[int, ...] | None:
+    shape = getattr(expr.ty, "shape", None)
+    return None if shape is None else _ints(shape)
+
+
+def _conv_layout(call) -> str | None:
+    a = call.attrs
+    if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+        return f"conv2d layout {a.data_layout}/{a.kernel_layout} not supported"
+    return None
+
+
+def _dense_operands(call) -> str | None:
+    if len(_shape(call.args[0]) or ()) != 2 or len(_shape(call.args[1]) or ()) != 2:
+        return "matmul: only 2-D data x 2-D constant weight is a dense"
+    return None
+
+
+def _depthwise_multiplier_one(call) -> str | None:
+    in_channels, out_channels = int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0])
+    if out_channels != in_channels:
+        return f"depthwise conv2d with channel multiplier {out_channels // in_channels} has no INT8 kernel"
+    return None
+
+
+def _conv_flops(call) -> int:
+    """OIHW weight: every output element takes (in channels / groups) x kh x kw multiply-adds."""
+    out, weight = _shape(call) or (), _shape(call.args[1]) or ()
+    return 2 * _prod(out) * _prod(weight[1:])
+
+
+def _dense_flops(call) -> int:
+    return 2 * _prod(_shape(call) or ()) * (_shape(call.args[0]) or (0,))[-1]
+
+
+def _prod(values) -> int:
+    result = 1
+    for v in values:
+        result *= v
+    return result
+
+
+def _grouped(call) -> str:
+    return f"grouped conv2d (groups={int(call.attrs.groups)}) has no INT8 kernel"
+
+
+# Priority order: the pattern table lists the families whose ``pattern`` is their own name in this order.
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
+           compute="compute.depthwise_conv2d", blocked_compute="compute.depthwise_conv2d_blocked",
+           int8=Int8("int8.depthwise_conv2d_kernel", None, "NCHW, weight OIHW", check=_depthwise_multiplier_one),
+           kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d"}),
+                    Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
+                    Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
+           anchor_check=_conv_layout, flops=_conv_flops),
+    Family("conv2d", "relax.nn.conv2d", "conv2d", residual=True,
+           compute="compute.conv2d", blocked_compute="compute.conv2d_blocked",
+           int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i"),
+           kernels=(Kernel("conv2d", {"x86": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
+                    Kernel("conv2d_winograd", {"x86": "conv2d_winograd"}),
+                    Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
+           anchor_check=_conv_layout, flops=_conv_flops),
+    # Matched by conv2d's pattern entries; scheduled by the backend's fallback (no rule of its own yet).
+    Family("group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="compute.group_conv2d",
+           int8=None, kernels=(Kernel("group_conv2d"),), anchor_check=_conv_layout,
+           flops=_conv_flops),
+    Family("dense", "relax.matmul", "dense", residual=False, compute="compute.dense",
+           int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k"),
+           kernels=(Kernel("dense", {"x86": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
+           anchor_check=_dense_operands, flops=_dense_flops),
+)}
+
+# Kernels that are not a family's: layout transforms and pools of blocked activations at partition borders.
+# Their one fixed schedule is all there is to them (never tuning tasks).
+LAYOUT_TRANSFORM = Kernel("layout_transform", {"x86": "layout"})
+POOL_NCHWC = Kernel("pool2d_nchwc", {"x86": "pool"})
+FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC)}
+
+ANCHOR_OPS = tuple(dict.fromkeys(f.anchor_op for f in FAMILIES.values()))
+PATTERN_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.pattern == f.name)
+KERNELS: dict[str, Kernel] = {k.name: k for f in FAMILIES.values() for k in f.kernels} | FIXED_KERNELS
+
+
+def is_anchor(call) -> bool:
+    """Whether ``call`` is a call to an anchor op (of some family)."""
+    return getattr(getattr(call, "op", None), "name", None) in ANCHOR_OPS
+
+
+def family_of(call) -> Family:
+    """The family of an anchor call: the one place that decides it.
+
+    conv2d with groups = 1 is ``conv2d``; groups = input channels with one input channel per group is
+    ``depthwise_conv2d`` (any channel multiplier); other groupings are ``group_conv2d``; matmul is ``dense``.
+    """
+    if call.op.name == "relax.matmul":
+        return FAMILIES["dense"]
+    groups = int(call.attrs.groups)
+    if groups == 1:
+        return FAMILIES["conv2d"]
+    data, weight = _shape(call.args[0]), _shape(call.args[1])
+    if data is not None and weight is not None and groups == data[1] and weight[1] == 1:
+        return FAMILIES["depthwise_conv2d"]
+    return FAMILIES["group_conv2d"]
+
+
+def int8_family(call) -> tuple[Family | None, str | None]:
+    """(family, None) when an INT8 kernel computes anchor ``call``; (None, why not) otherwise."""
+    family = family_of(call)
+    if family.int8 is None:
+        return None, _grouped(call) if family.name == "group_conv2d" else f"{family.name} has no INT8 kernel"
+    why = family.int8.check(call) if family.int8.check else None
+    return (None, why) if why else (family, None)
+
+
+def kernel(name: str) -> Kernel | None:
+    """The registered kernel whose ``tvmfuse.family`` attribute is ``name``."""
+    return KERNELS.get(name)
+
+
+def int8_kernel_name(family: Family) -> str:
+    return f"int8_{family.name}"
+
+
+def resolve(dotted: str):
+    """``"module.function"`` under ``tvmfuse.schedules`` -> the function (imported on first use)."""
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(f"{PACKAGE}.{module}"), name)
