@@ -2,7 +2,7 @@
 
     python bench/int8_accuracy.py [--target x86-host] [--calib-batches 5] [--seed 0]
 
-The network (tests/digits_cnn.py: conv3x3(8)+relu -> conv3x3(16, stride 2)+relu -> flatten -> dense(10)) is
+The network (tests/helpers/digits_cnn.py: conv3x3(8)+relu -> conv3x3(16, stride 2)+relu -> flatten -> dense(10)) is
 trained in numpy at start-up (seeded, a few seconds), exported to ONNX with batch 100, compiled by tvmfuse in
 FP32, then quantized with each calibration method (calibration batches taken from the training set) and
 evaluated on the held-out digits. The table lists FP32 accuracy, INT8 accuracy and the loss in points.
@@ -22,7 +22,7 @@ import time  # noqa: E402
 
 from common import table  # noqa: E402
 
-import digits_cnn  # noqa: E402
+from helpers import digits_cnn  # noqa: E402
 
 import tvmfuse  # noqa: E402
 

@@ -1,18 +1,17 @@
 """Shared fixtures and hardware markers.
 
 Markers (declared in pyproject.toml): ``gpu`` tests need an NVIDIA GPU, ``avx512`` tests run AVX-512 code;
-both skip with a reason where the hardware is missing. Everything else passes on any x86-64 CPU.
+both skip with a reason where the hardware is missing. Everything else passes on any x86-64 CPU. Shared
+builders and references live in the ``helpers`` package (``tests/helpers/``), on ``sys.path`` through
+``pythonpath`` in pyproject.toml.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from helpers import HOST
 
 from tvmfuse import targets
-
-# Tests that run compiled code use the host's own target: CI machines may lack AVX-512.
-HOST = "x86-host"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,16 +22,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CPU with AVX-512 and VNNI to run x86-avx512 code"))
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
-
-
-def ort_run(model, inputs: dict) -> list[np.ndarray]:
-    """Reference outputs from onnxruntime's CPU provider."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, inputs)
 
 
 @pytest.fixture(scope="session")

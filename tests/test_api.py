@@ -9,7 +9,7 @@ import tvmfuse
 from tvmfuse import zoo
 from tvmfuse.errors import InputError, TvmfuseError
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 
 
 def _x(seed=0):

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from conftest import HOST
+from helpers import HOST
 from helpers import make_model
 from tvmfuse import frontend, targets
 from tvmfuse.errors import TargetError
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
-from tvmfuse.quant.collect import calibrate_partitioned, collect_ranges, observed_tensors
+from tvmfuse.calibration import calibrate_partitioned, collect_ranges
+from tvmfuse.quant.keys import observed_tensors
 from tvmfuse.quant.params import activation_params
 from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError, CalibrationTable
@@ -198,7 +199,7 @@ def test_unknown_method_fails_before_compiling():
 
 
 def test_targets_that_cannot_run_here():
-    with pytest.raises(TargetError, match="not a CPU target"):
+    with pytest.raises(TargetError, match="code for target .cuda-sm80. does not run on this CPU"):
         collect_ranges(_conv_relu_conv(), _batches(1), target="cuda-sm80")
     avx512 = targets.resolve("x86-avx512")
     if targets.host_can_run(avx512):

@@ -12,7 +12,7 @@ from tvmfuse.opcheck import OpCheckError
 from tvmfuse.partition_report import partitions
 from tvmfuse.schedules import blocked
 
-from conftest import HOST
+from helpers import HOST
 from helpers import make_model
 
 ZOO = ["tiny_convnet", "mobilenet_v2", "resnet18", "resnet50", "efficientnet_lite0"]

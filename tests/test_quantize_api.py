@@ -21,8 +21,8 @@ from tvmfuse.passes.quantize import QuantizeWarning
 from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError
 
-from conftest import HOST
-from quantize_helpers import conv_pool_conv, conv_relu_conv, conv_sigmoid, residual_block
+from helpers import HOST
+from helpers.quantize import conv_pool_conv, conv_relu_conv, conv_sigmoid, residual_block
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -217,7 +217,7 @@ def test_a_table_object_and_calibration_data_are_exclusive():
 def test_digits_int8_accuracy_loses_at_most_half_a_point():
     """A CNN trained here on scikit-learn's digits; the best calibration method loses <= 0.5 points."""
     pytest.importorskip("sklearn")
-    import digits_cnn
+    from helpers import digits_cnn
 
     split = digits_cnn.load_split(seed=0)
     model = digits_cnn.to_onnx(digits_cnn.train(split.x_train, split.y_train, seed=0))

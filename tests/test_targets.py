@@ -32,7 +32,7 @@ def test_x86_avx512_is_avx512_vnni_without_sapphire_rapids_only_extensions():
 def _int8_depthwise_asm(target):
     import numpy as np
 
-    from quantize_helpers import depthwise_s2
+    from helpers.quantize import depthwise_s2
 
     rng = np.random.default_rng(0)
     calib = [{"x": rng.standard_normal((1, 8, 16, 16)).astype("float32")} for _ in range(2)]

@@ -9,7 +9,7 @@ import tvmfuse
 from tvmfuse import frontend, zoo
 from tvmfuse.errors import ModelLoadError, ShapeError, UnsupportedOpError
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import conv_relu, make_model
 
 

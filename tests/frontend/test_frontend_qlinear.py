@@ -23,7 +23,7 @@ from tvmfuse import frontend
 from tvmfuse.errors import UnsupportedOpError
 from tvmfuse.frontend.qlinear import rewrite_quantized_ops
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 
 QCONV_INPUTS = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
 

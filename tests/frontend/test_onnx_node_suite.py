@@ -5,7 +5,7 @@ CNN compiler must handle; weights, scales, shapes and pads are frozen into initi
 carry them. Every case runs: the ones that do not pass are listed in EXPECTED_FAILURES with the reason and
 marked ``xfail(strict=True)``, so a case that starts passing (or a new case from a newer onnx) shows up.
 
-``python -m pytest tests/test_onnx_node_suite.py -s -k summary`` prints the per-op pass counts.
+``python -m pytest tests/frontend/test_onnx_node_suite.py -s -k summary`` prints the per-op pass counts.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import pytest
 
 import tvmfuse
 
-try:
-    from . import onnx_node_cases as node_cases
-except ImportError:  # tests/ is not a package: pytest put it on sys.path
-    import onnx_node_cases as node_cases
+from helpers import onnx_node_cases as node_cases
 
 TRAINING = "training mode: tvmfuse is an inference compiler and rejects BatchNormalization(training_mode=1)"
 BLOCKED = "TVM importer: blocked quantization (block_size attribute) is not supported yet"

@@ -24,9 +24,9 @@ import tvm
 from tvm import relax
 
 import tvmfuse
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import conv_relu
-from qdq_helpers import X_SCALE, ZERO_POINT, Spec, agreement, op_counts, ort_quantize, output_scale, qdq_model, x_input
+from helpers.qdq import X_SCALE, ZERO_POINT, Spec, agreement, op_counts, ort_quantize, output_scale, qdq_model, x_input
 from tvmfuse import frontend, targets, zoo
 from tvmfuse.passes.canonicalize import CanonicalizeClip
 from tvmfuse.passes.int8_kernels import model_multiplier

@@ -25,3 +25,17 @@ def conv_relu(batch="N", seed: int = 0) -> onnx.ModelProto:
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], name="conv0"),
              helper.make_node("Relu", ["c"], ["y"], name="relu0")]
     return make_model(nodes, [("x", [batch, 3, 16, 16])], [("y", None)], [w, b])
+
+
+# Tests that run compiled code use the host's own target: CI machines may lack AVX-512.
+HOST = "x86-host"
+
+
+def ort_run(model, inputs: dict) -> list[np.ndarray]:
+    """Reference outputs from onnxruntime's CPU provider."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)

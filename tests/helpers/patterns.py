@@ -19,7 +19,7 @@ from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.patterns import checks
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 RNG = np.random.default_rng(11)

@@ -1,4 +1,4 @@
-"""QDQ models for tests/test_qdq_import.py: hand-built with onnx.helper, and zoo models quantized by onnxruntime.
+"""QDQ models for tests/frontend/test_qdq_import.py: hand-built with onnx.helper, and zoo models quantized by onnxruntime.
 
 Hand-built models keep weight codes in [-64, 64] unless told otherwise: onnxruntime's AVX2 u8 x s8 kernel
 adds pairs of products in int16 (``vpmaddubsw``) and saturates beyond that, which would make its INT8 output

@@ -23,7 +23,7 @@ from tvmfuse.schedules.blocked import pack_weight, unpack_weight
 from tvmfuse.schedules.compute import ANCHOR_BLOCK, partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 AVX2 = 8  # float32 lanes

@@ -10,10 +10,7 @@ from pathlib import Path
 
 from tvmfuse import targets
 
-try:
-    from .helpers import conv_relu
-except ImportError:  # tests/ is not a package: pytest put it on sys.path
-    from helpers import conv_relu
+from helpers import conv_relu
 
 HOST = targets.resolve("x86-host")
 MODEL = conv_relu(batch=1)

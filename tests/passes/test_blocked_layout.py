@@ -20,9 +20,9 @@ from tvmfuse.schedules import blocked
 from tvmfuse.schedules.compute import anchor_call
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
-from schedule_helpers import Structure
+from helpers.schedules import Structure
 
 SPEC = targets.resolve(HOST)
 LANES = SPEC.vector_bits() // 32
@@ -295,7 +295,7 @@ def _transforms(model, layout="blocked") -> dict:
 def test_layout_transforms_only_at_the_boundary():
     # Stem reads the plain input, the chain stays blocked, one transform back for the output ...
     assert _transforms(_chain(pool=False)) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}
-    # ... and none before a global average pooling, which reads the blocked map (tests/test_blocked_pool.py).
+    # ... and none before a global average pooling, which reads the blocked map (tests/schedules/test_blocked_pool.py).
     assert _transforms(_chain()) == {"to_blocked": 0, "to_plain": 0, "nchwc": 3}
     assert _transforms(_chain(), layout="nchw") == {"to_blocked": 0, "to_plain": 0, "nchwc": 0}
 

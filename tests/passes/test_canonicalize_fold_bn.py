@@ -15,7 +15,7 @@ from tvmfuse.passes.canonicalize import CanonicalizeClip
 from tvmfuse.passes.fold_bn import FoldBatchNorm
 from tvmfuse.passes.pipeline import canonicalize_passes
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 RNG = np.random.default_rng(7)

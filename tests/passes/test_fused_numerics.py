@@ -22,7 +22,7 @@ from tvmfuse.passes.partition import composites
 from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.schedules.compute import phase_split_pays
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 

@@ -12,13 +12,13 @@ import tvmfuse
 from tvmfuse.passes.lower import LowerPartitions
 from tvmfuse.patterns import checks
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 RNG = np.random.default_rng(11)
 
 
-from pattern_helpers import *  # noqa: F401,F403  (graph builders and pass drivers)
+from helpers.patterns import *  # noqa: F401,F403  (graph builders and pass drivers)
 
 
 # ----------------------------------------------------------------------------------- rejected matches

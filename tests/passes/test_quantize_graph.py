@@ -15,14 +15,14 @@ import tvm
 from onnx import helper
 from tvm import relax
 
-from conftest import HOST
+from helpers import HOST
 from helpers import make_model
-from quantize_helpers import (conv_pool_conv, conv_relu_conv, conv_sigmoid, hardswish_sandwich, residual_block,
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, hardswish_sandwich, residual_block,
                               two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
-from tvmfuse.quant.collect import observed_tensors
+from tvmfuse.quant.keys import observed_tensors
 from tvmfuse.quant.table import CalibrationTable
 
 SPEC = targets.resolve(HOST)

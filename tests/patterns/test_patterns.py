@@ -21,13 +21,13 @@ from tvmfuse.passes.lower import OPAQUE, LowerPartitions
 from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 RNG = np.random.default_rng(11)
 
 
-from pattern_helpers import *  # noqa: F401,F403  (graph builders and pass drivers)
+from helpers.patterns import *  # noqa: F401,F403  (graph builders and pass drivers)
 
 
 # --------------------------------------------------------------------------------------- priority order

@@ -1,16 +1,17 @@
-"""Tensor keys (tvmfuse.quant.keys): the low module QuantizeGraph and calibration share, re-exported by collect.
+"""Tensor keys (tvmfuse.quant.keys): the low module QuantizeGraph and calibration share, also used by the calibration driver.
 
-The key naming itself is tested through collect in tests/test_quant_collect.py.
+The key naming itself is tested through the calibration driver in tests/test_calibration.py.
 """
 
 from __future__ import annotations
 
-from conftest import HOST
-from quantize_helpers import residual_block
+from helpers import HOST
+from helpers.quantize import residual_block
 from tvmfuse import frontend, targets
 from tvmfuse.passes import partition
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
-from tvmfuse.quant import collect, keys
+from tvmfuse import calibration
+from tvmfuse.quant import keys
 
 
 def _partitioned(model):
@@ -20,8 +21,8 @@ def _partitioned(model):
     return record.partitioned
 
 
-def test_collect_reexports_the_keys_module():
-    assert collect.observed_tensors is keys.observed_tensors
+def test_calibration_uses_the_keys_module():
+    assert calibration.observed_tensors is keys.observed_tensors
 
 
 def test_partition_test_agrees_with_the_pass_layer():

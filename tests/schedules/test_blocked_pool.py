@@ -15,9 +15,9 @@ from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 from tvmfuse.schedules import blocked, x86
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
-from schedule_helpers import Structure
+from helpers.schedules import Structure
 
 SPEC = targets.resolve(HOST)
 

@@ -107,7 +107,7 @@ def test_cuda_sm80_builds():
 
 @pytest.mark.gpu
 def test_cuda_runs_on_gpu(cuda_sm90, tmp_path):
-    from conftest import ort_run
+    from helpers import ort_run
     from tvmfuse import zoo
 
     x = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")}

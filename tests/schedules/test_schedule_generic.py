@@ -15,7 +15,7 @@ import tvmfuse
 from tvmfuse import targets
 from tvmfuse.schedules.x86 import generic
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 from helpers import make_model
 
 SPEC = targets.resolve(HOST)

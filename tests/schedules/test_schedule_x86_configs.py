@@ -17,13 +17,13 @@ from tvmfuse.schedules.blocked import pack_weight, unpack_weight
 from tvmfuse.schedules.compute import partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d
 
-from conftest import HOST
+from helpers import HOST
 
 AVX2 = 8  # float32 lanes
 AVX512 = 16
 
 
-from schedule_helpers import *  # noqa: F401,F403  (fixtures and helpers shared by both schedule test files)
+from helpers.schedules import *  # noqa: F401,F403  (fixtures and helpers shared by both schedule test files)
 
 
 # ----------------------------------------------------------------------------------------------- 2. default configs

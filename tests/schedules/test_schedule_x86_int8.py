@@ -20,10 +20,10 @@ from tvm import te
 
 from tvmfuse import targets
 from tvmfuse.schedules import int8, int8_ref
-from tvmfuse.schedules.intrin import vnni
+from tvmfuse.schedules.x86.intrin import vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 
-from conftest import HOST
+from helpers import HOST
 
 HOST_BITS = targets.resolve(HOST).vector_bits()
 AVX512 = "x86-avx512"
@@ -326,7 +326,7 @@ def test_conv2d_vnni_bit_exact_on_avx512_hardware(case):
 def test_nothing_is_registered_at_import():
     code = ("import sys; from tvmfuse.schedules import int8, int8_ref; "
             "from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise; "
-            "from tvmfuse.schedules.intrin import vnni; "
+            "from tvmfuse.schedules.x86.intrin import vnni; "
             "names = [vnni.intrin_name(k, s) for k in vnni.KINDS for s in vnni.SCOPES]; "
             "print(any(vnni.is_registered(n) for n in names), vnni.STOCK_MODULE in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -17,13 +17,13 @@ from tvmfuse.schedules.blocked import pack_weight
 from tvmfuse.schedules.compute import ANCHOR_BLOCK, partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
 
-from conftest import HOST, ort_run
+from helpers import HOST, ort_run
 
 AVX2 = 8  # float32 lanes
 AVX512 = 16
 
 
-from schedule_helpers import *  # noqa: F401,F403  (fixtures and helpers shared by both schedule test files)
+from helpers.schedules import *  # noqa: F401,F403  (fixtures and helpers shared by both schedule test files)
 
 
 @pytest.mark.parametrize("cfg", [conv2d.Config("oc", 16, 7), conv2d.Config("oc", 8, 7, 2),
@@ -200,7 +200,8 @@ def test_dispatcher_uses_the_family_rule(conv_fn, dense_fn, dw_fn):
                                        (dw_fn, "depthwise_conv2d", depthwise_conv2d.apply, None)):
         func = partition_compute(fn, oc_block).prim_func()
         tvm.ir.assert_structural_equal(x86.schedule(func, family, 256), rule(func, AVX2))
-    assert set(x86.RULES) == {"conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "conv2d_winograd",
+    assert set(x86.RULES) == {"conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "conv2d_winograd", "int8_conv2d",
+                              "int8_depthwise_conv2d", "int8_dense",
                               "depthwise_conv2d_nchwc", "layout_transform", "pool2d_nchwc"}
 
 

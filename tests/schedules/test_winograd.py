@@ -13,8 +13,8 @@ from tvmfuse import targets
 from tvmfuse.schedules import winograd
 from tvmfuse.schedules.x86 import conv2d_winograd, templates
 
-from conftest import HOST, ort_run
-from schedule_helpers import Structure
+from helpers import HOST, ort_run
+from helpers.schedules import Structure
 from test_blocked_layout import _model, _run_blocked
 
 

@@ -13,10 +13,7 @@ from tvmfuse import targets
 from tvmfuse.runtime import random_inputs
 from tvmfuse.tune.database import RECORDS, WORKLOADS, LogStore, TuningLogError, default_root, target_key
 
-try:
-    from .tune_helpers import HOST, MODEL, default_entry, task_of
-except ImportError:
-    from tune_helpers import HOST, MODEL, default_entry, task_of
+from helpers.tune import HOST, MODEL, default_entry, task_of
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +165,7 @@ def test_shipped_avx512_records_still_match_every_kernel(name):
     # The x86-avx512 logs were tuned on AVX-512 machines; compiling for that target (no run, so on any
     # machine) must still find a record for every kernel of the zoo models, or a compute change has
     # orphaned them.
-    folder = Path(__file__).resolve().parent.parent / "tuning_logs" / "x86-avx512"
+    folder = Path(__file__).resolve().parents[2] / "tuning_logs" / "x86-avx512"
     cm = tvmfuse.compile(f"zoo:{name}", target="x86-avx512")
     assert cm.tuning_logs["path"] == str(folder)
     assert cm.tuning_logs["skipped_lines"] == 0

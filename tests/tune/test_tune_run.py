@@ -21,10 +21,7 @@ from tvmfuse.tune.measure import RPCSpec, TuningError
 from tvmfuse.tune.runs import RUNS
 from tvmfuse.tune.tuner import tune
 
-try:
-    from .tune_helpers import HOST, MODEL, record_lines, wide_conv
-except ImportError:
-    from tune_helpers import HOST, MODEL, record_lines, wide_conv
+from helpers.tune import HOST, MODEL, record_lines, wide_conv
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,8 @@ from tvmfuse.tune import tuner, validate
 from tvmfuse.tune.database import LogStore
 from tvmfuse.tune.measure import Progress
 
-try:
-    from .helpers import make_model
-    from .tune_helpers import HOST, default_entry, record_lines, task_of
-except ImportError:
-    from helpers import make_model
-    from tune_helpers import HOST, default_entry, record_lines, task_of
+from helpers import make_model
+from helpers.tune import HOST, default_entry, record_lines, task_of
 
 
 def _conv_without_relu():
@@ -55,3 +51,56 @@ def test_wrong_candidates_never_reach_the_log(tasks, tmp_path, monkeypatch):
     store = LogStore(tmp_path, HOST)
     result = tuner._accept(good, None, db, store, HOST, validate.LocalDevice(), Progress(1, enabled=False))
     assert result.status == "rejected" and record_lines(store.path) == []
+
+
+def _kernels(mod) -> dict:
+    """tvmfuse's kernels of a compiled model's Relax module (before the Relax pipeline schedules them)."""
+    import tvm
+
+    return {gv.name_hint: f for gv, f in mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.family" in f.attrs}
+
+
+@pytest.fixture(scope="module")
+def int8_and_fp32_kernels():
+    import tvmfuse
+    from helpers.quantize import residual_block
+
+    rng = np.random.default_rng(3)
+    calib = [{"x": rng.standard_normal((1, 8, 6, 6)).astype("float32")} for _ in range(2)]
+    int8 = tvmfuse.quantize(residual_block(from_input=True), calib=calib, method="minmax", target=HOST, logs=False)
+    fp32 = tvmfuse.compile("zoo:tiny_convnet", target=HOST, logs=False)
+    return _kernels(int8.mod) | _kernels(fp32.mod)
+
+
+def test_validation_races_the_schedule_compile_gives(int8_and_fp32_kernels):
+    """Every kernel, INT8 included, is validated against exactly what ScheduleKernels gives it (the INT8
+    kernels were once checked against the generic fused schedule instead of their VNNI/AVX2 rule)."""
+    import tvm
+
+    from tvmfuse import targets
+    from tvmfuse.passes.schedule import ScheduleKernels
+
+    spec = targets.resolve(HOST)
+    families = {str(f.attrs["tvmfuse.family"]) for f in int8_and_fp32_kernels.values()}
+    assert {"int8_conv2d", "conv2d_nchwc"} <= families
+    for name, func in int8_and_fp32_kernels.items():
+        mod = tvm.IRModule({"main": func})
+        compiled = ScheduleKernels(spec)(mod)["main"]
+        assert not compiled.same_as(func), f"{name}: no default schedule"
+        tvm.ir.assert_structural_equal(validate.default_schedule(mod, spec)["main"], compiled)
+
+
+def test_default_kept_record_replays_the_compile_schedule(int8_and_fp32_kernels):
+    """A "default kept" tuning record of a kernel without a template (INT8) replays compile's schedule."""
+    import tvm
+    from tvm import s_tir
+
+    from tvmfuse import targets
+
+    backend = targets.resolve(HOST).backend()
+    func = next(f for f in int8_and_fp32_kernels.values() if str(f.attrs["tvmfuse.family"]) == "int8_conv2d")
+    mod = tvm.IRModule({"main": func})
+    sch = s_tir.Schedule(mod)
+    backend.default_trace(mod).apply_to_schedule(sch, remove_postproc=False)
+    tvm.ir.assert_structural_equal(sch.mod["main"], backend.schedule(func))

@@ -6,7 +6,7 @@ import pytest
 import tvmfuse
 from tvmfuse import zoo
 
-from conftest import ort_run
+from helpers import ort_run
 
 MODELS = ["tiny_convnet", "mobilenet_v2", "resnet18", "resnet50", "efficientnet_lite0"]
 
