@@ -123,9 +123,9 @@ def test_refused_when_an_inner_result_is_read_twice():
 def test_non_cpu_target_keeps_every_chain_float():
     report = {}
     mod = CanonicalizeClip(frontend.import_model(qdq_model(Spec())).mod)
-    with pytest.warns(QDQWarning, match="CPU targets only"):
+    with pytest.warns(QDQWarning, match="target cuda-sm80 has no INT8 kernels"):
         FuseQDQ(targets.resolve("cuda-sm80"), report)(mod)
-    assert report["int8_kernels"] == 0 and "CPU targets only" in report["kept_float"][0]["reason"]
+    assert report["int8_kernels"] == 0 and "has no INT8 kernels (backend cuda)" in report["kept_float"][0]["reason"]
 
 
 def test_refused_chain_still_computes_the_model():

@@ -186,7 +186,7 @@ def test_non_cpu_targets_keep_every_partition_fp32():
         warnings.simplefilter("always")
         out = QuantizeGraph(_table(mod), targets.resolve("cuda-sm80"), report)(mod)
     assert out.same_as(mod) and len(caught) == 1
-    assert report["fp32_reasons"][0]["reason"] == "INT8 kernels are scheduled for CPU targets only, not cuda-sm80"
+    assert report["fp32_reasons"][0]["reason"] == "target cuda-sm80 has no INT8 kernels (backend cuda)"
 
 
 def test_tiny_convnet_regions():

@@ -120,7 +120,7 @@ def _schedule_of(record, task: Task):
     return sch.mod
 
 
-def _default_trace(task: Task, ctx, spec, templated: bool):
+def _default_trace(task: Task, ctx, spec, templated: bool = False):
     """The trace of the schedule a compile without logs gives ``task``'s kernel: for a kernel with a template
     the template's first decision (the hand schedule), for every other kernel the backend's default (INT8
     rules, the generic schedule)."""
