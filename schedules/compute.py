@@ -223,12 +223,12 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
     """Whether the partition can run in NCHW[b]c (:mod:`blocked`): a family with a blocked compute (conv2d,
     multiplier-1 depthwise conv2d) and a parameter weight, whose output channels have a block."""
     anchor = anchor_call(fn)
-    if anchor is None or not isinstance(anchor.args[1], relax.Var) or families.family_of(anchor).blocked() is None:
+    if anchor is None or not isinstance(anchor.args[1], relax.Var):
+        return False
+    family = families.family_of(anchor)
+    if family.blocked() is None or (family.name == "depthwise_conv2d" and families.depthwise_multiplier(anchor) != 1):
         return False
     out_channels = int(anchor.ty.shape[1])
-    if families.family_of(anchor).name == "depthwise_conv2d" and \
-            int(anchor.args[1].ty.shape[0]) != int(anchor.args[0].ty.shape[1]):
-        return False
     return blocked.block_for(out_channels, lanes) is not None and isinstance(anchor.args[0], relax.Var)
 
 

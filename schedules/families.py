@@ -3,8 +3,8 @@
 A family is what a partition is anchored on (conv2d, grouped conv2d, depthwise conv2d, dense). Its entry
 says which Relax op anchors it and what the anchor must satisfy, which pattern-table entries match it and
 which epilogues they take, its TE computes (FP32 NCHW, FP32 blocked NCHW[b]c, INT8), and the kernels it
-lowers to with, per backend, the rule module that schedules each (``schedules/<backend>/<module>.py``; a
-rule module that defines ``template_config`` is also the kernel's MetaSchedule template).
+lowers to with, per backend, the rule module that schedules each (``schedules/<backend>/<module>.py``; the
+backend's templates, e.g. ``schedules/x86/templates.py``, say which of them are also MetaSchedule templates).
 
 Readers: the pattern table (``tvmfuse.patterns``), the TE computes (:mod:`.compute`), the INT8 kernels
 (``tvmfuse.passes.int8_kernels``), the backends and the tuner. Computes and rules are named by string
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from typing import Callable, Mapping
 
 PACKAGE = "tvmfuse.schedules"
@@ -120,28 +121,26 @@ def _dense_operands(call) -> str | None:
     return None
 
 
+def depthwise_multiplier(call) -> int:
+    """Output channels per input channel of a depthwise conv2d call (1: one filter per channel)."""
+    return int(call.args[1].ty.shape[0]) // int(call.args[0].ty.shape[1])
+
+
 def _depthwise_multiplier_one(call) -> str | None:
-    in_channels, out_channels = int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0])
-    if out_channels != in_channels:
-        return f"depthwise conv2d with channel multiplier {out_channels // in_channels} has no INT8 kernel"
+    multiplier = depthwise_multiplier(call)
+    if multiplier != 1:
+        return f"depthwise conv2d with channel multiplier {multiplier} has no INT8 kernel"
     return None
 
 
 def _conv_flops(call) -> int:
     """OIHW weight: every output element takes (in channels / groups) x kh x kw multiply-adds."""
     out, weight = _shape(call) or (), _shape(call.args[1]) or ()
-    return 2 * _prod(out) * _prod(weight[1:])
+    return 2 * math.prod(out) * math.prod(weight[1:])
 
 
 def _dense_flops(call) -> int:
-    return 2 * _prod(_shape(call) or ()) * (_shape(call.args[0]) or (0,))[-1]
-
-
-def _prod(values) -> int:
-    result = 1
-    for v in values:
-        result *= v
-    return result
+    return 2 * math.prod(_shape(call) or ()) * (_shape(call.args[0]) or (0,))[-1]
 
 
 def _grouped(call) -> str:

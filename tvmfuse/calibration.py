@@ -20,8 +20,6 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import numpy as np
-
 from . import frontend, targets
 from .errors import TargetError
 from .export import build

@@ -112,17 +112,17 @@ def clip_bounds(call) -> tuple:
     return (lo if np.isfinite(lo) else None), (hi if np.isfinite(hi) else None)
 
 
-def _short(op_name: str) -> str:
+def short_op_name(op_name: str) -> str:
     return op_name.replace("relax.nn.", "").replace("relax.", "")
 
 
 def _read_epilogue(bindings: list, index: dict, args, out_shape) -> tuple[dict | None, str | None]:
     """The ops after the anchor as ``{"bias", "residual", "clip", "ops"}``, or (None, why no INT8 kernel)."""
-    found = {"bias": None, "residual": None, "clip": None, "ops": [_short(bindings[0].value.op.name)]}
+    found = {"bias": None, "residual": None, "clip": None, "ops": [short_op_name(bindings[0].value.op.name)]}
     prev = bindings[0].var
     for binding in bindings[1:]:
         call, name = binding.value, binding.value.op.name
-        found["ops"].append(_short(name))
+        found["ops"].append(short_op_name(name))
         if name == "relax.add" and found["clip"] is None:
             other = call.args[1] if call.args[0].same_as(prev) else call.args[0]
             value = args[index[other]] if other in index else None
@@ -140,7 +140,7 @@ def _read_epilogue(bindings: list, index: dict, args, out_shape) -> tuple[dict |
         elif name == "relax.clip" and found["clip"] is None:
             found["clip"] = clip_bounds(call)
         else:
-            return None, f"epilogue op {_short(name)} has no INT8 kernel"
+            return None, f"epilogue op {short_op_name(name)} has no INT8 kernel"
         prev = binding.var
     return found, None
 

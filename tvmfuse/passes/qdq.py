@@ -58,7 +58,8 @@ from tvmfuse.schedules.int8 import Int8KernelError
 
 from ..quant.params import QuantParams, QuantParamsError
 from ..targets import TargetSpec
-from .int8_kernels import Int8Partition, QuantizedWeight, clip_bounds, make_int8_kernel, per_channel
+from .int8_kernels import (Int8Partition, QuantizedWeight, clip_bounds, make_int8_kernel, per_channel,
+                           short_op_name)
 from .utils import const_array
 
 CODES = ("uint8", "int8")
@@ -263,7 +264,7 @@ def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax
 
 def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
     """The chain starting at ``anchor`` as an INT8 kernel, or _Refused."""
-    kind = _short_op(anchor)
+    kind = short_op_name(anchor.op.name)
     int8_family, why = families.int8_family(anchor)
     if int8_family is None:
         raise _Refused(why)
@@ -343,10 +344,6 @@ def _dequantized(graph: _Graph, expr) -> bool:
     return _op(value) == "relax.dequantize"
 
 
-def _short_op(call) -> str:
-    return call.op.name.rsplit(".", 1)[-1]  # "conv2d", "matmul"
-
-
 def _candidates(graph: _Graph, func: relax.Function) -> list:
     """(var, call) of every conv2d / matmul reading a dequantized input or weight."""
     found = []
@@ -389,7 +386,7 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None) -> tvm.t
                 chain = _match(graph, var, call)
                 chains[chain.end] = chain
             except _Refused as e:
-                kept.append({"anchor": var.name, "op": _short_op(call), "reason": str(e)})
+                kept.append({"anchor": var.name, "op": short_op_name(call.op.name), "reason": str(e)})
         if report is not None:
             report.update({"int8_kernels": len(chains), "kept_float": kept})
         if kept:
