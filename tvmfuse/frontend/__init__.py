@@ -11,6 +11,7 @@ from .fold import fold_constants, fuse_pad_into_conv
 from .importer import check_ops, to_relax
 from ..tensors import TensorInfo
 from .load import fix_input_shapes, graph_inputs, load_model, output_infos
+from .normalize import normalize_nodes
 from .qlinear import rewrite_quantized_ops
 
 __all__ = ["ImportedModel", "TensorInfo", "check_ops", "fix_input_shapes", "fold_constants", "fuse_pad_into_conv", "graph_inputs",
@@ -33,6 +34,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
     proto, source = load_model(model)
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
+    proto, _ = normalize_nodes(proto, source)
     proto, _ = rewrite_quantized_ops(proto, source)
     proto, _ = fuse_pad_into_conv(proto)
     return proto, source, inputs, output_infos(proto)

@@ -50,11 +50,24 @@ def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray], opsets) -> list[np
         return None
 
 
-def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """Fold every node whose inputs are constant (or a ``Shape`` of a static tensor).
+def fold_constants(model: onnx.ModelProto, max_rounds: int = 16) -> tuple[onnx.ModelProto, int]:
+    """Fold every node whose inputs are constant (or a ``Shape`` of a static tensor), to a fixed point.
 
+    One round folds forward in graph order; the next round's shape inference then sees the shapes that
+    depended on what was just folded (a ``Reshape`` whose target was a ``Shape -> Cast -> Slice -> Concat``
+    chain, whose output is in turn read by another ``Shape``), so rounds repeat until nothing folds.
     The model's input shapes must already be static. Returns the new model and the number of nodes folded.
     """
+    total = 0
+    for _ in range(max_rounds):
+        model, folded = _fold_round(model)
+        total += folded
+        if not folded:
+            break
+    return model, total
+
+
+def _fold_round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - shape inference is best effort; folding then sees fewer shapes

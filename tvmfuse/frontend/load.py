@@ -73,11 +73,17 @@ def _np_dtype(value: onnx.ValueInfoProto) -> str:
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int | str | None]:
+    """Static dims as ints; a dynamic one as its name, or None when unnamed.
+
+    Exporters spell "dynamic" four ways: a ``dim_param`` name (``batch``, ``?``, ``DynamicDimension.0``),
+    no value at all, and (Paddle, old converters) ``dim_value`` -1 or 0. A graph input of size 0 would be
+    an empty image, which no CNN is compiled for, so 0 and -1 read as dynamic too.
+    """
     t = value.type.tensor_type
     if not t.HasField("shape"):
         return [None]
-    # A dim_value of 0 is a real (empty) dimension, not an unknown one.
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            else (d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else None)) for d in t.shape.dim]
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None) -> list[TensorInfo]:
@@ -97,6 +103,10 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
         raise ShapeError(f"shapes= names unknown input(s) {unknown}; the model's inputs are {names}")
     infos = []
     for value in inputs:
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise ShapeError(f"input {value.name!r} is a{'n' if kind and kind[0] in 'aeiou' else ''} "
+                             f"{(kind or 'untyped').replace('_type', '')} value; tvmfuse compiles tensor inputs only")
         dims = _dims(value)
         if value.name in shapes:
             given = [int(d) for d in shapes[value.name]]
@@ -109,7 +119,7 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
                     raise ShapeError(f"input {value.name!r}: dim {i} is fixed to {d} in the model, "
                                      f"but shape {tuple(given)} was given")
             dims = given
-        dynamic = [d if d is not None else "?" for d in dims if not isinstance(d, int)]
+        dynamic = [d if d is not None else "?" for d in dims if not isinstance(d, int)]  # names, "-1", "0", "?"
         if dynamic:
             raise ShapeError(f"input {value.name!r} has dynamic dims {dynamic} (shape {_show(dims)}); "
                              f"fix them with shapes={{'{value.name}': (...)}} or --shape {value.name}:1,3,224,224")
