@@ -19,7 +19,10 @@ from onnx import numpy_helper
 OP_TYPES = ("Conv", "BatchNormalization", "Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu",
             "PRelu", "Add", "Sub", "Mul", "Div", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
             "Concat", "Flatten", "Reshape", "Transpose", "Pad", "Softmax", "QuantizeLinear", "DequantizeLinear",
-            "QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger")
+            "QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger",
+            # What real exports (OCR, detection, segmentation, ConvNeXt-style nets, CRNNs) add:
+            "Identity", "Erf", "Split", "Resize", "LayerNormalization", "ReduceMean", "Pow", "Sqrt",
+            "ConvTranspose", "LSTM", "GRU", "RNN")
 
 # op type -> positions in the node's input list (ONNX schema order) frozen into initializers: the weights,
 # scales, shapes and pads a real CNN export carries as constants. Every other input stays a graph input.
@@ -37,6 +40,15 @@ FROZEN_INPUTS = {
     "ConvInteger": (1, 2, 3),             # w, x_zero_point, w_zero_point
     "QLinearMatMul": (1, 2, 3, 4, 5, 6, 7),  # every input but a: scales, zero points, b
     "MatMulInteger": (1, 2, 3),           # B, a_zero_point, b_zero_point
+    "Split": (1,),                        # split sizes
+    "Resize": (1, 2, 3),                  # roi, scales, sizes
+    "LayerNormalization": (1, 2),         # scale, B
+    "ReduceMean": (1,),                   # axes
+    "Pow": (1,),                          # exponent (LayerNorm spelt out squares with a constant 2)
+    "ConvTranspose": (1, 2),              # W, B
+    "LSTM": (1, 2, 3, 4, 5, 6, 7),        # W, R, B, sequence_lens, initial_h, initial_c, P
+    "GRU": (1, 2, 3, 4, 5),               # W, R, B, sequence_lens, initial_h
+    "RNN": (1, 2, 3, 4, 5),               # W, R, B, sequence_lens, initial_h
 }
 
 TARGET = "x86-host"

@@ -13,6 +13,7 @@ from ..tensors import TensorInfo
 from .load import fix_input_shapes, graph_inputs, load_model, output_infos
 from .normalize import normalize_nodes
 from .qlinear import rewrite_quantized_ops
+from .rnn import rewrite_recurrent_ops
 
 __all__ = ["ImportedModel", "TensorInfo", "check_ops", "fix_input_shapes", "fold_constants", "fuse_pad_into_conv", "graph_inputs",
            "import_model", "load_model", "output_infos", "prepare"]
@@ -30,10 +31,14 @@ class ImportedModel:
 
 
 def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
-    """Load, fix shapes, constant-fold, fold zero Pads into Convs; return ``(ModelProto, source, inputs, outputs)`` without TVM."""
+    """Load, fix shapes, constant-fold, unroll LSTM/GRU/RNN, normalize, fold zero Pads into Convs.
+
+    Returns ``(ModelProto, source, inputs, outputs)``, without TVM.
+    """
     proto, source = load_model(model)
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
+    proto, _ = rewrite_recurrent_ops(proto, source)
     proto, _ = normalize_nodes(proto, source)
     proto, _ = rewrite_quantized_ops(proto, source)
     proto, _ = fuse_pad_into_conv(proto)

@@ -10,13 +10,14 @@ import onnx
 from ..errors import TvmfuseError, UnsupportedOpError
 from ..tensors import TensorInfo
 from .qlinear import REWRITTEN_OP_TYPES
+from .rnn import REWRITTEN_OP_TYPES as RECURRENT_OP_TYPES
 
 
 def supported_op_types() -> frozenset[str]:
     """ONNX op types (default domain) the import path handles: TVM's converters and the ops qlinear rewrites."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return frozenset(_get_convert_map()) | REWRITTEN_OP_TYPES
+    return frozenset(_get_convert_map()) | REWRITTEN_OP_TYPES | RECURRENT_OP_TYPES
 
 
 def _attr(node: onnx.NodeProto, name: str, default):
