@@ -52,10 +52,8 @@ def entries(selected: list[str] | None) -> list[dict]:
     for name in ZOO:
         if name not in zoo.names():
             continue
-        proto = zoo.get(name)
-        shapes = {v.name: tuple(d.dim_value if d.dim_value > 0 else 1 for d in v.type.tensor_type.shape.dim)
-                  for v in proto.graph.input}
-        out.append({"name": name, "source": "zoo", "load": lambda p=proto: p, "shapes": shapes, "tol": 1e-4})
+        out.append({"name": name, "source": "zoo", "load": lambda p=zoo.get(name): p,
+                    "shapes": zoo.default_shapes(name), "tol": zoo.tolerance(name)})
     if selected:
         unknown = set(selected) - {e["name"] for e in out}
         if unknown:

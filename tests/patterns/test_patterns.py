@@ -292,7 +292,7 @@ def test_lowered_kernel_attrs(make, partition, family, ops, blocked):
 @functools.lru_cache(maxsize=None)
 def _zoo_passes(name: str):
     spec = targets.resolve(HOST)
-    mod = frontend.import_model(zoo.get(name)).mod
+    mod = frontend.import_model(f"zoo:{name}").mod  # a -1 batch compiles at batch 1
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential(canonicalize_passes())(mod)
         rejections: dict = {}

@@ -36,6 +36,10 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
     Returns ``(ModelProto, source, inputs, outputs)``, without TVM.
     """
     proto, source = load_model(model)
+    if not shapes and source.startswith("zoo:"):
+        from .. import zoo
+
+        shapes = zoo.default_shapes(source[len("zoo:"):])
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
     proto, _ = rewrite_recurrent_ops(proto, source)

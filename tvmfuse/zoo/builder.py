@@ -1,8 +1,9 @@
 """A small ONNX graph builder used by the zoo model definitions.
 
 The builder tracks static shapes itself (every zoo model has a fixed input
-shape), so layers such as TF-style "SAME" padding can be computed at build
-time exactly as the original frameworks do it.
+shape, at most with a ``-1`` batch dimension that is carried through), so
+layers such as TF-style "SAME" padding can be computed at build time exactly
+as the original frameworks do it. More layers live in :mod:`.layers`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class GraphBuilder:
         Name of the graph input.
     bn_eps : float
         Epsilon written on every ``BatchNormalization`` node.
+    const_weights : bool
+        Write weights as ``Constant`` nodes instead of initializers, as
+        paddle2onnx does.
 
     Notes
     -----
@@ -51,9 +55,11 @@ class GraphBuilder:
         input_shape: Sequence[int] = (1, 3, 224, 224),
         input_name: str = "input",
         bn_eps: float = 1e-5,
+        const_weights: bool = False,
     ) -> None:
         self.rng = np.random.default_rng(seed)
         self.bn_eps = float(bn_eps)
+        self.const_weights = bool(const_weights)
         self.input_name = input_name
         self._nodes: list[onnx.NodeProto] = []
         self._inits: list[onnx.TensorProto] = []
@@ -85,8 +91,12 @@ class GraphBuilder:
                 return f"{op}_{i}"
 
     def _init(self, name: str, array: np.ndarray) -> str:
+        array = np.ascontiguousarray(array)
+        if self.const_weights:
+            return self._const(name, array)
         self._claim(name)
-        self._inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self._inits.append(numpy_helper.from_array(array, name))
+        self._shapes[name] = array.shape
         return name
 
     def _node(
@@ -111,8 +121,11 @@ class GraphBuilder:
     def _const(self, name: str, value: np.ndarray) -> str:
         # Constant *nodes* rather than initializers: that is what torch.onnx
         # emits inside shape arithmetic, and what a frontend must fold.
-        return self._node("Constant", [], name, None,
-                          value=numpy_helper.from_array(np.asarray(value), name))
+        value, last = np.asarray(value), self._last
+        out = self._node("Constant", [], name, value.shape,
+                         value=numpy_helper.from_array(value, name))
+        self._last = last  # a constant is never the result of a layer
+        return out
 
     def conv(
         self,
@@ -124,6 +137,9 @@ class GraphBuilder:
         pad: int | Sequence[int] | None = None,
         bias: bool = False,
         name: str | None = None,
+        dilation: int = 1,
+        gain: float = 1.0,
+        output: str | None = None,
     ) -> str:
         """2-D convolution with He-normal weights.
 
@@ -135,11 +151,18 @@ class GraphBuilder:
             Output channels, square kernel size, stride and group count.
         pad : int or sequence of 4 int, optional
             Symmetric padding, or ONNX-order ``(top, left, bottom, right)``.
-            Defaults to ``(k - 1) // 2`` on every side (PyTorch style).
+            Defaults to ``dilation * (k - 1) // 2`` on every side (PyTorch style).
         bias : bool
             Whether to add a bias input (initialised small, like PyTorch).
         name : str, optional
             Node name; initializers are ``name.weight`` / ``name.bias``.
+        dilation : int
+            Dilation (atrous rate) of the kernel.
+        gain : float
+            Extra factor on the He-normal scale, for activations whose second
+            moment differs from ReLU's (SiLU: about 1.19).
+        output : str, optional
+            Name of the result tensor when it must differ from the node name.
 
         Returns
         -------
@@ -151,21 +174,23 @@ class GraphBuilder:
         if c % groups or out_ch % groups:
             raise ValueError(f"{name}: channels {c}->{out_ch} not divisible by groups={groups}")
         if pad is None:
-            pad = (k - 1) // 2
+            pad = dilation * (k - 1) // 2
         pads = [int(pad)] * 4 if isinstance(pad, int) else [int(p) for p in pad]
         fan_in = c // groups * k * k
         # He-normal keeps the second moment constant through conv+ReLU pairs.
-        weight = self.rng.standard_normal((out_ch, c // groups, k, k)) * math.sqrt(2.0 / fan_in)
+        scale = gain * math.sqrt(2.0 / fan_in)
+        weight = self.rng.standard_normal((out_ch, c // groups, k, k)) * scale
         inputs = [x, self._init(f"{name}.weight", weight.astype(np.float32))]
         if bias:
             b = self.rng.uniform(-0.1, 0.1, out_ch)
             inputs.append(self._init(f"{name}.bias", b.astype(np.float32)))
-        oh = (h + pads[0] + pads[2] - k) // stride + 1
-        ow = (w + pads[1] + pads[3] - k) // stride + 1
+        ek = dilation * (k - 1) + 1
+        oh = (h + pads[0] + pads[2] - ek) // stride + 1
+        ow = (w + pads[1] + pads[3] - ek) // stride + 1
         return self._node(
-            "Conv", inputs, name, (n, out_ch, oh, ow),
+            "Conv", inputs, name, (n, out_ch, oh, ow), output=output,
             kernel_shape=[k, k], strides=[stride, stride], pads=pads,
-            dilations=[1, 1], group=groups,
+            dilations=[dilation, dilation], group=groups,
         )
 
     def batch_norm(
@@ -309,8 +334,9 @@ class GraphBuilder:
         return self._node("Pad", [x, onnx_pads, value], name,
                           (n, c, h + top + bottom, w + left + right), mode="constant")
 
-    def build(self, name: str, output: str | None = None, doc: str = "") -> onnx.ModelProto:
-        """Assemble an opset-17, IR-8 model; ``output`` defaults to the last tensor made."""
+    def build(self, name: str, output: str | None = None, doc: str = "",
+              opset: int = OPSET) -> onnx.ModelProto:
+        """Assemble an IR-8 model (opset 17 unless told); ``output`` defaults to the last tensor made."""
         output = output or self._last
         graph = helper.make_graph(
             self._nodes, name,
@@ -319,7 +345,7 @@ class GraphBuilder:
             [helper.make_tensor_value_info(output, TensorProto.FLOAT, self.shape(output))],
             initializer=self._inits, doc_string=doc,
         )
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                                  producer_name="tvmfuse.zoo", ir_version=IR_VERSION)
 
     def conv_bn(
@@ -335,14 +361,17 @@ class GraphBuilder:
         act_name: str | None = None,
         pad: int | Sequence[int] | None = None,
         gamma: tuple[float, float] = (0.5, 1.5),
+        dilation: int = 1,
     ) -> str:
-        """Bias-free conv, BN and an optional activation (``"relu"`` or ``"relu6"``)."""
-        y = self.conv(x, out_ch, k, stride, groups, pad=pad, name=conv_name)
+        """Bias-free conv, BN and an optional activation (``"relu"``, ``"relu6"``, ``"hardswish"``)."""
+        y = self.conv(x, out_ch, k, stride, groups, pad=pad, name=conv_name, dilation=dilation)
         y = self.batch_norm(y, name=bn_name, gamma=gamma)
         if act == "relu":
             y = self.relu(y, name=act_name)
         elif act == "relu6":
             y = self.relu6(y, name=act_name)
+        elif act == "hardswish":
+            y = self.hardswish(y, name=act_name)
         elif act is not None:
             raise ValueError(f"unknown activation {act!r}")
         return y
