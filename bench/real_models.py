@@ -93,6 +93,7 @@ def compile_check(entry: dict, target: str, layout: str, opcheck: bool = False) 
         start = time.perf_counter()
         cm = tvmfuse.compile(model, target=target, shapes=entry["shapes"], layout=layout)
         row["compile s"] = round(time.perf_counter() - start, 1)
+        row["import s"] = round(cm.stats.get("import ONNX", float("nan")), 2)  # load, fold, rewrite, from_onnx
     except TvmfuseError as e:
         row.update(status="FAIL", error=str(e))
         return row
@@ -152,15 +153,19 @@ def geomean(values) -> float:
 
 
 def machine() -> str:
-    name = platform.processor() or platform.machine()
+    """The CPU, its family/model and the vector features that matter here (reports must name the machine)."""
+    info: dict[str, str] = {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return name
+        return platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
+    features = [f for f, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX2", "avx2"),
+                                  ("AMX", "amx_tile")) if flag in flags]
+    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} model "
+            f"{info.get('model', '?')}; {', '.join(features) or 'no AVX2'})")
 
 
 def main(argv=None) -> int:
@@ -191,7 +196,7 @@ def main(argv=None) -> int:
             for k in ("cm", "sess", "x", "proto"):
                 row.pop(k, None)
             rows.append(row)
-    columns = ["model", "target", "layout", "status", "max abs diff", "compile s"]
+    columns = ["model", "target", "layout", "status", "max abs diff", "import s", "compile s"]
     if args.opcheck:
         columns.append("opcheck")
     timed = [r for r in rows if "tvmfuse ms" in r]

