@@ -10,6 +10,7 @@ import pytest
 
 import tvmfuse
 from tvmfuse.errors import ModelLoadError, TargetError
+from tvmfuse.integrity import manifest_digest
 
 CHILD = r"""
 import json, sys
@@ -51,7 +52,16 @@ def test_load_errors(tiny_exported, tmp_path):
     junk = tmp_path / "junk.so"
     junk.write_bytes(b"not a shared library")
     junk.with_suffix(".json").write_text(tiny_exported.with_suffix(".json").read_text())
-    with pytest.raises(ModelLoadError, match="cannot load library"):
+    with pytest.raises(ModelLoadError, match="junk.so: size does not match its manifest"):
+        tvmfuse.load(junk)
+    # A manifest from before the checksums (format_version 1) loads unchecked, with a warning; the loader's
+    # own error then names the file.
+    legacy = json.loads(tiny_exported.with_suffix(".json").read_text())
+    del legacy["library"], legacy["digest"]
+    legacy["format_version"] = 1
+    junk.with_suffix(".json").write_text(json.dumps(legacy))
+    with pytest.warns(UserWarning, match="records no checksum"), \
+            pytest.raises(ModelLoadError, match="cannot load library"):
         tvmfuse.load(junk)
 
 
@@ -61,6 +71,7 @@ def test_load_refuses_cpu_features_the_host_lacks(tiny_exported, tmp_path):
     lib.write_bytes(tiny_exported.read_bytes())
     manifest = json.loads(tiny_exported.with_suffix(".json").read_text())
     manifest["cpu_flags"] = ["avx2", "imaginary_isa_flag"]
+    manifest["digest"] = manifest_digest(manifest)  # as if exported so, not edited afterwards
     lib.with_suffix(".json").write_text(json.dumps(manifest))
     with pytest.raises(TargetError, match="imaginary_isa_flag"):
         tvmfuse.load(lib)

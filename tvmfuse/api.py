@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -16,6 +17,7 @@ from .runtime import Runner, check_cpu_flags, random_inputs
 from .tensors import TensorInfo
 
 LAYOUTS = ("blocked", "nchw")  # compile(layout=...)
+_RUNNER_LOCK = threading.Lock()  # guards CompiledModel._runner creation (rare; once per model)
 
 
 class CompiledModel:
@@ -50,11 +52,16 @@ class CompiledModel:
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
-        if self._runner is None:
-            check_cpu_flags(targets.required_cpu_flags(self.target),
-                            f"model compiled for {self.target.name} ({self.target.config.get('mcpu')})")
-            self._runner = Runner(self.executable, self.inputs, self.outputs, device=self.target.backend().device)
-        return self._runner
+        runner = self._runner
+        if runner is None:
+            with _RUNNER_LOCK:  # threads making the first call at once must share one Runner
+                if self._runner is None:
+                    check_cpu_flags(targets.required_cpu_flags(self.target),
+                                    f"model compiled for {self.target.name} ({self.target.config.get('mcpu')})")
+                    self._runner = Runner(self.executable, self.inputs, self.outputs,
+                                          device=self.target.backend().device)
+                runner = self._runner
+        return runner
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run once on checked inputs; return the outputs as numpy arrays.

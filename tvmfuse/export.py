@@ -11,8 +11,9 @@ from typing import Sequence
 
 from . import __version__
 from .errors import TvmfuseError
+from .integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline
-from .runtime import MANIFEST_VERSION, manifest_path
+from .runtime import manifest_path
 from .targets import TargetSpec, required_cpu_flags
 from .tensors import TensorInfo
 
@@ -53,9 +54,10 @@ def versions() -> dict:
 
 def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
                   source: str, extra: dict | None = None) -> dict:
-    """The manifest written beside every exported library."""
+    """The manifest written beside every exported library (:func:`export_library` adds the seal: the library's
+    size and sha256 and the manifest's digest, see :mod:`tvmfuse.integrity`)."""
     manifest = {
-        "format": "tvmfuse-manifest",
+        "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "model": source,
         "inputs": [i.to_json() for i in inputs],
@@ -85,7 +87,9 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
     """Write ``path`` (a ``.so``) and its manifest beside it; return the library path.
 
     The library is written to a temporary name first, so an interrupted export never leaves a truncated
-    ``.so`` under the final name.
+    ``.so`` under the final name. The manifest written is ``manifest`` sealed with the library's size and
+    sha256 and its own digest (:func:`tvmfuse.integrity.seal_manifest`), which :func:`tvmfuse.load` checks
+    before it maps the library.
     """
     path = Path(path)
     if path.suffix != ".so":
@@ -94,8 +98,9 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
     tmp = path.with_name(f".{path.stem}.partial.so")
     try:
         executable.export_library(str(tmp))
+        sealed = seal_manifest(manifest, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _atomic_write_text(manifest_path(path), json.dumps(manifest, indent=2) + "\n")
+    _atomic_write_text(manifest_path(path), json.dumps(sealed, indent=2) + "\n")
     return path
