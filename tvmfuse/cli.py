@@ -6,6 +6,7 @@ Exit status: 0 on success, 2 on bad usage or bad input (one line on stderr namin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import numpy as np
@@ -99,10 +100,35 @@ def load_inputs(path: str | None, model) -> dict:
     if path is None:
         return random_inputs(model.inputs)
     try:
-        with np.load(path) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single array, not named arrays (write it with numpy.savez)")
+        with data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise InputError(f"--inputs {path}: cannot read as .npz ({e})") from None
+    except Exception as e:  # noqa: BLE001 - numpy raises OSError, ValueError, EOFError, BadZipFile, ... on bad files
+        lines = str(e).strip().splitlines()
+        raise InputError(f"--inputs {path}: cannot read as .npz ({lines[0][:200] if lines else type(e).__name__})") \
+            from None
+
+
+def save_outputs(path: str, arrays: dict) -> str:
+    """Write ``arrays`` to the .npz ``path`` (``.npz`` appended if missing, as numpy does) through a temporary
+    file beside it and a rename, so a failed write never leaves a half-written file; return the path written."""
+    import os
+
+    final = path if path.endswith(".npz") else path + ".npz"
+    tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{os.getpid()}.tmp")
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, final)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # gone after the rename; left by a failed write
+    except OSError as e:
+        raise TvmfuseError(f"--save {path}: cannot write ({e.strerror or e})") from None
+    return final
 
 
 def cmd_run(args) -> int:
@@ -115,8 +141,7 @@ def cmd_run(args) -> int:
         print(f"{info.name}: shape {tuple(out.shape)} {out.dtype} min {out.min():.6g} max {out.max():.6g} "
               f"mean {out.mean():.6g}")
     if args.save:
-        np.savez(args.save, **{i.name: o for i, o in zip(model.outputs, outputs)})
-        print(f"wrote {args.save}")
+        print(f"wrote {save_outputs(args.save, {i.name: o for i, o in zip(model.outputs, outputs)})}")
     if args.benchmark:
         r = model.benchmark(inputs, repeat=args.repeat, warmup=args.warmup)
         print(f"latency: median {r['median_ms']:.3f} ms, min {r['min_ms']:.3f} ms, max {r['max_ms']:.3f} ms "

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..errors import ModelLoadError, ShapeError
 from ..tensors import TensorInfo
@@ -56,10 +56,32 @@ def load_model(model) -> tuple[onnx.ModelProto, str]:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0]
-        if _BENIGN_CHECKER_ERROR in first:
-            return proto, source
-        raise ModelLoadError(f"{source} is not a valid ONNX model: {first}") from None
+        if _BENIGN_CHECKER_ERROR not in first:
+            raise ModelLoadError(f"{source} is not a valid ONNX model: {first}") from None
+    except UnicodeDecodeError:  # the checker's message quotes a name or string that is not UTF-8 (corrupt file)
+        raise ModelLoadError(f"{source} is not a valid ONNX model: it holds a name or string that is not "
+                             "valid UTF-8") from None
+    _check_initializers(proto, source)
     return proto, source
+
+
+def _check_initializers(proto: onnx.ModelProto, source: str) -> None:
+    """Every initializer must decode to an array of its declared type and shape (the checker does not look).
+
+    A corrupt file can carry a data type number ONNX does not know, or dims that do not match the data;
+    folding and the importer would then fail deep inside with a bare KeyError / ValueError.
+    """
+    for t in proto.graph.initializer:
+        try:
+            numpy_helper.to_array(t)
+        except Exception as e:  # noqa: BLE001 - KeyError (unknown data type), ValueError (size), TypeError, ...
+            raise ModelLoadError(f"{source} is not a valid ONNX model: initializer {t.name!r} cannot be read "
+                                 f"({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -69,7 +91,12 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def _np_dtype(value: onnx.ValueInfoProto) -> str:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)).name
+    elem_type = value.type.tensor_type.elem_type
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):  # 0 (UNDEFINED) or a number ONNX does not know: a corrupt file
+        raise ModelLoadError(f"graph input or output {value.name!r} has element type {elem_type}, which is not "
+                             "a tensor type ONNX defines") from None
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int | str | None]:

@@ -76,28 +76,46 @@ def _dims(dims: Sequence) -> str:
     return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
 
 
+def _reason(e: Exception) -> str:
+    """One line for an exception numpy's readers raised on a damaged file.
+
+    They raise whatever their parsers do: OSError, ValueError, EOFError (an empty file), zipfile.BadZipFile
+    (bad CRC), SyntaxError or tokenize.TokenError (a garbled header), MemoryError (a header claiming a huge
+    shape), ... so the callers catch Exception: every one of them means "this file cannot be read".
+    """
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
 def _load_npy(path: Path) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise CalibrationDataError(f"{path}: not a readable .npy array ({e})") from None
+        array = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - any reader error: see _reason
+        raise CalibrationDataError(f"{path}: not a readable .npy array ({_reason(e)})") from None
+    if not isinstance(array, np.ndarray):
+        array.close()
+        raise CalibrationDataError(f"{path}: holds an .npz archive, not a single .npy array")
+    return array
 
 
 def _from_npz(path: Path, inputs: Sequence[TensorInfo]) -> dict[str, list[np.ndarray]]:
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise CalibrationDataError(f"{path}: not a readable .npz archive ({e})") from None
+    except Exception as e:  # noqa: BLE001 - any reader error: see _reason
+        raise CalibrationDataError(f"{path}: not a readable .npz archive ({_reason(e)})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise CalibrationDataError(f"{path}: holds a single array, not an .npz archive of named arrays "
                                    f"(save with numpy.savez(path, {inputs[0].name}=...))")
     with archive:
         names = list(archive.files)
         _check_names(names, inputs, path)
-        try:
-            return {i.name: [_samples(archive[i.name], i, str(path))] for i in inputs}
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise CalibrationDataError(f"{path}: cannot read an array ({e})") from None
+        arrays = {}
+        for i in inputs:
+            try:
+                arrays[i.name] = archive[i.name]
+            except Exception as e:  # noqa: BLE001 - any reader error: see _reason
+                raise CalibrationDataError(f"{path}: cannot read array {i.name!r} ({_reason(e)})") from None
+        return {i.name: [_samples(arrays[i.name], i, str(path))] for i in inputs}
 
 
 def _check_names(names: Sequence[str], inputs: Sequence[TensorInfo], where) -> None:

@@ -122,8 +122,12 @@ class CalibrationTable:
         for name, value in data["ranges"].items():
             if (not isinstance(value, (list, tuple)) or len(value) != 2
                     or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-                raise CalibrationError(f"{source}: range of tensor {name!r} must be [lo, hi] numbers, got {value!r}")
-            ranges[name] = (float(value[0]), float(value[1]))
+                raise CalibrationError(f"{source}: range of tensor {name!r} must be [lo, hi] numbers, "
+                                       f"got {_short(value)}")
+            try:
+                ranges[name] = (float(value[0]), float(value[1]))
+            except OverflowError:  # an integer with hundreds of digits
+                raise CalibrationError(f"{source}: range of tensor {name!r} is not finite: {_short(value)}") from None
         problems = _range_problems(ranges)
         if problems:
             raise CalibrationError(f"{source}: {problems[0]}")
@@ -171,6 +175,8 @@ class CalibrationTable:
             data = json.loads(text)
         except ValueError as e:
             raise CalibrationError(f"{path}: calibration table is not valid JSON ({e})") from None
+        except RecursionError:
+            raise CalibrationError(f"{path}: calibration table is not valid JSON (nested too deeply)") from None
         return cls.from_json(data, str(path))
 
 
@@ -183,6 +189,12 @@ def _range_problems(ranges: Mapping[str, tuple[float, float]]) -> list[str]:
         elif lo > hi:
             problems.append(f"range of tensor {name!r} has lo > hi: [{lo}, {hi}]")
     return problems
+
+
+def _short(value, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a damaged file can hold a huge value)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _preview(ranges: Mapping, count: int = 5) -> str:

@@ -4,7 +4,9 @@ The files are MetaSchedule's own (``database_workload.json``: one ``[structural 
 workload; ``database_tuning_record.json``: one ``[workload line index, record]`` line per record), so
 ``ms.database.JSONDatabase(work_dir=...)`` opens them too. tvmfuse reads them line by line instead: a corrupt
 line, a line for another target (the database does not record which target a folder is for) or a record
-without a valid run time is skipped, counted and reported in one warning, never a crash.
+without a valid run time is skipped, counted and reported in one warning, never a crash. Only a folder that
+cannot be used at all is an error (:class:`TuningLogError`, one line): the logs root or the target's folder
+being a file, or one of the two files being a folder or unreadable.
 
 Writers append under an exclusive ``flock`` on ``<dir>/.lock`` and look up workload indices inside the lock,
 so two tuning runs appending at once neither interleave lines nor point records at the wrong workload.
@@ -91,11 +93,19 @@ class LoadReport:
 
 
 def _lines(path: Path) -> list[str]:
-    """The file's lines (a cut-short last line included); blank lines are dropped."""
+    """The file's lines (a cut-short last line included); blank lines are dropped.
+
+    Raises TuningLogError when the path is there but is not a readable file (a folder, no permission).
+    """
     if not path.exists():
         return []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return [line for line in f.read().split("\n") if line.strip()]
+    if not path.is_file():
+        raise TuningLogError(f"tuning logs: {path} is not a file")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line for line in f.read().split("\n") if line.strip()]
+    except OSError as err:
+        raise TuningLogError(f"tuning logs: cannot read {path}: {err.strerror or err}") from None
 
 
 class LogStore:
@@ -125,8 +135,9 @@ class LogStore:
         ``records`` is a list of ``(workload index, record JSON)`` whose workload exists and whose target fits.
         """
         report = LoadReport(self.path)
-        if self.root.exists() and not self.root.is_dir():
-            raise TuningLogError(f"tuning logs: {self.root} is not a folder")
+        for folder in (self.root, self.path):
+            if folder.exists() and not folder.is_dir():
+                raise TuningLogError(f"tuning logs: {folder} is not a folder")
         workloads = {}
         for i, line in enumerate(_lines(self.path / WORKLOADS)):
             try:
@@ -134,8 +145,8 @@ class LogStore:
                 if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
                     raise ValueError("not a [hash, workload] pair")
                 workloads[i] = entry
-            except ValueError as err:
-                report.skipped.append((WORKLOADS, i + 1, f"corrupt workload line: {err}"))
+            except (ValueError, RecursionError) as err:  # RecursionError: a line of deeply nested brackets
+                report.skipped.append((WORKLOADS, i + 1, f"corrupt workload line: {str(err)[:200]}"))
         want = _target_identity(self.spec.config)
         records = []
         for i, line in enumerate(_lines(self.path / RECORDS)):
@@ -143,8 +154,8 @@ class LogStore:
             try:
                 index, record = json.loads(line)
                 reason = _check_record(index, record, workloads, want)
-            except (ValueError, TypeError) as err:
-                reason = f"corrupt record line: {err}"
+            except (ValueError, TypeError, RecursionError) as err:
+                reason = f"corrupt record line: {str(err)[:200]}"
             if reason:
                 report.skipped.append((RECORDS, i + 1, reason))
             else:
@@ -201,7 +212,7 @@ class LogStore:
         with self.locked():
             index = {}
             for i, line in enumerate(_lines(self.path / WORKLOADS)):
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, TypeError, KeyError, IndexError, RecursionError):
                     index.setdefault(json.loads(line)[0], i)
             new_workloads, new_records = [], []
             count = len(_lines(self.path / WORKLOADS))
