@@ -96,6 +96,7 @@ def test_every_corpus_file_is_an_onnx_model_with_the_declared_input(fetched):
         assert len(inputs[m.input].type.tensor_type.shape.dim) == len(m.shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", QUICK)
 def test_quick_corpus_models_match_onnxruntime(name, fetched):
     m = corpus.get(name)

@@ -34,6 +34,7 @@ def test_zoo_matches_onnxruntime_host(name):
     _check(name, "x86-host")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REAL_EXPORTS)
 def test_real_exports_match_onnxruntime_host_nchw(name):
     _check(name, "x86-host", layout="nchw")
