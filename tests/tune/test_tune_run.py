@@ -146,14 +146,17 @@ def test_tune_through_an_rpc_tracker_and_two_servers(tmp_path):
     port = _free_port()
     rpc = RPCSpec("127.0.0.1", port, "tvmfuse-test")
     env = dict(os.environ, TVM_NUM_THREADS="1")
+    # Each in its own process group: the tracker and servers serve from a tvm.exec.popen_worker child that a
+    # SIGTERM to the CLI process leaves running (re-parented to init, holding its port) for good.
     procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                               "--port", str(port), "--port-end", str(port + 1)], env=env)]
+                               "--port", str(port), "--port-end", str(port + 1)], env=env, start_new_session=True)]
     try:
         time.sleep(2)
         for i in range(2):
             procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
                                            "--port", str(9190 + 10 * i), "--port-end", str(9199 + 10 * i),
-                                           "--tracker", f"127.0.0.1:{port}", "--key", rpc.key], env=env))
+                                           "--tracker", f"127.0.0.1:{port}", "--key", rpc.key], env=env,
+                                          start_new_session=True))
         _wait_for_servers(rpc, 2)
         assert rpc.check() == 2
         report = tune(MODEL, HOST, trials=4, logs=tmp_path, trials_per_iter=4, rpc=rpc, progress=False)
@@ -162,10 +165,30 @@ def test_tune_through_an_rpc_tracker_and_two_servers(tmp_path):
         assert result.tuned_us > 0 and result.default_us > 0  # checked and timed on an RPC server
         assert tvmfuse.compile(MODEL, target=HOST, logs=tmp_path).tuning_logs["applied"] == ["tvmfuse_conv2d_relu"]
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        _stop_groups(procs)
+
+
+def _stop_groups(procs):
+    """SIGTERM each process's whole group (the CLI and the popen worker that serves); no process survives."""
+    import psutil
+
+    family = []
+    for p in procs:
+        try:
+            family += [psutil.Process(p.pid)] + psutil.Process(p.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for p in reversed(procs):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait(timeout=30)
+    _, alive = psutil.wait_procs(family, timeout=10)
+    for p in alive:
+        p.kill()
+    assert not alive, f"RPC tracker/server processes survived SIGTERM: {[p.pid for p in alive]}"
 
 
 FAKE_TORCH = """import os

@@ -20,8 +20,8 @@ from ..schedules import families
 from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
-from .measure import (Progress, RPCSpec, TuningError, light_tensor_intrin, make_builder, make_runner,
-                      progress_callback, target_runs_here, workers_without)
+from .measure import (Progress, RPCSpec, TuningError, close_runner, light_tensor_intrin, make_builder, make_runner,
+                      progress_callback, reaping_workers, target_runs_here, workers_without)
 from .runs import StagingRun
 
 
@@ -222,28 +222,33 @@ class _Session:
         backend.register_templates()
         self.sizes = {t.key: backend.space_size(t.mod) if t.family else None for t in todo}
         self.progress = Progress(sum(self._left(t) for t in todo), enabled=self.show)
-        with workers_without():  # the workers start lazily, while tuning: the whole run is inside
+        # The workers start lazily, while tuning: the whole run is inside. However it ends (done, error, Ctrl-C)
+        # every builder and runner worker it started is killed and reaped on the way out.
+        with workers_without(), reaping_workers():
             return self._run(todo, results)
 
     def _run(self, todo: list[Task], results: dict) -> int:
         from tvm.s_tir import meta_schedule as ms
 
-        self.builder, self.runner = make_builder(self.builder_timeout), make_runner(self.rpc)
-        self.cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
-        self.db = self.staging.database()
-        # Tuned kernels are checked (and timed against the default) where they will run.
-        self.device = validate.LocalDevice() if self.rpc is None else validate.RPCDevice(self.rpc)
+        self.builder = self.runner = None
         try:
+            self.builder, self.runner = make_builder(self.builder_timeout), make_runner(self.rpc)
+            self.cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
+            self.db = self.staging.database()
+            # Tuned kernels are checked (and timed against the default) where they will run.
+            self.device = validate.LocalDevice() if self.rpc is None else validate.RPCDevice(self.rpc)
             with self.progress.catching_ctrl_c():
                 for i, task in enumerate(todo):
                     results[task.name] = self._tune_one(i, task, len(todo))
                     if self.progress.stop_requested:
                         raise KeyboardInterrupt
         except BaseException:
+            close_runner(self.runner)
             self.staging.release(remove=False)
             print(f"[tune] stopped: the records measured so far are kept in {self.staging.path}; "
                   "run again with --resume to continue", file=sys.stderr)
             raise
+        close_runner(self.runner)
         self.staging.release(remove=True)
         return sum(results[t.name].status != "rejected" for t in todo)
 
