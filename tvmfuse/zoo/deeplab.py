@@ -7,17 +7,8 @@ import onnx
 
 from . import layers as L
 from .builder import GraphBuilder
+from .mobilenet import SETTINGS, inverted_residual, make_divisible
 
-# MobileNetV2 (t, c, n, s) as published; the width multiplier is applied below.
-_SETTINGS = [
-    (1, 16, 1, 1),
-    (6, 24, 2, 2),
-    (6, 32, 3, 2),
-    (6, 64, 4, 2),
-    (6, 96, 3, 1),
-    (6, 160, 3, 2),
-    (6, 320, 1, 1),
-]
 _WIDTH = 0.5
 _OUTPUT_STRIDE = 8
 # torchvision's DeepLabHead uses rates (12, 24, 36) at output stride 8; halved here because the
@@ -25,47 +16,23 @@ _OUTPUT_STRIDE = 8
 _RATES = (6, 12, 18)
 _ASPP_CH = 256
 _NUM_CLASSES = 21
-_RESIDUAL_GAMMA = (0.1, 0.3)
 _SIZE = 160  # input height and width
-
-
-def _make_divisible(v: float, divisor: int = 8) -> int:
-    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
-    return new_v + divisor if new_v < 0.9 * v else new_v
-
-
-def _inverted_residual(g: GraphBuilder, x: str, out_ch: int, stride: int, dilation: int, t: int,
-                       p: str) -> str:
-    in_ch = g.shape(x)[1]
-    skip = stride == 1 and in_ch == out_ch
-    y, i = x, 0
-    if t != 1:
-        y = g.conv_bn(y, in_ch * t, 1, pad=0, conv_name=f"{p}.conv.0.0", bn_name=f"{p}.conv.0.1",
-                      act="relu6", act_name=f"{p}.conv.0.2")
-        i = 1
-    # The depthwise conv carries the atrous rate once the output stride is reached.
-    c = g.shape(y)[1]
-    y = g.conv_bn(y, c, 3, stride, groups=c, dilation=dilation, conv_name=f"{p}.conv.{i}.0",
-                  bn_name=f"{p}.conv.{i}.1", act="relu6", act_name=f"{p}.conv.{i}.2")
-    y = g.conv_bn(y, out_ch, 1, pad=0, conv_name=f"{p}.conv.{i + 1}", bn_name=f"{p}.conv.{i + 2}",
-                  gamma=_RESIDUAL_GAMMA if skip else (0.5, 1.5))
-    return g.add(x, y, name=f"{p}.add") if skip else y
 
 
 def _backbone(g: GraphBuilder) -> str:
     """MobileNetV2 ``features[:-1]`` with strides past the output stride turned into dilation."""
-    x = g.conv_bn(g.input_name, _make_divisible(32 * _WIDTH), 3, 2, conv_name="backbone.0.0",
+    x = g.conv_bn(g.input_name, make_divisible(32 * _WIDTH), 3, 2, conv_name="backbone.0.0",
                   bn_name="backbone.0.1", act="relu6", act_name="backbone.0.2")
     idx, current_stride, dilation = 1, 2, 1
-    for t, c, n, s in _SETTINGS:
+    for t, c, n, s in SETTINGS:
         previous_dilation = dilation
         if current_stride == _OUTPUT_STRIDE:
             stride, dilation = 1, dilation * s
         else:
             stride, current_stride = s, current_stride * s
         for j in range(n):
-            x = _inverted_residual(g, x, _make_divisible(c * _WIDTH), stride if j == 0 else 1,
-                                   previous_dilation if j == 0 else dilation, t, f"backbone.{idx}")
+            x = inverted_residual(g, x, make_divisible(c * _WIDTH), stride if j == 0 else 1, t, f"backbone.{idx}",
+                                  dilation=previous_dilation if j == 0 else dilation)
             idx += 1
     return x
 

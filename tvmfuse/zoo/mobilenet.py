@@ -7,7 +7,7 @@ import onnx
 from .builder import GraphBuilder
 
 # (expand ratio t, output channels c, repeats n, first stride s), as published.
-_SETTINGS = [
+SETTINGS = [
     (1, 16, 1, 1),
     (6, 24, 2, 2),
     (6, 32, 3, 2),
@@ -19,7 +19,14 @@ _SETTINGS = [
 _RESIDUAL_GAMMA = (0.1, 0.3)
 
 
-def _inverted_residual(g: GraphBuilder, x: str, out_ch: int, stride: int, t: int, p: str) -> str:
+def make_divisible(v: float, divisor: int = 8) -> int:
+    """torchvision's ``_make_divisible``: channels of a width-scaled MobileNet, rounded to ``divisor``."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+def inverted_residual(g: GraphBuilder, x: str, out_ch: int, stride: int, t: int, p: str, dilation: int = 1) -> str:
+    """MobileNetV2's block; ``dilation`` is the depthwise conv's atrous rate (DeepLab's backbone)."""
     in_ch = g.shape(x)[1]
     skip = stride == 1 and in_ch == out_ch
     hidden = in_ch * t
@@ -29,7 +36,7 @@ def _inverted_residual(g: GraphBuilder, x: str, out_ch: int, stride: int, t: int
         y = g.conv_bn(y, hidden, 1, pad=0, conv_name=f"{p}.conv.0.0", bn_name=f"{p}.conv.0.1",
                       act="relu6", act_name=f"{p}.conv.0.2")
         i = 1
-    y = g.conv_bn(y, hidden, 3, stride, groups=hidden, conv_name=f"{p}.conv.{i}.0",
+    y = g.conv_bn(y, hidden, 3, stride, groups=hidden, dilation=dilation, conv_name=f"{p}.conv.{i}.0",
                   bn_name=f"{p}.conv.{i}.1", act="relu6", act_name=f"{p}.conv.{i}.2")
     y = g.conv_bn(y, out_ch, 1, pad=0, conv_name=f"{p}.conv.{i + 1}", bn_name=f"{p}.conv.{i + 2}",
                   gamma=_RESIDUAL_GAMMA if skip else (0.5, 1.5))
@@ -48,9 +55,9 @@ def mobilenet_v2() -> onnx.ModelProto:
     x = g.conv_bn(g.input_name, 32, 3, 2, conv_name="features.0.0", bn_name="features.0.1",
                   act="relu6", act_name="features.0.2")
     idx = 1
-    for t, c, n, s in _SETTINGS:
+    for t, c, n, s in SETTINGS:
         for j in range(n):
-            x = _inverted_residual(g, x, c, s if j == 0 else 1, t, f"features.{idx}")
+            x = inverted_residual(g, x, c, s if j == 0 else 1, t, f"features.{idx}")
             idx += 1
     x = g.conv_bn(x, 1280, 1, pad=0, conv_name=f"features.{idx}.0", bn_name=f"features.{idx}.1",
                   act="relu6", act_name=f"features.{idx}.2")

@@ -6,6 +6,7 @@ import onnx
 
 from . import layers as L
 from .builder import GraphBuilder
+from .mobilenet import make_divisible
 
 # (kernel, expanded channels, output channels, squeeze-excite, activation, stride), as published.
 _SETTINGS = [
@@ -29,16 +30,11 @@ _RESIDUAL_GAMMA = (0.1, 0.3)
 _BN_EPS = 1e-3  # torchvision builds MobileNetV3's BatchNorm2d with eps=0.001
 
 
-def _make_divisible(v: float, divisor: int = 8) -> int:
-    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
-    return new_v + divisor if new_v < 0.9 * v else new_v
-
-
 def _squeeze_excite(g: GraphBuilder, x: str, p: str) -> str:
     """torchvision ``SqueezeExcitation`` with ``scale_activation=nn.Hardsigmoid``."""
     c = g.shape(x)[1]
     s = g.global_avg_pool(x, name=f"{p}.avgpool")
-    s = g.relu(g.conv(s, _make_divisible(c // 4), 1, pad=0, bias=True, name=f"{p}.fc1"),
+    s = g.relu(g.conv(s, make_divisible(c // 4), 1, pad=0, bias=True, name=f"{p}.fc1"),
                name=f"{p}.activation")
     s = g.conv(s, c, 1, pad=0, bias=True, name=f"{p}.fc2")
     s = L.hardsigmoid(g, s, f"{p}.scale_activation")
