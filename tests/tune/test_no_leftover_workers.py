@@ -14,6 +14,8 @@ import time
 import psutil
 import pytest
 
+from tvmfuse.tune.measure import popen_workers
+
 from helpers.tune import MODEL
 
 pytestmark = pytest.mark.slow
@@ -43,23 +45,7 @@ tune(onnx.load(sys.argv[1]), "x86-host", trials=trials, logs=sys.argv[2], trials
 print("tvmfuse-test: tuning done")
 """
 
-POPEN_WORKER = "tvm.exec.popen_worker"
 BUSY = min(3, 1 + (psutil.cpu_count() or 1))  # the runner's worker and a batch of builders
-
-
-def _workers(pid: int) -> set:
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return set()
-    found = set()
-    for p in procs:
-        try:
-            if POPEN_WORKER in " ".join(p.cmdline()):
-                found.add(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
 
 
 def _alive(procs, grace: float = 5.0) -> list:
@@ -91,11 +77,11 @@ def _tune_in_subprocess(tmp_path, mode: str, stop=None, exit_within: float = 120
     try:
         while proc.poll() is None:
             assert time.monotonic() < deadline, "the tuning subprocess did not end in time"
-            now = _workers(proc.pid)
+            now = set(popen_workers(proc.pid, recursive=True))
             seen |= now
             if stop and len(now) >= BUSY:
                 time.sleep(0.5)
-                seen |= _workers(proc.pid)
+                seen |= set(popen_workers(proc.pid, recursive=True))
                 for sig in stop:
                     if sig == signal.SIGINT:  # Ctrl-C in a terminal: the whole foreground process group
                         os.killpg(proc.pid, sig)
