@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import UnsupportedOpError
+from .graph import drop_unused_initializers
 
 #: Op types (default domain) this module replaces; ``check_ops`` accepts them.
 REWRITTEN_OP_TYPES = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger"})
@@ -270,30 +271,5 @@ def rewrite_quantized_ops(model: onnx.ModelProto, source: str = "<ModelProto>") 
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(rw.new_initializers)
-    _drop_unused_initializers(graph, read)
+    drop_unused_initializers(graph, read)
     return model, replaced
-
-
-def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:
-    """Remove the initializers among ``candidates`` (the old scales, zero points) that nothing reads now."""
-    used = _names_read(graph) | {o.name for o in graph.output}
-    gone = {t.name for t in graph.initializer if t.name in candidates and t.name not in used}
-    if not gone:
-        return
-    kept = [t for t in graph.initializer if t.name not in gone]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    inputs = [v for v in graph.input if v.name not in gone]
-    del graph.input[:]
-    graph.input.extend(inputs)
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every name a node reads, including nodes of subgraphs (If/Loop bodies read outer names)."""
-    names = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                names |= _names_read(sub)
-    return names

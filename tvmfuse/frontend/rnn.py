@@ -29,7 +29,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
-from .qlinear import _drop_unused_initializers, _names_read
+from .graph import drop_unused_initializers, names_read
 from .rnn_cells import Cell, Emitter, gru_step, lstm_step, rnn_step
 
 #: Op types (default domain) this module replaces; ``check_ops`` accepts them.
@@ -340,13 +340,13 @@ def rewrite_recurrent_ops(model: onnx.ModelProto, source: str = "<ModelProto>") 
     graph.node.extend(nodes)
     graph.initializer.extend(rw.new_initializers)
     _drop_unused_constants(graph, read)
-    _drop_unused_initializers(graph, read)
+    drop_unused_initializers(graph, read)
     return model, replaced
 
 
 def _drop_unused_constants(graph: onnx.GraphProto, candidates: set[str]) -> None:
     """Remove the Constant nodes among ``candidates`` (the old weights) that nothing reads now."""
-    used = _names_read(graph) | {o.name for o in graph.output}
+    used = names_read(graph) | {o.name for o in graph.output}
     kept = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] in candidates
                                           and n.output[0] not in used)]
     if len(kept) != len(graph.node):

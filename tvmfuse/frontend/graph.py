@@ -1,0 +1,30 @@
+"""Small queries and edits of an ONNX graph that the front end's rewrites (qlinear, rnn) share."""
+
+from __future__ import annotations
+
+import onnx
+
+
+def drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    """Remove the initializers among ``candidates`` (what a rewrite replaced) that nothing reads now."""
+    used = names_read(graph) | {o.name for o in graph.output}
+    gone = {t.name for t in graph.initializer if t.name in candidates and t.name not in used}
+    if not gone:
+        return
+    kept = [t for t in graph.initializer if t.name not in gone]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    inputs = [v for v in graph.input if v.name not in gone]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node reads, including nodes of subgraphs (If/Loop bodies read outer names)."""
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                names |= names_read(sub)
+    return names
