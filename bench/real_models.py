@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 import tvmfuse  # noqa: E402
-from tvmfuse import corpus, targets  # noqa: E402
+from tvmfuse import corpus, frontend, targets  # noqa: E402
 from tvmfuse.api import LAYOUTS  # noqa: E402
 from tvmfuse.errors import TvmfuseError  # noqa: E402
 
@@ -76,12 +76,7 @@ def with_static_inputs(proto: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
     """A copy whose graph inputs carry ``shapes`` (for peers that want static shapes)."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    for v in out.graph.input:
-        if v.name in shapes:
-            dims = v.type.tensor_type.shape
-            dims.ClearField("dim")
-            for d in shapes[v.name]:
-                dims.dim.add().dim_value = int(d)
+    frontend.fix_input_shapes(out, shapes)
     return out
 
 

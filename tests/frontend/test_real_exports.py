@@ -33,11 +33,7 @@ def _match(model, shapes=None, target=HOST, layout="blocked", tol=1e-4):
 def _static(model, shapes):
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    for v in m.graph.input:
-        if v.name in shapes:
-            v.type.tensor_type.shape.ClearField("dim")
-            for d in shapes[v.name]:
-                v.type.tensor_type.shape.dim.add().dim_value = int(d)
+    frontend.fix_input_shapes(m, shapes)
     return m
 
 
