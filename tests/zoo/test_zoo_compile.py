@@ -14,8 +14,7 @@ from helpers import ort_run
 
 MODELS = ["tiny_convnet", "mobilenet_v2", "resnet18", "resnet50", "efficientnet_lite0"]
 # Compile seconds on 2 cores (Zen 4, x86-avx512, blocked): 14, 5, 4, 8, 3, 7, 4, 12.
-REAL_EXPORTS = ["yolov8n", "mobilenet_v3_large", "deeplabv3_mobilenet_v2", "unet", "shufflenet_v2",
-                "resnext50_32x4d", "convnext_tiny", "crnn"]
+REAL_EXPORTS = list(zoo.REAL_EXPORTS)
 
 
 def _check(name, target, layout="blocked"):

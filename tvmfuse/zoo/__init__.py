@@ -44,7 +44,7 @@ from .tiny import tiny_convnet
 from .unet import unet
 from .yolo import yolov8n
 
-__all__ = ["LOOSER_BOUNDS", "default_shapes", "get", "names", "tolerance"]
+__all__ = ["LOOSER_BOUNDS", "REAL_EXPORTS", "default_shapes", "get", "names", "tolerance"]
 
 _MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "convnext_tiny": convnext_tiny,
@@ -107,6 +107,11 @@ def get(name: str) -> onnx.ModelProto:
     model.ParseFromString(_serialized(name))
     return model
 
+
+#: The models written the way real exporters write them (PyTorch legacy and dynamo, Paddle), sized for fast tests:
+#: the zoo half of the real-model measurements (``bench/real_models.py``).
+REAL_EXPORTS = ("yolov8n", "mobilenet_v3_large", "deeplabv3_mobilenet_v2", "unet", "shufflenet_v2",
+                "resnext50_32x4d", "convnext_tiny", "crnn")
 
 #: Zoo models whose outputs amplify float32 rounding: the rtol = atol bound they match onnxruntime within,
 #: and why. Every other model matches within 1e-4.
