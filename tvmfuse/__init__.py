@@ -8,15 +8,14 @@ where neither TVM nor onnx is installed.
 
 from __future__ import annotations
 
-import os as _os
-
 __version__ = "0.1.0"
 
-# TVM's thread pool assumes hyper-threading and uses half the cores it sees (1 of 2 here, halving speed).
-# Default to every core this process may run on; the pool reads this when first used, and a value the
-# user set wins.
-_os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
-                                               else (_os.cpu_count() or 1)))
+# TVM's thread pool assumes hyper-threading and uses half the CPUs it sees (1 of 2 here, halving speed), and
+# sees neither the affinity mask nor a cgroup quota. Default to the CPUs this process may use (see
+# tvmfuse.threads); the pool reads this when first used, and a value the user set wins.
+from . import threads as _threads  # noqa: E402
+
+_threads.configure()
 
 from . import cuda_driver, errors  # noqa: E402
 
