@@ -13,7 +13,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from .. import int8
-from ..common import anchor_loops, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import anchor_loops, depthwise_row_tiles, inline_epilogue, largest_divisor, loops_below, vectorize_tile
 
 ANCHOR = int8.ANCHOR["depthwise_conv2d"]
 PAD = int8.PAD["depthwise_conv2d"]
@@ -66,6 +66,8 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool = False, conf
     channel, ow_o = depthwise_row_tiles(sch, anchor, epilogue, loops, cfg.ow_block)
     pad = sch.get_sblock(PAD)
     sch.compute_at(pad, channel)
-    sch.vectorize(sch.get_loops(pad)[-1])
+    pad_loops = loops_below(sch, pad, channel)
+    if pad_loops:  # a 1x1 plane (1x1 kernel, 1x1 output) has none: never vectorize the parallel channel loop
+        sch.vectorize(pad_loops[-1])
     vectorize_tile(sch, sch.decompose_reduction(anchor, ry), ow_o)
     return True

@@ -178,6 +178,10 @@ DW_CASES = [
     Conv(5, 5, 13, 7, pad=3, act="relu", residual="uint8"),
     Conv(16, 16, 9, 3, pad=2, dilation=2),
     Conv(7, 7, (10, 17), 3, stride=2, pad=(1, 0, 0, 1), n=2),  # batch 2, non-square, asymmetric pad
+    # 1x1 kernel, 1x1 output (after a global pool; found by fuzzing): the padded plane has no loop of its own,
+    # and the rule vectorized the parallel channel loop instead, which computed channel 0 only.
+    Conv(5, 5, 1, 1, out="float32", za=100),
+    Conv(8, 8, 2, 1, stride=2, act="relu"),
 ]
 
 
