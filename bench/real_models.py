@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, interleaved_medians, ort_session, table  # noqa: E402
+from common import THREADS, interleaved_medians, machine, ort_session, table  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -139,22 +138,6 @@ def time_row(row: dict, repeat: int) -> None:
 def geomean(values) -> float:
     values = list(values)
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def machine() -> str:
-    """The CPU, its family/model and the vector features that matter here (reports must name the machine)."""
-    info: dict[str, str] = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or platform.machine()
-    flags = set(info.get("flags", "").split())
-    features = [f for f, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX2", "avx2"),
-                                  ("AMX", "amx_tile")) if flag in flags]
-    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} model "
-            f"{info.get('model', '?')}; {', '.join(features) or 'no AVX2'})")
 
 
 def main(argv=None) -> int:
