@@ -1,0 +1,216 @@
+"""Random INT8 kernel cases, each built as compile builds it and compared bit for bit with its numpy reference.
+
+A case (:class:`KernelCase`, drawn by :func:`random_case`) is one conv2d, depthwise conv2d (multiplier 1) or
+dense with random shapes (channel counts that are and are not multiples of 4 and 16, batch 1-2, non-square
+maps), kernel 1-7, strides 1/2, dilation 1/2, asymmetric padding, input and output zero points, output
+dtype (uint8, int8, or float32 dequantized), activation (none, relu, relu6), and an optional uint8/int8
+residual; one case in six draws only the ends of the ranges (0/255 inputs, -127/127 weights).
+
+The kernel comes from the family registry (``families.FAMILIES[family].int8``: compute and weight packing)
+and is scheduled by the target's backend from its ``tvmfuse.family`` attribute, as ``ScheduleKernels`` does
+in a compile (on x86: VNNI, the exact AVX2 16x4 step, or the generic step, by the target's features). The
+reference is :mod:`tvmfuse.schedules.int8_ref`, whose arithmetic the kernels repeat operation by operation:
+every output, float32 ones included, must be equal. (Grouped convolutions have no INT8 kernel; the quantized
+graphs of :func:`tvmfuse.fuzz.check.check_quantized` cover them staying FP32.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from tvmfuse import targets
+from tvmfuse.schedules import families, int8, int8_ref
+
+from .check import HOST, OutputCheck, Result, one_line
+
+FAMILIES = ("conv2d", "depthwise_conv2d", "dense")
+REFERENCES = {"conv2d": int8_ref.conv2d_ref, "depthwise_conv2d": int8_ref.depthwise_conv2d_ref,
+              "dense": int8_ref.dense_ref}
+CODE_RANGE = {"uint8": (0, 255), "int8": (-127, 127)}  # weights: -128 excluded (int8.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+    """One INT8 kernel and its parameters. Dense uses ``channels`` as K, ``out_channels`` as N, ``batch`` as
+    M and ignores the window fields."""
+
+    family: str
+    batch: int
+    channels: int
+    out_channels: int
+    size: tuple[int, int] = (1, 1)
+    kernel: int = 1
+    strides: int = 1
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    dilation: int = 1
+    input_zero_point: int = 0
+    out_dtype: str = "uint8"
+    zero_point: int = 0
+    out_scale: float = 0.05  # s_y: relu6's bound in codes
+    activation: str | None = None
+    residual: str | None = None  # the residual's dtype
+    residual_zero_point: int = 0
+    residual_scale: float = 0.5
+    extreme: bool = False
+    seed: int = 0
+
+    @property
+    def conv(self) -> dict:
+        if self.family == "dense":
+            return {}
+        return {"strides": self.strides, "padding": self.padding, "dilation": self.dilation}
+
+    def in_shape(self) -> tuple[int, ...]:
+        if self.family == "dense":
+            return self.batch, self.channels
+        return (self.batch, self.channels) + tuple(self.size)
+
+    def weight_shape(self) -> tuple[int, ...]:
+        """Unpacked, output channel first: OIHW, depthwise ``[C, 1, k, k]``, dense ``[N, K]``."""
+        if self.family == "dense":
+            return self.out_channels, self.channels
+        return self.out_channels, 1 if self.family == "depthwise_conv2d" else self.channels, self.kernel, self.kernel
+
+    def out_shape(self) -> tuple[int, ...]:
+        if self.family == "dense":
+            return self.batch, self.out_channels
+        top, left, bottom, right = self.padding
+        span = self.dilation * (self.kernel - 1) + 1
+        h, w = self.size
+        return (self.batch, self.out_channels, (h + top + bottom - span) // self.strides + 1,
+                (w + left + right - span) // self.strides + 1)
+
+    def epilogue(self) -> int8.Epilogue:
+        res = int8.Residual(self.residual_zero_point, self.residual_scale) if self.residual else None
+        return int8.Epilogue.make(self.out_dtype, self.zero_point, self.out_scale, self.activation, res)
+
+    def describe(self) -> str:
+        shape = "x".join(map(str, self.in_shape()))
+        text = f"{self.family} {shape} -> {self.out_channels}"
+        if self.family != "dense":
+            text += f" k{self.kernel} s{self.strides} d{self.dilation} pad{list(self.padding)}"
+        text += f" za={self.input_zero_point} -> {self.out_dtype}"
+        text += f" zy={self.zero_point}" if self.out_dtype != "float32" else ""
+        text += f" {self.activation}" if self.activation else ""
+        text += f" +residual {self.residual} zr={self.residual_zero_point}" if self.residual else ""
+        return text + (" extreme" if self.extreme else "")
+
+
+def random_case(seed: int, family: str | None = None) -> KernelCase:
+    """A random :class:`KernelCase` (``family`` random unless given); the same case for the same seed."""
+    rng = np.random.default_rng(seed)
+    pick = lambda options: options[int(rng.integers(len(options)))]  # noqa: E731
+    family = family or pick(FAMILIES)
+    out_dtype = pick(("uint8", "uint8", "int8", "float32"))
+    lo, hi = int8.QUANT_RANGE.get(out_dtype, (0, 0))
+    zero_point = int(rng.integers(lo + (hi - lo) // 8, hi - (hi - lo) // 4, endpoint=True)) if hi > lo else 0
+    residual = pick((None, None, "uint8", "int8"))
+    common = dict(input_zero_point=int(rng.integers(0, 256)), out_dtype=out_dtype, zero_point=zero_point,
+                  out_scale=float(rng.uniform(0.02, 0.2)), activation=pick((None, "relu", "relu6")),
+                  residual=residual, extreme=bool(rng.random() < 1 / 6), seed=seed,
+                  residual_zero_point=int(rng.integers(*int8.QUANT_RANGE[residual], endpoint=True)) if residual else 0,
+                  residual_scale=float(rng.uniform(0.05, 0.4)))
+    if family == "dense":
+        return KernelCase("dense", int(rng.integers(1, 5)), int(rng.integers(1, 300)), int(rng.integers(1, 70)),
+                          **common)
+    kernel = pick((1, 3, 3, 5, 7))
+    dilation = pick((1, 1, 1, 2)) if kernel > 1 else 1
+    span = dilation * (kernel - 1) + 1
+    size = tuple(int(s) for s in rng.integers(max(1, span - 2 * (kernel // 2)), 20, 2))
+    padding = tuple(int(p) for p in rng.integers(0, kernel, 4)) if rng.random() < 0.5 else (kernel // 2,) * 4
+    if min(size[0] + padding[0] + padding[2], size[1] + padding[1] + padding[3]) < span:
+        padding = (span // 2, span // 2, span - 1 - span // 2, span - 1 - span // 2)
+    channels = int(rng.integers(1, 41))
+    out = channels if family == "depthwise_conv2d" else int(rng.integers(1, 49))
+    return KernelCase(family, pick((1, 1, 2)), channels, out, size, kernel, pick((1, 2)), padding, dilation,
+                      **common)
+
+
+def _codes(rng, shape, dtype: str, extreme: bool, weight: bool = False) -> np.ndarray:
+    """Random codes; weights stay in [-127, 127] (the kernels' convention), ``extreme`` draws only the ends."""
+    lo, hi = CODE_RANGE[dtype] if weight else int8.QUANT_RANGE[dtype]
+    if extreme:
+        return rng.choice(np.array([lo, hi], dtype), size=shape)
+    return rng.integers(lo, hi + 1, size=shape).astype(dtype)
+
+
+def case_data(case: KernelCase) -> dict:
+    """Seeded operands: ``x``, unpacked ``weight``, original int32 ``bias``, float32 ``multiplier``,
+    ``residual`` (or None). The multipliers put the accumulator's spread (about ``74 * 73 * sqrt(fan_in)``
+    for uniform codes) at some tens of output codes, so outputs neither all saturate nor collapse."""
+    rng = np.random.default_rng([case.seed, 1])
+    weight = _codes(rng, case.weight_shape(), "int8", case.extreme, weight=True)
+    fan_in = int(np.prod(case.weight_shape()[1:]))
+    spread = 74.0 * 73.0 * np.sqrt(fan_in) * (2.0 if case.extreme else 1.0)
+    return {"x": _codes(rng, case.in_shape(), "uint8", case.extreme), "weight": weight,
+            "bias": rng.integers(-20000, 20001, case.out_channels).astype(np.int32),
+            "multiplier": (rng.uniform(10, 60, case.out_channels) / spread).astype(np.float32),
+            "residual": _codes(rng, case.out_shape(), case.residual, case.extreme) if case.residual else None}
+
+
+def build(case: KernelCase, target=HOST):
+    """The case's kernel as compile makes it, scheduled by ``target``'s backend, built: ``(library, output
+    te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``."""
+    import tvm
+    from tvm import te
+
+    spec = targets.resolve(target)
+    family = families.FAMILIES[case.family]
+    channels = case.out_channels
+    pack = families.resolve(family.int8.pack) if family.int8.pack else None
+    weight_shape = pack(np.zeros(case.weight_shape(), np.int8)).shape if pack else case.weight_shape()
+    tensors = [te.placeholder(case.in_shape(), "uint8", name="data"),
+               te.placeholder(weight_shape, "int8", name="weight"),
+               te.placeholder((channels,), "int32", name="bias"),
+               te.placeholder((channels,), "float32", name="multiplier")]
+    res = te.placeholder(case.out_shape(), case.residual, name="residual") if case.residual else None
+    compute = families.resolve(family.int8.compute)
+    out = compute(*tensors, res, channels=channels, input_zero_point=case.input_zero_point,
+                  epilogue=case.epilogue(), **case.conv)
+    func = int8.prim_func(tensors + ([res] if res is not None else []) + [out])
+    func = spec.backend().schedule(func.with_attr("tvmfuse.family", families.int8_kernel_name(family)))
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+    return lib, out
+
+
+def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel output, reference output) of the case on its seeded operands."""
+    import tvm
+
+    lib, out = build(case, target)
+    d = case_data(case)
+    family = families.FAMILIES[case.family]
+    pack = families.resolve(family.int8.pack) if family.int8.pack else None
+    args = [d["x"], pack(d["weight"]) if pack else d["weight"],
+            int8_ref.fold_zero_point(d["bias"], d["weight"], case.input_zero_point), d["multiplier"]]
+    args += [d["residual"]] if d["residual"] is not None else []
+    result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))
+    lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], result)
+    window = {"input_zero_point": case.input_zero_point, **case.conv}
+    want = REFERENCES[case.family](d["x"], d["weight"], d["bias"], d["multiplier"], d["residual"],
+                                   epilogue=case.epilogue(), **window)
+    return result.numpy(), want
+
+
+def check_case(case: KernelCase, target=HOST) -> Result:
+    """Build and run the case; ``ok`` only when every output equals the reference's. A mismatch says how
+    many elements differ (``worst``) and by how much at most (``max_abs``)."""
+    start = time.perf_counter()
+    label = f"int8 {targets.resolve(target).name}"
+    try:
+        got, want = run_case(case, target)
+    except Exception as exc:  # noqa: BLE001 - one failing case must not end a campaign
+        return Result(label, "error", stage="build/run", error=one_line(exc), seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if got.shape != want.shape:
+        inf = float("inf")
+        check = OutputCheck(case.describe(), inf, inf, inf, f"shape {got.shape} != {want.shape}")
+        return Result(label, "mismatch", [check], seconds=seconds)
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    wrong = int(np.count_nonzero(diff))
+    message = f"{wrong} of {diff.size} elements differ, by up to {diff.max():g}" if wrong else ""
+    check = OutputCheck(case.describe(), float(diff.max(initial=0)), wrong / max(diff.size, 1), float(wrong), message)
+    return Result(label, "mismatch" if wrong else "ok", [check], seconds=seconds)
