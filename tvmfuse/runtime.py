@@ -6,6 +6,7 @@ process started with ``TVM_USE_RUNTIME_LIB=1``, where only ``libtvm_runtime`` is
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from . import governor
 from .errors import InputError, ModelLoadError, TargetError
 from .integrity import MANIFEST_VERSION, read_checked_manifest  # noqa: F401 - MANIFEST_VERSION re-exported
 from .tensors import TensorInfo
@@ -130,11 +132,13 @@ class Runner:
     On CUDA each VM copies the model's constants to the GPU when it is created, so GPU memory for weights
     grows with the number of threads that call the model: serve it from a bounded pool of threads. TVM's
     CPU thread pool is per calling thread: N threads running at once each launch parallel kernels on
-    every core (results stay exact; lower ``TVM_NUM_THREADS`` to avoid oversubscription). A thread's
-    first call starts its pool (about 1 ms, rough), and after the thread exits the pool's workers spin
-    ``TVM_THREAD_POOL_SPIN_COUNT`` times (``sched_yield``) before they end: about 0.5 s per exited
-    thread here, up to 20 s with the machine fully loaded. Serve from long-lived threads, not a new
-    thread per request.
+    every core (results stay exact; lower ``TVM_NUM_THREADS`` to avoid oversubscription), and each
+    calling thread has its own :class:`tvmfuse.governor.Governor`, which moves that thread's calls to
+    one pool thread while the cores are contended. A thread's first call starts its pool (about 1 ms,
+    rough), and after the thread exits the pool's workers spin ``TVM_THREAD_POOL_SPIN_COUNT`` times
+    (``sched_yield``; tvmfuse sets 10,000, TVM's own default is 300,000: about 0.5 s) before they end,
+    far longer with the machine fully loaded. Serve from long-lived threads, not a new thread per
+    request.
 
     Parameters
     ----------
@@ -172,8 +176,19 @@ class Runner:
         with self._create_lock:
             vm = VirtualMachine(self._library, self._dev)
             main = vm["main"]
-        local.vm, local.main = vm, main
+        local.vm, local.main, local.governor = vm, main, self._new_governor()
         return vm
+
+    def _new_governor(self):
+        """The calling thread's pool-size governor (CPU, several threads, not ``TVMFUSE_THREADS=fixed``)."""
+        if self.device_name != "cpu" or not governor.enabled():
+            return None
+        import tvm
+
+        full = int(os.environ.get("TVM_NUM_THREADS") or tvm.runtime.num_threads())
+        if full <= 1:
+            return None
+        return governor.Governor(full, tvm.get_global_func("runtime.config_threadpool"))
 
     @property
     def _vm(self):
@@ -191,12 +206,18 @@ class Runner:
         Safe to call from several threads at once (each runs on its own VM).
         """
         args = self._to_device(inputs)
+        local = self._local
         try:
-            main = self._local.main
+            main, gov = local.main, local.governor
         except AttributeError:
             self._thread_vm()
-            main = self._local.main
-        return [t.numpy() for t in _flatten(main(*args))]
+            main, gov = local.main, local.governor
+        if gov is None:
+            return [t.numpy() for t in _flatten(main(*args))]
+        started = gov.start()
+        out = main(*args)
+        gov.done(started)
+        return [t.numpy() for t in _flatten(out)]
 
     def benchmark(self, inputs: Mapping[str, np.ndarray] | None = None, repeat: int = 50,
                   warmup: int = 5) -> dict:

@@ -1,0 +1,208 @@
+"""tvmfuse.governor: the per-thread choice between the whole pool and one thread, on scripted clocks,
+and in a real Runner (outputs exact whichever pool size a call ran on)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tvmfuse import governor
+from tvmfuse.governor import PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, Governor
+
+
+class Script:
+    """A clock that advances by what the test says each call took."""
+
+    def __init__(self):
+        self.wall = 0.0
+        self.calls = []  # configure() calls
+
+    def clock(self):
+        return self.wall
+
+    def configure(self, mode, n):
+        self.calls.append((mode, n))
+
+    def call(self, gov: Governor, wall) -> int:
+        """One call; ``wall`` is seconds, or a function of the pool size. Returns the pool size it ran on."""
+        started = gov.start()
+        threads = gov.threads
+        self.wall += wall(threads) if callable(wall) else wall
+        gov.done(started)
+        return threads
+
+
+@pytest.fixture
+def script():
+    governor._pool.__dict__.clear()  # this test thread's pool state starts fresh
+    yield Script()
+    governor._pool.__dict__.clear()
+
+
+def make(script: Script, full: int = 2) -> Governor:
+    return Governor(full, script.configure, clock=script.clock)
+
+
+def contend(script: Script, gov: Governor) -> None:
+    """A quiet call, then whole-pool calls 3x slower until the governor leaves the pool."""
+    script.call(gov, 0.002)
+    for _ in range(SLOW_CALLS):
+        assert script.call(gov, 0.006) == 2
+    assert gov.single and gov.switches == 1
+
+
+def test_quiet_calls_keep_the_whole_pool_and_never_reconfigure(script):
+    gov = make(script)
+    rng = np.random.default_rng(0)
+    assert all(script.call(gov, 0.002 * (1 + 0.2 * rng.random())) == 2 for _ in range(2000))
+    assert script.calls == [] and gov.switches == 0
+
+
+def test_isolated_slow_calls_are_not_contention(script):
+    gov = make(script)
+    for _ in range(100):  # a daemon wakes up now and then
+        script.call(gov, 0.002)
+        script.call(gov, 0.002)
+        script.call(gov, 0.010)
+    assert gov.switches == 0 and script.calls == []
+
+
+def test_contention_moves_to_one_thread_and_a_quiet_machine_moves_back(script):
+    gov = make(script)
+    contend(script, gov)
+    assert script.call(gov, 0.004) == 1 and script.calls == [(1, 1)]
+    while gov._spent < gov._probe_at - 1e-9:  # held on one thread until a probe is due
+        assert script.call(gov, 0.004) == 1
+    ran = [script.call(gov, 0.002) for _ in range(PROBE_CALLS)]  # the probe: the whole pool was faster
+    assert ran == [2] * PROBE_CALLS
+    assert not gov.single and gov.switches == 2
+    assert script.call(gov, 0.002) == 2 and script.calls == [(1, 1), (1, 2)]
+
+
+def test_no_probe_while_one_thread_is_itself_slowed(script):
+    gov = make(script)
+    contend(script, gov)
+    for _ in range(5):
+        script.call(gov, 0.004)
+    for _ in range(1000):  # heavier load now: one thread is slowed too, so the pool would be worse
+        assert script.call(gov, 0.012) == 1
+
+
+def test_failed_probes_back_off_so_probing_costs_at_most_its_share(script):
+    gov = make(script)
+    contend(script, gov)
+    # One busy competitor: one thread runs at full speed, the whole pool collapses (75x).
+    cost = {1: 0.004, 2: 0.300}
+    start, spent0, extra = script.wall, gov._spent, 0.0
+    while script.wall - start < 120.0:
+        if script.call(gov, lambda n: cost[n]) == 2:
+            extra += cost[2] - cost[1]
+    assert gov.single and extra > 0
+    assert extra / (gov._spent - spent0) <= PROBE_SHARE * 1.2
+
+
+def test_idle_time_between_calls_does_not_bring_probes_forward(script):
+    gov = make(script)
+    contend(script, gov)
+    for _ in range(5):  # a request now and then: the clock runs on between calls, the hold does not
+        assert script.call(gov, 0.004) == 1
+        script.wall += 10.0
+    assert gov._spent == pytest.approx(0.002 + SLOW_CALLS * 0.006 + 5 * 0.004)
+
+
+def test_pool_state_is_per_os_thread(script):
+    gov = make(script)
+    contend(script, gov)
+    script.call(gov, 0.004)
+    assert gov.threads == 1
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(make(script).threads))
+    t.start()
+    t.join()
+    assert seen == [2]  # another thread's pool was never reconfigured
+
+
+def test_fixed_turns_it_off(monkeypatch):
+    monkeypatch.setenv("TVMFUSE_THREADS", "fixed")
+    assert not governor.enabled()
+    monkeypatch.setenv("TVMFUSE_THREADS", "adaptive")
+    assert governor.enabled()
+
+
+def test_runner_outputs_are_exact_on_either_pool_size(compiled_tiny):
+    """Force the calling thread's pool to one thread and back: the same input gives the same bits."""
+    import tvm
+
+    from tvmfuse.runtime import random_inputs
+
+    cm = compiled_tiny
+    x = random_inputs(cm.inputs, seed=3)
+    ref = cm.run(x)
+    gov = cm._get_runner()._local.governor
+    assert gov is not None and gov.full == 2
+    configure = tvm.get_global_func("runtime.config_threadpool")
+    try:
+        gov.single, gov._probe_at = True, float("inf")
+        out = cm.run(x)
+        assert tvm.runtime.num_threads() == 1
+        for a, b in zip(out, ref):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        gov.single = False
+        cm.run(x)
+        assert tvm.runtime.num_threads() == 2
+        configure(1, 2)
+
+
+@pytest.fixture(scope="module")
+def compiled_tiny():
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2 or os.environ.get("TVM_NUM_THREADS") == "1":
+        pytest.skip("needs a 2-thread pool (2 CPUs)")
+    if not governor.enabled():
+        pytest.skip("TVMFUSE_THREADS=fixed")
+    import tvmfuse
+
+    return tvmfuse.compile(tvmfuse.zoo.get("tiny_convnet"), target="x86-host")
+
+
+def test_busy_processes_move_calls_to_one_thread(tmp_path):
+    """With a busy process per core in this session, the governor leaves the pool (where TVM's own pool
+    ran 70-900x slower, bench/contention.py); in a fresh process, so the busy loops cannot outlive it."""
+    import os
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    code = r'''
+import subprocess, sys, time
+import tvmfuse
+from tvmfuse.runtime import random_inputs
+cm = tvmfuse.compile(tvmfuse.zoo.get("tiny_convnet"), target="x86-host")
+x = random_inputs(cm.inputs)
+for _ in range(200):
+    cm.run(x)
+gov = cm._get_runner()._local.governor
+quiet = gov.switches
+busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(int(sys.argv[1]))]
+try:
+    time.sleep(0.3)
+    end = time.perf_counter() + 3.0
+    while time.perf_counter() < end and not gov.single:
+        cm.run(x)
+    cm.run(x)
+finally:
+    for p in busy:
+        p.kill()
+print(quiet, gov.single, gov.threads)
+'''
+    env = {k: v for k, v in os.environ.items() if k != "TVMFUSE_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code, str(len(os.sched_getaffinity(0)))], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    quiet, single, threads = out.stdout.split()[-3:]
+    assert single == "True" and threads == "1", out.stdout

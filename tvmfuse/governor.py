@@ -1,0 +1,111 @@
+"""Per calling thread, run the kernels on the whole thread pool or on the calling thread alone.
+
+TVM splits each parallel kernel into one fixed chunk per thread and waits for every chunk. When other
+processes compete for the cores, a descheduled pool thread holds up every kernel until the scheduler
+runs it again, on every kernel of the model; the calling thread alone never waits for anyone. Measured
+with ``bench/contention.py`` (2 cores, two busy processes): one thread ran mobilenet_v2 in 8.4 ms where
+the whole pool took 12.3 ms, while quietly the pool is 1.8x faster.
+
+The signal is the calls' own wall time. A whole-pool call ``SLOW`` times slower than the fastest one
+since the last probe, ``SLOW_CALLS`` times in a row, moves the thread to one pool thread. From then on,
+whenever one thread runs at its own best speed again (``CALM``: the cores may be free), the governor
+*probes* the whole pool for ``PROBE_CALLS`` calls and keeps whichever was faster. A failed probe cost
+``sum(probe) - calls * single``; the next one waits until at least ``cost / PROBE_SHARE`` more seconds
+were spent in calls, so probing costs at most ``PROBE_SHARE`` (3%) of the time spent running the model;
+cheap failed probes back off by doubling, up to ``MAX_HOLD_S``.
+Holds count time spent in calls, not the clock: a server idle between requests would otherwise probe on
+every request. A winning probe resets the reference (the machine's speed drifts).
+
+``TVMFUSE_THREADS=fixed`` turns it off (every call uses the whole pool, TVM's behaviour).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections import deque
+
+SLOW = 1.3  # a whole-pool call this much slower than the reference is a contended call
+SLOW_CALLS = 3  # consecutive contended calls before moving to one thread
+CALM = 1.15  # one thread runs within this of its fastest: the cores may be free again, worth a probe
+PROBE_CALLS = 3  # whole-pool calls per probe (the first may wake sleeping pool threads)
+WIN = 0.9  # the probe's fastest call must beat the one-thread median by this factor
+PROBE_SHARE = 0.03
+MIN_HOLD_S, MAX_HOLD_S = 0.05, 10.0
+
+_pool = threading.local()  # .threads: what this OS thread's TVM pool is configured to (shared by its models)
+
+
+def enabled() -> bool:
+    return os.environ.get("TVMFUSE_THREADS", "adaptive") != "fixed"
+
+
+class Governor:
+    """Chooses the calling thread's pool size before each call; :meth:`done` gets the call's time."""
+
+    def __init__(self, full: int, configure, clock=time.perf_counter):
+        self.full, self._configure, self._clock = full, configure, clock
+        self.single = False  # the thread's chosen mode
+        self.switches = 0  # mode changes (for tests and reports)
+        self._reference = float("inf")  # fastest whole-pool call since the last probe won
+        self._slow = 0
+        self._fastest_single = float("inf")
+        self._single_walls: deque[float] = deque(maxlen=9)
+        self._probe: list[float] | None = None  # walls of the probe under way
+        self._hold = MIN_HOLD_S
+        self._spent = 0.0  # seconds spent in this thread's calls of this model
+        self._probe_at = 0.0  # ... when the next probe may start
+
+    @property
+    def threads(self) -> int:
+        """The calling thread's pool size now."""
+        return getattr(_pool, "threads", self.full)
+
+    def _set(self, n: int) -> None:
+        if n != self.threads:
+            self._configure(1, n)  # kBig affinity mode, n threads, for this thread's pool only
+            _pool.threads = n
+
+    def _calm(self) -> bool:
+        recent = list(self._single_walls)[-3:]
+        return len(recent) == 3 and statistics.median(recent) < CALM * self._fastest_single
+
+    def start(self) -> float:
+        """Before a call: pick the pool size; returns the time to pass to :meth:`done`."""
+        if self.single and self._probe is None and self._spent >= self._probe_at and self._calm():
+            self._probe = []
+        self._set(1 if self.single and self._probe is None else self.full)
+        return self._clock()
+
+    def done(self, started: float) -> None:
+        """After a call: learn from its wall time."""
+        wall = self._clock() - started
+        if wall <= 0:
+            return
+        self._spent += wall
+        if not self.single:
+            self._slow = self._slow + 1 if wall > SLOW * self._reference else 0
+            self._reference = min(self._reference, wall)
+            if self._slow >= SLOW_CALLS:
+                self.single, self._slow = True, 0
+                self._single_walls.clear()
+                self._hold, self._probe_at = MIN_HOLD_S, self._spent + MIN_HOLD_S
+                self.switches += 1
+            return
+        if self._probe is None:
+            self._single_walls.append(wall)
+            self._fastest_single = min(self._fastest_single, wall)
+            return
+        self._probe.append(wall)
+        if len(self._probe) < PROBE_CALLS:
+            return
+        probe, self._probe = self._probe, None
+        single = statistics.median(self._single_walls)
+        if min(probe) < WIN * single:
+            self.single, self._reference = False, min(probe)
+            self.switches += 1
+            return
+        self._hold = max(min(MAX_HOLD_S, 2 * self._hold), (sum(probe) - len(probe) * single) / PROBE_SHARE)
+        self._probe_at = self._spent + self._hold
