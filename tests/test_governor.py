@@ -60,6 +60,16 @@ def test_quiet_calls_keep_the_whole_pool_and_never_reconfigure(script):
     assert script.calls == [] and gov.switches == 0
 
 
+def test_two_quiet_speeds_both_faster_than_one_thread_do_not_oscillate(script):
+    gov = make(script)
+    speed = {1: 0.00095}
+    for phase in range(40):  # quietly the pool runs at 0.64 or 0.84 ms, in phases (seen on ppocrv5_cls)
+        speed[2] = 0.00064 if phase % 2 else 0.00084
+        for _ in range(50):
+            script.call(gov, lambda n: speed[n])
+    assert gov.switches <= 2 and not gov.single  # at most one excursion, which teaches it one thread's speed
+
+
 def test_isolated_slow_calls_are_not_contention(script):
     gov = make(script)
     for _ in range(100):  # a daemon wakes up now and then

@@ -7,7 +7,10 @@ with ``bench/contention.py`` (2 cores, two busy processes): one thread ran mobil
 the whole pool took 12.3 ms, while quietly the pool is 1.8x faster.
 
 The signal is the calls' own wall time. A whole-pool call ``SLOW`` times slower than the fastest one
-since the last probe, ``SLOW_CALLS`` times in a row, moves the thread to one pool thread. From then on,
+since the last probe, and slower than the fastest one-thread call seen (once there is one), ``SLOW_CALLS``
+times in a row, moves the thread to one pool thread. (Quietly, a small model's whole-pool calls can
+switch between two speeds 1.3x apart, both faster than one thread: ppocrv5_cls, 0.64 and 0.84 ms against
+0.95 ms.) From then on,
 whenever one thread runs at its own best speed again (``CALM``: the cores may be free), the governor
 *probes* the whole pool for ``PROBE_CALLS`` calls and keeps whichever was faster. A failed probe cost
 ``sum(probe) - calls * single``; the next one waits until at least ``cost / PROBE_SHARE`` more seconds
@@ -86,7 +89,9 @@ class Governor:
             return
         self._spent += wall
         if not self.single:
-            self._slow = self._slow + 1 if wall > SLOW * self._reference else 0
+            single_known = self._fastest_single != float("inf")
+            contended = wall > SLOW * self._reference and (wall > self._fastest_single or not single_known)
+            self._slow = self._slow + 1 if contended else 0
             self._reference = min(self._reference, wall)
             if self._slow >= SLOW_CALLS:
                 self.single, self._slow = True, 0
