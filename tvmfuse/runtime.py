@@ -185,7 +185,10 @@ class Runner:
             return None
         import tvm
 
-        full = int(os.environ.get("TVM_NUM_THREADS") or tvm.runtime.num_threads())
+        try:
+            full = int(os.environ.get("TVM_NUM_THREADS", ""))
+        except ValueError:  # unset or not a number (TVM reads it with atoi): ask the pool
+            full = tvm.runtime.num_threads()
         if full <= 1:
             return None
         return governor.Governor(full, tvm.get_global_func("runtime.config_threadpool"))
