@@ -80,3 +80,28 @@ def test_load_refuses_cpu_features_the_host_lacks(tiny_exported, tmp_path):
 def test_unknown_device(tiny_exported):
     with pytest.raises(TargetError, match="unknown device"):
         tvmfuse.load(tiny_exported, device="tpu")
+
+
+def test_library_exported_after_a_run_loads_without_scope_warnings(tiny_compiled, tmp_path):
+    """A VM records an empty memory scope per constant in the shared executable; TVM's loader logs one
+    ``Scope Loaded:`` warning per entry. ``load`` drops those lines (and only those)."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
+    tiny_compiled.run({"input": x})
+    path = tiny_compiled.export(tmp_path / "ran.so")
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    raw = subprocess.run([sys.executable, "-c", f"import tvm; tvm.runtime.load_module({str(path)!r})"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert raw.returncode == 0 and "Scope Loaded:" in raw.stderr  # what TVM alone prints
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Scope Loaded" not in proc.stderr, proc.stderr[-1000:]
+
+
+def test_scope_warning_filter_passes_other_lines_on(capfd):
+    from tvmfuse.runtime import _quiet_scope_warnings
+
+    with _quiet_scope_warnings():
+        os.write(2, b"[12:00:00] executable.cc:340: Warning: Scope Loaded:\nsomething else went wrong\n")
+    err = capfd.readouterr().err
+    assert "Scope Loaded" not in err and "something else went wrong" in err

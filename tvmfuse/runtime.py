@@ -6,8 +6,11 @@ process started with ``TVM_USE_RUNTIME_LIB=1``, where only ``libtvm_runtime`` is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -242,6 +245,36 @@ class Runner:
                 "mean_ms": statistics.fmean(times), "repeat": repeat, "warmup": warmup}
 
 
+@contextlib.contextmanager
+def _quiet_scope_warnings():
+    """Drop TVM's ``Scope Loaded:`` log lines written to stderr meanwhile; pass every other line on.
+
+    Creating a VM records a default (empty) memory scope per constant in the shared executable
+    (``exec_->memory_scopes[i]`` in vm.cc inserts), so a library exported after a ``run`` carries one
+    entry per weight, and TVM 0.27's loader logs a warning for each: noise, 16 lines for tiny_convnet.
+    The lines come from C++, so fd 2 is pointed at a temporary file for the load (not a pipe: a full
+    pipe would block the loader).
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if "Scope Loaded:" not in line]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
 class LoadedModel(Runner):
     """A library exported by tvmfuse, loaded with the TVM runtime only (see :func:`load`)."""
 
@@ -259,7 +292,8 @@ class LoadedModel(Runner):
         import tvm  # only now: a file that fails the checks above never costs TVM's import
 
         try:
-            library = tvm.runtime.load_module(str(path))
+            with _quiet_scope_warnings():
+                library = tvm.runtime.load_module(str(path))
         except Exception as e:  # noqa: BLE001 - the loader raises RuntimeError/TVMError with long texts
             first = str(e).strip().splitlines()
             raise ModelLoadError(f"{path}: cannot load library: {first[0] if first else type(e).__name__}") from None
