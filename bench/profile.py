@@ -2,6 +2,8 @@
 conv kernels with their shapes, GFLOP/s and layout.
 
     python bench/profile.py resnet50 [--target x86-host] [--no-logs] [--top 12]
+    python bench/profile.py ppocrv6_rec_small --target x86-avx512      # a corpus model, at its table shape
+    python bench/profile.py model.onnx --shape x=1,3,48,320             # any ONNX file, dynamic dims fixed
 
 Times come from the Relax VM's instrument hook (a Python callback around every call), so they include a
 microsecond or so of overhead per call: compare kernels within one run, not against other benchmarks.
@@ -59,9 +61,30 @@ def _conv_row(name: str, seconds: float, calls: int, cm) -> dict | None:
             "GFLOP/s": f"{flops / per_call / 1e9:.0f}", "layout": layout.describe()}
 
 
+def _source(model: str, shape_args: list[str]):
+    """What to compile and its input shapes: a .onnx path, a corpus name (fetched) or a zoo name."""
+    from tvmfuse import corpus
+
+    shapes = {}
+    for arg in shape_args:
+        name, _, dims = arg.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise SystemExit(f"--shape {arg!r}: expected NAME=D,D,... with integer dims") from None
+    if model.endswith(".onnx"):
+        return model, shapes or None
+    if model in corpus.names():
+        entry = corpus.get(model)
+        return str(corpus.fetch(entry)), shapes or {entry.input: entry.shape}
+    return f"zoo:{model}", shapes or None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", help="zoo name or .onnx path")
+    p.add_argument("model", help="zoo name, corpus name (tvmfuse.corpus) or .onnx path")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D,D,...",
+                   help="an input's shape (repeatable); corpus models default to their table's shape")
     p.add_argument("--target", default="x86-host")
     p.add_argument("--no-logs", action="store_true", help="default schedules only")
     p.add_argument("--runs", type=int, default=10)
@@ -69,12 +92,13 @@ def main(argv=None) -> int:
     p.add_argument("--int8", metavar="METHOD", help="quantize first (minmax, entropy, percentile) on 2 seeded "
                    "random batches, as bench/int8.py does")
     args = p.parse_args(argv)
-    source = args.model if args.model.endswith(".onnx") else f"zoo:{args.model}"
+    source, shapes = _source(args.model, args.shape)
     logs = False if args.no_logs else None
-    cm = tvmfuse.compile(source, target=args.target, logs=logs)
+    cm = tvmfuse.compile(source, target=args.target, logs=logs, shapes=shapes)
     if args.int8:
         batches = [inputs_for(cm.inputs, seed=100 + i) for i in range(2)]
-        cm = tvmfuse.quantize(source, calib=batches, method=args.int8, target=args.target, logs=logs)
+        cm = tvmfuse.quantize(source, calib=batches, method=args.int8, target=args.target, logs=logs,
+                              shapes=shapes)
     times = kernel_times(cm, args.runs)
     per_run = {name: sum(t) / args.runs for name, t in times.items()}
     total = sum(per_run.values())
