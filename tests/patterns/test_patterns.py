@@ -154,9 +154,10 @@ def test_matmul_nonconst_weight_not_partitioned_and_runs():
     np.testing.assert_allclose(cm.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_matmul_3d_data_rejected_with_reason():
+def test_matmul_3d_weight_rejected_with_reason():
+    """A batched constant weight is not a dense (3-D data x 2-D weight is: FlattenMatmul makes it 2-D)."""
     model = make_model([helper.make_node("MatMul", ["x", "W"], ["y"])], [("x", [2, 3, 10])], [("y", None)],
-                       [_w("W", (10, 6))])
+                       [_w("W", (2, 10, 6))])
     part, rejections = _partition(_canonical(model))
     assert composite_calls(part) == {}
     assert any("2-D" in r for r in rejections.values()), rejections
