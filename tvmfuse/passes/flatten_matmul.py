@@ -16,9 +16,13 @@ import math
 import tvm
 from tvm import relax
 
+from tvmfuse.schedules.families import FAMILIES
+
 from .utils import const_array
 
-_MATMUL, _ADD, _RESHAPE = (tvm.ir.Op.get(n) for n in ("relax.matmul", "relax.add", "relax.reshape"))
+# The dense family's anchor (a matmul): what this pass turns N-D operands of into the 2-D form it takes.
+_MATMUL = tvm.ir.Op.get(FAMILIES["dense"].anchor_op)
+_ADD, _RESHAPE = (tvm.ir.Op.get(n) for n in ("relax.add", "relax.reshape"))
 
 
 def _static_shape(expr) -> tuple[int, ...] | None:
