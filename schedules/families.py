@@ -103,7 +103,8 @@ def _ints(values) -> tuple[int, ...] | None:
         return None
 
 
-def _shape(expr) -> tuple[int, ...] | None:
+def static_shape(expr) -> tuple[int, ...] | None:
+    """A Relax expression's shape as ints; None when it has no shape or a symbolic dim."""
     shape = getattr(expr.ty, "shape", None)
     return None if shape is None else _ints(shape)
 
@@ -116,7 +117,7 @@ def _conv_layout(call) -> str | None:
 
 
 def _dense_operands(call) -> str | None:
-    if len(_shape(call.args[0]) or ()) != 2 or len(_shape(call.args[1]) or ()) != 2:
+    if len(static_shape(call.args[0]) or ()) != 2 or len(static_shape(call.args[1]) or ()) != 2:
         return "matmul: only 2-D data x 2-D constant weight is a dense"
     return None
 
@@ -135,12 +136,12 @@ def _depthwise_multiplier_one(call) -> str | None:
 
 def _conv_flops(call) -> int:
     """OIHW weight: every output element takes (in channels / groups) x kh x kw multiply-adds."""
-    out, weight = _shape(call) or (), _shape(call.args[1]) or ()
+    out, weight = static_shape(call) or (), static_shape(call.args[1]) or ()
     return 2 * math.prod(out) * math.prod(weight[1:])
 
 
 def _dense_flops(call) -> int:
-    return 2 * math.prod(_shape(call) or ()) * (_shape(call.args[0]) or (0,))[-1]
+    return 2 * math.prod(static_shape(call) or ()) * (static_shape(call.args[0]) or (0,))[-1]
 
 
 def _grouped(call) -> str:
@@ -200,7 +201,7 @@ def family_of(call) -> Family:
     groups = int(call.attrs.groups)
     if groups == 1:
         return FAMILIES["conv2d"]
-    data, weight = _shape(call.args[0]), _shape(call.args[1])
+    data, weight = static_shape(call.args[0]), static_shape(call.args[1])
     if data is not None and weight is not None and groups == data[1] and weight[1] == 1:
         return FAMILIES["depthwise_conv2d"]
     return FAMILIES["group_conv2d"]

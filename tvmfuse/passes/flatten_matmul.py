@@ -16,23 +16,13 @@ import math
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.families import FAMILIES
+from tvmfuse.schedules.families import FAMILIES, static_shape
 
 from .utils import const_array
 
 # The dense family's anchor (a matmul): what this pass turns N-D operands of into the 2-D form it takes.
 _MATMUL = tvm.ir.Op.get(FAMILIES["dense"].anchor_op)
 _ADD, _RESHAPE = (tvm.ir.Op.get(n) for n in ("relax.add", "relax.reshape"))
-
-
-def _static_shape(expr) -> tuple[int, ...] | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        return None
 
 
 @relax.expr_functor.mutator
@@ -45,14 +35,14 @@ class _Flatten(relax.PyExprMutator):
         if not (isinstance(value, relax.Call) and value.op == _RESHAPE and isinstance(value.args[0], relax.Var)):
             return None
         inner = self.lookup_binding(value.args[0])
-        if not (isinstance(inner, relax.Call) and inner.op == _MATMUL and isinstance(inner.args[1], tvm.ir.expr.Constant)
-                and len(_static_shape(inner) or ()) == 2):
+        if not (isinstance(inner, relax.Call) and inner.op == _MATMUL
+                and isinstance(inner.args[1], tvm.ir.expr.Constant) and len(static_shape(inner) or ()) == 2):
             return None
-        return value.args[0], _static_shape(value)
+        return value.args[0], static_shape(value)
 
     def _matmul(self, call):
         x, w = call.args
-        xs, ws = _static_shape(x), _static_shape(w)
+        xs, ws = static_shape(x), static_shape(w)
         if not isinstance(w, tvm.ir.expr.Constant) or xs is None or ws is None or len(ws) != 2 or len(xs) < 3:
             return None
         lead, k = xs[:-1], xs[-1]
@@ -69,7 +59,7 @@ class _Flatten(relax.PyExprMutator):
             return None
         y2, shape = flat
         n = shape[-1]
-        if value.size != n or value.shape[-1:] != (n,) or _static_shape(call) != shape:
+        if value.size != n or value.shape[-1:] != (n,) or static_shape(call) != shape:
             return None  # not a per-column bias (it would broadcast over more than the last axis)
         added = self.builder_.emit(relax.op.add(y2, relax.const(value.reshape(n), str(value.dtype))))
         return relax.op.reshape(added, shape)

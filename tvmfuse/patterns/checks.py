@@ -10,19 +10,9 @@ import tvm
 from tvm import relax
 from tvm.relax.transform import PatternCheckContext
 
-from tvmfuse.schedules.families import FAMILIES, family_of
+from tvmfuse.schedules.families import FAMILIES, family_of, static_shape
 
 SUPPORTED_DTYPES = ("float32",)
-
-
-def _shape(expr) -> tuple[int, ...] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in shape)
-    except TypeError:
-        return None
 
 
 def _reject(ctx: PatternCheckContext, reason: str, rejections: dict | None) -> bool:
@@ -68,10 +58,10 @@ def _check_residual(ctx: PatternCheckContext, rejections) -> bool:
     """Add-to-output legality (OneFlow's FuseAddToOutput rules)."""
     residual, producer = ctx.annotated_expr["residual"], ctx.annotated_expr["producer"]
     add = ctx.annotated_expr["residual_add"]
-    shapes = {_shape(residual), _shape(producer), _shape(add)}
+    shapes = {static_shape(residual), static_shape(producer), static_shape(add)}
     if len(shapes) != 1 or residual.ty.dtype != producer.ty.dtype:
-        return _reject(ctx, f"residual add: operand shape {_shape(residual)} {residual.ty.dtype} differs from "
-                            f"the conv output {_shape(producer)} {producer.ty.dtype} (broadcast add)", rejections)
+        return _reject(ctx, f"residual add: operand shape {static_shape(residual)} {residual.ty.dtype} differs from "
+                            f"the conv output {static_shape(producer)} {producer.ty.dtype} (broadcast add)", rejections)
     # The matcher hands over bound values; the var they are bound to is what the bindings refer to.
     residual_var = residual if isinstance(residual, relax.Var) else ctx.value_to_bound_var.get(residual)
     if residual_var is not None:
