@@ -49,6 +49,22 @@ def interleaved_medians(fns: dict, repeat: int, warmup: int = 3, rounds: int | N
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def named_model(name: str):
+    """``(ModelProto, shapes or None)`` for an ``.onnx`` path, a corpus name (fetched; its table's shape) or a
+    zoo name (``zoo:NAME`` or ``NAME``; its declared shapes)."""
+    import onnx
+
+    from tvmfuse import corpus, zoo
+
+    if name.endswith(".onnx"):
+        return onnx.load(name), None
+    if name in corpus.names():
+        entry = corpus.get(name)
+        return onnx.load(str(corpus.fetch(entry))), {entry.input: entry.shape}
+    name = name.removeprefix("zoo:")
+    return zoo.get(name), zoo.default_shapes(name)
+
+
 def ort_session(model):
     import onnxruntime as ort
 

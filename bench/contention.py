@@ -141,13 +141,10 @@ def prepare(name: str, target: str, tmp: Path) -> tuple[str, str]:
     import onnx
 
     import tvmfuse
-    from tvmfuse import corpus, frontend, zoo
+    from common import named_model
+    from tvmfuse import frontend
 
-    if name.startswith("zoo:"):
-        proto, shapes = zoo.get(name[4:]), zoo.default_shapes(name[4:])
-    else:
-        entry = corpus.get(name)
-        proto, shapes = onnx.load(str(corpus.fetch(entry))), {entry.input: entry.shape}
+    proto, shapes = named_model(name)
     cm = tvmfuse.compile(proto, target=target, shapes=shapes)
     lib = tmp / f"{name.replace(':', '_')}.so"
     cm.export(lib)

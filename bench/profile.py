@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, inputs_for, table  # noqa: E402
+from common import THREADS, inputs_for, named_model, table  # noqa: E402
 
 import tvmfuse  # noqa: E402
 from tvmfuse.schedules.compute import anchor_call  # noqa: E402
@@ -62,9 +62,8 @@ def _conv_row(name: str, seconds: float, calls: int, cm) -> dict | None:
 
 
 def _source(model: str, shape_args: list[str]):
-    """What to compile and its input shapes: a .onnx path, a corpus name (fetched) or a zoo name."""
-    from tvmfuse import corpus
-
+    """The ModelProto to compile and its input shapes: ``--shape`` values over the model's own (see
+    :func:`common.named_model`)."""
     shapes = {}
     for arg in shape_args:
         name, _, dims = arg.partition("=")
@@ -72,12 +71,8 @@ def _source(model: str, shape_args: list[str]):
             shapes[name] = tuple(int(d) for d in dims.split(","))
         except ValueError:
             raise SystemExit(f"--shape {arg!r}: expected NAME=D,D,... with integer dims") from None
-    if model.endswith(".onnx"):
-        return model, shapes or None
-    if model in corpus.names():
-        entry = corpus.get(model)
-        return str(corpus.fetch(entry)), shapes or {entry.input: entry.shape}
-    return f"zoo:{model}", shapes or None
+    proto, own = named_model(model)
+    return proto, shapes or own
 
 
 def main(argv=None) -> int:
