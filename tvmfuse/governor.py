@@ -3,21 +3,20 @@
 TVM splits each parallel kernel into one fixed chunk per thread and waits for every chunk. When other
 processes compete for the cores, a descheduled pool thread holds up every kernel until the scheduler
 runs it again, on every kernel of the model; the calling thread alone never waits for anyone. Measured
-with ``bench/contention.py`` (2 cores, two busy processes): one thread ran mobilenet_v2 in 8.4 ms where
-the whole pool took 12.3 ms, while quietly the pool is 1.8x faster.
+with ``bench/contention.py`` (2 cores, two busy processes in the same session, steady state): the whole
+pool ran mobilenet_v2 in 354 ms, one thread in 13.2 ms, while quietly the pool is 1.9x faster.
 
 The signal is the calls' own wall time. A whole-pool call ``SLOW`` times slower than the fastest one
 since the last probe, and slower than the fastest one-thread call seen (once there is one), ``SLOW_CALLS``
 times in a row, moves the thread to one pool thread. (Quietly, a small model's whole-pool calls can
 switch between two speeds 1.3x apart, both faster than one thread: ppocrv5_cls, 0.64 and 0.84 ms against
-0.95 ms.) From then on,
-whenever one thread runs at its own best speed again (``CALM``: the cores may be free), the governor
-*probes* the whole pool for ``PROBE_CALLS`` calls and keeps whichever was faster. A failed probe cost
-``sum(probe) - calls * single``; the next one waits until at least ``cost / PROBE_SHARE`` more seconds
-were spent in calls, so probing costs at most ``PROBE_SHARE`` (3%) of the time spent running the model;
-cheap failed probes back off by doubling, up to ``MAX_HOLD_S``.
-Holds count time spent in calls, not the clock: a server idle between requests would otherwise probe on
-every request. A winning probe resets the reference (the machine's speed drifts).
+0.95 ms.) From then on, whenever one thread runs at its own best speed again (``CALM``: the cores may be
+free), the governor *probes* the whole pool for ``PROBE_CALLS`` calls and keeps whichever was faster. A
+failed probe cost ``sum(probe) - calls * single``; the next one waits until at least
+``cost / PROBE_SHARE`` more seconds were spent in calls, so probing costs at most ``PROBE_SHARE`` (3%) of
+the time spent running the model; cheap failed probes back off by doubling, up to ``MAX_HOLD_S``. Holds
+count time spent in calls, not the clock: a server idle between requests would otherwise probe on every
+request. A winning probe resets the reference (the machine's speed drifts).
 
 ``TVMFUSE_THREADS=fixed`` turns it off (every call uses the whole pool, TVM's behaviour).
 """

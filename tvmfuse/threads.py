@@ -93,8 +93,8 @@ def cpu_budget(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cg
 # How many times an idle pool thread calls sched_yield before it sleeps. TVM's 300,000 kept idle pool
 # threads yielding for 0.1-0.5 s after every call on a quiet machine (seconds on a loaded one), CPU that
 # other processes could use; 10,000 bridges the gaps between one call's kernels all the same (no
-# measurable quiet loss, bench/contention.py), and under two busy processes it halved mobilenet_v2's
-# slowdown with the governor (3.6x -> 1.7x).
+# measurable quiet loss in 40-round quiet runs of bench/contention.py). Under two busy processes it
+# halved mobilenet_v2's slowdown with an earlier version of the governor (3.6x -> 1.7x, one run).
 SPIN_COUNT = 10_000
 
 
