@@ -96,9 +96,9 @@ def one_line(exc: BaseException) -> str:
 
 
 def input_shapes(model: onnx.ModelProto) -> dict[str, tuple]:
-    inits = {t.name for t in model.graph.initializer}
-    return {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim)
-            for i in model.graph.input if i.name not in inits}
+    from tvmfuse.frontend.load import graph_inputs
+
+    return {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in graph_inputs(model)}
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
