@@ -23,7 +23,7 @@ cuda_driver.preload()  # before anything imports tvm: lets a driverless machine 
 from .errors import TvmfuseError  # noqa: E402
 from .runtime import load  # noqa: E402
 
-__all__ = ["CompiledModel", "TvmfuseError", "compile", "errors", "load", "partitions", "quantize", "zoo"]
+__all__ = ["CompiledModel", "TvmfuseError", "compare", "compile", "errors", "load", "partitions", "quantize", "zoo"]
 
 
 def __getattr__(name: str):
@@ -36,6 +36,10 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(".zoo", __name__)
+    if name == "compare":
+        from .compare import compare
+
+        return compare
     if name == "partitions":
         from .partition_report import partitions
 

@@ -91,7 +91,7 @@ def anchor_flops(call) -> int:
     return families.family_of(call).flops(call) if families.is_anchor(call) else 0
 
 
-def _op_name(call) -> str:
+def op_name(call) -> str:
     import tvm
 
     if isinstance(call.op, tvm.ir.Op):
@@ -133,11 +133,11 @@ def build_report(partitioned, rejections: dict, source: str, target: str) -> Par
                 if is_partition(fn):
                     body = [b.value for blk in fn.body.blocks for b in blk.bindings]
                     parts.append(Partition(
-                        str(fn.attrs["Composite"]), [_op_name(c) for c in body], [_dims(a) for a in call.args],
+                        str(fn.attrs["Composite"]), [op_name(c) for c in body], [_dims(a) for a in call.args],
                         _dims(call), sum(anchor_flops(c) for c in body),
                         sum(_nbytes(a) for a in call.args) + _nbytes(call)))
                     continue
-            left.append(LeftOut(_op_name(call), _dims(call), _reason(call, binding.var.name, rejections),
+            left.append(LeftOut(op_name(call), _dims(call), _reason(call, binding.var.name, rejections),
                                 anchor_flops(call)))
     return PartitionReport(source, target, parts, left)
 
