@@ -37,7 +37,7 @@ def __getattr__(name: str):
 
         return importlib.import_module(".zoo", __name__)
     if name == "compare":
-        from .compare import compare
+        from .comparison import compare
 
         return compare
     if name == "partitions":

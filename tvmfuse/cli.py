@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compile, run, and check each partition against the unfused path")
     p.set_defaults(func=cmd_partition)
 
-    from .compare.cli import add_parser as add_compare_parser
+    from .comparison.cli import add_parser as add_compare_parser
 
     add_compare_parser(sub)
 

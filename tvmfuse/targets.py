@@ -239,3 +239,11 @@ def cuda_available() -> bool:
         return bool(tvm.cuda(0).exist)
     except Exception:  # noqa: BLE001 - a runtime without CUDA support raises various errors
         return False
+
+
+def why_not_runnable(spec: TargetSpec) -> str:
+    """Why code compiled for ``spec`` cannot run on this machine ('' when it can)."""
+    if spec.is_cuda:
+        return "" if cuda_available() else "no CUDA device on this machine"
+    missing = missing_host_features(spec)
+    return f"this CPU lacks {', '.join(missing)}" if missing else ""

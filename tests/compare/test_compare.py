@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from helpers import HOST
 
-from tvmfuse import cli
-from tvmfuse.compare import Report, arms, correctness
-from tvmfuse.compare.remote import measure_only, merge
-from tvmfuse.compare.run import compare
+from tvmfuse import cli, targets
+from tvmfuse.comparison import Report, correctness
+from tvmfuse.comparison.remote import measure_only, merge
+from tvmfuse.comparison.run import compare
 from tvmfuse.errors import InputError
 
 NVCC = shutil.which("nvcc") is not None
@@ -71,7 +71,7 @@ def test_profile_accounts_for_the_end_to_end_time(report_dir):
 @pytest.mark.skipif(not NVCC, reason="nvcc not installed: no CUDA arm to build")
 def test_cuda_arm_is_a_build_only_row_with_its_reason(report_dir):
     row = Report.load(report_dir).row("cuda-sm90")
-    if arms.why_not_here(arms.targets.resolve("cuda-sm90")):
+    if targets.why_not_runnable(targets.resolve("cuda-sm90")):
         assert row["status"] == "build-only" and row["reason"] == "no CUDA device on this machine"
         assert row["latency"] is None and row["device"] == "cuda: sm_90"
     assert row["build"]["kernels"] >= 1 and (report_dir / row["build"]["library"]).exists()
@@ -143,3 +143,16 @@ def test_a_schema_mismatch_is_refused(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"schema": "something/9"}))
     with pytest.raises(InputError, match="schema 'something/9'"):
         Report.load(tmp_path)
+
+
+def test_without_the_report_extra_json_and_markdown_are_kept(report_dir, tmp_path, monkeypatch):
+    import importlib.util
+
+    from tvmfuse.comparison.report import ReportError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(ReportError, match=r"needs matplotlib .*tvmfuse\[report\]"):
+        Report.load(report_dir).write(tmp_path)
+    assert (tmp_path / "report.json").exists() and (tmp_path / "report.md").exists()
+    assert not (tmp_path / "index.html").exists()

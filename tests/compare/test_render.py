@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tvmfuse.compare import plots
-from tvmfuse.compare.render_html import render_html
-from tvmfuse.compare.render_md import render_markdown
-from tvmfuse.compare.report import Report
+from tvmfuse.comparison import plots
+from tvmfuse.comparison.render_html import render_html
+from tvmfuse.comparison.render_md import render_markdown
+from tvmfuse.comparison.report import Report
 
 DATA = Path(__file__).parent / "data"
 REGEN = os.environ.get("TVMFUSE_REGEN_GOLDEN") == "1"

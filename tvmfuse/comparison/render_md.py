@@ -1,6 +1,6 @@
 """``report.md``: the comparison report as Markdown, for a terminal or a pull request.
 
-Everything comes from ``report.json`` through :mod:`tvmfuse.compare.tables`, the tables ``index.html``
+Everything comes from ``report.json`` through :mod:`tvmfuse.comparison.tables`, the tables ``index.html``
 shows too. Model-supplied text (contender, kernel and kind names, reasons) is escaped: ``|`` cannot
 break a table, and ``<``, ``*``, ``_`` and friends print as themselves rather than as markup. The plots
 are only in ``index.html``.
@@ -80,7 +80,7 @@ def render_markdown(data: dict) -> str:
     Parameters
     ----------
     data : dict
-        The report (``report.json``, see :mod:`tvmfuse.compare.report`).
+        The report (``report.json``, see :mod:`tvmfuse.comparison.report`).
 
     Returns
     -------

@@ -50,14 +50,19 @@ profiler.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, TvmfuseError
 
 SCHEMA = "tvmfuse.compare/1"
+
+
+class ReportError(TvmfuseError):
+    """A report that cannot be written as asked (a missing optional dependency)."""
 
 
 class Report:
@@ -107,6 +112,11 @@ class Report:
 
             atomic_write(directory / "report.md", render_markdown(self.data))
         if "html" in formats:
+            missing = [m for m in ("jinja2", "matplotlib") if importlib.util.find_spec(m) is None]
+            if missing:
+                raise ReportError(f"{directory / 'index.html'} not written: it needs {' and '.join(missing)} "
+                                  f"(pip install 'tvmfuse[report]'), then tvmfuse compare --render {directory}; "
+                                  "report.json and report.md are written")
             from .render_html import render_html
 
             atomic_write(directory / "index.html", render_html(self.data))

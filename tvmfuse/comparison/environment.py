@@ -49,13 +49,16 @@ def cpu_device() -> str:
     return f"cpu: {cpu_name()}"
 
 
-def cuda_device(arch: str) -> str:
-    """The device key of a CUDA row: the GPU's name when one is present, else the architecture built for."""
+def device_label(device: str, arch: str = "") -> str:
+    """The device key of rows run on TVM runtime device ``device`` (``"cpu"``, ``"cuda"``): this CPU, or
+    the GPU's name when one is present, else the architecture the code was built for."""
+    if device == "cpu":
+        return cpu_device()
     if targets.cuda_available():
         import tvm
 
-        return f"cuda: {tvm.cuda(0).device_name}"
-    return f"cuda: {arch}"
+        return f"{device}: {tvm.device(device, 0).device_name}"
+    return f"{device}: {arch}"
 
 
 def versions() -> dict[str, str | None]:

@@ -64,16 +64,9 @@ def parse_arms(text: str) -> list[Arm]:
     return arms
 
 
-def why_not_here(spec: targets.TargetSpec) -> str:
-    """Why code for ``spec`` cannot run on this machine ('' when it can)."""
-    if spec.is_cuda:
-        return "" if targets.cuda_available() else "no CUDA device on this machine"
-    missing = targets.missing_host_features(spec)
-    return f"this CPU lacks {', '.join(missing)}" if missing else ""
-
-
 def device_of(spec: targets.TargetSpec) -> str:
-    return environment.cuda_device(str(spec.config.get("arch"))) if spec.is_cuda else environment.cpu_device()
+    """The report's device key for code compiled for ``spec`` (its backend's runtime device)."""
+    return environment.device_label(spec.backend().device, str(spec.config.get("arch", "")))
 
 
 def build(arm: Arm, model, shapes, calib, method: str, libs: Path) -> tuple[dict, object]:
@@ -109,7 +102,7 @@ def build(arm: Arm, model, shapes, calib, method: str, libs: Path) -> tuple[dict
     if cm.quantization is not None:
         row["build"]["quantization"] = {k: cm.quantization.get(k) for k in ("method", "int8_partitions",
                                                                            "fp32_partitions") if k in cm.quantization}
-    row["reason"] = why_not_here(spec)
+    row["reason"] = targets.why_not_runnable(spec)
     return row, cm
 
 

@@ -1,8 +1,8 @@
 """``index.html``: the comparison report as one self-contained HTML5 page.
 
-The page opens offline and references nothing: CSS inline, plots as inline SVG (:mod:`tvmfuse.compare.plots`),
-no script, no link, no image file. The tables are :mod:`tvmfuse.compare.tables`, the same ones
-``report.md`` shows; the template (:mod:`tvmfuse.compare.template`) is rendered by Jinja2 with autoescape on,
+The page opens offline and references nothing: CSS inline, plots as inline SVG (:mod:`tvmfuse.comparison.plots`),
+no script, no link, no image file. The tables are :mod:`tvmfuse.comparison.tables`, the same ones
+``report.md`` shows; the template (:mod:`tvmfuse.comparison.template`) is rendered by Jinja2 with autoescape on,
 so a contender or kernel named ``<script>...`` prints as text.
 """
 
@@ -36,7 +36,7 @@ def render_html(data: dict) -> str:
     Parameters
     ----------
     data : dict
-        The report (``report.json``, see :mod:`tvmfuse.compare.report`).
+        The report (``report.json``, see :mod:`tvmfuse.comparison.report`).
 
     Returns
     -------
