@@ -252,7 +252,7 @@ def _time(data: dict, rows: dict, live: dict, x: dict, progress: bool) -> None:
                             target_ci=data["settings"]["target_ci"], seed=data["seed"])
     if twin is not None:
         aa = dict(rows[baseline], name=twin_name, kind="aa", build=None, profile=None,
-                  reason=f"{baseline} loaded a second time: the ratio to it is the noise floor")
+                  reason=f"{baseline} loaded a second time")
         data["contenders"].append(aa)
         rows[twin_name] = aa
     for n, r in rounds.items():
