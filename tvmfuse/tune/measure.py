@@ -112,9 +112,13 @@ class RPCSpec:
 
     def check(self, timeout: float = 10.0) -> int:
         """Ask the tracker how many servers have this key free or busy; raises TuningError when none."""
+        import socket
+
         from tvm import rpc
 
         try:
+            # TVM's connect_tracker retries a refused connection for 60 s; a wrong address fails at once here.
+            socket.create_connection((self.host, self.port), timeout=timeout).close()
             tracker = rpc.connect_tracker(self.host, self.port)
             summary = tracker.summary()
         except Exception as err:  # noqa: BLE001 - any connection failure is reported the same way
