@@ -10,6 +10,7 @@ from tvmfuse import targets
 from tvmfuse.schedules.blocked import pack_weight
 from tvmfuse.schedules.compute import _conv2d_packed
 from tvmfuse.schedules.x86 import templates
+from tvmfuse.tune.measure import make_builder
 
 HOST = targets.resolve("x86-host")
 
@@ -60,8 +61,7 @@ def test_tiny_tuning_run_is_correct(tmp_path):
     target = HOST.tvm_target()
     db = ms.tune_tir(mod, target, work_dir=str(tmp_path), max_trials_global=4, num_trials_per_iter=2,
                      space=templates.space_generator(),
-                     # Each builder process imports TVM's tensor intrinsics (~30 s here): 30 s times out.
-                     builder=ms.builder.LocalBuilder(timeout_sec=300))
+                     builder=make_builder(300))
     records = db.get_all_tuning_records()
     assert records and all(r.run_secs for r in records)
     sch = ms.tir_integration.compile_tir(db, mod, target)
