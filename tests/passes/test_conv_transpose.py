@@ -1,0 +1,86 @@
+"""TransposeConvToConv: stride == kernel transposed convs run as a 1x1 conv (its bias inside) + depth-to-space,
+exactly as onnxruntime computes them; the forms it must leave alone keep TVM's transposed conv."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+import tvmfuse
+from tvmfuse.partition_report import op_name
+from helpers import HOST, make_model, ort_run
+
+RNG = np.random.default_rng(11)
+
+
+def _db_head(c=24, size=10, bias=True):
+    """PP-OCR's DB head: ConvTranspose(c, c, 2, 2) + BN + ReLU, ConvTranspose(c, 1, 2, 2) + Sigmoid."""
+    inits = [numpy_helper.from_array(RNG.standard_normal((c, c, 2, 2)).astype("float32") / c, "W1"),
+             numpy_helper.from_array(RNG.standard_normal((c, 1, 2, 2)).astype("float32") / c, "W2"),
+             numpy_helper.from_array(RNG.uniform(0.5, 1.5, c).astype("float32"), "g"),
+             numpy_helper.from_array(RNG.standard_normal(c).astype("float32"), "b"),
+             numpy_helper.from_array(RNG.standard_normal(c).astype("float32"), "m"),
+             numpy_helper.from_array(RNG.uniform(0.5, 1.5, c).astype("float32"), "v")]
+    first = ["x", "W1"]
+    if bias:
+        inits += [numpy_helper.from_array(RNG.standard_normal(c).astype("float32"), "B1"),
+                  numpy_helper.from_array(RNG.standard_normal(1).astype("float32"), "B2")]
+        first.append("B1")
+    nodes = [helper.make_node("ConvTranspose", first, ["t1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["t1", "g", "b", "m", "v"], ["n1"]),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("ConvTranspose", ["r1", "W2"] + (["B2"] if bias else []), ["t2"],
+                              kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Sigmoid", ["t2"], ["y"])]
+    return make_model(nodes, [("x", [1, c, size, size])], [("y", None)], inits)
+
+
+def _ops(cm) -> set[str]:
+    text = cm.mod.script()
+    return {op for op in ("conv2d_transpose", "permute_dims") if f"R.nn.{op}(" in text or f"R.{op}(" in text}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_db_head_matches_onnxruntime_on_conv_kernels(bias):
+    model = _db_head(bias=bias)
+    x = {"x": RNG.standard_normal((1, 24, 10, 10)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    (got,), (want,) = cm.run(x), ort_run(model, x)
+    assert got.shape == want.shape == (1, 1, 40, 40)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert _ops(cm) == {"permute_dims"}  # no transposed conv is left
+    convs = [fn for fn, _ in cm.record.kernels.values()]
+    assert len(convs) == 2
+    ops = [[op_name(b.value) for blk in fn.body.blocks for b in blk.bindings] for fn in convs]
+    assert ops == [["conv2d", "add"]] * 2 if bias else [["conv2d"]] * 2  # the bias is inside the conv kernel
+    # the depth-to-space is fused with what follows it (BN + ReLU, Sigmoid): no kernel of its own
+    assert not [gv.name_hint for gv in cm.lowered.functions if gv.name_hint.startswith("fused_reshape")
+                and gv.name_hint.endswith("reshape1")]
+
+
+@pytest.mark.parametrize("attrs,w_shape", [
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, (8, 4, 3, 3)),
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "group": 2}, (8, 2, 2, 2)),
+    ({"kernel_shape": [2, 2], "strides": [1, 1]}, (8, 4, 2, 2)),
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "dilations": [2, 2]}, (8, 4, 2, 2)),
+])
+def test_other_transposed_convs_keep_tvms_kernel_and_still_match(attrs, w_shape):
+    w = numpy_helper.from_array(RNG.standard_normal(w_shape).astype("float32"), "W")
+    model = make_model([helper.make_node("ConvTranspose", ["x", "W"], ["y"], **attrs)], [("x", [1, 8, 6, 6])],
+                       [("y", None)], [w])
+    x = {"x": RNG.standard_normal((1, 8, 6, 6)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
+    assert "conv2d_transpose" in _ops(cm)
+
+
+def test_a_bias_that_is_not_per_channel_is_added_after_the_depth_to_space():
+    w = numpy_helper.from_array(RNG.standard_normal((4, 3, 2, 2)).astype("float32"), "W")
+    full = numpy_helper.from_array(RNG.standard_normal((1, 3, 8, 8)).astype("float32"), "B")
+    model = make_model([helper.make_node("ConvTranspose", ["x", "W"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+                        helper.make_node("Add", ["t", "B"], ["y"])], [("x", [1, 4, 4, 4])], [("y", None)], [w, full])
+    x = {"x": RNG.standard_normal((1, 4, 4, 4)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
+    assert _ops(cm) == {"permute_dims"}
