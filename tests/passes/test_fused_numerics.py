@@ -45,6 +45,13 @@ def _epilogue(kind: str, out_shape):
         return [helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.15)], [], "_leakyrelu", []
     if kind == "sigmoid":
         return [helper.make_node("Sigmoid", ["c"], ["y"])], [], "_sigmoid", []
+    if kind == "silu":  # x * sigmoid(x), as YOLO exports SiLU
+        return [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])], [], "_silu", []
+    if kind == "hardswish_paddle":  # (x * clip(x + 3, 0, 6)) / 6, as Paddle exports hardswish
+        inits = [_init("three", np.array(3.0)), _init("lo", np.array(0.0)), _init("hi", np.array(6.0))]
+        return ([helper.make_node("Add", ["c", "three"], ["p"]), helper.make_node("Clip", ["p", "lo", "hi"], ["q"]),
+                 helper.make_node("Mul", ["c", "q"], ["hm"]), helper.make_node("Div", ["hm", "hi"], ["y"])],
+                inits, "_hardswish", [])
     if kind == "add":
         return [helper.make_node("Add", ["c", "r"], ["y"])], [], "_add", [("r", out_shape)]
     if kind == "add_relu":  # residual first: the other operand order
@@ -157,6 +164,9 @@ CONV_CASES = [
     Conv(3, 5, (7, 7), 3, pads=P1, batch=2, epilogue="sigmoid"),
     Conv(3, 5, (7, 7), 3, pads=P1, bias=False, epilogue="leakyrelu"),
     Conv(3, 8, (13, 13), 3, pads=P1, epilogue="relu6"),  # 13-pixel rows with an 8-channel tile
+    Conv(5, 17, (13, 13), 3, pads=P1, epilogue="silu"),
+    Conv(16, 32, (9, 9), 1, epilogue="silu"),
+    Conv(5, 17, (13, 13), 3, stride=2, pads=P1, epilogue="hardswish_paddle"),
     # grouped (not depthwise): conv2d family
     Conv(8, 8, (7, 7), 3, pads=P1, group=2, epilogue="relu"),
     Conv(6, 4, (13, 13), 3, stride=2, pads=P1, group=2, epilogue="none"),
@@ -173,6 +183,8 @@ CONV_CASES = [
     Conv(3, 6, (15, 15), 5, pads=P2, group=3, epilogue="leakyrelu", tol=1e-5),
     Conv(5, 5, (15, 15), 5, stride=2, pads=P3, dilation=2, group=5, epilogue="sigmoid", tol=1e-5),
     Conv(3, 3, (7, 7), 5, stride=2, group=3, epilogue="none", tol=1e-5),
+    Conv(16, 16, (13, 13), 3, pads=P1, group=16, epilogue="silu", tol=1e-5),
+    Conv(16, 16, (13, 13), 3, pads=P1, group=16, epilogue="hardswish_paddle", tol=1e-5),
     Conv(5, 10, (13, 15), 3, stride=2, pads=(0, 1, 2, 3), dilation=2, group=5, epilogue="relu6", tol=1e-5),
     Conv(5, 5, (7, 7), 3, pads=P1, group=5, epilogue="add_relu", tol=1e-5),
     Conv(17, 17, (7, 7), 3, pads=P1, group=17, epilogue="add", tol=1e-5),
@@ -192,12 +204,16 @@ PHASE_SPLIT_CASES = [
     Conv(3, 6, (11, 15), 5, stride=2, pads=(1, 1, 2, 2), group=3, epilogue="sigmoid", tol=1e-5),
     Conv(3, 3, (7, 9), 5, stride=2, pads=P1, group=3, epilogue="add", tol=1e-5),
     Conv(3, 3, (15, 17), 5, stride=2, pads=P2, group=3, bias=False, epilogue="none", tol=1e-5),
+    Conv(3, 3, (9, 57), 3, stride=2, pads=P1, group=3, epilogue="silu", tol=1e-5),
+    Conv(5, 5, (13, 13), 5, stride=2, pads=P2, group=5, epilogue="hardswish_paddle", tol=1e-5),
 ]
 CONV_CASES += PHASE_SPLIT_CASES
 
 DENSE_CASES = [
     Dense(1, 10, 7),
     Dense(3, 10, 17, epilogue="relu", gemm=True),
+    Dense(3, 10, 17, epilogue="silu"),
+    Dense(2, 16, 9, epilogue="hardswish_paddle"),
     Dense(2, 24, 33, epilogue="relu6"),
     Dense(4, 9, 10, epilogue="hardswish"),
     Dense(3, 16, 5, epilogue="leakyrelu"),
@@ -293,7 +309,8 @@ def test_grid_covers_the_brief():
     assert {c.dilation for c in dws} == {1, 2} and {c.cout // c.cin for c in dws} == {1, 2}
     assert any(c.out_shape()[2:] == [1, 1] for c in convs)
     assert any(c.group > 1 and c.family == "conv2d" for c in convs)
-    epilogues = {"none", "relu", "relu6", "hardswish", "leakyrelu", "sigmoid", "add", "add_relu"}
+    epilogues = {"none", "relu", "relu6", "hardswish", "hardswish_paddle", "leakyrelu", "silu", "sigmoid", "add",
+                 "add_relu"}
     assert {c.epilogue for c in convs} == epilogues
     assert {c.epilogue for c in dws} == epilogues
     assert {c.epilogue for c in DENSE_CASES} == epilogues - {"add", "add_relu"}

@@ -12,7 +12,7 @@ import functools
 import numpy as np
 import pytest
 import tvm
-from onnx import helper
+from onnx import helper, numpy_helper
 from tvm import relax
 
 import tvmfuse
@@ -39,6 +39,7 @@ EXPECTED_ORDER = [
     "tvmfuse.depthwise_conv2d_clip",
     "tvmfuse.depthwise_conv2d_hardswish",
     "tvmfuse.depthwise_conv2d_leakyrelu",
+    "tvmfuse.depthwise_conv2d_silu",
     "tvmfuse.depthwise_conv2d_sigmoid",
     "tvmfuse.depthwise_conv2d",
     "tvmfuse.conv2d_add_relu",
@@ -47,12 +48,14 @@ EXPECTED_ORDER = [
     "tvmfuse.conv2d_clip",
     "tvmfuse.conv2d_hardswish",
     "tvmfuse.conv2d_leakyrelu",
+    "tvmfuse.conv2d_silu",
     "tvmfuse.conv2d_sigmoid",
     "tvmfuse.conv2d",
     "tvmfuse.dense_relu",
     "tvmfuse.dense_clip",
     "tvmfuse.dense_hardswish",
     "tvmfuse.dense_leakyrelu",
+    "tvmfuse.dense_silu",
     "tvmfuse.dense_sigmoid",
     "tvmfuse.dense",
 ]
@@ -75,6 +78,20 @@ def test_entry_name():
     assert patterns.entry_name("dense", False, "clip") == "tvmfuse.dense_clip"
 
 
+def _silu(order):
+    return [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", list(order), ["y"])]
+
+
+_HSWISH_INITS = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+                 (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
+
+
+def _hardswish_paddle():
+    """``(x * clip(x + 3, 0, 6)) / 6``, as Paddle exports hardswish (PP-OCR detectors)."""
+    return [helper.make_node("Add", ["c", "three"], ["p"]), helper.make_node("Clip", ["p", "zero", "six"], ["q"]),
+            helper.make_node("Mul", ["c", "q"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+
+
 CONVERSIONS = [
     ("conv_bias_relu", lambda: _g_conv(_act("Relu")), {"tvmfuse.conv2d_relu": 1}, []),
     ("conv_nobias_relu", lambda: _g_conv(_act("Relu"), bias=False), {"tvmfuse.conv2d_relu": 1}, []),
@@ -83,6 +100,12 @@ CONVERSIONS = [
     ("conv_hardswish", lambda: _g_conv(_act("HardSwish")), {"tvmfuse.conv2d_hardswish": 1}, []),
     ("conv_leakyrelu", lambda: _g_conv(_act("LeakyRelu", alpha=0.2)), {"tvmfuse.conv2d_leakyrelu": 1}, []),
     ("conv_sigmoid", lambda: _g_conv(_act("Sigmoid")), {"tvmfuse.conv2d_sigmoid": 1}, []),
+    ("conv_silu", lambda: _g_conv(_silu(("c", "s"))), {"tvmfuse.conv2d_silu": 1}, []),
+    ("conv_silu_gate_first", lambda: _g_conv(_silu(("s", "c"))), {"tvmfuse.conv2d_silu": 1}, []),
+    ("conv_hardswish_paddle", lambda: _g_conv(_hardswish_paddle(), _HSWISH_INITS), {"tvmfuse.conv2d_hardswish": 1},
+     []),
+    ("dw_hardswish_paddle", lambda: _g_conv(_hardswish_paddle(), _HSWISH_INITS, cin=8, cout=8, group=8),
+     {"tvmfuse.depthwise_conv2d_hardswish": 1}, []),
     ("dw_relu6", lambda: _g_conv([_relu6("c", "y")], _CLIP_INITS, cin=8, cout=8, group=8),
      {"tvmfuse.depthwise_conv2d_clip": 1}, []),
     ("dw_bn_relu6", lambda: _g_conv_bn_relu6(cin=8, cout=8, group=8), {"tvmfuse.depthwise_conv2d_clip": 1}, []),

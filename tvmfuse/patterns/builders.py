@@ -41,7 +41,9 @@ def with_residual(out: DFPattern, annotations: dict, residual_first: bool = Fals
 
 
 def with_activation(out: DFPattern, kind: str) -> DFPattern:
-    """One activation applied to ``out``; ``clip`` covers relu6. Hardswish is ``x * clip(x + 3, 0, 6) / 6``."""
+    """One activation applied to ``out``; ``clip`` covers relu6. Hardswish is ``x * clip(x + 3, 0, 6) / 6``,
+    spelt ``x * (clip(..) / 6)`` (ONNX HardSwish, torch) or ``(x * clip(..)) / 6`` (Paddle); SiLU is
+    ``x * sigmoid(x)``."""
     if kind == "relu":
         return is_op("relax.nn.relu")(out)
     if kind == "clip":
@@ -51,9 +53,14 @@ def with_activation(out: DFPattern, kind: str) -> DFPattern:
     if kind == "sigmoid":
         return is_op("relax.sigmoid")(out)
     if kind == "hardswish":
-        shifted = is_op("relax.add")(out, is_const())
-        scaled = is_op("relax.divide")(is_op("relax.clip")(shifted, wildcard(), wildcard()), is_const())
-        return is_op("relax.multiply")(out, scaled) | is_op("relax.multiply")(scaled, out)
+        clipped = is_op("relax.clip")(is_op("relax.add")(out, is_const()), wildcard(), wildcard())
+        scaled = is_op("relax.divide")(clipped, is_const())
+        product = is_op("relax.multiply")(out, clipped) | is_op("relax.multiply")(clipped, out)
+        return (is_op("relax.multiply")(out, scaled) | is_op("relax.multiply")(scaled, out)
+                | is_op("relax.divide")(product, is_const()))
+    if kind == "silu":
+        gate = is_op("relax.sigmoid")(out)
+        return is_op("relax.multiply")(out, gate) | is_op("relax.multiply")(gate, out)
     raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
 
 
