@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 
 PACKAGE = "tvmfuse.schedules"
 # Epilogue activations the fusion patterns know (``tvmfuse.patterns.builders`` spells each as a pattern).
-ACTIVATIONS = ("relu", "clip", "hardswish", "leakyrelu", "silu", "sigmoid")  # silu before its own sigmoid
+ACTIVATIONS = ("relu", "clip", "hardswish", "leakyrelu", "gelu", "silu", "sigmoid")  # silu before its sigmoid
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,11 @@ def _epilogue(kind: str, out_shape):
         return [helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.15)], [], "_leakyrelu", []
     if kind == "sigmoid":
         return [helper.make_node("Sigmoid", ["c"], ["y"])], [], "_sigmoid", []
+    if kind == "gelu":  # x * (erf(x / sqrt(2)) + 1) * 0.5, as Paddle and torch export GELU
+        inits = [_init("sqrt2", np.array(np.sqrt(2.0))), _init("one", np.array(1.0)), _init("half", np.array(0.5))]
+        return ([helper.make_node("Div", ["c", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                 helper.make_node("Add", ["e", "one"], ["f"]), helper.make_node("Mul", ["c", "f"], ["g"]),
+                 helper.make_node("Mul", ["g", "half"], ["y"])], inits, "_gelu", [])
     if kind == "silu":  # x * sigmoid(x), as YOLO exports SiLU
         return [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])], [], "_silu", []
     if kind == "hardswish_paddle":  # (x * clip(x + 3, 0, 6)) / 6, as Paddle exports hardswish
@@ -166,6 +171,7 @@ CONV_CASES = [
     Conv(3, 8, (13, 13), 3, pads=P1, epilogue="relu6"),  # 13-pixel rows with an 8-channel tile
     Conv(5, 17, (13, 13), 3, pads=P1, epilogue="silu"),
     Conv(16, 32, (9, 9), 1, epilogue="silu"),
+    Conv(16, 24, (11, 11), 3, pads=P1, epilogue="gelu"),
     Conv(5, 17, (13, 13), 3, stride=2, pads=P1, epilogue="hardswish_paddle"),
     # grouped (not depthwise): conv2d family
     Conv(8, 8, (7, 7), 3, pads=P1, group=2, epilogue="relu"),
@@ -184,6 +190,7 @@ CONV_CASES = [
     Conv(5, 5, (15, 15), 5, stride=2, pads=P3, dilation=2, group=5, epilogue="sigmoid", tol=1e-5),
     Conv(3, 3, (7, 7), 5, stride=2, group=3, epilogue="none", tol=1e-5),
     Conv(16, 16, (13, 13), 3, pads=P1, group=16, epilogue="silu", tol=1e-5),
+    Conv(24, 24, (13, 13), 5, pads=P2, group=24, epilogue="gelu", tol=1e-5),
     Conv(16, 16, (13, 13), 3, pads=P1, group=16, epilogue="hardswish_paddle", tol=1e-5),
     Conv(5, 10, (13, 15), 3, stride=2, pads=(0, 1, 2, 3), dilation=2, group=5, epilogue="relu6", tol=1e-5),
     Conv(5, 5, (7, 7), 3, pads=P1, group=5, epilogue="add_relu", tol=1e-5),
@@ -205,6 +212,7 @@ PHASE_SPLIT_CASES = [
     Conv(3, 3, (7, 9), 5, stride=2, pads=P1, group=3, epilogue="add", tol=1e-5),
     Conv(3, 3, (15, 17), 5, stride=2, pads=P2, group=3, bias=False, epilogue="none", tol=1e-5),
     Conv(3, 3, (9, 57), 3, stride=2, pads=P1, group=3, epilogue="silu", tol=1e-5),
+    Conv(3, 3, (11, 59), 3, stride=2, pads=P1, group=3, epilogue="gelu", tol=1e-5),
     Conv(5, 5, (13, 13), 5, stride=2, pads=P2, group=5, epilogue="hardswish_paddle", tol=1e-5),
 ]
 CONV_CASES += PHASE_SPLIT_CASES
@@ -213,6 +221,7 @@ DENSE_CASES = [
     Dense(1, 10, 7),
     Dense(3, 10, 17, epilogue="relu", gemm=True),
     Dense(3, 10, 17, epilogue="silu"),
+    Dense(1, 32, 24, epilogue="gelu"),
     Dense(2, 16, 9, epilogue="hardswish_paddle"),
     Dense(2, 24, 33, epilogue="relu6"),
     Dense(4, 9, 10, epilogue="hardswish"),
@@ -309,8 +318,8 @@ def test_grid_covers_the_brief():
     assert {c.dilation for c in dws} == {1, 2} and {c.cout // c.cin for c in dws} == {1, 2}
     assert any(c.out_shape()[2:] == [1, 1] for c in convs)
     assert any(c.group > 1 and c.family == "conv2d" for c in convs)
-    epilogues = {"none", "relu", "relu6", "hardswish", "hardswish_paddle", "leakyrelu", "silu", "sigmoid", "add",
-                 "add_relu"}
+    epilogues = {"none", "relu", "relu6", "hardswish", "hardswish_paddle", "leakyrelu", "gelu", "silu", "sigmoid",
+                 "add", "add_relu"}
     assert {c.epilogue for c in convs} == epilogues
     assert {c.epilogue for c in dws} == epilogues
     assert {c.epilogue for c in DENSE_CASES} == epilogues - {"add", "add_relu"}

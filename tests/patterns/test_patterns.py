@@ -39,6 +39,7 @@ EXPECTED_ORDER = [
     "tvmfuse.depthwise_conv2d_clip",
     "tvmfuse.depthwise_conv2d_hardswish",
     "tvmfuse.depthwise_conv2d_leakyrelu",
+    "tvmfuse.depthwise_conv2d_gelu",
     "tvmfuse.depthwise_conv2d_silu",
     "tvmfuse.depthwise_conv2d_sigmoid",
     "tvmfuse.depthwise_conv2d",
@@ -48,6 +49,7 @@ EXPECTED_ORDER = [
     "tvmfuse.conv2d_clip",
     "tvmfuse.conv2d_hardswish",
     "tvmfuse.conv2d_leakyrelu",
+    "tvmfuse.conv2d_gelu",
     "tvmfuse.conv2d_silu",
     "tvmfuse.conv2d_sigmoid",
     "tvmfuse.conv2d",
@@ -55,6 +57,7 @@ EXPECTED_ORDER = [
     "tvmfuse.dense_clip",
     "tvmfuse.dense_hardswish",
     "tvmfuse.dense_leakyrelu",
+    "tvmfuse.dense_gelu",
     "tvmfuse.dense_silu",
     "tvmfuse.dense_sigmoid",
     "tvmfuse.dense",
@@ -86,6 +89,20 @@ _HSWISH_INITS = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
                  (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
 
 
+_GELU_INITS = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+               (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
+
+
+def _gelu(half_first: bool):
+    """GELU (erf form): ``(x * (erf(x / sqrt2) + 1)) * 0.5``, or ``(x * 0.5) * (1 + erf(x / sqrt2))``."""
+    nodes = [helper.make_node("Div", ["c", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"])]
+    if half_first:
+        return nodes + [helper.make_node("Add", ["one", "e"], ["f"]), helper.make_node("Mul", ["c", "half"], ["h"]),
+                        helper.make_node("Mul", ["h", "f"], ["y"])]
+    return nodes + [helper.make_node("Add", ["e", "one"], ["f"]), helper.make_node("Mul", ["c", "f"], ["g"]),
+                    helper.make_node("Mul", ["g", "half"], ["y"])]
+
+
 def _hardswish_paddle():
     """``(x * clip(x + 3, 0, 6)) / 6``, as Paddle exports hardswish (PP-OCR detectors)."""
     return [helper.make_node("Add", ["c", "three"], ["p"]), helper.make_node("Clip", ["p", "zero", "six"], ["q"]),
@@ -102,6 +119,8 @@ CONVERSIONS = [
     ("conv_sigmoid", lambda: _g_conv(_act("Sigmoid")), {"tvmfuse.conv2d_sigmoid": 1}, []),
     ("conv_silu", lambda: _g_conv(_silu(("c", "s"))), {"tvmfuse.conv2d_silu": 1}, []),
     ("conv_silu_gate_first", lambda: _g_conv(_silu(("s", "c"))), {"tvmfuse.conv2d_silu": 1}, []),
+    ("conv_gelu", lambda: _g_conv(_gelu(False), _GELU_INITS), {"tvmfuse.conv2d_gelu": 1}, []),
+    ("conv_gelu_half_first", lambda: _g_conv(_gelu(True), _GELU_INITS), {"tvmfuse.conv2d_gelu": 1}, []),
     ("conv_hardswish_paddle", lambda: _g_conv(_hardswish_paddle(), _HSWISH_INITS), {"tvmfuse.conv2d_hardswish": 1},
      []),
     ("dw_hardswish_paddle", lambda: _g_conv(_hardswish_paddle(), _HSWISH_INITS, cin=8, cout=8, group=8),
