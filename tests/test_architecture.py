@@ -58,14 +58,15 @@ def test_anchor_ops_are_listed_once():
 
 def test_the_family_is_decided_in_one_function():
     """``groups`` decides conv2d / depthwise / grouped only in families.family_of (Winograd's own condition,
-    a plain conv, is the one other comparison)."""
+    a plain conv, and TransposeConvToConv's, a plain *transposed* conv, are the other comparisons)."""
     depthwise = r"groups\)? == (in_channels|int\(.*shape\[1\]\)|data\[1\])"
     for path, text in _sources():
         if path.name == "families.py":
             continue
         compares = [ast.unparse(n) for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Compare)]
         assert not any(re.search(depthwise, c) for c in compares), path
-        assert path.name == "winograd.py" or not any(re.search(r"groups\)? == 1\b", c) for c in compares), path
+        assert path.name in ("winograd.py", "conv_transpose.py") or not any(
+            re.search(r"groups\)? == 1\b", c) for c in compares), path
 
 
 def test_every_kernel_a_compute_names_is_registered():
