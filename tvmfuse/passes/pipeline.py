@@ -33,12 +33,13 @@ class PassRecord:
 
 def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None) -> list:
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, flatten N-D x constant matmuls to
-    2-D, turn stride == kernel transposed convs into 1x1 convs + depth-to-space, fold batch-norm into convs: the shapes the patterns expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    2-D, pad dense weights whose column count has no vector-wide divisor, turn stride == kernel transposed convs into 1x1 convs + depth-to-space, fold batch-norm into convs: the shapes the patterns expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
     from .conv_transpose import TransposeConvToConv
     from .flatten_matmul import FlattenMatmul
+    from .pad_dense import PadDenseColumns
     from .fold_bn import FoldBatchNorm
     from .qdq import FuseQDQ
 
@@ -47,7 +48,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report), relax.transform.FoldConstant(), FlattenMatmul,
-            TransposeConvToConv, FoldBatchNorm, relax.transform.FoldConstant()]
+            PadDenseColumns, TransposeConvToConv, FoldBatchNorm, relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,

@@ -1,0 +1,53 @@
+"""PadDenseColumns: a recognizer head with 18,385 classes runs on whole-vector column blocks (weight and bias
+padded, the extra columns sliced off) and still equals onnxruntime; counts with a vector-wide block stay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+import tvmfuse
+from helpers import HOST, make_model, ort_run
+from tvmfuse.passes.pad_dense import needs_padding
+
+RNG = np.random.default_rng(5)
+
+
+def _head(m, k, n, bias=True):
+    inits = [numpy_helper.from_array((RNG.standard_normal((k, n)) / np.sqrt(k)).astype("float32"), "W")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    out = "mm"
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(n).astype("float32"), "B"))
+        nodes.append(helper.make_node("Add", ["mm", "B"], ["logits"]))
+        out = "logits"
+    nodes.append(helper.make_node("Softmax", [out], ["y"], axis=-1))
+    return make_model(nodes, [("x", [m, k])], [("y", None)], inits)
+
+
+def _dense_widths(cm) -> list[int]:
+    return [int(fn.params[1].ty.shape[1]) for name, (fn, _) in cm.record.kernels.items()
+            if name.startswith("tvmfuse_dense")]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_head_without_small_divisors_is_padded_and_exact(bias):
+    model = _head(40, 120, 18385, bias)
+    x = {"x": RNG.standard_normal((40, 120)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    got, want = cm.run(x)[0], ort_run(model, x)[0]
+    assert got.shape == want.shape == (40, 18385)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert _dense_widths(cm) == [18400]
+    ops = [fn.body.blocks[0].bindings[-1].value.op.name for fn, _ in cm.record.kernels.values()]
+    assert ops == (["relax.add"] if bias else ["relax.matmul"])  # the bias stays inside the dense kernel
+
+
+def test_counts_with_a_vector_wide_block_are_left_alone():
+    assert not needs_padding(1000) and not needs_padding(360) and not needs_padding(7)
+    assert needs_padding(18385) and needs_padding(3677) and needs_padding(97)
+    assert not needs_padding(6625)  # 25-column blocks: one whole vector and more
+    model = _head(1, 64, 1000)
+    cm = tvmfuse.compile(model, target=HOST)
+    assert _dense_widths(cm) == [1000]
