@@ -1,5 +1,6 @@
-"""PadDenseColumns: a recognizer head with 18,385 classes runs on whole-vector column blocks (weight and bias
-padded, the extra columns sliced off) and still equals onnxruntime; counts with a vector-wide block stay."""
+"""Recognizer heads (dense + Softmax over thousands of classes). PadDenseColumns: a head with 18,385 classes runs
+on whole-vector column blocks (weight and bias padded, the extra columns sliced off) and still equals
+onnxruntime; counts with a vector-wide block stay. Softmax on x86 is the vectorizable fast_softmax."""
 
 from __future__ import annotations
 
@@ -51,3 +52,14 @@ def test_counts_with_a_vector_wide_block_are_left_alone():
     model = _head(1, 64, 1000)
     cm = tvmfuse.compile(model, target=HOST)
     assert _dense_widths(cm) == [1000]
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_runs_the_vectorizable_fast_softmax_within_its_stated_error(axis):
+    """x86 legalizes Softmax with topi.nn.fast_softmax (fast_exp: at most 4.1e-6 relative error)."""
+    model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], [("x", [3, 7, 40])], [("y", None)])
+    x = {"x": (RNG.standard_normal((3, 7, 40)) * 8).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    got, want = cm.run(x)[0], ort_run(model, x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert any(gv.name_hint.startswith("fast_softmax") for gv in cm.lowered.functions)
