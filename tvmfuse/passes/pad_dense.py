@@ -1,6 +1,6 @@
 """PadDenseColumns: a dense whose column count has no small divisor gets its constant weight padded.
 
-The dense kernel gives each task a block of output columns that divides ``N`` (:mod:`schedules.x86.dense`).
+The x86 dense rule (``schedules/x86/dense.py``) gives each task a block of output columns that divides ``N``.
 Recognizer heads have class counts like 18,385 = 5 x 3,677: the largest block was 5 columns, a third of
 one vector, and PP-OCRv5 rec's head ran at 20 GFLOP/s, 41 % of the model's time. Padding the weight (and a
 following per-column bias) with zero columns up to a multiple of 16 gives whole-vector blocks; the padded
