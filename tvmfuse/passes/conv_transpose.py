@@ -19,7 +19,7 @@ from tvm import relax
 
 from tvmfuse.schedules.families import static_shape
 
-from .utils import const_array
+from .utils import const_array, rewrite_functions
 
 _CONV_T, _ADD, _RESHAPE = (tvm.ir.Op.get(n) for n in ("relax.nn.conv2d_transpose", "relax.add", "relax.reshape"))
 
@@ -98,7 +98,4 @@ class _Rewrite(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="TransposeConvToConv")
 def TransposeConvToConv(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = relax.analysis.remove_all_unused(_Rewrite(mod).visit_expr(func))
-    return mod
+    return rewrite_functions(mod, _Rewrite)

@@ -18,7 +18,7 @@ from tvm import relax
 
 from tvmfuse.schedules.families import FAMILIES, static_shape
 
-from .utils import const_array
+from .utils import const_array, rewrite_functions
 
 # The dense family's anchor (a matmul): what this pass turns N-D operands of into the 2-D form it takes.
 _MATMUL = tvm.ir.Op.get(FAMILIES["dense"].anchor_op)
@@ -76,8 +76,4 @@ class _Flatten(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="FlattenMatmul")
 def FlattenMatmul(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
-    rewriter = _Flatten(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = relax.analysis.remove_all_unused(rewriter.visit_expr(func))
-    return mod
+    return rewrite_functions(mod, _Flatten)

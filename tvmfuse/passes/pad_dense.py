@@ -17,7 +17,7 @@ from tvm import relax
 from tvmfuse.schedules.common import largest_divisor
 from tvmfuse.schedules.families import FAMILIES, static_shape
 
-from .utils import const_array
+from .utils import const_array, rewrite_functions
 
 PAD_TO = 16  # columns: a multiple of both AVX2's (8) and AVX-512's (16) float lanes
 MAX_BLOCK = 4 * PAD_TO  # the dense rule's largest column block for a count without whole vectors
@@ -82,7 +82,4 @@ class _Pad(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="PadDenseColumns")
 def PadDenseColumns(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = relax.analysis.remove_all_unused(_Pad(mod).visit_expr(func))
-    return mod
+    return rewrite_functions(mod, _Pad)

@@ -15,3 +15,14 @@ def const_array(expr) -> np.ndarray | None:
     if isinstance(expr, tvm.ir.expr.Constant):
         return expr.value.numpy()
     return None
+
+
+def rewrite_functions(mod, mutator_class):
+    """Run every Relax function of ``mod`` through a fresh ``mutator_class(mod)`` (a ``PyExprMutator``) and
+    drop the bindings the rewrite left unused; PrimFuncs stay as they are. Returns ``mod``, updated."""
+    from tvm import relax
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = relax.analysis.remove_all_unused(mutator_class(mod).visit_expr(func))
+    return mod
