@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 
@@ -149,16 +148,8 @@ def single_partition(model, spec):
 
 
 def machine() -> str:
-    """The CPU, its family/model and the vector features that matter here (reports must name the machine)."""
-    info: dict[str, str] = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or platform.machine()
-    flags = set(info.get("flags", "").split())
-    features = [f for f, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX2", "avx2"),
-                                  ("AMX", "amx_tile")) if flag in flags]
-    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} model "
-            f"{info.get('model', '?')}; {', '.join(features) or 'no AVX2'})")
+    """The CPU, its family/model and the vector features that matter here (reports must name the machine);
+    the same line ``tvmfuse compare`` reports (:func:`tvmfuse.comparison.environment.cpu_name`)."""
+    from tvmfuse.comparison.environment import cpu_name
+
+    return cpu_name()

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import THREADS, inputs_for, named_model, table  # noqa: E402
 
 import tvmfuse  # noqa: E402
+from tvmfuse.comparison.contenders import kernel_times as instrumented  # noqa: E402
 from tvmfuse.schedules.compute import anchor_call  # noqa: E402
 
 
@@ -28,24 +28,9 @@ def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:
     """Kernel (or VM builtin) name -> its call times in seconds over ``runs`` inferences."""
     runner = cm._get_runner()
     x = inputs_for(cm.inputs)
-    times, started = collections.defaultdict(list), {}
-
-    def instrument(func, symbol, before_run, ret_value, *args):
-        if before_run:
-            started["t"] = time.perf_counter()
-        else:
-            times[symbol].append(time.perf_counter() - started["t"])
-        return 0
-
     for _ in range(warmup):
         runner.run(x)
-    runner._vm.set_instrument(instrument)
-    try:
-        for _ in range(runs):
-            runner.run(x)
-    finally:
-        runner._vm.set_instrument(lambda *a: 0)
-    return times
+    return instrumented(runner._vm, lambda: runner.run(x), runs)
 
 
 def _conv_row(name: str, seconds: float, calls: int, cm) -> dict | None:

@@ -51,30 +51,8 @@ class TvmfuseContender:
     def profile(self, inputs: dict, runs: int) -> dict:
         """Per kernel time through the Relax VM's instrument hook (a callback around every call)."""
         self._configure()
-        vm = self.model._vm
-        times: dict[str, list[float]] = collections.defaultdict(list)
-        started = {}
-
-        def instrument(func, symbol, before_run, ret_value, *args):
-            if before_run:
-                started["t"] = time.perf_counter()
-            else:
-                times[str(symbol)].append(time.perf_counter() - started["t"])
-            return 0
-
-        for _ in range(3):
-            self.model.run(inputs)
-        plain = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            self.model.run(inputs)
-            plain.append(time.perf_counter() - start)
-        vm.set_instrument(instrument)
-        try:
-            for _ in range(runs):
-                self.model.run(inputs)
-        finally:
-            vm.set_instrument(lambda *a: 0)
+        end_to_end = median_call_us(lambda: self.model.run(inputs), runs)
+        times = kernel_times(self.model._vm, lambda: self.model.run(inputs), runs)
         rows = []
         for symbol, ts in times.items():
             info = self.kernel_info.get(symbol)
@@ -87,8 +65,42 @@ class TvmfuseContender:
                 row.update({k: info[k] for k in ("kind", "fused_ops", "schedule", "partition", "flops", "bytes")})
             row["gflops"] = row["flops"] / (us * 1e3) if us > 0 and row["flops"] else 0.0
             rows.append(row)
-        return _profile(rows, float(np.median(plain)) * 1e6, runs, "Relax VM instrument hook; each call's time includes the hook's own "
+        return _profile(rows, end_to_end, runs, "Relax VM instrument hook; each call's time includes the hook's own "
                         "cost, about a microsecond")
+
+
+def median_call_us(call, runs: int, warmup: int = 3) -> float:
+    """Median wall time of ``call()`` in microseconds over ``runs`` calls, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e6
+
+
+def kernel_times(vm, call, runs: int) -> dict[str, list[float]]:
+    """Kernel (or VM builtin) name -> its call times in seconds over ``runs`` calls of ``call()``, through
+    ``vm``'s instrument hook (a Python callback around every call the VM makes; it is removed after)."""
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    started = {}
+
+    def instrument(func, symbol, before_run, ret_value, *args):
+        if before_run:
+            started["t"] = time.perf_counter()
+        else:
+            times[str(symbol)].append(time.perf_counter() - started["t"])
+        return 0
+
+    vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            call()
+    finally:
+        vm.set_instrument(lambda *a: 0)
+    return times
 
 
 def _profile(rows: list[dict], end_to_end_us: float, runs: int, source: str) -> dict:
@@ -130,13 +142,7 @@ class OnnxRuntimeContender:
 
     def profile(self, inputs: dict, runs: int) -> dict:
         """Per operator type, from onnxruntime's own profiler (a second session with profiling on)."""
-        plain = []
-        for _ in range(3):
-            self.run(inputs)
-        for _ in range(runs):
-            start = time.perf_counter()
-            self.run(inputs)
-            plain.append(time.perf_counter() - start)
+        end_to_end = median_call_us(lambda: self.run(inputs), runs)
         prof = OnnxRuntimeContender(self.name, self._bytes, self._threads, _profiling=True)
         for _ in range(3 + runs):
             prof.run(inputs)
@@ -156,7 +162,7 @@ class OnnxRuntimeContender:
             by_type[op] += float(e.get("dur", 0))
             calls[op] += 1
         rows = _op_rows(by_type, calls, runs, "onnxruntime")
-        return _profile(rows, float(np.median(plain)) * 1e6, runs, "onnxruntime profiler (per operator type)")
+        return _profile(rows, end_to_end, runs, "onnxruntime profiler (per operator type)")
 
 
 class OpenVinoContender:
@@ -184,13 +190,7 @@ class OpenVinoContender:
 
     def profile(self, inputs: dict, runs: int) -> dict:
         """Per operator type, from OpenVINO's performance counters (a second compiled model with them on)."""
-        plain = []
-        for _ in range(3):
-            self.run(inputs)
-        for _ in range(runs):
-            start = time.perf_counter()
-            self.run(inputs)
-            plain.append(time.perf_counter() - start)
+        end_to_end = median_call_us(lambda: self.run(inputs), runs)
         prof = OpenVinoContender(self.name, *self._args, _profiling=True)
         by_type, calls = collections.defaultdict(float), collections.Counter()
         for i in range(3 + runs):
@@ -202,7 +202,7 @@ class OpenVinoContender:
                     by_type[info.node_type] += info.real_time.total_seconds() * 1e6
                     calls[info.node_type] += 1
         rows = _op_rows(by_type, calls, runs, "OpenVINO")
-        return _profile(rows, float(np.median(plain)) * 1e6, runs, "OpenVINO performance counters (per operator type)")
+        return _profile(rows, end_to_end, runs, "OpenVINO performance counters (per operator type)")
 
 
 def peer_names() -> tuple[str, ...]:

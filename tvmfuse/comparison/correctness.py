@@ -53,21 +53,23 @@ def top1(outputs: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     return np.array([int(np.argmax(np.asarray(o[0]).reshape(-1))) for o in outputs])
 
 
+def _unmatched(error: str) -> dict:
+    """The ``correctness`` entry of outputs that cannot be compared with the reference at all."""
+    return {"max_abs_err": None, "rel_err": None, "top1_agreement": None, "accuracy": None,
+            "fp32_agreement": None, "tolerance": "", "within_tolerance": False, "error": error}
+
+
 def check(outputs: list, reference: list, precision: str, y: np.ndarray | None = None,
           fp32_outputs: list | None = None) -> dict:
     """The report's ``correctness`` entry for one contender's ``outputs`` (per sample, per output)."""
     err, num, den, scale = 0.0, 0.0, 0.0, 1.0
     for got, ref in zip(outputs, reference):
         if len(got) != len(ref):
-            return {"max_abs_err": None, "rel_err": None, "top1_agreement": None, "accuracy": None,
-                    "fp32_agreement": None, "tolerance": "", "within_tolerance": False,
-                    "error": f"{len(got)} outputs, the reference has {len(ref)}"}
+            return _unmatched(f"{len(got)} outputs, the reference has {len(ref)}")
         for g, r in zip(got, ref):
             g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
             if g.shape != r.shape:
-                return {"max_abs_err": None, "rel_err": None, "top1_agreement": None, "accuracy": None,
-                        "fp32_agreement": None, "tolerance": "", "within_tolerance": False,
-                        "error": f"output shape {g.shape}, the reference has {r.shape}"}
+                return _unmatched(f"output shape {g.shape}, the reference has {r.shape}")
             err = max(err, float(np.max(np.abs(g - r))) if g.size else 0.0)
             num += float(np.sum((g - r) ** 2))
             den += float(np.sum(r ** 2))

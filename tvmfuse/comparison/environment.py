@@ -119,8 +119,8 @@ def roofline(seconds: float = 1.0) -> dict:
 
 def environment(threads: int, measure_roofline: bool = True) -> dict:
     """The report's ``environment`` entry, with ``load_before`` filled in; the caller sets ``load_after``."""
-    flags = sorted(targets.host_cpu_flags() & {flag for _, flag in _FEATURES} | (
-        targets.host_cpu_flags() & {"fma", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_int8"}))
+    shown = {flag for _, flag in _FEATURES} | {"fma", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_int8"}
+    flags = sorted(targets.host_cpu_flags() & shown)
     env = {"host": socket.gethostname(), "cpu": cpu_name(), "cpu_flags": flags, "cores": os.cpu_count(),
            "cpu_budget": cpu_budget(), "threads": threads, "load_before": load(), "load_after": None,
            "versions": versions(), "python": platform.python_version(), "platform": platform.platform(),

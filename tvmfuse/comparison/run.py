@@ -242,11 +242,13 @@ def _time(data: dict, rows: dict, live: dict, x: dict, progress: bool) -> None:
     fns = {n: (lambda c=c: c.run(x)) for n, c in live.items()}
     if twin is not None:
         fns[twin_name] = lambda: twin.run(x)
+    def device(n):  # the A/A twin has no row yet: it runs where its baseline runs
+        return rows.get(n, rows[baseline])["device"]
+
     by_device = {}
     for n in fns:
-        by_device.setdefault(rows[n]["device"] if n in rows else rows[baseline]["device"], []).append(n)
-    pairs = [(n, baseline) for n in fns if n != baseline and
-             (rows[n]["device"] if n in rows else rows[baseline]["device"]) == rows[baseline]["device"]]
+        by_device.setdefault(device(n), []).append(n)
+    pairs = [(n, baseline) for n in fns if n != baseline and device(n) == device(baseline)]
     _log(progress, f"timing {len(fns)} contenders, {data['settings']['budget_s']:.0f} s at most")
     rounds = timing.measure(fns, baseline, pairs, budget_s=data["settings"]["budget_s"],
                             target_ci=data["settings"]["target_ci"], seed=data["seed"])
