@@ -26,6 +26,30 @@ def _inline(sch: s_tir.Schedule) -> None:
             pass  # a reduction, or a stage read by more than one loop nest: it stays a stage
 
 
+def _full_reduction(sch: s_tir.Schedule, block, loops, vector_lanes: int) -> None:
+    """A reduction of a whole tensor to one value (ReduceMin/ReduceMax of dynamic quantization, a global
+    sum). The innermost loop is split into vector lanes and the others fused and split into up to 64
+    chunks; ``chunks x lanes`` partial results (rfactor) are computed in parallel over chunks and
+    vectorized over lanes, reading whole vectors, then combined by the original block. Unscheduled, it is
+    one scalar loop on one core (0.5 ms for a 1.2 M-element activation)."""
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    lanes = next((v for v in (vector_lanes, 8, 4) if v <= vector_lanes and extents[-1] % v == 0), None)
+    rows = math.prod(extents[:-1])
+    chunks = max((c for c in range(1, 65) if rows % c == 0), default=1)
+    if math.prod(extents) < PARALLEL_MIN or lanes is None or len(loops) < 2 or chunks < 2:
+        return
+    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    chunk, row = sch.split(outer, [chunks, None])
+    column, lane = sch.split(loops[-1], [None, lanes])
+    sch.reorder(chunk, lane, row, column)
+    partial = sch.rfactor(sch.fuse(chunk, lane), 0)
+    spatial, row, column = sch.get_loops(partial)
+    chunk, lane = sch.split(spatial, [chunks, lanes])
+    sch.reorder(chunk, row, column, lane)
+    sch.vectorize(lane)
+    sch.parallel(chunk)
+
+
 def _stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     loops = sch.get_loops(block)
     iters = sch.get(block).iter_vars
@@ -35,6 +59,8 @@ def _stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     spatial = 0
     while spatial < len(iters) and iters[spatial].iter_type == tirx.IterVar.DataPar:
         spatial += 1
+    if spatial == 0 and all(it.iter_type == tirx.IterVar.CommReduce for it in iters):
+        return _full_reduction(sch, block, loops, vector_lanes)
     if spatial == 0 or any(it.iter_type == tirx.IterVar.DataPar for it in iters[spatial:]):
         return  # not TE's order (data-parallel loops, then reductions)
     work = math.prod(int(e) for e in extents)

@@ -62,6 +62,38 @@ def test_reduction_runs_its_rows_in_parallel():
     assert ForKind.PARALLEL in kinds
 
 
+def _sum_matches_float64(func, shape):
+    # A sum in another order rounds differently: compare with float64, relative to the sum of magnitudes.
+    a = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    got = _run(func, [a, np.zeros((), "float32")])
+    assert abs(float(got) - a.astype(np.float64).sum()) <= 1e-6 * np.abs(a).astype(np.float64).sum()
+    return func
+
+
+@pytest.mark.parametrize("reduce", [topi.min, topi.max, topi.sum])
+@pytest.mark.parametrize("shape", [(1, 96, 112, 112), (1, 3, 224, 224), (1, 24, 56, 56)])
+def test_whole_tensor_reduction_is_split_into_parallel_vector_partials(reduce, shape):
+    # Dynamic quantization reduces every activation to its min and max: one scalar loop unscheduled.
+    a = te.placeholder(shape, name="a")
+    func = te.create_prim_func([a, reduce(a)])
+    s = (_sum_matches_float64(generic.apply(func, LANES), shape) if reduce is topi.sum
+         else _same_as_unscheduled(func))
+    sch = tvm.s_tir.Schedule(s)
+    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert len(blocks) == 2 and blocks[0].endswith("_rf")  # partial results, then their combination
+    partial = sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])
+    kinds = [sch.get(loop).kind for loop in partial]
+    assert kinds[0] == ForKind.PARALLEL and kinds[-1] == ForKind.VECTORIZED
+    assert int(sch.get(partial[-1]).extent) == (LANES if shape[-1] % LANES == 0 else 8)
+
+
+def test_small_whole_tensor_reduction_stays_serial():
+    a = te.placeholder((4, 100), name="a")
+    assert generic.apply(te.create_prim_func([a, topi.max(a)]), LANES) is not None  # inlined, not split
+    sch = tvm.s_tir.Schedule(generic.apply(te.create_prim_func([a, topi.max(a)]), LANES))
+    assert len(sch.get_child_blocks(sch.get_sblock("root"))) == 1
+
+
 def test_small_or_odd_kernels_stay_serial_or_scalar():
     small = te.placeholder((2, 8), name="small")
     kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([small, topi.exp(small)])))
