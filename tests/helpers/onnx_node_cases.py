@@ -19,7 +19,7 @@ from onnx import numpy_helper
 OP_TYPES = ("Conv", "BatchNormalization", "Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu",
             "PRelu", "Add", "Sub", "Mul", "Div", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
             "Concat", "Flatten", "Reshape", "Transpose", "Pad", "Softmax", "QuantizeLinear", "DequantizeLinear",
-            "QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger",
+            "QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "DynamicQuantizeLinear",
             # What real exports (OCR, detection, segmentation, ConvNeXt-style nets, CRNNs) add:
             "Identity", "Erf", "Split", "Resize", "LayerNormalization", "ReduceMean", "Pow", "Sqrt",
             "ConvTranspose", "LSTM", "GRU", "RNN")

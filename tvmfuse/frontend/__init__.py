@@ -12,6 +12,7 @@ from .importer import check_ops, to_relax
 from ..tensors import TensorInfo
 from .load import fix_input_shapes, graph_inputs, load_model, output_infos
 from .normalize import normalize_nodes
+from .integer_ops import rewrite_integer_ops
 from .qlinear import rewrite_quantized_ops
 from .rnn import rewrite_recurrent_ops
 
@@ -31,7 +32,8 @@ class ImportedModel:
 
 
 def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
-    """Load, fix shapes, constant-fold, unroll LSTM/GRU/RNN, normalize, fold zero Pads into Convs.
+    """Load, fix shapes, constant-fold, unroll LSTM/GRU/RNN, normalize, express quantized ops with standard
+    ones (integer ops read as float become float ops), fold zero Pads into Convs.
 
     Returns ``(ModelProto, source, inputs, outputs)``, without TVM.
     """
@@ -44,6 +46,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
     proto, _ = fold_constants(proto)
     proto, _ = rewrite_recurrent_ops(proto, source)
     proto, _ = normalize_nodes(proto, source)
+    proto, _ = rewrite_integer_ops(proto)
     proto, _ = rewrite_quantized_ops(proto, source)
     proto, _ = fuse_pad_into_conv(proto)
     return proto, source, inputs, output_infos(proto)

@@ -17,8 +17,13 @@ each such node is replaced here by standard ONNX nodes:
   tensors. TVM's conv2d on int32 is exact (checked up to K = 4608 at the extremes 255 and -128); float32 is
   not once ``K * 255 * 255 > 2**24``.
 - ``MatMulInteger`` is left alone: TVM's converter already computes it in int32, exactly.
+- ``DynamicQuantizeLinear`` (what onnxruntime's ``quantize_dynamic`` puts before every ``ConvInteger`` /
+  ``MatMulInteger``) becomes the standard ops of its definition, with onnxruntime's arithmetic: the range
+  ``[min(0, min x), max(0, max x)]``, ``scale = range / 255`` (1 when the range is empty, where TVM's own
+  converter divides by zero), ``zero_point = round(clip(-min / scale, 0, 255))`` rounding half to even,
+  then ``QuantizeLinear``. The run-time zero point then feeds ``ConvInteger``'s ``Sub`` as a tensor.
 
-Scales and zero points must be constants (initializers, or Constant nodes that ``fold_constants`` turned
+Apart from ``ConvInteger``'s single ``x_zero_point``, scales and zero points must be constants (initializers, or Constant nodes that ``fold_constants`` turned
 into initializers), since they are read here to broadcast and combine them. float16 scales are widened to
 float32 (exactly) so that everything in between is float32. Not supported (UnsupportedOpError naming the
 node): runtime scales or zero points, a per-row ``a_scale``/``y_scale`` of QLinearMatMul, vectors that
@@ -36,7 +41,7 @@ from ..errors import UnsupportedOpError
 from .graph import drop_unused_initializers
 
 #: Op types (default domain) this module replaces; ``check_ops`` accepts them.
-REWRITTEN_OP_TYPES = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger"})
+REWRITTEN_OP_TYPES = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "DynamicQuantizeLinear"})
 
 _INPUT_NAMES = {
     "QLinearConv": ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"),
@@ -197,23 +202,40 @@ def _qlinear_matmul(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]
     return [dq_a, dq_b, matmul, _quantize(rw, node, y)]
 
 
-def _to_int32(rw: _Rewriter, node: onnx.NodeProto, role: str, zp: np.ndarray | None,
+def _to_int32(rw: _Rewriter, node: onnx.NodeProto, role: str, zp: np.ndarray | str | None,
               zp_shape: tuple[int, ...]) -> tuple[list[onnx.NodeProto], str]:
-    """``Cast(input, int32)`` minus the zero point (left out when it is absent or zero)."""
+    """``Cast(input, int32)`` minus the zero point: a constant (left out when it is absent or zero) or the
+    name of a single value computed at run time (``DynamicQuantizeLinear``'s)."""
     base, prefix = f"{node.output[0]}_{role}", node.name or node.output[0]
     out = rw.fresh(f"{base}_i32")
     nodes = [helper.make_node("Cast", [rw.input(node, role)], [out], to=TensorProto.INT32, name=f"{prefix}/cast_{role}")]
-    if zp is not None and np.any(zp):
+    zp_name = None
+    if isinstance(zp, str):
+        zp_name = rw.fresh(f"{base}_zero_point_i32")
+        nodes.append(helper.make_node("Cast", [zp], [zp_name], to=TensorProto.INT32, name=f"{prefix}/cast_{role}_zp"))
+    elif zp is not None and np.any(zp):
         zp_name = rw.initializer(f"{base}_zero_point", zp.astype(np.int32).reshape(zp_shape))
+    if zp_name is not None:
         shifted = rw.fresh(f"{base}_shifted")
         nodes.append(helper.make_node("Sub", [out, zp_name], [shifted], name=f"{prefix}/sub_{role}_zero_point"))
         out = shifted
     return nodes, out
 
 
+def _runtime_zero_point(rw: _Rewriter, node: onnx.NodeProto) -> str:
+    """The name of ConvInteger's x_zero_point computed at run time, which must be a single value."""
+    name = rw.input(node, "x_zero_point")
+    shape = rw.shapes.get(name)
+    if shape is not None and int(np.prod(shape)) != 1:
+        raise rw.error(node, f"x_zero_point {name!r} has shape {shape}; the spec allows a single value")
+    return name
+
+
 def _conv_integer(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
-    x_zp, w_zp = rw.constant(node, "x_zero_point"), rw.constant(node, "w_zero_point")
-    if x_zp is not None and x_zp.size != 1:
+    name = rw.input(node, "x_zero_point")
+    x_zp = _runtime_zero_point(rw, node) if name and name not in rw.initializers else rw.constant(node, "x_zero_point")
+    w_zp = rw.constant(node, "w_zero_point")
+    if isinstance(x_zp, np.ndarray) and x_zp.size != 1:
         raise rw.error(node, f"x_zero_point has shape {x_zp.shape}; the spec allows a single value")
     w_zp_shape: tuple[int, ...] = ()
     if w_zp is not None and w_zp.size != 1:
@@ -229,7 +251,32 @@ def _conv_integer(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     return x_nodes + w_nodes + [conv]
 
 
-_REWRITES = {"QLinearConv": _qlinear_conv, "QLinearMatMul": _qlinear_matmul, "ConvInteger": _conv_integer}
+def _dynamic_quantize(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """DynamicQuantizeLinear as onnxruntime computes it (see the module docstring)."""
+    x, (y, scale, zero_point) = node.input[0], (list(node.output) + ["", "", ""])[:3]
+    prefix = node.name or node.output[0]
+    scale = scale or rw.fresh(f"{y}_scale")
+    zero_point = zero_point or rw.fresh(f"{y}_zero_point")
+    consts = {v: rw.initializer(f"{y}_{k}", np.float32(v)) for k, v in (("zero", 0.0), ("one", 1.0), ("qmax", 255.0))}
+    nodes = []
+
+    def op(op_type, inputs, out=None, **attrs):
+        out = out or rw.fresh(f"{y}_{op_type.lower()}")
+        nodes.append(helper.make_node(op_type, inputs, [out], name=f"{prefix}/{op_type.lower()}_{len(nodes)}", **attrs))
+        return out
+
+    low = op("Min", [op("ReduceMin", [x], keepdims=0), consts[0.0]])
+    high = op("Max", [op("ReduceMax", [x], keepdims=0), consts[0.0]])
+    op("Where", [op("Equal", [high, low]), consts[1.0], op("Div", [op("Sub", [high, low]), consts[255.0]])], scale)
+    initial = op("Sub", [consts[0.0], op("Div", [low, scale])])
+    clipped = op("Min", [op("Max", [initial, consts[0.0]]), consts[255.0]])
+    op("Cast", [op("Round", [clipped])], zero_point, to=TensorProto.UINT8)
+    op("QuantizeLinear", [x, scale, zero_point], y)
+    return nodes
+
+
+_REWRITES = {"QLinearConv": _qlinear_conv, "QLinearMatMul": _qlinear_matmul, "ConvInteger": _conv_integer,
+             "DynamicQuantizeLinear": _dynamic_quantize}
 
 
 def rewrite_quantized_ops(model: onnx.ModelProto, source: str = "<ModelProto>") -> tuple[onnx.ModelProto, int]:
