@@ -1,4 +1,16 @@
-"""Layout transforms (NCHW <-> NCHW[b]c) on x86: rows in parallel, the innermost axis vectorized."""
+"""Layout transforms (NCHW <-> NCHW[b]c) on x86: transposed in ``b x v`` tiles, rows in parallel.
+
+Each transform is a transpose of ``b`` channels against the pixels of a row. A tile takes ``v`` pixels (a
+vector width dividing the row) of all ``b`` channels: the channel loop is unrolled and the pixel loop
+vectorized, so each step moves whole vectors on the plain side (one channel, ``v`` pixels) and LLVM turns
+the ``b`` strided accesses of the blocked side into loads/stores and shuffles.
+
+Measured on Zen 4 (``x86-avx512``), 1x16x320x320 float32, the shape of PP-OCR detectors' first feature
+map: to_plain 761 -> 157 us and to_blocked 476 -> 110 us. Vectorizing a whole 320-pixel row instead (the
+previous schedule) also made LLVM legalize a 320-lane gather: 20 s of compile time for one such kernel,
+most of the 57 s PP-OCRv6 tiny det took. A row whose width no vector divides keeps the old shape for
+to_blocked (the block vectorized) and runs scalar along the row for to_plain.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +25,45 @@ def apply(func: tirx.PrimFunc, vector_lanes: int) -> tirx.PrimFunc | None:
     return sch.mod["main"] if schedule(sch, vector_lanes) else None
 
 
+def _pixels(width: int, vector_lanes: int) -> int | None:
+    """The pixels per tile: the widest vector (at most ``vector_lanes``, at least 4) dividing the row."""
+    return next((v for v in (vector_lanes, 8, 4) if v <= vector_lanes and width % v == 0), None)
+
+
+def _to_plain(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
+    n, c, y, x = sch.get_loops(block)
+    channels = int(sch.get(block).reads[0].source.shape[4])
+    v = _pixels(int(sch.get(x).extent), vector_lanes)
+    co, ci = sch.split(c, [None, channels])
+    if v is None:
+        sch.parallel(sch.fuse(n, co, ci, y))
+        return
+    xo, xi = sch.split(x, [None, v])
+    sch.reorder(n, co, y, xo, ci, xi)
+    sch.parallel(sch.fuse(n, co, y))
+    sch.unroll(ci)
+    sch.vectorize(xi)
+
+
+def _to_blocked(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
+    n, cb, y, x, i = sch.get_loops(block)
+    v = _pixels(int(sch.get(x).extent), vector_lanes)
+    if v is None:
+        sch.parallel(sch.fuse(n, cb, y))
+        sch.vectorize(i)
+        return
+    xo, xi = sch.split(x, [None, v])
+    sch.reorder(n, cb, y, xo, i, xi)
+    sch.parallel(sch.fuse(n, cb, y))
+    sch.unroll(i)
+    sch.vectorize(xi)
+
+
 def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
     """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it is not a layout transform."""
-    del vector_lanes  # the innermost axis is the block or the row, whatever the target's width
     names = block_names(sch)
     if names not in ([TO_BLOCKED], [TO_PLAIN]):
         return False
-    loops = sch.get_loops(sch.get_sblock(names[0]))
-    # to_blocked: (n, c/b, h, w, b); to_plain: (n, c, h, w). Whole rows per parallel iteration.
-    sch.parallel(sch.fuse(*loops[:3]))
-    sch.vectorize(loops[-1])
+    block = sch.get_sblock(names[0])
+    (_to_blocked if names[0] == TO_BLOCKED else _to_plain)(sch, block, vector_lanes)
     return True
