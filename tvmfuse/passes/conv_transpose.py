@@ -1,17 +1,26 @@
-"""TransposeConvToConv: a transposed conv whose stride equals its kernel becomes a 1x1 conv + depth-to-space.
+"""TransposeConvToConv: a transposed conv becomes a stride-1 conv with ``s*s`` phases + depth-to-space (+ crop).
 
 Text detectors (PP-OCR's DB head, every version in the corpus) upsample with ``ConvTranspose`` kernel 2,
-stride 2, no padding. TVM's default kernel for it scattered over the whole output: 78 % of en_ppocrv3_det's
-time (124 of 159 ms) was its two ConvTranspose kernels. With stride == kernel the output windows do not
-overlap: ``y[n, o, s*i + a, s*j + b] = sum_c x[n, c, i, j] * W[c, o, a, b]``, which is a 1x1 conv with
-``O*kh*kw`` output channels (weight ``W'[(o, a, b), c] = W[c, o, a, b]``, packed at compile time) followed by
-a depth-to-space (reshape, transpose, reshape). The conv then runs on the conv2d family's kernel, and a
-following per-channel bias ``add`` is moved into it (each output channel's bias repeated ``kh*kw`` times).
+stride 2, no padding; U-Nets with kernel 3, stride 2, padding 1, output padding 1. TVM's default kernel for it
+scatters over the whole output: 78 % of en_ppocrv3_det's time (124 of 159 ms) was its two ConvTranspose
+kernels, 84 % of the zoo's U-Net (41.7 of 49.7 ms) its one 3x3 stride-2 ConvTranspose.
 
-Groups other than 1, padding, output padding and dilation keep TVM's default kernel.
+The sub-pixel form (per axis, stride ``s``, kernel ``k``, ``M = ceil(k / s)``): output row ``s*q + a`` (phase
+``a``) receives ``x[q - m] * W[a + s*m]`` for ``m < M``, a correlation of the input padded by ``M - 1`` with the
+taps reversed. So one ``M x M`` conv with ``O*s*s`` output channels (weight
+``V[(o, a, b), c, t, u] = W[c, o, a + s*(M-1-t), b + s*(M-1-u)]``, zero beyond the kernel, packed at compile
+time) computes every phase; a depth-to-space interleaves them and a slice removes the transposed conv's
+padding (and adds its output padding). With stride == kernel and no padding this is a 1x1 conv and no slice.
+The conv runs on the conv2d family's kernel, and a following per-channel bias ``add`` is moved into it (each
+output channel's bias repeated ``s*s`` times). For ``k = 3, s = 2`` the 2x2 phase kernels hold 16 taps for
+the 9 of the kernel: twice the multiply-adds, on a kernel that runs them ~100x faster.
+
+Groups other than 1 and dilation keep TVM's default kernel.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import tvm
@@ -21,7 +30,8 @@ from tvmfuse.schedules.families import static_shape
 
 from .utils import const_array, rewrite_functions
 
-_CONV_T, _ADD, _RESHAPE = (tvm.ir.Op.get(n) for n in ("relax.nn.conv2d_transpose", "relax.add", "relax.reshape"))
+_CONV_T, _ADD, _RESHAPE, _SLICE = (tvm.ir.Op.get(n) for n in (
+    "relax.nn.conv2d_transpose", "relax.add", "relax.reshape", "relax.strided_slice"))
 
 
 def _rewritable(call) -> bool:
@@ -29,11 +39,37 @@ def _rewritable(call) -> bool:
     w = const_array(call.args[1])
     xs = static_shape(call.args[0])
     return (w is not None and w.ndim == 4 and xs is not None and len(xs) == 4 and int(a.groups) == 1
-            and tuple(int(s) for s in a.strides) == w.shape[2:]
-            and all(int(p) == 0 for p in a.padding) and all(int(p) == 0 for p in a.output_padding)
-            and all(int(d) == 1 for d in a.dilation)
+            and all(int(d) == 1 for d in a.dilation) and all(int(s) >= 1 for s in a.strides)
+            and all(int(p) >= 0 for p in a.padding) and len(a.padding) == 4
             and (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "IOHW", "NCHW")
             and (a.out_dtype is None or str(a.out_dtype) in ("", str(call.args[0].ty.dtype))))
+
+
+def phase_weight(w: np.ndarray, strides: tuple[int, int]) -> np.ndarray:
+    """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I, Mh, Mw]``."""
+    c_in, c_out, kh, kw = w.shape
+    (sh, sw), mh, mw = strides, math.ceil(kh / strides[0]), math.ceil(kw / strides[1])
+    v = np.zeros((c_out, sh, sw, c_in, mh, mw), w.dtype)
+    for a in range(sh):
+        for t in range(mh):
+            tap_h = a + sh * (mh - 1 - t)
+            if tap_h >= kh:
+                continue
+            for b in range(sw):
+                for u in range(mw):
+                    tap_w = b + sw * (mw - 1 - u)
+                    if tap_w < kw:
+                        v[:, a, b, :, t, u] = w[:, :, tap_h, tap_w].T
+    return v.reshape(c_out * sh * sw, c_in, mh, mw)
+
+
+def _axis(size: int, k: int, s: int, before: int, after: int, extra: int):
+    """(conv padding before, after, phase rows Q, slice begin, end) along one axis."""
+    m = math.ceil(k / s)
+    out = (size - 1) * s + k - before - after + extra
+    rows = size + m - 1
+    more = max(0, math.ceil((before + out - s * rows) / s))  # output padding past the last tap: zero rows
+    return m - 1, m - 1 + more, rows + more, before, before + out
 
 
 @relax.expr_functor.mutator
@@ -45,25 +81,36 @@ class _Rewrite(relax.PyExprMutator):
     def _conv_transpose(self, call):
         if not _rewritable(call):
             return None
-        w = const_array(call.args[1])
-        c_in, c_out, kh, kw = w.shape
+        a, w = call.attrs, const_array(call.args[1])
+        _, c_out, kh, kw = w.shape
         n, _, h, wd = static_shape(call.args[0])
-        packed = np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(c_out * kh * kw, c_in, 1, 1)
-        conv = self.builder_.emit(relax.op.nn.conv2d(call.args[0], relax.const(packed, str(w.dtype))))
-        return self._depth_to_space(conv, (n, c_out, h, wd, kh, kw))
+        (sh, sw), pad, extra = (tuple(int(v) for v in a.strides), [int(v) for v in a.padding],
+                                [int(v) for v in a.output_padding])
+        top, bottom, qh, y0, y1 = _axis(h, kh, sh, pad[0], pad[2], extra[0])
+        left, right, qw, x0, x1 = _axis(wd, kw, sw, pad[1], pad[3], extra[1])
+        weight = relax.const(phase_weight(w, (sh, sw)), str(w.dtype))
+        conv = self.builder_.emit(relax.op.nn.conv2d(call.args[0], weight, padding=[top, left, bottom, right]))
+        crop = None if (y0, y1, x0, x1) == (0, qh * sh, 0, qw * sw) else (y0, y1, x0, x1)
+        return self._depth_to_space(conv, (n, c_out, qh, qw, sh, sw, crop))
 
     def _depth_to_space(self, conv, dims):
-        n, c_out, h, wd, kh, kw = dims
+        n, c_out, h, wd, kh, kw, crop = dims
         split = self.builder_.emit(relax.op.reshape(conv, (n, c_out, kh, kw, h, wd)))
         moved = self.builder_.emit(relax.op.permute_dims(split, [0, 1, 4, 2, 5, 3]))
         self._made.append((moved, conv, dims))
-        return relax.op.reshape(moved, (n, c_out, h * kh, wd * kw))
+        interleaved = relax.op.reshape(moved, (n, c_out, h * kh, wd * kw))
+        if crop is None:
+            return interleaved
+        y0, y1, x0, x1 = crop
+        return relax.op.strided_slice(self.builder_.emit(interleaved), [2, 3], [y0, x0], [y1, x1],
+                                      assume_inbound=True)
 
     def _made_by_us(self, var):
-        """``(conv, dims)`` when ``var`` is bound to the last reshape of a depth-to-space this pass wrote."""
-        if not isinstance(var, relax.Var):
-            return None
-        value = self.lookup_binding(var)
+        """``(conv, dims)`` when ``var`` is bound to the last op (reshape, or the slice after it) of a
+        depth-to-space this pass wrote."""
+        value = self.lookup_binding(var) if isinstance(var, relax.Var) else None
+        if isinstance(value, relax.Call) and value.op == _SLICE and isinstance(value.args[0], relax.Var):
+            value = self.lookup_binding(value.args[0])
         if not (isinstance(value, relax.Call) and value.op == _RESHAPE):
             return None
         for moved, conv, dims in self._made:
