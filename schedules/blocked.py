@@ -89,12 +89,15 @@ def out_size(size: int, before: int, after: int, kernel: int, stride: int, dilat
     return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32"):
-    """conv2d (groups 1) from NCHW (4-D) or NCHW[bi]c (5-D) ``data`` to NCHW[bo]c.
+def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32", groups: int = 1):
+    """conv2d from NCHW (4-D) or NCHW[bi]c (5-D) ``data`` to NCHW[bo]c.
 
-    ``weight`` is packed by :func:`pack_conv_weight` (``bi = 1`` for 4-D data).
+    ``weight`` is packed by :func:`pack_conv_weight` (``bi = 1`` for 4-D data). With ``groups`` > 1 both
+    blocks must divide a group's channels (``bo | O/groups``, ``bi | I/groups``): an output block then
+    reads the ``in_blocks`` input blocks of its own group.
     """
     out_blocks, in_blocks, kh, kw, bi, bo = (int(d) for d in weight.shape)
+    blocks_per_group = out_blocks // groups
     blocked_in = len(data.shape) == 5
     n, h, w = int(data.shape[0]), int(data.shape[2]), int(data.shape[3])
     top, left, bottom, right = padding
@@ -110,14 +113,15 @@ def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32")
     rco, rci = te.reduce_axis((0, in_blocks), "rco"), te.reduce_axis((0, bi), "rci")
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
 
-    def read(b, y, x):
+    def read(b, ob, y, x):
         iy, ix = y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1]
-        return data[b, rco, iy, ix, rci] if blocked_in else data[b, rco * bi + rci, iy, ix]
+        block = ob // blocks_per_group * in_blocks + rco if groups > 1 else rco  # plain index for groups 1
+        return data[b, block, iy, ix, rci] if blocked_in else data[b, block * bi + rci, iy, ix]
 
     return te.compute(
         (n, out_blocks, out_h, out_w, bo),
-        lambda b, ob, y, x, i: te.sum(read(b, y, x).astype(out_dtype) * weight[ob, rco, ry, rx, rci, i].astype(out_dtype),
-                                      axis=[rco, ry, rx, rci]),
+        lambda b, ob, y, x, i: te.sum(read(b, ob, y, x).astype(out_dtype)
+                                      * weight[ob, rco, ry, rx, rci, i].astype(out_dtype), axis=[rco, ry, rx, rci]),
         name=CONV_ANCHOR)
 
 

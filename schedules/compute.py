@@ -158,6 +158,11 @@ def conv2d_blocked(call, data, weight):
     return blocked.conv2d(data, weight, *_conv_args(call), call.ty.dtype)
 
 
+def group_conv2d_blocked(call, data, weight):
+    """NCHW[b]c grouped conv2d whose blocks divide a group's channels (see :func:`blockable`)."""
+    return blocked.conv2d(data, weight, *_conv_args(call), call.ty.dtype, groups=int(call.attrs.groups))
+
+
 def depthwise_conv2d_blocked(call, data, weight):
     return blocked.depthwise_conv2d(data, weight, *_conv_args(call))
 
@@ -232,7 +237,18 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
     if family.blocked() is None or (family.name == "depthwise_conv2d" and families.depthwise_multiplier(anchor) != 1):
         return False
     out_channels = int(anchor.ty.shape[1])
-    return blocked.block_for(out_channels, lanes) is not None and isinstance(anchor.args[0], relax.Var)
+    block = blocked.block_for(out_channels, lanes)
+    if family.name == "group_conv2d" and block is not None and (out_channels // int(anchor.attrs.groups)) % block:
+        return False  # an output block would span two groups
+    return block is not None and isinstance(anchor.args[0], relax.Var)
+
+
+def group_input_block(anchor, block: int | None) -> bool:
+    """Whether a conv ``anchor`` can read its data in NCHW[block]c: always for groups 1, and for a grouped
+    conv when the block divides a group's input channels."""
+    if block is None or families.family_of(anchor).name != "group_conv2d":
+        return block is not None
+    return (int(anchor.args[0].ty.shape[1]) // int(anchor.attrs.groups)) % block == 0
 
 
 def _winograd_pays(call) -> bool:
@@ -246,7 +262,7 @@ def _winograd_pays(call) -> bool:
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
     data, weight = param_index(fn, anchor.args[0]), param_index(fn, anchor.args[1])
-    if families.family_of(anchor).name == "conv2d":
+    if families.family_of(anchor).name in ("conv2d", "group_conv2d"):
         kind = "winograd" if data in blocks and _winograd_pays(anchor) else "conv"
         packing = (kind, blocks.get(data, 1), out_block)
     else:

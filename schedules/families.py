@@ -164,10 +164,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                     Kernel("conv2d_winograd", {"x86": "conv2d_winograd"}),
                     Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
            anchor_check=_conv_layout, flops=_conv_flops),
-    # Matched by conv2d's pattern entries; scheduled by the backend's fallback (no rule of its own yet).
+    # Matched by conv2d's pattern entries. NCHW: the backend's fallback; blocked (when the blocks divide a
+    # group's channels, see RegroupConv for narrow groups): conv2d's blocked kernel and rule, per group.
     Family("group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="compute.group_conv2d",
-           int8=None, kernels=(Kernel("group_conv2d"),), anchor_check=_conv_layout,
-           flops=_conv_flops),
+           blocked_compute="compute.group_conv2d_blocked", int8=None,
+           kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
+           anchor_check=_conv_layout, flops=_conv_flops),
     Family("dense", "relax.matmul", "dense", residual=False, compute="compute.dense",
            int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k"),
            kernels=(Kernel("dense", {"x86": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),

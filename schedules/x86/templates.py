@@ -115,7 +115,7 @@ def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
 
 CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
            "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
-           "depthwise_conv2d_nchwc": _depthwise_nchwc_config}
+           "depthwise_conv2d_nchwc": _depthwise_nchwc_config, "group_conv2d_nchwc": _conv2d_nchwc_config}
 # kernel -> the rule module its template applies (the registry's x86 rule): the kernels with a config here.
 RULES = {kernel: X86_RULES[kernel] for kernel in CONFIGS}
 

@@ -355,7 +355,7 @@ def test_zoo_well_formed_after_partition_and_lower(name):
     assert composites(lowered) == {}
     assert kernels
     families = {"conv2d", "depthwise_conv2d", "group_conv2d", "dense", "conv2d_nchwc", "conv2d_winograd",
-                "depthwise_conv2d_nchwc"}
+                "depthwise_conv2d_nchwc", "group_conv2d_nchwc"}
     for gv, f in lowered.functions_items():
         if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.partition" in f.attrs:
             assert str(f.attrs["tvmfuse.family"]) in families, gv

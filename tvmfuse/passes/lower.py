@@ -12,7 +12,8 @@ from tvm import relax
 
 from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, pool2d, spatial_mean, to_blocked,
                                        to_plain)
-from tvmfuse.schedules.compute import anchor_call, blockable, param_index, partition_compute
+from tvmfuse.schedules import families
+from tvmfuse.schedules.compute import anchor_call, blockable, group_input_block, param_index, partition_compute
 
 from ..targets import TargetSpec
 from .layout import POOL_FAMILY, layout_kernel
@@ -121,12 +122,14 @@ class _Lower(relax.PyExprMutator):
         input directly (the stem), depthwise inputs and residuals are blocked (transformed if they are not)."""
         anchor = anchor_call(fn)
         data = param_index(fn, anchor.args[0])
-        depthwise = int(anchor.attrs.groups) != 1
+        depthwise = families.family_of(anchor).name == "depthwise_conv2d"
         args, blocks = list(args), {}
         for i, arg in enumerate(args):
             if not _is_activation(arg):
                 continue
             blocked = self.blocked_of.get(arg) if i == data and not depthwise else self._as_blocked(arg)
+            if i == data and blocked is not None and not group_input_block(anchor, int(blocked.ty.shape[4])):
+                blocked = None  # a grouped conv whose groups the block would straddle reads the plain input
             if blocked is not None:
                 args[i], blocks[i] = blocked, int(blocked.ty.shape[4])
         return args, blocks

@@ -33,7 +33,7 @@ class PassRecord:
 
 def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None) -> list:
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, flatten N-D x constant matmuls to
-    2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1 phase convs + depth-to-space, fold batch-norm into convs: the shapes the patterns expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1 phase convs + depth-to-space, merge narrow conv groups, fold batch-norm into convs: the shapes the patterns expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
@@ -42,13 +42,14 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     from .pad_dense import PadDenseColumns
     from .fold_bn import FoldBatchNorm
     from .qdq import FuseQDQ
+    from .regroup_conv import RegroupConv
 
     # CanonicalizeClip first: it folds the importer's Clip guards cheaply before FoldConstant sees them, and
     # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report), relax.transform.FoldConstant(), FlattenMatmul,
-            PadDenseColumns, TransposeConvToConv, FoldBatchNorm, relax.transform.FoldConstant()]
+            PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
