@@ -13,7 +13,7 @@ defines it).
 
 INT8 (:func:`check_quantized`): the quantized model is compared with the FP32 model on onnxruntime, the
 largest absolute difference of any element divided by the FP32 output's range (max - min). The bound
-(``INT8_BOUND``, 0.1) is stated where it is defined.
+(``INT8_BOUND``, 0.15) is stated where it is defined.
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ LAYOUTS = ("blocked", "nchw")
 # tensor carries a rounding error of up to half a step, 1/510 of its calibrated range; a fuzz graph chains up
 # to ~8 quantized layers whose errors add up (and grow through weights and activations), and outputs
 # downstream of a sigmoid or a head concentrate the range. Measured over seeds 0-199 (minmax calibration,
-# evaluated on a calibration batch): at most 0.041 (seed 148), median 0.006. 0.1 leaves 2.4x that; a wrong
-# INT8 kernel (a shifted window, a lost zero point, one channel computed for all) is O(1): 0.82 for seed 9's
-# depthwise bug.
-INT8_BOUND = 0.1
+# evaluated on a calibration batch): at most 0.101 (seed 148: a conv, then two ConvTransposes, which became
+# INT8 convs when TransposeConvToConv took every groups-1 form; alone each quantizes exactly as the equivalent
+# conv, 0.0055, and the three chained give 0.101 against 0.041 with the first only), next 0.031, median 0.006.
+# 0.15 leaves 1.5x the largest; a wrong INT8 kernel (a shifted window, a lost zero point, one channel
+# computed for all) is O(1): 0.82 for seed 9's depthwise bug.
+INT8_BOUND = 0.15
 
 
 @dataclasses.dataclass
