@@ -8,8 +8,8 @@ the ``b`` strided accesses of the blocked side into loads/stores and shuffles.
 Measured on Zen 4 (``x86-avx512``), 1x16x320x320 float32, the shape of PP-OCR detectors' first feature
 map: to_plain 761 -> 157 us and to_blocked 476 -> 110 us. Vectorizing a whole 320-pixel row instead (the
 previous schedule) also made LLVM legalize a 320-lane gather: 20 s of compile time for one such kernel,
-most of the 57 s PP-OCRv6 tiny det took. A row whose width no vector divides keeps the old shape for
-to_blocked (the block vectorized) and runs scalar along the row for to_plain.
+most of the 57 s PP-OCRv6 tiny det took. A row whose width no vector divides keeps the old shape: to_blocked
+vectorizes the block, to_plain the row when it is at most two vectors long (else it runs scalar).
 """
 
 from __future__ import annotations
@@ -34,10 +34,14 @@ def _to_plain(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     n, c, y, x = sch.get_loops(block)
     channels = int(sch.get(block).reads[0].source.shape[4])
     v = _pixels(int(sch.get(x).extent), vector_lanes)
-    co, ci = sch.split(c, [None, channels])
     if v is None:
-        sch.parallel(sch.fuse(n, co, ci, y))
+        # No vector divides the row: the row as one vector where that is short (7, 14, 25 pixels: a few
+        # registers), else scalar (a wide vector is what cost LLVM 20 s).
+        sch.parallel(sch.fuse(n, c, y))
+        if int(sch.get(x).extent) <= 2 * vector_lanes:
+            sch.vectorize(x)
         return
+    co, ci = sch.split(c, [None, channels])
     xo, xi = sch.split(x, [None, v])
     sch.reorder(n, co, y, xo, ci, xi)
     sch.parallel(sch.fuse(n, co, y))

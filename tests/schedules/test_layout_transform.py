@@ -1,8 +1,9 @@
 """The x86 layout transforms (schedules/x86/layout.py): NCHW <-> NCHW[b]c moved in b x v tiles.
 
 Numbers: exact against numpy for rows a vector divides and rows it does not, both blocks, float32 and
-uint8. Structure: no vectorized loop wider than the target's vector (a 320-lane vector once cost 20 s of
-LLVM time for one kernel), the channel loop of a tile unrolled, the rows in parallel.
+uint8. Structure: no vectorized loop wider than two of the target's vectors (a 320-lane vector once cost 20 s of
+LLVM time for one kernel; a 25-pixel row no vector divides is one short vector, 0.06 s), the channel loop of
+a tile unrolled, the rows in parallel.
 """
 
 from __future__ import annotations
@@ -65,10 +66,10 @@ def test_tiles_are_vector_by_block(direction):
 
 
 @pytest.mark.parametrize("direction", ["to_plain", "to_blocked"])
-@pytest.mark.parametrize("width", [320, 25, 7])
+@pytest.mark.parametrize("width", [320, 65, 25, 7])
 def test_no_vector_is_wider_than_the_target(direction, width):
     loops = _loops(layout.apply(_kernel(direction, (1, 16, 4, width), 16, "float32"), LANES))
-    assert all(int(loop.extent) <= LANES for loop in loops if loop.kind == ForKind.VECTORIZED)
+    assert all(int(loop.extent) <= 2 * LANES for loop in loops if loop.kind == ForKind.VECTORIZED)
 
 
 def test_other_kernels_are_not_taken():
