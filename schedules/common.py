@@ -78,6 +78,11 @@ def largest_divisor(n: int, cap: int, multiple_of: int = 1) -> int:
     return 1
 
 
+def dividing_vector(extent: int, vector_lanes: int) -> int | None:
+    """The widest vector (``vector_lanes``, else 8, else 4 lanes) dividing ``extent``; None when none does."""
+    return next((v for v in (vector_lanes, 8, 4) if v <= vector_lanes and extent % v == 0), None)
+
+
 def lanes(vector_bits: int, dtype_bits: int = 32) -> int:
     return vector_bits // dtype_bits
 

@@ -13,6 +13,8 @@ import math
 
 from tvm import s_tir, tirx
 
+from ..common import dividing_vector, largest_divisor
+
 PARALLEL_MIN = 4096  # iterations below which a parallel loop costs more than it saves (thread wake-up)
 
 
@@ -33,9 +35,8 @@ def _full_reduction(sch: s_tir.Schedule, block, loops, vector_lanes: int) -> Non
     vectorized over lanes, reading whole vectors, then combined by the original block. Unscheduled, it is
     one scalar loop on one core (0.5 ms for a 1.2 M-element activation)."""
     extents = [int(sch.get(loop).extent) for loop in loops]
-    lanes = next((v for v in (vector_lanes, 8, 4) if v <= vector_lanes and extents[-1] % v == 0), None)
-    rows = math.prod(extents[:-1])
-    chunks = max((c for c in range(1, 65) if rows % c == 0), default=1)
+    lanes = dividing_vector(extents[-1], vector_lanes)
+    chunks = largest_divisor(math.prod(extents[:-1]), 64)
     if math.prod(extents) < PARALLEL_MIN or lanes is None or len(loops) < 2 or chunks < 2:
         return
     outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]

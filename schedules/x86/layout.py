@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..blocked import TO_BLOCKED, TO_PLAIN
-from ..common import block_names
+from ..common import block_names, dividing_vector
 
 
 def apply(func: tirx.PrimFunc, vector_lanes: int) -> tirx.PrimFunc | None:
@@ -25,15 +25,10 @@ def apply(func: tirx.PrimFunc, vector_lanes: int) -> tirx.PrimFunc | None:
     return sch.mod["main"] if schedule(sch, vector_lanes) else None
 
 
-def _pixels(width: int, vector_lanes: int) -> int | None:
-    """The pixels per tile: the widest vector (at most ``vector_lanes``, at least 4) dividing the row."""
-    return next((v for v in (vector_lanes, 8, 4) if v <= vector_lanes and width % v == 0), None)
-
-
 def _to_plain(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     n, c, y, x = sch.get_loops(block)
     channels = int(sch.get(block).reads[0].source.shape[4])
-    v = _pixels(int(sch.get(x).extent), vector_lanes)
+    v = dividing_vector(int(sch.get(x).extent), vector_lanes)  # pixels per tile
     if v is None:
         # No vector divides the row: the row as one vector where that is short (7, 14, 25 pixels: a few
         # registers), else scalar (a wide vector is what cost LLVM 20 s).
@@ -51,7 +46,7 @@ def _to_plain(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
 
 def _to_blocked(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     n, cb, y, x, i = sch.get_loops(block)
-    v = _pixels(int(sch.get(x).extent), vector_lanes)
+    v = dividing_vector(int(sch.get(x).extent), vector_lanes)  # pixels per tile
     if v is None:
         sch.parallel(sch.fuse(n, cb, y))
         sch.vectorize(i)
