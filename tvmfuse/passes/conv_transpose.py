@@ -28,7 +28,7 @@ from tvm import relax
 
 from tvmfuse.schedules.families import static_shape
 
-from .utils import const_array, rewrite_functions
+from .utils import const_array, rewrite_call, rewrite_functions
 
 _CONV_T, _ADD, _RESHAPE, _SLICE = (tvm.ir.Op.get(n) for n in (
     "relax.nn.conv2d_transpose", "relax.add", "relax.reshape", "relax.strided_slice"))
@@ -134,13 +134,7 @@ class _Rewrite(relax.PyExprMutator):
         return self._depth_to_space(added, dims)
 
     def visit_call_(self, call):
-        call = super().visit_call_(call)
-        new = None
-        if call.op == _CONV_T:
-            new = self._conv_transpose(call)
-        elif call.op == _ADD:
-            new = self._bias(call)
-        return call if new is None else new
+        return rewrite_call(super().visit_call_(call), {_CONV_T: self._conv_transpose, _ADD: self._bias})
 
 
 @tvm.transform.module_pass(opt_level=0, name="TransposeConvToConv")

@@ -18,7 +18,7 @@ from tvm import relax
 
 from tvmfuse.schedules.families import FAMILIES, static_shape
 
-from .utils import const_array, rewrite_functions
+from .utils import const_array, rewrite_call, rewrite_functions
 
 # The dense family's anchor (a matmul): what this pass turns N-D operands of into the 2-D form it takes.
 _MATMUL = tvm.ir.Op.get(FAMILIES["dense"].anchor_op)
@@ -65,13 +65,7 @@ class _Flatten(relax.PyExprMutator):
         return relax.op.reshape(added, shape)
 
     def visit_call_(self, call):
-        call = super().visit_call_(call)
-        new = None
-        if call.op == _MATMUL:
-            new = self._matmul(call)
-        elif call.op == _ADD:
-            new = self._bias(call)
-        return call if new is None else new
+        return rewrite_call(super().visit_call_(call), {_MATMUL: self._matmul, _ADD: self._bias})
 
 
 @tvm.transform.module_pass(opt_level=0, name="FlattenMatmul")

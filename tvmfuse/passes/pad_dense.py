@@ -17,7 +17,7 @@ from tvm import relax
 from tvmfuse.schedules.common import largest_divisor
 from tvmfuse.schedules.families import FAMILIES, static_shape
 
-from .utils import const_array, rewrite_functions
+from .utils import const_array, rewrite_call, rewrite_functions
 
 PAD_TO = 16  # columns: a multiple of both AVX2's (8) and AVX-512's (16) float lanes
 MAX_BLOCK = 4 * PAD_TO  # the dense rule's largest column block for a count without whole vectors
@@ -71,13 +71,7 @@ class _Pad(relax.PyExprMutator):
         return self._slice(added, n)
 
     def visit_call_(self, call):
-        call = super().visit_call_(call)
-        new = None
-        if call.op == _MATMUL:
-            new = self._matmul(call)
-        elif call.op == _ADD:
-            new = self._bias(call)
-        return call if new is None else new
+        return rewrite_call(super().visit_call_(call), {_MATMUL: self._matmul, _ADD: self._bias})
 
 
 @tvm.transform.module_pass(opt_level=0, name="PadDenseColumns")

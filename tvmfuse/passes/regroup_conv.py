@@ -19,7 +19,7 @@ from tvm import relax
 
 from tvmfuse.schedules.families import FAMILIES, family_of, static_shape
 
-from .utils import const_array, rewrite_functions
+from .utils import const_array, rewrite_call, rewrite_functions
 
 BLOCK = 16  # output channels per merged group: a multiple of AVX2's (8) and AVX-512's (16) block
 MAX_FACTOR = 4  # at most 4x the multiply-adds
@@ -51,17 +51,19 @@ def merge_groups(weight: np.ndarray, groups: int, f: int) -> np.ndarray:
 @relax.expr_functor.mutator
 class _Regroup(relax.PyExprMutator):
     def visit_call_(self, call):
-        call = super().visit_call_(call)
-        if call.op != _CONV or family_of(call).name != "group_conv2d":
-            return call
+        return rewrite_call(super().visit_call_(call), {_CONV: self._regroup})
+
+    def _regroup(self, call):
+        if family_of(call).name != "group_conv2d":
+            return None
         weight, shape = const_array(call.args[1]), static_shape(call)
         a = call.attrs
         if weight is None or shape is None or (a.data_layout, a.kernel_layout) != ("NCHW", "OIHW"):
-            return call
+            return None
         groups = int(a.groups)
         f = factor(int(weight.shape[0]), groups)
         if f is None:
-            return call
+            return None
         merged = relax.const(merge_groups(weight, groups, f), str(weight.dtype))
         return relax.op.nn.conv2d(call.args[0], merged, strides=a.strides, padding=a.padding, dilation=a.dilation,
                                   groups=groups // f, data_layout=a.data_layout, kernel_layout=a.kernel_layout,

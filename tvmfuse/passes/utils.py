@@ -26,3 +26,11 @@ def rewrite_functions(mod, mutator_class):
         if isinstance(func, relax.Function):
             mod[gv] = relax.analysis.remove_all_unused(mutator_class(mod).visit_expr(func))
     return mod
+
+
+def rewrite_call(call, handlers: dict):
+    """``handlers[call.op](call)`` (a rewritten expression, or None to keep ``call``) for the ops the mutator
+    rewrites; ``call`` itself for every other op. The ``visit_call_`` body of the graph passes."""
+    handler = handlers.get(call.op)
+    new = handler(call) if handler is not None else None
+    return call if new is None else new
