@@ -29,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .graph import drop_unused_initializers
+from .qlinear import Rewriter
 
 #: op type -> (data, weight, data zero point, weight zero point) input positions
 _ROLES = {"ConvInteger": (0, 1, 2, 3), "MatMulInteger": (0, 1, 2, 3)}
@@ -69,15 +70,6 @@ def _data_zero_point_fits(node: onnx.NodeProto, initializers: dict, shapes: dict
         return numpy_helper.to_array(initializers[zp]).size == 1
     shape = shapes.get(zp)
     return shape is not None and int(np.prod(shape)) == 1
-
-
-def _shapes(graph: onnx.GraphProto) -> dict:
-    shapes = {}
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        tensor_type = value.type.tensor_type
-        if tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in tensor_type.shape.dim):
-            shapes[value.name] = tuple(d.dim_value for d in tensor_type.shape.dim)
-    return shapes
 
 
 def _scale_factors(mul: onnx.NodeProto, cast_out: str, producers: dict, initializers: dict, shapes: dict,
@@ -140,22 +132,13 @@ def rewrite_integer_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph = model.graph
     if not any(n.op_type in _ROLES and n.domain in ("", "ai.onnx") for n in graph.node):
         return model, 0
-    initializers = {t.name: t for t in graph.initializer}
-    shapes = _shapes(graph)
+    rw = Rewriter(model, "<ModelProto>")  # its constants, shapes (-1: unknown) and fresh names
+    initializers, shapes = rw.initializers, rw.shapes
     readers: dict[str, list] = {}
     for n in graph.node:
         for name in n.input:
             readers.setdefault(name, []).append(n)
     outputs = {o.name for o in graph.output}
-    taken = {n for node in graph.node for n in list(node.input) + list(node.output)} | set(initializers)
-
-    def fresh(base: str) -> str:
-        name, i = base, 1
-        while name in taken:
-            name, i = f"{base}_{i}", i + 1
-        taken.add(name)
-        return name
-
     producers = {o: n for n in graph.node for o in n.output}
     replace, read, replaced = {}, set(), 0
     for node in graph.node:
@@ -182,9 +165,8 @@ def rewrite_integer_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             scale = next(name for name in scaled[0].input if name != cast.output[0])
             if len(readers[scale]) == 1 and scale not in outputs:  # x_scale * w_scale: read by nothing else now
                 replace[id(producers[scale])] = []
-        weight_name = fresh(f"{_input(node, 1)}_f32")
-        graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), weight_name))
-        replace[id(node)] = _float_nodes(node, out, weight_name, x_scale, fresh)
+        weight_name = rw.initializer(f"{_input(node, 1)}_f32", weight.astype(np.float32))
+        replace[id(node)] = _float_nodes(node, out, weight_name, x_scale, rw.fresh)
         replaced += 1
         replace[id(cast)] = []
         read.update(node.input[1:])
@@ -193,5 +175,6 @@ def rewrite_integer_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     nodes = [new for n in graph.node for new in replace.get(id(n), [n])]
     del graph.node[:]
     graph.node.extend(nodes)
+    graph.initializer.extend(rw.new_initializers)
     drop_unused_initializers(graph, read)
     return model, replaced

@@ -50,7 +50,7 @@ _INPUT_NAMES = {
 }
 
 
-class _Rewriter:
+class Rewriter:
     """What the per-op rewrites share: constants, shapes, fresh names, new initializers, error messages.
 
     Inputs are named by their role in the op's schema (``"x_scale"``), not by position.
@@ -127,7 +127,7 @@ def _scale(value: np.ndarray) -> np.ndarray:
     return value.astype(np.float32)
 
 
-def _per_channel(rw: _Rewriter, node: onnx.NodeProto, prefix: str, weight_axis: int):
+def _per_channel(rw: Rewriter, node: onnx.NodeProto, prefix: str, weight_axis: int):
     """``(scale, zero point, per_channel)`` of weight ``prefix`` (``"w"`` or ``"b"``).
 
     Both are single values, or both vectors along ``weight_axis`` of the weight (a single value is
@@ -146,14 +146,14 @@ def _per_channel(rw: _Rewriter, node: onnx.NodeProto, prefix: str, weight_axis: 
             np.broadcast_to(zp.reshape(-1), (channels,)), True)
 
 
-def _check_channels(rw: _Rewriter, node: onnx.NodeProto, weight: str, axis: int, channels: int, what: str):
+def _check_channels(rw: Rewriter, node: onnx.NodeProto, weight: str, axis: int, channels: int, what: str):
     # A vector shorter than the weight's axis would be read out of bounds by the compiled kernel.
     shape = rw.shape(node, weight)
     if len(shape) < 2 or shape[axis] != channels:
         raise rw.error(node, f"{what} has {channels} values but {weight} {rw.input(node, weight)!r} has shape {shape}")
 
 
-def _dequantize(rw: _Rewriter, node: onnx.NodeProto, role: str, scale: np.ndarray,
+def _dequantize(rw: Rewriter, node: onnx.NodeProto, role: str, scale: np.ndarray,
                 zp: np.ndarray, axis: int | None = None) -> tuple[onnx.NodeProto, str]:
     base = f"{node.output[0]}_{role}"
     out = rw.fresh(f"{base}_dq")
@@ -164,14 +164,14 @@ def _dequantize(rw: _Rewriter, node: onnx.NodeProto, role: str, scale: np.ndarra
                             **attrs), out
 
 
-def _quantize(rw: _Rewriter, node: onnx.NodeProto, data: str) -> onnx.NodeProto:
+def _quantize(rw: Rewriter, node: onnx.NodeProto, data: str) -> onnx.NodeProto:
     base = node.output[0]
     scale, zp = _scale(rw.per_tensor(node, "y_scale")), rw.per_tensor(node, "y_zero_point")
     inputs = [data, rw.initializer(f"{base}_y_scale", scale), rw.initializer(f"{base}_y_zero_point", zp)]
     return helper.make_node("QuantizeLinear", inputs, [node.output[0]], name=f"{node.name or base}/q_y")
 
 
-def _qlinear_conv(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _qlinear_conv(rw: Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     x_scale = _scale(rw.per_tensor(node, "x_scale"))
     w_scale, w_zp, per_channel = _per_channel(rw, node, "w", 0)
     axis = 0 if per_channel else None
@@ -190,7 +190,7 @@ def _qlinear_conv(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     return nodes + [conv, _quantize(rw, node, y)]
 
 
-def _qlinear_matmul(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _qlinear_matmul(rw: Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     a_scale = _scale(rw.per_tensor(node, "a_scale"))
     b_scale, b_zp, per_column = _per_channel(rw, node, "b", -1)
     # Per column of b = along its last axis; ONNX's DequantizeLinear wants that axis non-negative in opset 10-12.
@@ -202,7 +202,7 @@ def _qlinear_matmul(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]
     return [dq_a, dq_b, matmul, _quantize(rw, node, y)]
 
 
-def _to_int32(rw: _Rewriter, node: onnx.NodeProto, role: str, zp: np.ndarray | str | None,
+def _to_int32(rw: Rewriter, node: onnx.NodeProto, role: str, zp: np.ndarray | str | None,
               zp_shape: tuple[int, ...]) -> tuple[list[onnx.NodeProto], str]:
     """``Cast(input, int32)`` minus the zero point: a constant (left out when it is absent or zero) or the
     name of a single value computed at run time (``DynamicQuantizeLinear``'s)."""
@@ -222,7 +222,7 @@ def _to_int32(rw: _Rewriter, node: onnx.NodeProto, role: str, zp: np.ndarray | s
     return nodes, out
 
 
-def _runtime_zero_point(rw: _Rewriter, node: onnx.NodeProto) -> str:
+def _runtime_zero_point(rw: Rewriter, node: onnx.NodeProto) -> str:
     """The name of ConvInteger's x_zero_point computed at run time, which must be a single value."""
     name = rw.input(node, "x_zero_point")
     shape = rw.shapes.get(name)
@@ -231,7 +231,7 @@ def _runtime_zero_point(rw: _Rewriter, node: onnx.NodeProto) -> str:
     return name
 
 
-def _conv_integer(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _conv_integer(rw: Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     name = rw.input(node, "x_zero_point")
     x_zp = _runtime_zero_point(rw, node) if name and name not in rw.initializers else rw.constant(node, "x_zero_point")
     w_zp = rw.constant(node, "w_zero_point")
@@ -251,7 +251,7 @@ def _conv_integer(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     return x_nodes + w_nodes + [conv]
 
 
-def _dynamic_quantize(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _dynamic_quantize(rw: Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     """DynamicQuantizeLinear as onnxruntime computes it (see the module docstring)."""
     x, (y, scale, zero_point) = node.input[0], (list(node.output) + ["", "", ""])[:3]
     prefix = node.name or node.output[0]
@@ -306,7 +306,7 @@ def rewrite_quantized_ops(model: onnx.ModelProto, source: str = "<ModelProto>") 
     graph = model.graph
     if not any(n.op_type in _REWRITES and n.domain in ("", "ai.onnx") for n in graph.node):
         return model, 0
-    rw = _Rewriter(model, source)
+    rw = Rewriter(model, source)
     nodes, replaced, read = [], 0, set()
     for node in graph.node:
         if node.op_type in _REWRITES and node.domain in ("", "ai.onnx"):
