@@ -14,15 +14,10 @@ os.environ.setdefault("TVM_NUM_THREADS", str(THREADS))
 
 
 def median_ms(fn, repeat: int, warmup: int) -> float:
-    """Median wall time of ``fn()`` in ms after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    """Median wall time of ``fn()`` in ms after ``warmup`` calls (``tvmfuse compare``'s timer)."""
+    from tvmfuse.comparison.contenders import median_call_us  # after TVM_NUM_THREADS is set
+
+    return median_call_us(fn, repeat, warmup) / 1e3
 
 
 def interleaved_medians(fns: dict, repeat: int, warmup: int = 3, rounds: int | None = None) -> dict[str, float]:
