@@ -23,8 +23,9 @@ each such node is replaced here by standard ONNX nodes:
   converter divides by zero), ``zero_point = round(clip(-min / scale, 0, 255))`` rounding half to even,
   then ``QuantizeLinear``. The run-time zero point then feeds ``ConvInteger``'s ``Sub`` as a tensor.
 
-Apart from ``ConvInteger``'s single ``x_zero_point``, scales and zero points must be constants (initializers, or Constant nodes that ``fold_constants`` turned
-into initializers), since they are read here to broadcast and combine them. float16 scales are widened to
+Apart from ``ConvInteger``'s single ``x_zero_point``, scales and zero points must be constants (initializers,
+or Constant nodes that ``fold_constants`` turned into initializers), since they are read here to broadcast and
+combine them. float16 scales are widened to
 float32 (exactly) so that everything in between is float32. Not supported (UnsupportedOpError naming the
 node): runtime scales or zero points, a per-row ``a_scale``/``y_scale`` of QLinearMatMul, vectors that
 do not match the weight's channels. In opset 10-12 models a per-axis DequantizeLinear carries an ``axis``

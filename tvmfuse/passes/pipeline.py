@@ -33,7 +33,9 @@ class PassRecord:
 
 def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None) -> list:
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, flatten N-D x constant matmuls to
-    2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1 phase convs + depth-to-space, merge narrow conv groups, fold batch-norm into convs: the shapes the patterns expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1
+    phase convs + depth-to-space, merge narrow conv groups, fold batch-norm into convs: the shapes the patterns
+    expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
