@@ -114,6 +114,26 @@ def test_dense_default_config(args, expected):
     assert dense.default_config(*args) == expected
 
 
+@pytest.mark.parametrize("args,expected", [
+    # (n, k, lanes, m) -> a K x n_block weight panel within 16 KB, as many rows as the accumulators hold
+    ((18720, 120, AVX512, 40), dense.Config(32, 8, 10)),  # a recognizer's CTC head
+    ((360, 120, AVX512, 40), dense.Config(60, 8, 5)), ((240, 120, AVX512, 40), dense.Config(16, 8, 20)),
+    ((4096, 1024, AVX2, 6), dense.Config(8, 8, 6)), ((1000, 1280, AVX512, 1), dense.Config(50, 8, 1))])
+def test_dense_default_config_rows(args, expected):
+    assert dense.default_config(*args) == expected
+
+
+@pytest.mark.parametrize("m,k,n", [(40, 120, 96), (6, 24, 32)])
+def test_dense_row_tile(m, k, n):
+    model, w, b = _dense_model(m, k, n, seed=m)
+    func, _ = make_kernel(_partition_fn(model), targets.resolve(HOST))
+    assert dense.default_config(n, k, _host_lanes(), m).m_block > 1
+    s = Structure(func)
+    assert s.loops["T_matmul_NN_update"][-2].kind == ForKind.UNROLLED  # the rows of the register tile
+    x = np.random.default_rng(3).standard_normal((m, k)).astype("float32")
+    np.testing.assert_allclose(_run(func, x, w, b), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
 def test_largest_divisor():
     assert largest_divisor(56, 8) == 8 and largest_divisor(14, 8) == 7 and largest_divisor(13, 8) == 1
     assert largest_divisor(56, 16, multiple_of=8) == 8 and largest_divisor(12, 16, multiple_of=8) == 1

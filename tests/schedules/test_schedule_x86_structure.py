@@ -133,19 +133,23 @@ def test_depthwise_stride2_narrow_3x3_reads_input_directly(dw_fn):
     assert depthwise_conv2d.default_config(14, AVX2, 3, 2) == depthwise_conv2d.Config(14, "row")
 
 
-@pytest.mark.parametrize("cfg", [dense.Config(16, 4), dense.Config(48, 2), dense.Config(8, 1)],
-                         ids=lambda c: f"n{c.n_block}k{c.k_unroll}")
+@pytest.mark.parametrize("cfg", [dense.Config(16, 4), dense.Config(48, 2), dense.Config(8, 1), dense.Config(16, 4, 2)],
+                         ids=lambda c: f"n{c.n_block}k{c.k_unroll}m{c.m_block}")
 def test_dense_structure(dense_fn, cfg):
     pc = partition_compute(dense_fn)
     assert pc.family == "dense"
     func = pc.prim_func()
+    rows = 2  # dense_fn: [2, 64] x [64, 48]
     out = dense.apply(func, AVX2, cfg)
     assert out is not None
-    s = _check_tiled(out, func, "T_matmul_NN", cfg.n_block)
+    s = _check_tiled(out, func, "T_matmul_NN", cfg.n_block * cfg.m_block)
     update = s.loops["T_matmul_NN_update"]
-    assert update[0].kind == ForKind.PARALLEL and int(update[0].extent) == 48 // cfg.n_block
+    # one parallel task per (column panel, row tile); inside: K, K unrolled, rows unrolled, columns vectorized
+    assert update[0].kind == ForKind.PARALLEL
+    assert int(update[0].extent) == (48 // cfg.n_block) * (rows // cfg.m_block)
     assert update[-1].kind == ForKind.VECTORIZED and int(update[-1].extent) == cfg.n_block
-    assert update[-2].kind == ForKind.UNROLLED and int(update[-2].extent) == cfg.k_unroll
+    assert update[-2].kind == ForKind.UNROLLED and int(update[-2].extent) == cfg.m_block
+    assert update[-3].kind == ForKind.UNROLLED and int(update[-3].extent) == cfg.k_unroll
 
 
 def test_rules_return_none_for_other_families(conv_fn, dense_fn, dw_fn):
