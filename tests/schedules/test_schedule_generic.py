@@ -87,6 +87,64 @@ def test_whole_tensor_reduction_is_split_into_parallel_vector_partials(reduce, s
     assert int(sch.get(partial[-1]).extent) == (LANES if shape[-1] % LANES == 0 else 8)
 
 
+def _row_ops():
+    a, g, b = (te.placeholder(s, name=n) for s, n in [((40, 480), "a"), ((480,), "g"), ((480,), "b")])
+    return {"softmax": ([a], topi.nn.fast_softmax(a, axis=-1)),
+            "layer_norm": ([a, g, b], topi.nn.layer_norm(a, g, b, axis=[-1], epsilon=1e-5)),
+            "mean": ([a], topi.sum(a, axis=-1, keepdims=True))}
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "mean"])
+def test_row_reduction_keeps_a_vector_of_partials_per_row(op):
+    # A recognizer's CTC head is a 40 x 18720 Softmax: one scalar chain per row unscheduled (1.9 ms), 0.26 ms
+    # with the rows' partial results in vectors (Zen 4).
+    inputs, out = _row_ops()[op]
+    func = te.create_prim_func([*inputs, out])
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal([int(d) for d in t.shape]).astype("float32") for t in [*inputs, out]]
+    want = _run(func, [a.copy() for a in arrays])
+    s = generic.apply(func, LANES)
+    np.testing.assert_allclose(_run(s, arrays), want, rtol=1e-5, atol=1e-5)  # sums in another order
+    sch = tvm.s_tir.Schedule(s)
+    blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    partials = [n for n in blocks if n.endswith("_rf")]
+    assert partials
+    for name in partials:
+        loops = sch.get_loops(blocks[name])
+        assert sch.get(loops[0]).kind == ForKind.PARALLEL
+        assert sch.get(loops[-1]).kind == ForKind.VECTORIZED and int(sch.get(loops[-1]).extent) == LANES
+        # the lanes are combined under the same parallel row loop, not in a serial pass of their own
+        combine = blocks[name[:-3]] if name[:-3] in blocks else None
+        assert combine is None or sch.get_sref(sch.get_loops(combine)[0]).same_as(sch.get_sref(loops[0]))
+
+
+def test_row_no_vector_divides_takes_its_largest_divisor():
+    # 18710 classes (PP-OCRv6's recognizer) or here 470: a 16-lane split would need a predicate, which
+    # scalarizes the loop; 10 lanes divide both. The normalization reads each row in the same 10-lane vectors
+    # instead of 16-lane vectors across rows (a gather per lane).
+    a = te.placeholder((8, 470), name="a")
+    func = te.create_prim_func([a, topi.nn.fast_softmax(a, axis=-1)])
+    x = np.random.default_rng(0).standard_normal((8, 470)).astype("float32")
+    s = generic.apply(func, 16)
+    np.testing.assert_allclose(_run(s, [x, np.zeros_like(x)]), _run(func, [x, np.zeros_like(x)]), rtol=1e-5,
+                               atol=1e-7)
+    sch = tvm.s_tir.Schedule(s)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        name, loops = sch.get(block).name_hint, sch.get_loops(block)
+        if name.endswith("_rf") or name == "T_softmax_norm":
+            assert sch.get(loops[-1]).kind == ForKind.VECTORIZED and int(sch.get(loops[-1]).extent) == 10, name
+
+
+def test_short_or_odd_rows_are_not_split():
+    a = te.placeholder((64, 8), name="a")  # a row of one vector: nothing to split
+    s = _same_as_unscheduled(te.create_prim_func([a, topi.sum(a, axis=-1)]))
+    sch = tvm.s_tir.Schedule(s)
+    assert not [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith("_rf")]
+    odd = te.placeholder((64, 97), name="odd")  # no vector divides the row
+    s = _same_as_unscheduled(te.create_prim_func([odd, topi.max(odd, axis=-1)]))
+    assert ForKind.VECTORIZED not in _loop_kinds(s)
+
+
 def test_small_whole_tensor_reduction_stays_serial():
     a = te.placeholder((4, 100), name="a")
     assert generic.apply(te.create_prim_func([a, topi.max(a)]), LANES) is not None  # inlined, not split
