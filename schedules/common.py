@@ -60,11 +60,15 @@ def loops_below(sch: s_tir.Schedule, block, loop) -> list:
     return []
 
 
-def vectorize_tile(sch: s_tir.Schedule, block, tile_loop) -> None:
-    """Vectorize the innermost loop under ``tile_loop`` and unroll the others (a 1-wide tile has none)."""
+def vectorize_tile(sch: s_tir.Schedule, block, tile_loop, vector_lanes: int | None = None) -> None:
+    """Vectorize the innermost loop under ``tile_loop`` and unroll the others (a 1-wide tile has none). With
+    ``vector_lanes``, an innermost loop of several whole vectors is split into unrolled vectors first."""
     inner = loops_below(sch, block, tile_loop)
     if not inner:
         return
+    extent = int(sch.get(inner[-1]).extent)
+    if vector_lanes and extent > vector_lanes and extent % vector_lanes == 0:
+        inner[-1:] = sch.split(inner[-1], [None, vector_lanes])
     for loop in inner[:-1]:
         sch.unroll(loop)
     sch.vectorize(inner[-1])

@@ -4,7 +4,9 @@ At batch 1 this is a matrix-vector product bound by reading the weight once: eac
 output columns held in registers and streams the matching weight columns row by row (contiguous
 vector loads), the fused epilogue applied before the store. With more rows (a recognizer's per-timestep
 classifier, ``[40, 120] x [120, 18720]``) ``m_block`` rows share each weight vector loaded: an
-``m_block x n_block`` register tile, one broadcast per row and one load per weight vector.
+``m_block x n_block`` register tile, one broadcast per row and one load per weight vector. Columns are
+unrolled whole vectors: one 48- or 80-lane vector (what LLVM gets from a vectorized 48-wide loop) ran the
+``[40, 80] x [80, 6912]`` head 3.5x (48) and 12x (80) slower than 32 or 64 columns (Zen 4).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import accumulate_in_registers, anchor_loops, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import (accumulate_in_registers, anchor_loops, dividing_vector, inline_epilogue, largest_divisor,
+                      vectorize_tile)
 
 ANCHOR = "T_matmul_NN"
 PANEL_BYTES = 16 * 1024
@@ -28,20 +31,35 @@ class Config:
 
 def default_config(n: int, k: int, vector_lanes: int, m: int = 1) -> Config:
     """One row: up to 5 whole vectors of outputs per task (else the largest divisor of N up to 4 vectors).
-    More rows: the widest whole-vector panel whose ``K x n_block`` weights stay in L1 (half of a 32 KB L1d),
-    and as many rows as the accumulator budget holds. K unrolled by 8.
+    More rows: see :func:`_row_tile`. K unrolled by 8.
 
     Whole vectors matter: N = 1000 split 25 wide streams 100-byte row pieces in 3 partial vectors, 1.5x slower
-    than 40 wide (measured on MobileNetV2's classifier, 1280 x 1000). So does the panel: ``[40, 120] x [120,
-    18720]`` took 3.6-4.0 ms with 80 columns x 1 row (a 38 KB panel re-read from L2 per row), 1.4-1.6 ms with
-    32 x 10 (Zen 4, AVX-512).
+    than 40 wide (measured on MobileNetV2's classifier, 1280 x 1000).
     """
+    if m > 1 and (tile := _row_tile(m, n, k, vector_lanes)) is not None:
+        return tile
     whole = [d for d in range(vector_lanes, 5 * vector_lanes + 1, vector_lanes) if n % d == 0]
-    if m > 1:
-        whole = [d for d in whole if d == vector_lanes or d * k * 4 <= PANEL_BYTES]
     n_block = whole[-1] if whole else largest_divisor(n, 4 * vector_lanes)
     vectors = -(-n_block // vector_lanes)
     return Config(n_block, largest_divisor(k, 8), largest_divisor(m, max(1, _accumulators(vector_lanes) // vectors)))
+
+
+def _row_tile(m: int, n: int, k: int, vector_lanes: int) -> Config | None:
+    """Several rows: 1, 2 or 4 whole vectors of columns (the widest vector dividing N, down to 4 lanes), the
+    widest whose ``K x n_block`` weight panel stays in L1 (16 KB: half of a 32 KB L1d), and as many rows as
+    the accumulator budget holds. None when no vector of 4 or more divides N.
+
+    Measured on Zen 4 (AVX-512): ``[40, 120] x [120, 18720]`` took 3.6-4.0 ms with 80 columns x 1 row (a 38 KB
+    panel re-read from L2 per row), 1.4-1.7 ms with 32 x 10. Three or five vectors ran 2x slower than two
+    or four on ``[40, 80] x [80, 6912]`` (unexplained); a 60-column tile of ``[40, 120] x [120, 360]``
+    (partial vectors) 5x slower than 8-lane vectors.
+    """
+    vector = dividing_vector(n, vector_lanes)
+    if vector is None:
+        return None
+    widths = [vector * v for v in (1, 2, 4) if n % (vector * v) == 0 and (v == 1 or vector * v * k * 4 <= PANEL_BYTES)]
+    vectors = widths[-1] // vector
+    return Config(widths[-1], largest_divisor(k, 8), largest_divisor(m, max(1, _accumulators(vector_lanes) // vectors)))
 
 
 def _accumulators(vector_lanes: int) -> int:
@@ -64,15 +82,16 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     cfg = config or default_config(*extents[:2], vector_lanes, extents[2])
     epilogue = inline_epilogue(sch, ANCHOR)
     i_o, i_i = sch.split(i, [None, cfg.m_block])
-    j_o, j_i = sch.split(j, [None, cfg.n_block])
+    vector = dividing_vector(cfg.n_block, vector_lanes) or cfg.n_block
+    j_o, j_v, j_i = sch.split(j, [None, cfg.n_block // vector, vector])
     k_o, k_i = sch.split(k, [None, cfg.k_unroll])
-    sch.reorder(j_o, i_o, k_o, k_i, i_i, j_i)
-    sch.unroll(k_i)
-    sch.unroll(i_i)
+    sch.reorder(j_o, i_o, k_o, k_i, i_i, j_v, j_i)
+    for loop in (k_i, i_i, j_v):
+        sch.unroll(loop)
     sch.vectorize(j_i)
     consumer = accumulate_in_registers(sch, anchor, epilogue, i_o)
-    vectorize_tile(sch, consumer, i_o)
+    vectorize_tile(sch, consumer, i_o, vector_lanes)
     tile = sch.fuse(j_o, i_o)
     sch.parallel(tile)
-    vectorize_tile(sch, sch.decompose_reduction(anchor, k_o), tile)
+    vectorize_tile(sch, sch.decompose_reduction(anchor, k_o), tile, vector_lanes)
     return True

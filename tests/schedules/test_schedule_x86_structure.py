@@ -144,12 +144,14 @@ def test_dense_structure(dense_fn, cfg):
     assert out is not None
     s = _check_tiled(out, func, "T_matmul_NN", cfg.n_block * cfg.m_block)
     update = s.loops["T_matmul_NN_update"]
-    # one parallel task per (column panel, row tile); inside: K, K unrolled, rows unrolled, columns vectorized
+    # one parallel task per (column panel, row tile); inside: K, K unrolled, rows unrolled, columns
     assert update[0].kind == ForKind.PARALLEL
     assert int(update[0].extent) == (48 // cfg.n_block) * (rows // cfg.m_block)
-    assert update[-1].kind == ForKind.VECTORIZED and int(update[-1].extent) == cfg.n_block
-    assert update[-2].kind == ForKind.UNROLLED and int(update[-2].extent) == cfg.m_block
-    assert update[-3].kind == ForKind.UNROLLED and int(update[-3].extent) == cfg.k_unroll
+    # columns: whole AVX2 vectors (8 lanes), unrolled
+    assert update[-1].kind == ForKind.VECTORIZED and int(update[-1].extent) == AVX2
+    assert update[-2].kind == ForKind.UNROLLED and int(update[-2].extent) == cfg.n_block // AVX2
+    assert update[-3].kind == ForKind.UNROLLED and int(update[-3].extent) == cfg.m_block
+    assert update[-4].kind == ForKind.UNROLLED and int(update[-4].extent) == cfg.k_unroll
 
 
 def test_rules_return_none_for_other_families(conv_fn, dense_fn, dw_fn):
