@@ -122,6 +122,24 @@ def test_conv_transpose_output_shape_becomes_pads():
     assert _match(model).outputs[0].shape == (1, 2, 10, 8)
 
 
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("kernel,stride,size,group", [(2, 1, 9, 1), (3, 2, 10, 1), (4, 2, 9, 1), (5, 1, 8, 8)],
+                         ids=["k2s1", "k3s2", "k4s2", "dw-k5"])
+def test_conv_auto_pad_becomes_the_convs_own_padding(mode, kernel, stride, size, group):
+    """PP-OCRv6's detector stem: SAME_UPPER 2x2 convs. TVM's importer pads them with a separate kernel."""
+    rng = np.random.default_rng(kernel)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8 // group, kernel, kernel)).astype("float32"), "W")
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                            auto_pad=mode, group=group)
+    model = make_model([node], [("x", [1, 8, size, size])], [("y", None)], [w])
+    proto = frontend.prepare(model)[0]
+    attrs = {a.name: helper.get_attribute_value(a) for a in proto.graph.node[0].attribute}
+    assert "auto_pad" not in attrs and sum(attrs["pads"]) == 2 * max(0, (-(-size // stride) - 1) * stride + kernel - size)
+    cm = _match(model)
+    assert cm.outputs[0].shape == (1, 8, -(-size // stride), -(-size // stride))
+    assert not [gv for gv, _ in cm.lowered.functions_items() if gv.name_hint.startswith("pad")]
+
+
 @pytest.mark.parametrize("layout", ["blocked", "nchw"])
 def test_depthwise_conv_transpose_with_output_padding(layout):
     rng = np.random.default_rng(2)

@@ -11,6 +11,9 @@ TVM 0.27 silently returned wrong numbers for a downsampling ``Resize`` by scales
   (ONNX maps pixels by the scale, TVM by the size ratio), an ``align_corners`` axis resized to one pixel.
 - ``ConvTranspose``: ``output_shape`` becomes ``pads`` (and ``output_padding`` where the padding would be
   negative), as the spec defines it.
+- ``Conv`` with ``auto_pad = SAME_UPPER / SAME_LOWER`` gets the explicit ``pads`` the spec defines. TVM's
+  importer writes such padding as a separate pad kernel on the plain layout before a conv with none (two
+  320x320 pads: 4.4 ms of PP-OCRv6 tiny det's 29 ms); with ``pads`` it is the conv's own padding.
 - ``LayerNormalization`` whose ``Mean``/``InvStdDev`` outputs are used is refused (TVM drops them).
 - ``Pow`` with an integer constant exponent on a float base gets a float exponent (exact); an integer
   base is refused.
@@ -161,6 +164,30 @@ def _conv_transpose(g: _Graph, node: onnx.NodeProto) -> bool:
     return True
 
 
+def _conv_auto_pad(g: _Graph, node: onnx.NodeProto) -> bool:
+    """``auto_pad = SAME_*``: output size ``ceil(in / stride)``, the padding it needs split in half, the odd
+    pixel at the end (UPPER) or the beginning (LOWER)."""
+    a = _attrs(node)
+    mode = a.get("auto_pad", "NOTSET")
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        return False
+    x, w = g.shapes.get(node.input[0]), g.shapes.get(node.input[1])
+    if x is None or w is None:
+        return False  # TVM's importer pads it itself
+    spatial = len(x) - 2
+    strides, dil = a.get("strides", [1] * spatial), a.get("dilations", [1] * spatial)
+    kernel = a.get("kernel_shape", list(w[2:]))
+    begin, end = [], []
+    for i in range(spatial):
+        out = -(-x[2 + i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - x[2 + i])
+        half = total // 2
+        begin.append(half if mode == "SAME_UPPER" else total - half)
+        end.append(total - half if mode == "SAME_UPPER" else half)
+    _set_attrs(node, drop=("auto_pad",), pads=begin + end)
+    return True
+
+
 def _layer_norm(g: _Graph, node: onnx.NodeProto) -> bool:
     if any(o and o in g.used for o in node.output[1:]):
         raise g.error(node, "its Mean/InvStdDev outputs (training statistics) are not supported")
@@ -179,7 +206,8 @@ def _pow(g: _Graph, node: onnx.NodeProto) -> bool:
     return False
 
 
-_RULES = {"Resize": _resize, "ConvTranspose": _conv_transpose, "LayerNormalization": _layer_norm, "Pow": _pow}
+_RULES = {"Resize": _resize, "ConvTranspose": _conv_transpose, "Conv": _conv_auto_pad, "LayerNormalization": _layer_norm,
+          "Pow": _pow}
 
 
 def normalize_nodes(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, int]:
