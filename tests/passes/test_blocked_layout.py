@@ -14,7 +14,7 @@ import tvmfuse
 from tvmfuse import frontend, targets
 from tvmfuse.passes.lower import make_kernel
 from tvmfuse.passes.partition import Partition, composites
-from tvmfuse.passes.pipeline import PassRecord, canonicalize_passes, run_graph_passes
+from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.passes.utils import const_array
 from tvmfuse.schedules import blocked
 from tvmfuse.schedules.compute import anchor_call
@@ -22,6 +22,7 @@ from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
 from helpers import HOST, ort_run
 from helpers import make_model
+from helpers.layout import transforms
 from helpers.schedules import Structure
 
 SPEC = targets.resolve(HOST)
@@ -279,17 +280,7 @@ def _chain(c=16, residual=True, pool=True):
 
 
 def _transforms(model, layout="blocked") -> dict:
-    imported = frontend.import_model(model)
-    mod = run_graph_passes(imported.mod, SPEC, SPEC.tvm_target(), PassRecord(), blocked=layout == "blocked")
-    counts = {"to_blocked": 0, "to_plain": 0, "nchwc": 0}
-    for gv, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs:
-            kernel = func.attrs.get("tvmfuse.kernel")
-            if kernel is not None and str(kernel) in counts:
-                counts[str(kernel)] += str(mod["main"]).count(f"call_tir({gv.name_hint},")
-            counts["nchwc"] += str(func.attrs.get("tvmfuse.family", "")) in (
-                "conv2d_nchwc", "depthwise_conv2d_nchwc")
-    return counts
+    return transforms(model, SPEC, layout)
 
 
 def test_layout_transforms_only_at_the_boundary():

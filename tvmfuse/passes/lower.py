@@ -22,6 +22,11 @@ from .utils import OPAQUE, const_array
 
 
 POOLS = {"relax.nn.max_pool2d": "max", "relax.nn.avg_pool2d": "avg"}
+# Elementwise ops computed on NCHW[b]c as they are on NCHW (see _Lower._blocked_elementwise).
+ELEMENTWISE = {"relax.add", "relax.multiply", "relax.subtract", "relax.divide", "relax.maximum", "relax.minimum",
+               "relax.sigmoid", "relax.nn.relu", "relax.clip", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
+               "relax.nn.gelu_tanh", "relax.erf", "relax.exp", "relax.nn.leakyrelu", "relax.sqrt", "relax.negative",
+               "relax.abs"}
 
 
 def kernel_name(partition: str) -> str:
@@ -169,8 +174,68 @@ class _Lower(relax.PyExprMutator):
                                                 family=POOL_FAMILY, name="mean_nchwc"))
         return True
 
+    def _blocked_concat(self, binding) -> bool:
+        """A channel concat of activations of which at least one is blocked: concatenated blocked, the others
+        transformed to the same block (True). NCHW[b]c of a channel concat is the concat of the parts' channel
+        blocks when every part has whole blocks, so a blocked consumer reads it without a round trip through
+        NCHW (PP-OCRv6's stem: a max-pool and a conv, both blocked, met in a plain concat)."""
+        call = binding.value
+        if getattr(getattr(call, "op", None), "name", None) != "relax.concat" or len(call.ty.shape) != 4:
+            return False
+        parts = list(call.args[0].fields) if isinstance(call.args[0], relax.Tuple) else None
+        if not parts or int(call.attrs.axis) % 4 != 1 or not any(p in self.blocked_of for p in parts):
+            return False
+        block = int(next(self.blocked_of[p] for p in parts if p in self.blocked_of).ty.shape[4])
+        if any(not _is_activation(p) or int(p.ty.shape[1]) % block for p in parts):
+            return False
+        blocked = [self.blocked_of[p] if p in self.blocked_of else self._as_blocked(p) for p in parts]
+        if any(b is None or int(b.ty.shape[4]) != block for b in blocked):
+            return False
+        out = self.builder_.emit(relax.op.concat(blocked, axis=1))
+        self._bind(binding.var, self._transform(to_plain, out, call.ty.shape))
+        self.blocked_of[binding.var] = out
+        return True
+
+    def _channel_operand(self, arg, block: int):
+        """An elementwise operand beside a blocked activation, in the blocked layout: the activation's own
+        blocked value, a per-channel ``[1, C, 1, 1]`` tensor reshaped to ``[1, C/b, 1, 1, b]`` (channel
+        ``c = co * b + ci`` either way), a one-element tensor or a non-tensor as it is; None otherwise."""
+        if arg in self.blocked_of:
+            return self.blocked_of[arg]
+        shape = getattr(arg.ty, "shape", None) if isinstance(arg, (relax.Var, tvm.ir.expr.Constant)) else None
+        if shape is None:
+            return arg if not isinstance(arg.ty, relax.TensorType) else None
+        dims = [int(d) for d in shape]
+        if all(d == 1 for d in dims):
+            return arg
+        if len(dims) in (3, 4) and dims[-2:] == [1, 1] and dims[-3] % block == 0 and all(d == 1 for d in dims[:-3]):
+            return relax.op.reshape(arg, [1, dims[-3] // block, 1, 1, block])
+        return None
+
+    def _blocked_elementwise(self, binding) -> bool:
+        """An elementwise op (:data:`ELEMENTWISE`) of a blocked activation, computed blocked (True): the
+        squeeze-and-excitation product ``x * scale``, a residual add outside a partition, an activation
+        after a concat. TVM fuses the chain into one kernel either way; blocked, it needs no ``to_plain``
+        before it nor ``to_blocked`` after it when its consumer is a blocked kernel."""
+        call = binding.value
+        if getattr(getattr(call, "op", None), "name", None) not in ELEMENTWISE:
+            return False
+        shape = getattr(call.ty, "shape", None)
+        base = next((a for a in call.args if a in self.blocked_of), None)
+        if base is None or shape is None or [int(d) for d in shape] != [int(d) for d in base.ty.shape]:
+            return False
+        block = int(self.blocked_of[base].ty.shape[4])
+        args = [self._channel_operand(a, block) for a in call.args]
+        if any(a is None for a in args):
+            return False
+        out = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+        self._bind(binding.var, self._transform(to_plain, out, shape))
+        self.blocked_of[binding.var] = out
+        return True
+
     def visit_var_binding_(self, binding):
-        if self.lanes is not None and (self._blocked_pool(binding) or self._blocked_mean(binding)):
+        if self.lanes is not None and (self._blocked_pool(binding) or self._blocked_mean(binding)
+                                       or self._blocked_concat(binding) or self._blocked_elementwise(binding)):
             return None
         fn = self._partition(binding.value)
         if fn is None:
