@@ -1,5 +1,6 @@
-"""Sigmoid (SiLU epilogues, sigmoid gates, detection heads) is fast_exp-based on x86: no scalar expf call per
-element, and as accurate as TVM's sigmoid (8.9e-8 absolute error against float64)."""
+"""Sigmoid (SiLU epilogues, sigmoid gates, detection heads) is fast_exp-based on x86 and Erf is fast_erf: no
+scalar expf or erff call per element; the sigmoid is as accurate as TVM's (8.9e-8 absolute error against
+float64)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def test_silu_epilogue_and_sigmoid_gate_match_onnxruntime_without_expf():
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-6)
     text = cm.lowered.script()
     assert "T.sigmoid(" not in text and "T.exp(" not in text  # both are fast_exp polynomials now
+
+
+def test_erf_outside_partitions_is_the_fast_erf_polynomial():
+    """A GELU that no partition takes (ConvNeXt's, behind a reshape): fast_erf, not a scalar erff per element."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Div", ["t", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["t", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    consts = [numpy_helper.from_array(np.array(v, "float32"), n) for n, v in
+              [("sqrt2", np.sqrt(2)), ("one", 1.0), ("half", 0.5)]]
+    model = make_model(nodes, [("x", [1, 16, 8, 8])], [("y", None)], consts)
+    x = {"x": (RNG.standard_normal((1, 16, 8, 8)) * 3).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=2e-6)
+    assert "T.erf(" not in cm.lowered.script()
