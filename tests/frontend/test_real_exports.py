@@ -134,7 +134,8 @@ def test_conv_auto_pad_becomes_the_convs_own_padding(mode, kernel, stride, size,
     model = make_model([node], [("x", [1, 8, size, size])], [("y", None)], [w])
     proto = frontend.prepare(model)[0]
     attrs = {a.name: helper.get_attribute_value(a) for a in proto.graph.node[0].attribute}
-    assert "auto_pad" not in attrs and sum(attrs["pads"]) == 2 * max(0, (-(-size // stride) - 1) * stride + kernel - size)
+    per_axis = max(0, (-(-size // stride) - 1) * stride + kernel - size)
+    assert "auto_pad" not in attrs and sum(attrs["pads"]) == 2 * per_axis
     cm = _match(model)
     assert cm.outputs[0].shape == (1, 8, -(-size // stride), -(-size // stride))
     assert not [gv for gv, _ in cm.lowered.functions_items() if gv.name_hint.startswith("pad")]

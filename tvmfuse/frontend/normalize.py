@@ -206,8 +206,8 @@ def _pow(g: _Graph, node: onnx.NodeProto) -> bool:
     return False
 
 
-_RULES = {"Resize": _resize, "ConvTranspose": _conv_transpose, "Conv": _conv_auto_pad, "LayerNormalization": _layer_norm,
-          "Pow": _pow}
+_RULES = {"Resize": _resize, "ConvTranspose": _conv_transpose, "Conv": _conv_auto_pad,
+          "LayerNormalization": _layer_norm, "Pow": _pow}
 
 
 def normalize_nodes(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, int]:
