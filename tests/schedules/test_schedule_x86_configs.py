@@ -51,6 +51,9 @@ CONV_DEFAULTS = [
     ((512, 7, AVX512, 512, 3, True), C("oc", 32, 7, 1)),
     ((384, 14, AVX512, 64, 1, True), C("oc", 64, 2, 4)),
     ((64, 56, AVX512, 64, 3, False), C("ow", 16, 8, 1)),
+    # ShuffleNet's 58 and 116 channels: the largest divisor within 29 accumulators on AVX-512, not a power of 2
+    ((58, 56, AVX512, 24, 1, True), C("ow", 29, 8, 4)), ((116, 28, AVX512, 116, 1, True), C("ow", 29, 14, 4)),
+    ((58, 56, AVX2, 24, 1, True), C("ow", 2, 8, 4)),
 ]
 
 
@@ -294,9 +297,9 @@ def test_avx512_dense_asm():
 
 
 @pytest.mark.parametrize("cin,cout,hw,k,stride,pad,group,oc_block",
-                         [(16, 32, 14, 3, 1, 1, 1, 32), (64, 128, 7, 1, 1, 0, 1, 32), (8, 24, 13, 3, 2, 1, 1, 8),
+                         [(16, 32, 14, 3, 1, 1, 1, 32), (64, 128, 7, 1, 1, 0, 1, 32), (8, 24, 13, 3, 2, 1, 1, 24),
                           (16, 16, 33, 3, 1, 1, 16, None)],
-                         ids=["oc32x7", "k1-oc32x7u4", "ow8x7-s2", "depthwise"])
+                         ids=["oc32x7", "k1-oc32x7u4", "ow24x7-s2", "depthwise"])
 def test_avx512_schedules_compute_correctly_on_this_host(cin, cout, hw, k, stride, pad, group, oc_block):
     """The AVX-512 tiles, compiled for the host (LLVM splits the 512-bit vectors), give the right numbers."""
     model, w, b = _conv_model(cin, cout, hw, k, stride=stride, pad=pad, group=group, seed=cout)
