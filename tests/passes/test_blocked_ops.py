@@ -76,20 +76,20 @@ def test_concat_with_a_part_of_no_whole_blocks_stays_plain():
     _matches(model)
 
 
-def _squeeze_excite(gate="HardSigmoid"):
+def _squeeze_excite(gate="HardSigmoid", scale_first=False):
     """x -> conv -> [mean -> 1x1 conv -> relu -> 1x1 conv -> gate] * x -> conv (+ the SE input, residual)."""
     n = _Net(1)
     x = n.conv("x", 3, 32)
     pooled = n.op("GlobalAveragePool", x)
     scale = n.conv(n.conv(pooled, 32, 8, k=1), 8, 32, k=1, act=gate)
-    excited = n.op("Mul", x, scale)
+    excited = n.op("Mul", *((scale, x) if scale_first else (x, scale)))  # torchvision's MobileNetV3: scale first
     out = n.op("Add", n.conv(excited, 32, 32, act=None), excited)
     return n.model(n.op("Mul", out, n.const("half", 0.5)))
 
 
-@pytest.mark.parametrize("gate", ["HardSigmoid", "Sigmoid"])
-def test_squeeze_excitation_product_is_computed_blocked(gate):
-    model = _squeeze_excite(gate)
+@pytest.mark.parametrize("gate,scale_first", [("HardSigmoid", False), ("Sigmoid", False), ("HardSigmoid", True)])
+def test_squeeze_excitation_product_is_computed_blocked(gate, scale_first):
+    model = _squeeze_excite(gate, scale_first)
     # before: to_plain of x for the product, to_blocked of the product for the residual
     assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 4}
     _matches(model)

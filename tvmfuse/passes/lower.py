@@ -201,7 +201,8 @@ class _Lower(relax.PyExprMutator):
         blocked value, a per-channel ``[1, C, 1, 1]`` tensor reshaped to ``[1, C/b, 1, 1, b]`` (channel
         ``c = co * b + ci`` either way), a one-element tensor or a non-tensor as it is; None otherwise."""
         if arg in self.blocked_of:
-            return self.blocked_of[arg]
+            blocked = self.blocked_of[arg]  # the activation, or a blocked [1, C, 1, 1] broadcast over it
+            return blocked if int(blocked.ty.shape[4]) == block else None
         shape = getattr(arg.ty, "shape", None) if isinstance(arg, (relax.Var, tvm.ir.expr.Constant)) else None
         if shape is None:
             return arg if not isinstance(arg.ty, relax.TensorType) else None
@@ -221,8 +222,11 @@ class _Lower(relax.PyExprMutator):
         if getattr(getattr(call, "op", None), "name", None) not in ELEMENTWISE:
             return False
         shape = getattr(call.ty, "shape", None)
-        base = next((a for a in call.args if a in self.blocked_of), None)
-        if base is None or shape is None or [int(d) for d in shape] != [int(d) for d in base.ty.shape]:
+        if shape is None:
+            return False
+        base = next((a for a in call.args if a in self.blocked_of
+                     and [int(d) for d in a.ty.shape] == [int(d) for d in shape]), None)
+        if base is None:
             return False
         block = int(self.blocked_of[base].ty.shape[4])
         args = [self._channel_operand(a, block) for a in call.args]
