@@ -17,6 +17,7 @@ from tvm import s_tir, tirx
 
 from ..common import (accumulate_in_registers, anchor_loops, dividing_vector, inline_epilogue, largest_divisor,
                       vectorize_tile)
+from .conv2d import _accumulators as accumulators
 
 ANCHOR = "T_matmul_NN"
 PANEL_BYTES = 16 * 1024
@@ -39,9 +40,7 @@ def default_config(n: int, k: int, vector_lanes: int, m: int = 1) -> Config:
     if m > 1 and (tile := _row_tile(m, n, k, vector_lanes)) is not None:
         return tile
     whole = [d for d in range(vector_lanes, 5 * vector_lanes + 1, vector_lanes) if n % d == 0]
-    n_block = whole[-1] if whole else largest_divisor(n, 4 * vector_lanes)
-    vectors = -(-n_block // vector_lanes)
-    return Config(n_block, largest_divisor(k, 8), largest_divisor(m, max(1, _accumulators(vector_lanes) // vectors)))
+    return _config(whole[-1] if whole else largest_divisor(n, 4 * vector_lanes), vector_lanes, k, m, vector_lanes)
 
 
 def _row_tile(m: int, n: int, k: int, vector_lanes: int) -> Config | None:
@@ -58,12 +57,14 @@ def _row_tile(m: int, n: int, k: int, vector_lanes: int) -> Config | None:
     if vector is None:
         return None
     widths = [vector * v for v in (1, 2, 4) if n % (vector * v) == 0 and (v == 1 or vector * v * k * 4 <= PANEL_BYTES)]
-    vectors = widths[-1] // vector
-    return Config(widths[-1], largest_divisor(k, 8), largest_divisor(m, max(1, _accumulators(vector_lanes) // vectors)))
+    return _config(widths[-1], vector, k, m, vector_lanes)
 
 
-def _accumulators(vector_lanes: int) -> int:
-    return 8 if vector_lanes < 16 else 20
+def _config(n_block: int, vector: int, k: int, m: int, vector_lanes: int) -> Config:
+    """``n_block`` columns (``vector``-lane vectors), K unrolled by up to 8, and as many rows as the conv
+    kernel's accumulator budget holds beside the column vectors."""
+    vectors = -(-n_block // vector)
+    return Config(n_block, largest_divisor(k, 8), largest_divisor(m, max(1, accumulators(vector_lanes) // vectors)))
 
 
 def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
@@ -78,8 +79,8 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     if match is None:
         return False
     anchor, (i, j, k) = match
-    extents = [int(sch.get(loop).extent) for loop in (j, k, i)]
-    cfg = config or default_config(*extents[:2], vector_lanes, extents[2])
+    n, k_extent, m = (int(sch.get(loop).extent) for loop in (j, k, i))
+    cfg = config or default_config(n, k_extent, vector_lanes, m)
     epilogue = inline_epilogue(sch, ANCHOR)
     i_o, i_i = sch.split(i, [None, cfg.m_block])
     vector = dividing_vector(cfg.n_block, vector_lanes) or cfg.n_block
