@@ -137,6 +137,14 @@ def _resize(g: _Graph, node: onnx.NodeProto) -> bool:
     return changed
 
 
+def _split_pad(total: int, auto_pad: str, begin: list, end: list) -> None:
+    """Append ``total`` padding pixels split in half to ``begin`` / ``end``: the odd one at the end for
+    ``SAME_UPPER``, at the beginning otherwise."""
+    half = total // 2
+    begin.append(half if auto_pad == "SAME_UPPER" else total - half)
+    end.append(total - half if auto_pad == "SAME_UPPER" else half)
+
+
 def _conv_transpose(g: _Graph, node: onnx.NodeProto) -> bool:
     a = _attrs(node)
     if "output_shape" not in a:
@@ -156,10 +164,7 @@ def _conv_transpose(g: _Graph, node: onnx.NodeProto) -> bool:
         if total < 0:
             out_pad[i] -= total
             total = 0
-        half = total // 2
-        upper = a.get("auto_pad", "NOTSET") == "SAME_UPPER"
-        begin.append(half if upper else total - half)
-        end.append(total - half if upper else half)
+        _split_pad(total, a.get("auto_pad", "NOTSET"), begin, end)
     _set_attrs(node, drop=("output_shape", "auto_pad"), pads=begin + end, output_padding=out_pad)
     return True
 
@@ -180,10 +185,7 @@ def _conv_auto_pad(g: _Graph, node: onnx.NodeProto) -> bool:
     begin, end = [], []
     for i in range(spatial):
         out = -(-x[2 + i] // strides[i])
-        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - x[2 + i])
-        half = total // 2
-        begin.append(half if mode == "SAME_UPPER" else total - half)
-        end.append(total - half if mode == "SAME_UPPER" else half)
+        _split_pad(max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - x[2 + i]), mode, begin, end)
     _set_attrs(node, drop=("auto_pad",), pads=begin + end)
     return True
 
