@@ -29,6 +29,11 @@ ELEMENTWISE = {"relax.add", "relax.multiply", "relax.subtract", "relax.divide", 
                "relax.abs"}
 
 
+def _op_name(expr) -> str | None:
+    """The operator name of a call to a Relax op; None for anything else."""
+    return getattr(getattr(expr, "op", None), "name", None)
+
+
 def kernel_name(partition: str) -> str:
     return partition.replace(".", "_")
 
@@ -143,11 +148,17 @@ class _Lower(relax.PyExprMutator):
         """Bind ``value`` to the original variable: its readers, in this block or after it, stay valid."""
         self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
 
+    def _bind_blocked(self, var, blocked, plain_shape):
+        """``var`` computed blocked as ``blocked``: the original variable gets its NCHW value (dead code when
+        nothing reads it plain) and blocked readers get ``blocked``."""
+        self._bind(var, self._transform(to_plain, blocked, plain_shape))
+        self.blocked_of[var] = blocked
+
     def _blocked_pool(self, binding) -> bool:
         """A max/average pooling of a blocked activation, pooled blocked (True); False leaves the binding
         to TVM's NCHW op on the plain value."""
         call = binding.value
-        pool_type = POOLS.get(getattr(getattr(call, "op", None), "name", None))
+        pool_type = POOLS.get(_op_name(call))
         blocked = self.blocked_of.get(call.args[0]) if pool_type else None
         a = call.attrs if blocked is not None else None
         if a is None or str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
@@ -157,14 +168,13 @@ class _Lower(relax.PyExprMutator):
             lambda t: pool2d(t, pool_type, a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode, **divisor),
             blocked, blocked_shape(call.ty.shape, int(blocked.ty.shape[4])), family=POOL_FAMILY,
             name=f"{pool_type}_pool2d_nchwc"))
-        self._bind(binding.var, self._transform(to_plain, out, call.ty.shape))
-        self.blocked_of[binding.var] = out
+        self._bind_blocked(binding.var, out, call.ty.shape)
         return True
 
     def _blocked_mean(self, binding) -> bool:
         """A mean over H and W (global average pooling) of a blocked activation: read blocked, written NCHW."""
         call = binding.value
-        if getattr(getattr(call, "op", None), "name", None) != "relax.mean" or call.args[0] not in self.blocked_of:
+        if _op_name(call) != "relax.mean" or call.args[0] not in self.blocked_of:
             return False
         axes = sorted(int(a) % 4 for a in call.attrs.axis) if call.attrs.axis is not None else None
         if axes != [2, 3]:
@@ -180,7 +190,7 @@ class _Lower(relax.PyExprMutator):
         blocks when every part has whole blocks, so a blocked consumer reads it without a round trip through
         NCHW (PP-OCRv6's stem: a max-pool and a conv, both blocked, met in a plain concat)."""
         call = binding.value
-        if getattr(getattr(call, "op", None), "name", None) != "relax.concat" or len(call.ty.shape) != 4:
+        if _op_name(call) != "relax.concat" or len(call.ty.shape) != 4:
             return False
         parts = list(call.args[0].fields) if isinstance(call.args[0], relax.Tuple) else None
         if not parts or int(call.attrs.axis) % 4 != 1 or not any(p in self.blocked_of for p in parts):
@@ -192,8 +202,7 @@ class _Lower(relax.PyExprMutator):
         if any(b is None or int(b.ty.shape[4]) != block for b in blocked):
             return False
         out = self.builder_.emit(relax.op.concat(blocked, axis=1))
-        self._bind(binding.var, self._transform(to_plain, out, call.ty.shape))
-        self.blocked_of[binding.var] = out
+        self._bind_blocked(binding.var, out, call.ty.shape)
         return True
 
     def _channel_operand(self, arg, block: int):
@@ -219,7 +228,7 @@ class _Lower(relax.PyExprMutator):
         after a concat. TVM fuses the chain into one kernel either way; blocked, it needs no ``to_plain``
         before it nor ``to_blocked`` after it when its consumer is a blocked kernel."""
         call = binding.value
-        if getattr(getattr(call, "op", None), "name", None) not in ELEMENTWISE:
+        if _op_name(call) not in ELEMENTWISE:
             return False
         shape = getattr(call.ty, "shape", None)
         if shape is None:
@@ -233,8 +242,7 @@ class _Lower(relax.PyExprMutator):
         if any(a is None for a in args):
             return False
         out = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
-        self._bind(binding.var, self._transform(to_plain, out, shape))
-        self.blocked_of[binding.var] = out
+        self._bind_blocked(binding.var, out, shape)
         return True
 
     def visit_var_binding_(self, binding):
@@ -252,8 +260,7 @@ class _Lower(relax.PyExprMutator):
         gv, args, layout = self._kernel(fn, args, blocks)
         shape = blocked_shape(fn.ret_ty.shape, layout.out_block)
         out = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(shape, fn.ret_ty.dtype)))
-        self._bind(binding.var, self._transform(to_plain, out, fn.ret_ty.shape))
-        self.blocked_of[binding.var] = out
+        self._bind_blocked(binding.var, out, fn.ret_ty.shape)
 
 
 def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None,  # noqa: N802
