@@ -6,62 +6,42 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
 
 import tvmfuse
 from tvmfuse import targets
+from tvmfuse.zoo import layers as L
+from tvmfuse.zoo.builder import GraphBuilder
 
-from helpers import HOST, make_model, ort_run
+from helpers import HOST, ort_run
 from helpers.layout import transforms
 
 SPEC = targets.resolve(HOST)
 
 
-class _Net:
-    """A tiny ONNX graph builder: convs with seeded weights and whatever nodes a test adds."""
-
-    def __init__(self, seed=0):
-        self.rng, self.nodes, self.inits = np.random.default_rng(seed), [], []
-
-    def conv(self, src, cin, cout, k=3, stride=1, act="Relu"):
-        name = f"c{len(self.nodes)}"
-        w = (self.rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype("float32")
-        b = self.rng.standard_normal(cout).astype("float32") * 0.1
-        self.inits += [numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")]
-        self.nodes.append(helper.make_node("Conv", [src, f"{name}.w", f"{name}.b"], [name], kernel_shape=[k, k],
-                                           pads=[k // 2] * 4, strides=[stride, stride]))
-        if act is None:
-            return name
-        return self.op(act, name)
-
-    def op(self, op_type, *inputs, **attrs):
-        out = f"{op_type.lower()}{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
-        return out
-
-    def const(self, name, value):
-        self.inits.append(numpy_helper.from_array(np.asarray(value, "float32"), name))
-        return name
-
-    def model(self, out, c_in=3, hw=12):
-        self.nodes.append(helper.make_node("Identity", [out], ["y"]))
-        return make_model(self.nodes, [("x", [1, c_in, hw, hw])], [("y", None)], self.inits)
+def _net(seed=0):
+    return GraphBuilder(seed=seed, input_shape=(1, 3, 12, 12), input_name="x")
 
 
-def _matches(model, hw=12, c_in=3):
-    x = np.random.default_rng(1).standard_normal((1, c_in, hw, hw)).astype("float32")
+def _conv(g, x, cout, k=3, stride=1, act="Relu"):
+    y = g.conv(x, cout, k, stride=stride, bias=True)
+    if act == "HardSigmoid":
+        return L.hardsigmoid(g, y)
+    return y if act is None else L.unary(g, act, y)
+
+
+def _matches(model):
+    x = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype("float32")
     cm = tvmfuse.compile(model, target=HOST, logs=False)
     np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
 def _stem_concat(second_channels=16):
     """PP-OCRv6's stem: a conv and a max-pool of the same map, concatenated, then a conv."""
-    n = _Net()
-    a = n.conv("x", 3, 16)
-    b = n.conv(a, 16, second_channels)
-    p = n.op("MaxPool", a, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
-    cat = n.op("Concat", p, b, axis=1)
-    return n.model(n.conv(cat, 16 + second_channels, 16, stride=2))
+    g = _net()
+    a = _conv(g, "x", 16)
+    cat = L.concat(g, [g.max_pool(a, 3, 1, pad=1), _conv(g, a, second_channels)], axis=1)
+    _conv(g, cat, 16, stride=2)
+    return g.build("stem_concat")
 
 
 def test_channel_concat_of_blocked_maps_stays_blocked():
@@ -78,13 +58,13 @@ def test_concat_with_a_part_of_no_whole_blocks_stays_plain():
 
 def _squeeze_excite(gate="HardSigmoid", scale_first=False):
     """x -> conv -> [mean -> 1x1 conv -> relu -> 1x1 conv -> gate] * x -> conv (+ the SE input, residual)."""
-    n = _Net(1)
-    x = n.conv("x", 3, 32)
-    pooled = n.op("GlobalAveragePool", x)
-    scale = n.conv(n.conv(pooled, 32, 8, k=1), 8, 32, k=1, act=gate)
-    excited = n.op("Mul", *((scale, x) if scale_first else (x, scale)))  # torchvision's MobileNetV3: scale first
-    out = n.op("Add", n.conv(excited, 32, 32, act=None), excited)
-    return n.model(n.op("Mul", out, n.const("half", 0.5)))
+    g = _net(1)
+    x = _conv(g, "x", 32)
+    scale = _conv(g, _conv(g, g.global_avg_pool(x), 8, k=1), 32, k=1, act=gate)
+    excited = L.binary(g, "Mul", *((scale, x) if scale_first else (x, scale)))  # torchvision's MobileNetV3: scale first
+    out = g.add(_conv(g, excited, 32, act=None), excited)
+    L.binary(g, "Mul", out, L.scalar(g, "half", 0.5))
+    return g.build("squeeze_excite")
 
 
 @pytest.mark.parametrize("gate,scale_first", [("HardSigmoid", False), ("Sigmoid", False), ("HardSigmoid", True)])
@@ -96,19 +76,18 @@ def test_squeeze_excitation_product_is_computed_blocked(gate, scale_first):
 
 
 def test_elementwise_of_a_non_channel_broadcast_stays_plain():
-    n = _Net(2)
-    x = n.conv("x", 3, 16)
-    row = n.const("row", np.random.default_rng(3).standard_normal((1, 1, 1, 12)))  # broadcast along W
-    model = n.model(n.conv(n.op("Mul", x, row), 16, 16))
+    g = _net(2)
+    row = g._const("row", np.random.default_rng(3).standard_normal((1, 1, 1, 12)).astype("float32"))  # along W
+    _conv(g, L.binary(g, "Mul", _conv(g, "x", 16), row), 16)
+    model = g.build("row_broadcast")
     assert transforms(model, SPEC)["to_plain"] == 2  # the product and the output: the Mul ran plain
     _matches(model)
 
 
 def test_activation_and_add_between_blocked_kernels():
-    n = _Net(4)
-    a = n.conv("x", 3, 16, act=None)
-    b = n.conv(a, 16, 16, act=None)
-    s = n.op("Sigmoid", n.op("Add", a, b))
-    model = n.model(n.conv(s, 16, 16))
+    g = _net(4)
+    a = _conv(g, "x", 16, act=None)
+    _conv(g, L.unary(g, "Sigmoid", g.add(a, _conv(g, a, 16, act=None))), 16)
+    model = g.build("add_sigmoid")
     assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}
     _matches(model)
