@@ -28,6 +28,7 @@ from tvm import te  # noqa: E402
 from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
 from tvmfuse.schedules import int8  # noqa: E402
+from tvmfuse.schedules import int8_depthwise as int8_dw  # noqa: E402
 from tvmfuse.schedules.x86.intrin import vnni  # noqa: E402
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise  # noqa: E402
 
@@ -110,7 +111,7 @@ def _int8_kernel(layer, spec, rng):
             out_kw["out_channels"] = o
     b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
     epilogue = int8.Epilogue.make("uint8", 3, 0.05, "relu6" if kind == "depthwise" else "relu")
-    compute = {"conv": int8.conv2d_compute, "depthwise": int8.depthwise_conv2d_compute, "dense": int8.dense_compute}
+    compute = {"conv": int8.conv2d_compute, "depthwise": int8_dw.depthwise_conv2d_compute, "dense": int8.dense_compute}
     out = compute[kind](x, w, b, m, epilogue=epilogue, **out_kw)
     rule = {"conv": int8_conv2d, "depthwise": int8_depthwise, "dense": int8_dense}[kind]
     func = rule.apply(int8.prim_func([x, w, b, m, out]), bits, has_vnni)

@@ -19,7 +19,7 @@ runs. MKL-DNN and TVM's old x86 conv2d used the same layout.
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, topi
+from tvm import te, tirx, topi
 
 from . import winograd
 
@@ -171,17 +171,25 @@ def blocked_view(tensor, block: int):
 
 
 def to_blocked(tensor, block: int):
-    """NCHW -> NCHW[block]c (a layout transform kernel)."""
+    """NCHW -> NCHW[block]c (a layout transform kernel). Channels that do not fill the last block are padded
+    with zeros (the INT8 kernels' layout; FP32 blocks always divide the channels)."""
     n, c, h, w = (int(d) for d in tensor.shape)
-    return te.compute((n, c // block, h, w, block), lambda b, cb, y, x, i: tensor[b, cb * block + i, y, x],
+    if c % block == 0:
+        return te.compute((n, c // block, h, w, block), lambda b, cb, y, x, i: tensor[b, cb * block + i, y, x],
+                          name=TO_BLOCKED)
+    zero = tirx.const(0, tensor.dtype)
+    return te.compute((n, -(-c // block), h, w, block),
+                      lambda b, cb, y, x, i: tirx.Select(cb * block + i < c,
+                                                         tensor[b, tirx.min(cb * block + i, c - 1), y, x], zero),
                       name=TO_BLOCKED)
 
 
-def to_plain(tensor):
-    """NCHW[b]c -> NCHW (a layout transform kernel)."""
+def to_plain(tensor, channels: int | None = None):
+    """NCHW[b]c -> NCHW (a layout transform kernel); ``channels`` drops the padding of the last block (None:
+    every channel)."""
     n, blocks, h, w, block = (int(d) for d in tensor.shape)
-    return te.compute((n, blocks * block, h, w), lambda b, c, y, x: tensor[b, c // block, y, x, c % block],
-                      name=TO_PLAIN)
+    return te.compute((n, channels or blocks * block, h, w),
+                      lambda b, c, y, x: tensor[b, c // block, y, x, c % block], name=TO_PLAIN)
 
 
 def pool2d(data, pool_type: str, pool_size, strides, padding, dilation, ceil_mode: bool = False,

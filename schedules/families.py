@@ -49,6 +49,12 @@ class Int8:
     layout: str  # as recorded on the kernel (``tvmfuse.layout``)
     activations: tuple = ("relu", "clip")
     check: Callable | None = None  # anchor call -> why this anchor has no INT8 kernel, or None
+    # "module.function" packing the weight for the NCHW16c kernel (uint8 activations blocked by 16 channels,
+    # ``compute`` with ``out_layout="NCHW16c"``); None: the family's INT8 kernel reads and writes NCHW only.
+    blocked_pack: str | None = None
+    # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
+    # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.
+    repacks_input: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +158,16 @@ def _grouped(call) -> str:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
            compute="compute.depthwise_conv2d", blocked_compute="compute.depthwise_conv2d_blocked",
-           int8=Int8("int8.depthwise_conv2d_kernel", None, "NCHW, weight OIHW", check=_depthwise_multiplier_one),
+           int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
+                     check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight"),
            kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d"}),
                     Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
                     Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
            anchor_check=_conv_layout, flops=_conv_flops),
     Family("conv2d", "relax.nn.conv2d", "conv2d", residual=True,
            compute="compute.conv2d", blocked_compute="compute.conv2d_blocked",
-           int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i"),
+           int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
+                     blocked_pack="int8_ref.pack_conv2d_weight", repacks_input=True),
            kernels=(Kernel("conv2d", {"x86": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
                     Kernel("conv2d_winograd", {"x86": "conv2d_winograd"}),
                     Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),

@@ -43,6 +43,7 @@ from tvmfuse.errors import TvmfuseError
 
 BLOCK_O = 16  # output channels per VNNI step (int32 lanes of one zmm register)
 BLOCK_I = 4  # input channels summed by one VNNI product
+BLOCKED_LAYOUT = f"NCHW{BLOCK_O}c"  # uint8 activations between INT8 kernels: 16 channels of a pixel in 16 bytes
 ANCHOR = {"conv2d": "conv2d_int8", "depthwise_conv2d": "depthwise_int8", "dense": "dense_int8"}
 PAD = {"conv2d": "data_pack", "depthwise_conv2d": "data_pad", "dense": "data_pad"}
 EPILOGUE = "requantize"
@@ -138,7 +139,9 @@ def _check_vector(kernel: str, name: str, t, length: int, dtype: str) -> None:
 
 
 def _check_epilogue(kernel: str, bias, multiplier, residual, epilogue: Epilogue, out_shape: list[int]) -> None:
-    channels = out_shape[1]
+    """Bias and multiplier hold one value per output channel: ``C`` of NCHW, ``C/16 * 16`` (the padded
+    channels included) of NCHW16c; a residual has the output's shape."""
+    channels = out_shape[1] * (out_shape[4] if len(out_shape) == 5 else 1)
     _check_vector(kernel, "bias", bias, channels, "int32")
     _check_vector(kernel, "multiplier", multiplier, channels, "float32")
     _check((residual is None) == (epilogue.residual is None), kernel,
@@ -177,10 +180,11 @@ def _requantize(acc, scale, res, ep: Epilogue):
 
 
 def _epilogue_stage(acc_at, bias, multiplier, residual, ep: Epilogue, out_shape: list[int]):
-    """The ``requantize`` stage: ``acc_at(*index)`` reads the accumulator of one output element."""
+    """The ``requantize`` stage: ``acc_at(*index)`` reads the accumulator of one output element. A 5-D
+    ``out_shape`` is NCHW16c: the channel of ``(b, cb, y, x, ci)`` is ``cb * 16 + ci``."""
 
     def body(*idx):
-        channel = idx[1]
+        channel = idx[1] * out_shape[4] + idx[4] if len(out_shape) == 5 else idx[1]
         res = residual[idx] if residual is not None else None
         return _requantize(acc_at(*idx) + bias[channel], multiplier[channel], res, ep)
 
@@ -227,8 +231,36 @@ def _padded(data, shape, index, zero_point: int, name: str):
     return te.compute(shape, body, name=name)
 
 
+def nchw(shape) -> tuple[int, int, int, int]:
+    """``(N, C, H, W)`` of an NCHW or NCHW[b]c shape (``C`` counts the block's padded channels)."""
+    dims = [int(d) for d in shape]
+    return tuple(dims) if len(dims) == 4 else (dims[0], dims[1] * dims[4], dims[2], dims[3])
+
+
+def read_channel(data, b, ch, y, x):
+    """Element (b, ch, y, x) of an NCHW or NCHW[b]c ``data``."""
+    if len(data.shape) == 4:
+        return b, ch, y, x
+    block = int(data.shape[4])
+    return b, ch // block, y, x, ch % block
+
+
+def _check_data(kernel: str, data) -> None:
+    rank = len(data.shape)
+    _check(str(data.dtype) == "uint8" and (rank == 4 or (rank == 5 and int(data.shape[4]) == BLOCK_O)), kernel,
+           f"data must be uint8 NCHW or NCHW{BLOCK_O}c, got {_shape(data)} {data.dtype}")
+
+
+def out_shape_of(n: int, channels: int, out_h: int, out_w: int, out_layout: str) -> list[int]:
+    """The output shape in ``out_layout``: ``"NCHW"`` or ``"NCHW16c"`` (channels padded to whole blocks)."""
+    if out_layout == "NCHW":
+        return [n, channels, out_h, out_w]
+    _check(out_layout == BLOCKED_LAYOUT, "INT8 kernel", f"out_layout must be NCHW or {BLOCKED_LAYOUT}, got {out_layout!r}")
+    return [n, -(-channels // BLOCK_O), out_h, out_w, BLOCK_O]
+
+
 def _geometry(kernel: str, data, kh: int, kw: int, strides, padding, dilation):
-    n, c, h, w = _shape(data)
+    n, c, h, w = nchw(data.shape)
     (sh, sw), (dh, dw), pad = _pair(strides), _pair(dilation), _padding(padding)
     out_h, out_w = _out_size(h, pad[0], pad[2], kh, sh, dh), _out_size(w, pad[1], pad[3], kw, sw, dw)
     _check(out_h > 0 and out_w > 0, kernel, f"empty output for input {[n, c, h, w]}, kernel {kh}x{kw}")
@@ -236,13 +268,15 @@ def _geometry(kernel: str, data, kh: int, kw: int, strides, padding, dilation):
 
 
 def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channels: int, strides=1, padding=0,
-                   dilation=1, input_zero_point: int = 0, epilogue: Epilogue = Epilogue()) -> te.Tensor:
-    """INT8 conv2d (NCHW, groups = 1) with the requantize epilogue.
+                   dilation=1, input_zero_point: int = 0, epilogue: Epilogue = Epilogue(),
+                   out_layout: str = "NCHW") -> te.Tensor:
+    """INT8 conv2d (groups = 1) with the requantize epilogue.
 
     Parameters
     ----------
     data : te.Tensor
-        ``[N, C, H, W]`` uint8 codes.
+        ``[N, C, H, W]`` uint8 codes, or NCHW16c ``[N, ceil(C/16), H, W, 16]`` (what the padded channels hold
+        is never read: their weights are zero).
     weight : te.Tensor
         ``[ceil(O/16), ceil(C/4), kh, kw, 16, 4]`` int8, packed by ``int8_ref.pack_conv2d_weight``.
     bias : te.Tensor
@@ -250,7 +284,7 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     multiplier : te.Tensor
         ``[O]`` float32 ``M[o]``.
     residual : te.Tensor, optional
-        ``[N, O, OH, OW]`` uint8/int8 codes, added as described by ``epilogue.residual``.
+        uint8/int8 codes of the output's shape, added as described by ``epilogue.residual``.
     out_channels : int
         O (the packed weight is padded to a multiple of 16).
     strides, padding, dilation
@@ -258,31 +292,35 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     input_zero_point : int
         ``za``, the value spatial padding is filled with.
     epilogue : Epilogue
+    out_layout : str
+        ``"NCHW"``, or ``"NCHW16c"``: the output is ``[N, ceil(O/16), OH, OW, 16]`` and bias and multiplier
+        are padded to ``ceil(O/16) * 16`` channels.
 
     Returns
     -------
     te.Tensor
-        ``[N, O, OH, OW]`` in ``epilogue.out_dtype``.
+        The output in ``out_layout``, in ``epilogue.out_dtype``.
     """
     name = "INT8 conv2d"
-    _check(str(data.dtype) == "uint8" and len(data.shape) == 4, name,
-           f"data must be 4-D uint8 NCHW, got {_shape(data)} {data.dtype}")
+    _check_data(name, data)
     wshape = _shape(weight)
     _check(str(weight.dtype) == "int8" and len(wshape) == 6 and wshape[4:] == [BLOCK_O, BLOCK_I], name,
            f"weight must be packed int8 [O/16, I/4, kh, kw, 16, 4], got {wshape} {weight.dtype}")
     o_blocks, c_blocks, kh, kw = wshape[:4]
     (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w) = _geometry(name, data, kh, kw, strides, padding, dilation)
-    _check(c_blocks == -(-c // BLOCK_I), name, f"weight has {c_blocks} blocks of 4 input channels for {c} channels")
+    blocked_in = len(data.shape) == 5
+    _check(c_blocks == -(-c // BLOCK_I) or (blocked_in and c - BLOCK_O < c_blocks * BLOCK_I <= c), name,
+           f"weight has {c_blocks} blocks of 4 input channels for {c} channels")
     _check(o_blocks == -(-out_channels // BLOCK_O), name,
            f"weight has {o_blocks} blocks of 16 output channels for out_channels={out_channels}")
-    out_shape = [n, out_channels, out_h, out_w]
+    out_shape = out_shape_of(n, out_channels, out_h, out_w, out_layout)
     _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape)
     top, left = pad[0], pad[1]
 
     def pack_index(b, cb, y, x, ci):
         ch = cb * BLOCK_I + ci
         valid = tirx.all(ch < c, y >= top, y < h + top, x >= left, x < w + left)
-        return valid, (b, ch, y - top, x - left)
+        return valid, read_channel(data, b, ch, y - top, x - left)
 
     packed = _padded(data, [n, c_blocks, h + pad[0] + pad[2], w + pad[1] + pad[3], BLOCK_I], pack_index,
                      input_zero_point, PAD["conv2d"])
@@ -294,44 +332,10 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
             packed[b, rcb, y * sh + ry * dh, x * sw + rx * dw, rci].astype("int32")
             * weight[ob, rcb, ry, rx, oi, rci].astype("int32"), axis=[rcb, ry, rx, rci]),
         name=ANCHOR["conv2d"])
+    if out_layout != "NCHW":
+        return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
     return _epilogue_stage(lambda b, o, y, x: acc[b, o // BLOCK_O, y, x, o % BLOCK_O], bias, multiplier,
                            residual, epilogue, out_shape)
-
-
-def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
-                             input_zero_point: int = 0, epilogue: Epilogue = Epilogue()) -> te.Tensor:
-    """INT8 depthwise conv2d (NCHW, groups = C, multiplier 1) with the requantize epilogue.
-
-    ``data`` ``[N, C, H, W]`` uint8, ``weight`` ``[C, 1, kh, kw]`` int8 (not packed), ``bias`` ``[C]`` int32
-    (zero point folded in), ``multiplier`` ``[C]`` float32; the rest as in :func:`conv2d_compute`.
-    Returns ``[N, C, OH, OW]`` in ``epilogue.out_dtype``.
-    """
-    name = "INT8 depthwise conv2d"
-    _check(str(data.dtype) == "uint8" and len(data.shape) == 4, name,
-           f"data must be 4-D uint8 NCHW, got {_shape(data)} {data.dtype}")
-    wshape = _shape(weight)
-    _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[1] == 1 and wshape[0] == int(data.shape[1]), name,
-           f"weight must be int8 [C, 1, kh, kw] with C = {int(data.shape[1])}, got {wshape} {weight.dtype}")
-    kh, kw = wshape[2:]
-    (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w) = _geometry(name, data, kh, kw, strides, padding, dilation)
-    out_shape = [n, c, out_h, out_w]
-    _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape)
-    top, left = pad[0], pad[1]
-
-    def pad_index(b, ch, y, x):
-        valid = tirx.all(y >= top, y < h + top, x >= left, x < w + left)
-        return valid, (b, ch, y - top, x - left)
-
-    padded = _padded(data, [n, c, h + pad[0] + pad[2], w + pad[1] + pad[3]], pad_index, input_zero_point,
-                     PAD["depthwise_conv2d"])
-    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
-    acc = te.compute(
-        (n, c, out_h, out_w),
-        lambda b, ch, y, x: te.sum(
-            padded[b, ch, y * sh + ry * dh, x * sw + rx * dw].astype("int32") * weight[ch, 0, ry, rx].astype("int32"),
-            axis=[ry, rx]),
-        name=ANCHOR["depthwise_conv2d"])
-    return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
 
 
 def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features: int,
@@ -371,19 +375,12 @@ def prim_func(tensors: list) -> tirx.PrimFunc:
     return te.create_prim_func(list(tensors)).without_attr("global_symbol")
 
 
-# One signature for the three computes (``families.Int8.compute``):
+# One signature for the INT8 computes (``families.Int8.compute``; depthwise: :mod:`.int8_depthwise`):
 # (data, weight, bias, multiplier, residual, *, channels, input_zero_point, epilogue, **conv).
 def conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int, input_zero_point: int = 0,
                   epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
     return conv2d_compute(data, weight, bias, multiplier, residual, out_channels=channels,
                           input_zero_point=input_zero_point, epilogue=epilogue, **conv)
-
-
-def depthwise_conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int,
-                            input_zero_point: int = 0, epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
-    del channels  # the weight's
-    return depthwise_conv2d_compute(data, weight, bias, multiplier, residual, input_zero_point=input_zero_point,
-                                    epilogue=epilogue, **conv)
 
 
 def dense_kernel(data, weight, bias, multiplier, residual=None, *, channels: int, input_zero_point: int = 0,

@@ -29,8 +29,8 @@ def _to_plain(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     n, c, y, x = sch.get_loops(block)
     channels = int(sch.get(block).reads[0].source.shape[4])
     v = dividing_vector(int(sch.get(x).extent), vector_lanes)  # pixels per tile
-    if v is None:
-        # No vector divides the row: the row as one vector where that is short (7, 14, 25 pixels: a few
+    if v is None or int(sch.get(c).extent) % channels:
+        # No vector divides the row (or the last block is padding: an INT8 layout): the row as one vector where that is short (7, 14, 25 pixels: a few
         # registers), else scalar (a wide vector is what cost LLVM 20 s).
         sch.parallel(sch.fuse(n, c, y))
         if int(sch.get(x).extent) <= 2 * vector_lanes:

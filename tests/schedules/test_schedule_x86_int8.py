@@ -9,7 +9,6 @@ VNNI too.
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 
@@ -20,86 +19,12 @@ from tvm import te
 
 from tvmfuse import targets
 from tvmfuse.schedules import int8, int8_ref
+from tvmfuse.schedules import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86.intrin import vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 
-from helpers import HOST
-
-HOST_BITS = targets.resolve(HOST).vector_bits()
-AVX512 = "x86-avx512"
-
-
-def _build(func, target=HOST):
-    spec = targets.resolve(target)
-    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
-
-
-def _run(func, args, out):
-    """Run ``func`` on numpy ``args``; ``out`` is the output te.Tensor (for shape and dtype)."""
-    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
-    _build(func).mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], result)
-    return result.numpy()
-
-
-def _epilogue(out_dtype, act, residual):
-    res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=0.61) if residual else None
-    zero_point = {"uint8": 9, "int8": -4, "float32": 0}[out_dtype]
-    return int8.Epilogue.make(out_dtype, zero_point, 0.043, act, res)
-
-
-def _codes(rng, shape, dtype, extreme):
-    """Random codes of ``dtype``; ``extreme`` draws only the two ends of the range (weights: +-127)."""
-    lo, hi = {"uint8": (0, 255), "int8": (-127, 127)}[dtype]
-    if extreme:
-        return rng.choice(np.array([lo, hi], dtype), size=shape)
-    return rng.integers(lo, hi + 1, size=shape).astype(dtype)
-
-
-def _kernel_data(rng, out_shape, channels, residual, extreme):
-    bias = rng.integers(-20000, 20000, channels).astype("int32")
-    scale = 0.002 if extreme else 0.01
-    multiplier = (rng.random(channels) * scale + scale / 10).astype("float32")
-    res = _codes(rng, out_shape, residual, extreme) if residual else None
-    return bias, multiplier, res
-
-
-def _schedule(rule, func, mode, default_config):
-    """Schedule with the host's path, the generic step, or the VNNI tiling with the generic step."""
-    if mode == "host":
-        return rule.apply(func, HOST_BITS, False)
-    if mode == "generic":
-        return rule.apply(func, HOST_BITS, False, dataclasses.replace(default_config(HOST_BITS, False), dot="generic"))
-    return rule.apply(func, 512, True, dataclasses.replace(default_config(512, True), dot="generic"))
-
-
-# ----------------------------------------------------------------------------------------------- conv2d
-
-
-@dataclasses.dataclass(frozen=True)
-class Conv:
-    c: int
-    o: int
-    hw: int | tuple[int, int]
-    k: int
-    stride: int = 1
-    pad: int | tuple[int, int, int, int] = 0  # or (top, left, bottom, right)
-    dilation: int = 1
-    act: str | None = None
-    out: str = "uint8"
-    residual: str | None = None
-    za: int = 37
-    n: int = 1
-
-    def in_shape(self) -> tuple[int, ...]:
-        h, w = (self.hw, self.hw) if isinstance(self.hw, int) else self.hw
-        return self.n, self.c, h, w
-
-    def out_shape(self) -> tuple[int, ...]:
-        top, left, bottom, right = (self.pad,) * 4 if isinstance(self.pad, int) else self.pad
-        span = self.dilation * (self.k - 1) + 1
-        _, _, h, w = self.in_shape()
-        return self.n, self.o, (h + top + bottom - span) // self.stride + 1, (w + left + right - span) // self.stride + 1
-
+from helpers.int8_kernels import (AVX512, HOST_BITS, Conv, build, codes, epilogue, kernel_data, run,
+                                  schedule_with)
 
 CONV_CASES = [
     Conv(19, 37, 14, 3, pad=1, act="relu"),  # C, O not multiples of 4 / 16
@@ -119,25 +44,25 @@ def _conv(case: Conv):
     r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
     out = int8.conv2d_compute(x, w, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
                               dilation=case.dilation, input_zero_point=case.za,
-                              epilogue=_epilogue(case.out, case.act, case.residual))
+                              epilogue=epilogue(case.out, case.act, case.residual))
     return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out
 
 
 def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
     func, out = _conv(case)
     ow = case.out_shape()[3]
-    sched = _schedule(int8_conv2d, func, mode,
+    sched = schedule_with(int8_conv2d, func, mode,
                       lambda bits, vnni_: int8_conv2d.default_config(-(-case.o // 16), ow, bits, vnni_))
     assert sched is not None
     rng = np.random.default_rng(seed)
-    x = _codes(rng, case.in_shape(), "uint8", extreme)
-    w = _codes(rng, (case.o, case.c, case.k, case.k), "int8", extreme)
-    bias, mult, res = _kernel_data(rng, case.out_shape(), case.o, case.residual, extreme)
+    x = codes(rng, case.in_shape(), "uint8", extreme)
+    w = codes(rng, (case.o, case.c, case.k, case.k), "int8", extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme)
     args = [x, int8_ref.pack_conv2d_weight(w), int8_ref.fold_zero_point(bias, w, case.za), mult]
-    got = _run(sched, args + ([res] if res is not None else []), out)
+    got = run(sched, args + ([res] if res is not None else []), out)
     ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad,
                               dilation=case.dilation, input_zero_point=case.za,
-                              epilogue=_epilogue(case.out, case.act, case.residual))
+                              epilogue=epilogue(case.out, case.act, case.residual))
     np.testing.assert_array_equal(got, ref)
     return ref
 
@@ -192,19 +117,19 @@ def test_depthwise_bit_exact(case, extreme):
     w = te.placeholder((case.c, 1, case.k, case.k), "int8", name="w")
     b, m = te.placeholder((case.c,), "int32", name="b"), te.placeholder((case.c,), "float32", name="m")
     r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
-    ep = _epilogue(case.out, case.act, case.residual)
-    out = int8.depthwise_conv2d_compute(x, w, b, m, r, strides=case.stride, padding=case.pad,
+    ep = epilogue(case.out, case.act, case.residual)
+    out = int8_dw.depthwise_conv2d_compute(x, w, b, m, r, strides=case.stride, padding=case.pad,
                                         dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
     func = int8_depthwise.apply(int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), HOST_BITS)
     assert func is not None and "T.parallel" in func.script() and "T.vectorized" in func.script()
     rng = np.random.default_rng(1)
-    xv = _codes(rng, case.in_shape(), "uint8", extreme)
-    wv = _codes(rng, (case.c, 1, case.k, case.k), "int8", extreme)
-    bias, mult, res = _kernel_data(rng, case.out_shape(), case.c, case.residual, extreme)
+    xv = codes(rng, case.in_shape(), "uint8", extreme)
+    wv = codes(rng, (case.c, 1, case.k, case.k), "int8", extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.c, case.residual, extreme)
     args = [xv, wv, int8_ref.fold_zero_point(bias, wv, case.za), mult] + ([res] if res is not None else [])
     ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
                                         dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
-    np.testing.assert_array_equal(_run(func, args, out), ref)
+    np.testing.assert_array_equal(run(func, args, out), ref)
 
 
 # ----------------------------------------------------------------------------------------------- dense
@@ -219,7 +144,7 @@ def _dense(m, k, n, out_dtype, residual, act):
     w = te.placeholder((-(-n // 16), -(-k // 4), 16, 4), "int8", name="w")
     b, mult = te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m")
     r = te.placeholder((m, n), residual, name="r") if residual else None
-    out = int8.dense_compute(x, w, b, mult, r, out_features=n, epilogue=_epilogue(out_dtype, act, residual))
+    out = int8.dense_compute(x, w, b, mult, r, out_features=n, epilogue=epilogue(out_dtype, act, residual))
     return int8.prim_func([x, w, b, mult] + ([r] if r is not None else []) + [out]), out
 
 
@@ -228,17 +153,17 @@ def _dense(m, k, n, out_dtype, residual, act):
 def test_dense_bit_exact(case, mode):
     m, k, n, out_dtype, residual, act = case
     func, out = _dense(*case)
-    sched = _schedule(int8_dense, func, mode, lambda bits, v: int8_dense.default_config(m, -(-n // 16), bits, v))
+    sched = schedule_with(int8_dense, func, mode, lambda bits, v: int8_dense.default_config(m, -(-n // 16), bits, v))
     assert sched is not None
     for extreme in (False, True):
         rng = np.random.default_rng(2)
-        x, w = _codes(rng, (m, k), "uint8", extreme), _codes(rng, (n, k), "int8", extreme)
-        bias, mult, res = _kernel_data(rng, (m, n), n, residual, extreme)
+        x, w = codes(rng, (m, k), "uint8", extreme), codes(rng, (n, k), "int8", extreme)
+        bias, mult, res = kernel_data(rng, (m, n), n, residual, extreme)
         za = 255 if extreme else 77
         args = [x, int8_ref.pack_dense_weight(w), int8_ref.fold_zero_point(bias, w, za), mult]
         ref = int8_ref.dense_ref(x, w, bias, mult, res, input_zero_point=za,
-                                 epilogue=_epilogue(out_dtype, act, residual))
-        np.testing.assert_array_equal(_run(sched, args + ([res] if res is not None else []), out), ref)
+                                 epilogue=epilogue(out_dtype, act, residual))
+        np.testing.assert_array_equal(run(sched, args + ([res] if res is not None else []), out), ref)
 
 
 @pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
@@ -249,8 +174,8 @@ def test_kernel_rounds_half_to_even(out_dtype):
     w[:, 0] = 1
     bias = np.arange(-8, 8, dtype=np.int32)
     args = [np.zeros((1, 4), np.uint8), int8_ref.pack_dense_weight(w), bias, np.full(16, 0.5, np.float32)]
-    got = _run(int8_dense.apply(func, HOST_BITS, False), args, out)
-    zero_point = _epilogue(out_dtype, None, None).zero_point
+    got = run(int8_dense.apply(func, HOST_BITS, False), args, out)
+    zero_point = epilogue(out_dtype, None, None).zero_point
     halves = np.array([-4, -4, -3, -2, -2, -2, -1, 0, 0, 0, 1, 2, 2, 2, 3, 4])  # rint(-4, -3.5, ..., 3.5)
     np.testing.assert_array_equal(got[0], halves + zero_point)
 
@@ -274,7 +199,7 @@ def test_computes_reject_inconsistent_operands():
                            te.placeholder((16,), "float32", name="b"), te.placeholder((16,), "float32", name="m"),
                            out_features=16)
     with pytest.raises(int8.Int8KernelError, match="uint8"):
-        int8.depthwise_conv2d_compute(te.placeholder((1, 4, 8, 8), "int8", name="x"),
+        int8_dw.depthwise_conv2d_compute(te.placeholder((1, 4, 8, 8), "int8", name="x"),
                                       te.placeholder((4, 1, 3, 3), "int8", name="w"),
                                       te.placeholder((4,), "int32", name="b"), te.placeholder((4,), "float32", name="m"))
 
@@ -303,7 +228,7 @@ def test_vnni_schedules_compile_to_vpdpbusd():
     for func, rule in ((conv, int8_conv2d), (dense, int8_dense)):
         sched = rule.apply(func, 512, True)
         assert "llvm.x86.avx512.vpdpbusd.512" in sched.script()
-        asm = _build(sched, AVX512).mod.inspect_source("asm")
+        asm = build(sched, AVX512).mod.inspect_source("asm")
         assert "vpdpbusd" in asm and "zmm" in asm
 
 
@@ -313,14 +238,14 @@ def test_conv2d_vnni_bit_exact_on_avx512_hardware(case):
     func, out = _conv(case)
     sched = int8_conv2d.apply(func, 512, True)
     rng = np.random.default_rng(5)
-    x, w = _codes(rng, case.in_shape(), "uint8", False), _codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
-    bias, mult, res = _kernel_data(rng, case.out_shape(), case.o, case.residual, False)
+    x, w = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False)
     args = [x, int8_ref.pack_conv2d_weight(w), int8_ref.fold_zero_point(bias, w, case.za), mult]
     args += [res] if res is not None else []
     result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
-    _build(sched, AVX512).mod["main"](*[tvm.runtime.tensor(a) for a in args], result)
+    build(sched, AVX512).mod["main"](*[tvm.runtime.tensor(a) for a in args], result)
     ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad, dilation=case.dilation,
-                              input_zero_point=case.za, epilogue=_epilogue(case.out, case.act, case.residual))
+                              input_zero_point=case.za, epilogue=epilogue(case.out, case.act, case.residual))
     np.testing.assert_array_equal(result.numpy(), ref)
 
 
@@ -380,12 +305,12 @@ def test_register_overrides_tvm_stock_vnni_for_metaschedule():
     __import__(vnni.STOCK_MODULE)
     if not vnni.stock_overridden():  # another test of this session may have registered already
         with pytest.raises(Exception, match="(?i)verif|signature"):
-            _build(_stock_dense()[0], AVX512)
+            build(_stock_dense()[0], AVX512)
     names = vnni.register()
     assert names == [vnni.INTRIN_NAME, vnni.intrin_name("vnni", "local"), vnni.STOCK_NAME]
     assert vnni.stock_overridden() and vnni.register() == names
     func, mod = _stock_dense()
-    assert "vpdpbusd" in _build(func, AVX512).mod.inspect_source("asm")
+    assert "vpdpbusd" in build(func, AVX512).mod.inspect_source("asm")
     target = targets.resolve(AVX512).tvm_target()
     # A fixed seed: some samples (e.g. rand_state=4) vectorize a loop around the tensorized block and fail
     # to build ("Cannot broadcast lanes=16 ... to 64"), a MetaSchedule problem that tuning skips over.

@@ -1,0 +1,107 @@
+"""TE compute of the INT8 depthwise conv2d (multiplier 1), NCHW or NCHW16c, with the requantize epilogue.
+
+The conventions are :mod:`tvmfuse.schedules.int8`'s: uint8 codes in, int8 weights, the input zero point
+folded into the int32 bias and spatial padding filled with it. Nine (or 25, 49) products per output leave
+nothing for VNNI's 4-wide dot product: the kernel sums int32 products.
+
+- NCHW (``weight`` ``[C, 1, kh, kw]``): vectors run along output rows, which a stride makes gathers.
+- NCHW16c (``weight`` ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight`): the 16 channels of a pixel are one
+  16-byte load widened to 16 int32 lanes, whatever the stride, dilation or row width. The output is written
+  NCHW16c, or NCHW (a float32 output for FP32 consumers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from .int8 import (ANCHOR, BLOCK_O, PAD, Epilogue, _check, _check_data, _check_epilogue, _epilogue_stage, _geometry,
+                   _padded, _shape, out_shape_of)
+
+NAME = "INT8 depthwise conv2d"
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """``[C, 1, kh, kw]`` int8 -> ``[ceil(C/16), kh, kw, 16]``, the padded channels' weights zero."""
+    weight = np.asarray(weight)
+    if weight.dtype != np.int8 or weight.ndim != 4 or weight.shape[1] != 1:
+        raise ValueError(f"depthwise weight must be int8 [C, 1, kh, kw], got {weight.shape} {weight.dtype}")
+    c, _, kh, kw = weight.shape
+    blocks = -(-c // BLOCK_O)
+    full = np.zeros((blocks * BLOCK_O, kh, kw), np.int8)
+    full[:c] = weight[:, 0]
+    return np.ascontiguousarray(full.reshape(blocks, BLOCK_O, kh, kw).transpose(0, 2, 3, 1))
+
+
+def unpack_weight(packed: np.ndarray, channels: int) -> np.ndarray:
+    """Inverse of :func:`pack_weight`."""
+    blocks, kh, kw, block = packed.shape
+    return np.ascontiguousarray(packed.transpose(0, 3, 1, 2).reshape(blocks * block, 1, kh, kw)[:channels])
+
+
+def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
+                             input_zero_point: int = 0, epilogue: Epilogue = Epilogue(),
+                             out_layout: str | None = None, channels: int | None = None) -> te.Tensor:
+    """INT8 depthwise conv2d with the requantize epilogue.
+
+    ``data`` uint8 NCHW (the NCHW kernel, ``weight`` int8 ``[C, 1, kh, kw]``) or NCHW16c (the NCHW16c
+    kernel, ``weight`` ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight`); ``bias`` int32 (zero point
+    folded in) and ``multiplier`` float32, one per output channel of ``out_layout`` (NCHW16c: padded to
+    whole blocks); ``out_layout`` ``"NCHW"`` or ``"NCHW16c"`` (None: the data's); ``channels``: C, which
+    NCHW16c data does not tell (None: the data's channels, padded ones included). The rest as in
+    :func:`tvmfuse.schedules.int8.conv2d_compute`.
+    """
+    _check_data(NAME, data)
+    wshape = _shape(weight)
+    blocked = len(data.shape) == 5
+    kh, kw = wshape[1:3] if blocked else wshape[2:]
+    (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w) = _geometry(NAME, data, kh, kw, strides, padding, dilation)
+    if blocked:
+        _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[0] == c // BLOCK_O and wshape[3] == BLOCK_O,
+               NAME, f"weight must be int8 [{c // BLOCK_O}, kh, kw, {BLOCK_O}] for NCHW16c data, got {wshape}")
+    else:
+        _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[1] == 1 and wshape[0] == c, NAME,
+               f"weight must be int8 [C, 1, kh, kw] with C = {c} for NCHW data, got {wshape} {weight.dtype}")
+    layout = out_layout or ("NCHW" if len(data.shape) == 4 else "NCHW16c")
+    channels = channels or c
+    _check(c - BLOCK_O < channels <= c if len(data.shape) == 5 else channels == c, NAME,
+           f"{channels} channels do not fit data of shape {_shape(data)}")
+    out_shape = out_shape_of(n, channels, out_h, out_w, layout)
+    _check(blocked or layout == "NCHW", NAME, "an NCHW16c output needs the NCHW16c weight")
+    _check_epilogue(NAME, bias, multiplier, residual, epilogue, out_shape)
+    top, left = pad[0], pad[1]
+    rows, cols = h + pad[0] + pad[2], w + pad[1] + pad[3]
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    if not blocked:
+        padded = _padded(data, [n, c, rows, cols],
+                         lambda b, ch, y, x: (tirx.all(y >= top, y < h + top, x >= left, x < w + left),
+                                              (b, ch, y - top, x - left)), input_zero_point, PAD["depthwise_conv2d"])
+        acc = te.compute(
+            (n, c, out_h, out_w),
+            lambda b, ch, y, x: te.sum(padded[b, ch, y * sh + ry * dh, x * sw + rx * dw].astype("int32")
+                                       * weight[ch, 0, ry, rx].astype("int32"), axis=[ry, rx]),
+            name=ANCHOR["depthwise_conv2d"])
+        return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
+
+    def pad_index(b, cb, y, x, ci):
+        valid = tirx.all(y >= top, y < h + top, x >= left, x < w + left)
+        return valid, (b, cb, y - top, x - left, ci)
+
+    blocks = int(wshape[0])
+    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"])
+    acc = te.compute(
+        (n, blocks, out_h, out_w, BLOCK_O),
+        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rx * dw, ci].astype("int32")
+                                       * weight[cb, ry, rx, ci].astype("int32"), axis=[ry, rx]),
+        name=ANCHOR["depthwise_conv2d"])
+    if layout == "NCHW":
+        return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
+                               residual, epilogue, out_shape)
+    return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
+
+
+def depthwise_conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int,
+                            input_zero_point: int = 0, epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
+    """``families.Int8.compute``'s signature over :func:`depthwise_conv2d_compute`."""
+    return depthwise_conv2d_compute(data, weight, bias, multiplier, residual, input_zero_point=input_zero_point,
+                                    epilogue=epilogue, channels=channels, **conv)

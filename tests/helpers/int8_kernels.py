@@ -1,0 +1,89 @@
+"""Shared pieces of the INT8 kernel tests (test_schedule_x86_int8*.py): build and run a PrimFunc here, random
+codes and epilogues, the conv case description, and the three ways a rule is exercised."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tvm
+
+from tvmfuse import targets
+from tvmfuse.schedules import int8
+
+from . import HOST
+
+HOST_BITS = targets.resolve(HOST).vector_bits()
+AVX512 = "x86-avx512"
+
+
+def build(func, target=HOST):
+    spec = targets.resolve(target)
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+
+
+def run(func, args, out):
+    """Run ``func`` on numpy ``args``; ``out`` is the output te.Tensor (for shape and dtype)."""
+    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
+    build(func).mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], result)
+    return result.numpy()
+
+
+def epilogue(out_dtype, act, residual):
+    res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=0.61) if residual else None
+    zero_point = {"uint8": 9, "int8": -4, "float32": 0}[out_dtype]
+    return int8.Epilogue.make(out_dtype, zero_point, 0.043, act, res)
+
+
+def codes(rng, shape, dtype, extreme):
+    """Random codes of ``dtype``; ``extreme`` draws only the two ends of the range (weights: +-127)."""
+    lo, hi = {"uint8": (0, 255), "int8": (-127, 127)}[dtype]
+    if extreme:
+        return rng.choice(np.array([lo, hi], dtype), size=shape)
+    return rng.integers(lo, hi + 1, size=shape).astype(dtype)
+
+
+def kernel_data(rng, out_shape, channels, residual, extreme):
+    bias = rng.integers(-20000, 20000, channels).astype("int32")
+    scale = 0.002 if extreme else 0.01
+    multiplier = (rng.random(channels) * scale + scale / 10).astype("float32")
+    res = codes(rng, out_shape, residual, extreme) if residual else None
+    return bias, multiplier, res
+
+
+def schedule_with(rule, func, mode, default_config):
+    """Schedule with the host's path, the generic step, or the VNNI tiling with the generic step."""
+    if mode == "host":
+        return rule.apply(func, HOST_BITS, False)
+    if mode == "generic":
+        return rule.apply(func, HOST_BITS, False, dataclasses.replace(default_config(HOST_BITS, False), dot="generic"))
+    return rule.apply(func, 512, True, dataclasses.replace(default_config(512, True), dot="generic"))
+
+
+# ----------------------------------------------------------------------------------------------- conv2d
+
+
+@dataclasses.dataclass(frozen=True)
+class Conv:
+    c: int
+    o: int
+    hw: int | tuple[int, int]
+    k: int
+    stride: int = 1
+    pad: int | tuple[int, int, int, int] = 0  # or (top, left, bottom, right)
+    dilation: int = 1
+    act: str | None = None
+    out: str = "uint8"
+    residual: str | None = None
+    za: int = 37
+    n: int = 1
+
+    def in_shape(self) -> tuple[int, ...]:
+        h, w = (self.hw, self.hw) if isinstance(self.hw, int) else self.hw
+        return self.n, self.c, h, w
+
+    def out_shape(self) -> tuple[int, ...]:
+        top, left, bottom, right = (self.pad,) * 4 if isinstance(self.pad, int) else self.pad
+        span = self.dilation * (self.k - 1) + 1
+        _, _, h, w = self.in_shape()
+        return self.n, self.o, (h + top + bottom - span) // self.stride + 1, (w + left + right - span) // self.stride + 1

@@ -1,0 +1,164 @@
+"""INT8 kernels in NCHW16c (uint8 activations blocked by 16 channels, the last block padded): bit-exact
+against the numpy references on this host, from NCHW or NCHW16c data, to NCHW or NCHW16c outputs, with the
+VNNI tiling checked through its generic step as in test_schedule_x86_int8.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import te
+
+from tvmfuse.schedules import blocked, int8, int8_ref
+from tvmfuse.schedules import int8_depthwise as int8_dw
+from tvmfuse.schedules.x86 import int8_conv2d, int8_depthwise
+
+from helpers.int8_kernels import HOST_BITS, Conv, codes, epilogue, kernel_data, run, schedule_with
+
+BLOCK = int8.BLOCK_O
+
+
+def to_blocked(a: np.ndarray, fill: int = 0) -> np.ndarray:
+    """NCHW -> NCHW16c, the last block's missing channels ``fill``."""
+    n, c, h, w = a.shape
+    full = np.full((n, -(-c // BLOCK) * BLOCK, h, w), fill, a.dtype)
+    full[:, :c] = a
+    return np.ascontiguousarray(full.reshape(n, -1, BLOCK, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def to_plain(a: np.ndarray, channels: int) -> np.ndarray:
+    n, cb, h, w, b = a.shape
+    return a.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)[:, :channels]
+
+
+def _padded(values: np.ndarray, length: int) -> np.ndarray:
+    return np.concatenate([values, np.zeros(length - values.size, values.dtype)])
+
+
+CONV_CASES = [
+    Conv(19, 37, 14, 3, pad=1, act="relu"),  # C and O not multiples of 16: padded blocks in and out
+    Conv(32, 16, 9, 1, act="relu6", residual="uint8"),  # 1x1 with a residual read NCHW16c
+    Conv(21, 33, 11, 3, stride=2, residual="int8", out="int8"),
+    Conv(24, 48, 7, 3, pad=1, out="float32", act="relu6"),  # dequantized, written NCHW
+    Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),
+]
+
+
+@pytest.mark.parametrize("data_blocked", [True, False], ids=["nchw16c_in", "nchw_in"])
+@pytest.mark.parametrize("mode", ["host", "vnni-tiles"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv2d_nchw16c_bit_exact(case, mode, data_blocked):
+    out_layout = "NCHW" if case.out == "float32" else int8.BLOCKED_LAYOUT
+    n, c, h, w = case.in_shape()
+    out_shape = int8.out_shape_of(*case.out_shape(), out_layout)
+    channels = out_shape[1] * (BLOCK if out_layout != "NCHW" else 1)
+    x = te.placeholder((n, -(-c // BLOCK), h, w, BLOCK) if data_blocked else (n, c, h, w), "uint8", name="x")
+    wt = te.placeholder((-(-case.o // 16), -(-c // 4), case.k, case.k, 16, 4), "int8", name="w")
+    b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
+    r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
+    ep = epilogue(case.out, case.act, case.residual)
+    out = int8.conv2d_compute(x, wt, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
+                              dilation=case.dilation, input_zero_point=case.za, epilogue=ep, out_layout=out_layout)
+    func = int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out])
+    sched = schedule_with(int8_conv2d, func, mode, lambda bits, vnni_: int8_conv2d.default_config(
+        -(-case.o // 16), case.out_shape()[3], bits, vnni_))
+    assert sched is not None
+    rng = np.random.default_rng(4)
+    xv = codes(rng, case.in_shape(), "uint8", False)
+    wv = codes(rng, (case.o, c, case.k, case.k), "int8", False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False)
+    ref = int8_ref.conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
+                              dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
+    folded = int8_ref.fold_zero_point(bias, wv, case.za)
+    args = [to_blocked(xv, fill=200) if data_blocked else xv, int8_ref.pack_conv2d_weight(wv),
+            _padded(folded, channels), _padded(mult, channels)]
+    if res is not None:
+        args.append(to_blocked(res))
+    got = run(sched, args, out)
+    np.testing.assert_array_equal(to_plain(got, case.o) if out_layout != "NCHW" else got, ref)
+
+
+DW_CASES = [
+    Conv(24, 24, 15, 3, pad=1, act="relu6"),  # one and a half blocks
+    Conv(40, 40, 16, 3, stride=2, pad=1, residual="int8", out="int8", za=0),
+    Conv(16, 16, 14, 5, pad=2, out="float32", za=255),  # written NCHW
+    Conv(5, 5, 13, 7, pad=3, act="relu", residual="uint8"),
+    Conv(32, 32, 9, 3, pad=2, dilation=2),
+    Conv(7, 7, (10, 17), 3, stride=2, pad=(1, 0, 0, 1), n=2),  # batch 2, non-square, asymmetric pad
+    Conv(20, 20, 1, 1, out="float32", za=100),  # 1x1 plane
+]
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("case", DW_CASES, ids=str)
+def test_depthwise_nchw16c_bit_exact(case, extreme):
+    out_layout = "NCHW" if case.out == "float32" else int8.BLOCKED_LAYOUT
+    n, c, h, w = case.in_shape()
+    blocks = -(-c // BLOCK)
+    out_shape = int8.out_shape_of(*case.out_shape(), out_layout)
+    channels = c if out_layout == "NCHW" else blocks * BLOCK
+    x = te.placeholder((n, blocks, h, w, BLOCK), "uint8", name="x")
+    wt = te.placeholder((blocks, case.k, case.k, BLOCK), "int8", name="w")
+    b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
+    r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
+    ep = epilogue(case.out, case.act, case.residual)
+    out = int8_dw.depthwise_conv2d_compute(x, wt, b, m, r, strides=case.stride, padding=case.pad,
+                                           dilation=case.dilation, input_zero_point=case.za, epilogue=ep,
+                                           out_layout=out_layout, channels=c)
+    func = int8_depthwise.apply(int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out]), HOST_BITS)
+    assert func is not None and "T.parallel" in func.script() and "T.vectorized" in func.script()
+    rng = np.random.default_rng(5)
+    xv = codes(rng, case.in_shape(), "uint8", extreme)
+    wv = codes(rng, (c, 1, case.k, case.k), "int8", extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), c, case.residual, extreme)
+    folded = int8_ref.fold_zero_point(bias, wv, case.za)
+    args = [to_blocked(xv, fill=77), int8_dw.pack_weight(wv), _padded(folded, channels), _padded(mult, channels)]
+    if res is not None:
+        args.append(to_blocked(res))
+    ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
+                                        dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
+    got = run(func, args, out)
+    np.testing.assert_array_equal(to_plain(got, c) if out_layout != "NCHW" else got, ref)
+
+
+def test_depthwise_weight_packing_round_trips_with_zero_padding():
+    w = np.random.default_rng(0).integers(-127, 128, (20, 1, 3, 3)).astype(np.int8)
+    packed = int8_dw.pack_weight(w)
+    assert packed.shape == (2, 3, 3, BLOCK) and not packed[1, :, :, 4:].any()
+    np.testing.assert_array_equal(int8_dw.unpack_weight(packed, 20), w)
+
+
+@pytest.mark.parametrize("channels", [24, 32])
+def test_uint8_layout_transforms_pad_and_crop(channels):
+    from tvmfuse.passes.layout import layout_kernel
+    from tvmfuse.schedules.x86 import layout
+
+    x = np.random.default_rng(1).integers(0, 256, (1, channels, 7, 12)).astype(np.uint8)
+    t = te.placeholder(x.shape, "uint8", name="data")
+    there = blocked.to_blocked(t, BLOCK)
+    func = layout.apply(layout_kernel(lambda d: blocked.to_blocked(d, BLOCK), _Info(x.shape, "uint8")), 16)
+    got = run(func, [x], there)
+    np.testing.assert_array_equal(got, to_blocked(x))
+    back_t = te.placeholder(got.shape, "uint8", name="data")
+    back = blocked.to_plain(back_t, channels)
+    func = layout.apply(layout_kernel(lambda d: blocked.to_plain(d, channels), _Info(got.shape, "uint8")), 16)
+    np.testing.assert_array_equal(run(func, [got], back), x)
+
+
+def test_computes_reject_mismatched_blocked_operands():
+    x = te.placeholder((1, 2, 8, 8, BLOCK), "uint8", name="x")
+    b, m = te.placeholder((32,), "int32", name="b"), te.placeholder((32,), "float32", name="m")
+    with pytest.raises(int8.Int8KernelError, match="blocks of 4 input channels"):
+        int8.conv2d_compute(x, te.placeholder((2, 3, 1, 1, 16, 4), "int8", name="w"), b, m, out_channels=32,
+                            out_layout=int8.BLOCKED_LAYOUT)
+    with pytest.raises(int8.Int8KernelError, match="out_layout"):
+        int8.conv2d_compute(x, te.placeholder((2, 8, 1, 1, 16, 4), "int8", name="w"), b, m, out_channels=32,
+                            out_layout="NHWC")
+    with pytest.raises(int8.Int8KernelError, match="channels do not fit"):
+        int8_dw.depthwise_conv2d_compute(x, te.placeholder((2, 3, 3, BLOCK), "int8", name="w"), b, m, channels=12)
+
+
+class _Info:
+    """What ``layout_kernel`` reads of a struct info: shape and dtype."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = list(shape), dtype
