@@ -22,7 +22,8 @@ from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError
 
 from helpers import HOST
-from helpers.quantize import conv_pool_conv, conv_relu_conv, conv_sigmoid, residual_block
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, inverted_residual,
+                              residual_block, two_outputs)
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -115,6 +116,24 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
         y = conv(h, ph, "conv2", None, int8.Epilogue.make("float32", activation="relu",
                                                           residual=int8.Residual(ph.zero_point, ph.scale)), h)
         np.testing.assert_array_equal(cm.run(batch)[0], y)
+
+
+@pytest.mark.parametrize("name, model, shape", [
+    ("inverted_residual", inverted_residual(), (1, 8, 10, 10)),
+    ("depthwise_s2_40ch", depthwise_s2(channels=40, size=14), (1, 8, 14, 14)),
+    ("two_outputs", two_outputs(), (1, 3, 8, 8)),
+])
+def test_nchw16c_codes_give_the_same_integers_as_nchw(name, model, shape, tmp_path):
+    """The blocked layout moves the codes, not the arithmetic: every output equals the NCHW build's, bit for
+    bit (padded channels included, which never reach an output)."""
+    calib = _random_batches(shape, 4, 2)
+    nchw = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST, table=tmp_path / "t.json",
+                            layout="nchw")
+    blocked = tvmfuse.quantize(model, table=tmp_path / "t.json", target=HOST)
+    assert nchw.quantization["blocked_outputs"] == 0 and blocked.quantization["blocked_outputs"] >= 1
+    for batch in _random_batches(shape, 2, 7):
+        for got, want in zip(blocked.run(batch), nchw.run(batch)):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_x86_avx512_build_calibrates_here_and_uses_vnni():

@@ -198,7 +198,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
 
 def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
-             logs=None) -> CompiledModel:
+             logs=None, layout: str = "blocked") -> CompiledModel:
     """Quantize an FP32 ONNX model to INT8 and compile it for a target.
 
     Calibration runs the FP32 model on this CPU (target ``x86-host``, whatever ``target`` is) and records
@@ -228,6 +228,9 @@ def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", ta
         Print one line per step on stderr.
     logs : str, os.PathLike, None or False
         Tuning logs, as for :func:`compile`.
+    layout : str
+        As for :func:`compile`; ``"blocked"`` also keeps the uint8 activations between INT8 conv kernels
+        NCHW16c (16 channels of a pixel in 16 bytes), ``"nchw"`` passes them NCHW.
 
     Returns
     -------
@@ -245,11 +248,13 @@ def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", ta
     from .calibration import Quantizer
 
     spec = targets.resolve(target)
-    quantizer = Quantizer(spec, calib, method, table, percentile)
+    if layout not in LAYOUTS:
+        raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked")
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes)
     quantizer.prepare(imported.inputs, imported.source)
-    cm = _compile_imported(imported, spec, steps, logs, quantizer)
+    cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout)
     cm.quantization = quantizer.manifest_entry()
     return cm

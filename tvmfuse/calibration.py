@@ -199,6 +199,8 @@ class Quantizer:
         table is written to.
     percentile : float
         The percentile of the ``"percentile"`` method.
+    blocked : bool
+        uint8 activations NCHW16c between INT8 kernels (``QuantizeGraph``'s ``blocked``).
 
     Raises
     ------
@@ -208,7 +210,7 @@ class Quantizer:
     """
 
     def __init__(self, spec: TargetSpec, calib=None, method: str = "entropy", table=None,
-                 percentile: float = 99.99):
+                 percentile: float = 99.99, blocked: bool = True):
         if calib is None and table is None:
             raise CalibrationError("quantize needs calibration data (calib=..., --calib DATA) or a saved "
                                    "calibration table (table=..., --table PATH)")
@@ -229,6 +231,7 @@ class Quantizer:
         self.inputs: list[TensorInfo] = []
         self.source = ""
         self.report: dict = {}
+        self.blocked = blocked
 
     def prepare(self, inputs: Sequence[TensorInfo], source: str) -> None:
         """Check the calibration data against the model's inputs (before anything is compiled)."""
@@ -251,7 +254,7 @@ class Quantizer:
                                                CALIBRATION_TARGET, self.source, **self.options)
             if self.table_path is not None:
                 self.table.save(self.table_path)
-        return QuantizeGraph(self.table, self.spec, self.report)(partitioned)
+        return QuantizeGraph(self.table, self.spec, self.report, self.blocked)(partitioned)
 
     def manifest_entry(self) -> dict:
         """The manifest's ``quantization`` entry: how the table was made, and what QuantizeGraph did."""

@@ -90,3 +90,16 @@ def conv_pool_conv(pads=1, pool_is_output=False):
     if pool_is_output:
         return model(layers, [("x", [1, 3, 16, 16])], [("p", [1, 16, size, size])])
     return model(layers + [conv(rng, "p", "y", 16, 8, "conv2")], [("x", [1, 3, 16, 16])], [("y", [1, 8, size, size])])
+
+
+def inverted_residual(channels=24, size=10):
+    """MobileNetV2's block on 24 channels (one and a half NCHW16c blocks): conv+relu6 -> depthwise stride 1 +
+    relu6 -> conv + residual add -> conv. Every INT8 kernel reads and writes the padded NCHW16c layout."""
+    rng = np.random.default_rng(6)
+    relu6 = [numpy_helper.from_array(np.float32(v), n) for v, n in ((0.0, "lo"), (6.0, "hi"))]
+    layers = [conv(rng, "x", "c1", 8, channels, "expand"), (helper.make_node("Clip", ["c1", "lo", "hi"], ["h1"]), relu6),
+              conv(rng, "h1", "c2", channels, channels, "dw", group=channels),
+              (helper.make_node("Clip", ["c2", "lo", "hi"], ["h2"]), []),
+              conv(rng, "h2", "c3", channels, channels, "project"), (helper.make_node("Add", ["c3", "h1"], ["s"]), []),
+              conv(rng, "s", "y", channels, 8, "head")]
+    return model(layers, [("x", [1, 8, size, size])], [("y", [1, 8, size, size])])

@@ -17,8 +17,8 @@ from tvm import relax
 
 from helpers import HOST
 from helpers import make_model
-from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, hardswish_sandwich, residual_block,
-                              two_outputs)
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, hardswish_sandwich,
+                              residual_block, two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
@@ -39,11 +39,12 @@ def _table(mod, drop=()):
     return CalibrationTable({key: (-4.0, 4.0) for key, _ in observed_tensors(mod) if key not in drop}, "minmax")
 
 
-def _quantize(model, drop=()):
+def _quantize(model, drop=(), blocked=False):
+    """Quantized ``model``: NCHW uint8 activations by default (the borders tests), NCHW16c with ``blocked``."""
     mod = _partitioned(model)
     report = {}
     with SPEC.tvm_target():
-        out = QuantizeGraph(_table(mod, drop), SPEC, report)(mod)
+        out = QuantizeGraph(_table(mod, drop), SPEC, report, blocked=blocked)(mod)
     assert relax.analysis.check_well_formed(out)
     return out, report
 
@@ -84,7 +85,8 @@ def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
     assert _kernel_args(last)[0].same_as(first_var) and str(last_var.ty.dtype) == "float32"
     assert mod["main"].body.body.same_as(last_var)  # the float output of the last kernel is the model output
     assert report == {"int8_partitions": 2, "fp32_partitions": 0, "fp32_reasons": [], "uint8_outputs": 1,
-                      "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0, "uint8_pools": 0}
+                      "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0, "uint8_pools": 0,
+                      "blocked_outputs": 0, "layout_transforms": 0}
     # The kernels carry what the scheduler and reports read; weights are packed int8 constants.
     kernel = mod[first.args[0]]
     assert str(kernel.attrs["tvmfuse.family"]) == "int8_conv2d"
@@ -200,3 +202,75 @@ def test_tiny_convnet_regions():
     # inside the first region, float32 out of the depthwise conv (read by hardswish) and the dense head.
     assert (report["quantize_ops"], report["dequantize_ops"]) == (2, 0)
     assert (report["uint8_outputs"], report["float32_outputs"]) == (4, 2)
+
+
+# ----------------------------------------------------------------------------------------------- NCHW16c
+
+
+def _shape(var):
+    return [int(d) for d in var.ty.shape]
+
+
+def test_blocked_codes_pass_nchw16c_from_kernel_to_kernel():
+    mod, report = _quantize(conv_relu_conv(), blocked=True)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_conv2d"]
+    (_, _, q_var), (_, first, first_var), (_, last, last_var) = _main_calls(mod)
+    assert _shape(q_var) == [1, 3, 8, 8]  # the conv repacks its input: the quantized model input stays NCHW
+    assert _shape(first_var) == [1, 1, 8, 8, 16] and str(first_var.ty.dtype) == "uint8"
+    assert _kernel_args(last)[0].same_as(first_var)
+    assert _shape(last_var) == [1, 8, 8, 8] and str(last_var.ty.dtype) == "float32"  # dequantized: NCHW
+    assert (report["blocked_outputs"], report["layout_transforms"]) == (1, 0)
+    assert "NCHW -> NCHW16c" in str(mod[first.args[0]].attrs["tvmfuse.layout"])
+
+
+def test_blocked_output_read_as_nchw_gets_one_to_plain():
+    """Mixed consumers: the INT8 conv reads the NCHW16c codes, the model output their NCHW dequantization."""
+    mod, report = _quantize(two_outputs(), blocked=True)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "layout_transform", "relax.dequantize", "int8_conv2d"]
+    calls = _main_calls(mod)
+    codes, plain = calls[1][2], calls[2][2]
+    assert _shape(codes) == [1, 1, 8, 8, 16] and _shape(plain) == [1, 8, 8, 8]  # 8 channels: one padded block
+    assert calls[3][1].args[0].same_as(plain) and _kernel_args(calls[4][1])[0].same_as(codes)
+    assert (report["blocked_outputs"], report["layout_transforms"], report["dequantize_ops"]) == (1, 1, 1)
+
+
+def test_residual_is_read_in_the_output_layout():
+    """The residual conv's float output is the model's (NCHW), so its residual is read NCHW too."""
+    mod, _ = _quantize(residual_block(from_input=False), blocked=True)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "layout_transform", "int8_conv2d"]
+    calls = _main_calls(mod)
+    args = _kernel_args(calls[3][1])
+    assert args[0].same_as(calls[1][2]) and _shape(calls[1][2]) == [1, 1, 6, 6, 16]
+    assert args[4].same_as(calls[2][2]) and _shape(calls[2][2]) == [1, 8, 6, 6]
+
+
+def test_depthwise_reads_nchw16c_and_a_quantized_input_is_transformed_once():
+    mod, report = _quantize(depthwise_s2(channels=24, size=8), blocked=True)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_depthwise_conv2d", "int8_conv2d"]
+    calls = _main_calls(mod)
+    assert _shape(calls[1][2]) == _shape(_kernel_args(calls[2][1])[0]) == [1, 2, 8, 8, 16]  # 24 channels, padded
+    assert _shape(calls[2][2]) == [1, 2, 4, 4, 16]
+    weight = _kernel_args(calls[2][1])[1].value.numpy()
+    assert weight.shape == (2, 3, 3, 16) and not weight[1, :, :, 8:].any()  # the padded channels weigh nothing
+    assert report["layout_transforms"] == 0
+    plain_in, _ = _quantize(make_model([helper.make_node("Conv", ["x", "w"], ["y"], group=24, pads=[1] * 4)],
+                                       [("x", [1, 24, 6, 6])], [("y", [1, 24, 6, 6])],
+                                       [_weight("w", (24, 1, 3, 3))]), blocked=True)
+    assert _kinds(plain_in) == ["relax.quantize", "layout_transform", "int8_depthwise_conv2d"]
+    assert _shape(_main_calls(plain_in)[2][2]) == [1, 24, 6, 6]  # float32 output for the model: NCHW
+
+
+def test_pool_and_tiny_convnet_regions_blocked():
+    """A uint8 max-pool reads NCHW, so its producer writes NCHW; tiny_convnet keeps its regions and counts."""
+    mod, report = _quantize(conv_pool_conv(), blocked=True)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.nn.max_pool2d", "int8_conv2d"]
+    assert report["blocked_outputs"] == report["layout_transforms"] == 0
+    mod, report = _quantize("zoo:tiny_convnet", blocked=True)
+    assert (report["int8_partitions"], report["quantize_ops"], report["uint8_outputs"]) == (6, 2, 4)
+    assert report["blocked_outputs"] >= 3 and "layout_transform" not in _kinds(mod)
+
+
+def _weight(name, shape):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.random.default_rng(5).standard_normal(shape).astype(np.float32) * 0.3, name)

@@ -254,12 +254,12 @@ class Int8Constants:
 
 
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
-                   residual: QuantParams | None = None) -> Int8Constants:
+                   residual: QuantParams | None = None, blocked: bool = False) -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
-    residual).
+    residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
 
     Raises
     ------
@@ -274,23 +274,37 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
-    pack = families.FAMILIES[part.family].int8.pack
+    spec = families.FAMILIES[part.family].int8
+    pack = spec.blocked_pack if blocked else spec.pack
     packed = _pack(families.resolve(pack), wq) if pack else wq
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za)
 
 
+def blocked_kernel(part: Int8Partition) -> bool:
+    """Whether ``part``'s family has an NCHW16c INT8 kernel (and the output is an NCHW activation)."""
+    return families.FAMILIES[part.family].int8.blocked_pack is not None and len(part.out_shape) == 4
+
+
+def _padded(values: np.ndarray, length: int) -> np.ndarray:
+    """``values`` padded with zeros to ``length`` (the NCHW16c output's padded channels)."""
+    return np.concatenate([values, np.zeros(length - values.shape[0], values.dtype)])
+
+
 def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: QuantParams | None,
-                     residual: QuantParams | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
+                     residual: QuantParams | None = None, out_layout: str = "NCHW") -> tuple[tvm.tirx.PrimFunc, list]:
     """The INT8 kernel of ``part`` and its constant arguments.
 
     Parameters
     ----------
     part : Int8Partition
     data_shape : sequence of int
-        Shape of the data tensor.
+        Shape of the data tensor: NCHW, or NCHW16c (``[N, ceil(C/16), H, W, 16]``) for a family with an
+        NCHW16c kernel (:func:`blocked_kernel`), which then computes in that layout.
     x, out, residual : QuantParams or None
         As in :func:`int8_constants`: the kernel takes the uint8 codes of the data (and the codes of the
-        residual, in ``residual.dtype``).
+        residual, in ``residual.dtype`` and the output's layout).
+    out_layout : str
+        ``"NCHW"``, or ``"NCHW16c"`` for a uint8/int8 output of a family with an NCHW16c kernel.
 
     Returns
     -------
@@ -305,22 +319,33 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     Int8KernelError
         As :func:`int8_constants`.
     """
-    c = int8_constants(part, x, out, residual)
+    blocked = len(data_shape) == 5 or out_layout != "NCHW"
+    if blocked and not blocked_kernel(part):
+        raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
+    c = int8_constants(part, x, out, residual, blocked)
     channels = c.bias.shape[0]
+    out_shape = int8.out_shape_of(*part.out_shape[:1], channels, *part.out_shape[2:], out_layout) \
+        if len(part.out_shape) == 4 else list(part.out_shape)
+    bias, multiplier = c.bias, c.multiplier
+    if out_layout != "NCHW":
+        bias, multiplier = _padded(bias, out_shape[1] * out_shape[4]), _padded(multiplier, out_shape[1] * out_shape[4])
     tensors = [te.placeholder(tuple(int(d) for d in data_shape), "uint8", name="data"),
                te.placeholder(c.weight.shape, "int8", name="weight"),
-               te.placeholder((channels,), "int32", name="bias"),
-               te.placeholder((channels,), "float32", name="multiplier")]
+               te.placeholder(bias.shape, "int32", name="bias"),
+               te.placeholder(multiplier.shape, "float32", name="multiplier")]
     res = None
     if part.residual is not None:
-        res = te.placeholder(part.out_shape, residual.dtype, name="residual")
+        res = te.placeholder(out_shape, residual.dtype, name="residual")
         tensors.append(res)
     family = families.FAMILIES[part.family]
     compute = families.resolve(family.int8.compute)
+    layout = {"out_layout": out_layout} if blocked else {}
     output = compute(*tensors[:4], res, channels=channels, input_zero_point=c.input_zero_point,
-                     epilogue=c.epilogue, **part.conv)
+                     epilogue=c.epilogue, **part.conv, **layout)
     ops = part.ops + ["requantize" if out is not None else "dequantize"]
+    described = family.int8.layout if not blocked else \
+        f"{'NCHW16c' if len(data_shape) == 5 else 'NCHW'} -> {out_layout}, weight packed for {int8.BLOCKED_LAYOUT}"
     kernel = int8.prim_func(tensors + [output]).with_attrs({
         "tvmfuse.partition": part.composite, "tvmfuse.family": families.int8_kernel_name(family),
-        "tvmfuse.layout": family.int8.layout, "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
-    return kernel, [relax.const(c.weight), relax.const(c.bias), relax.const(c.multiplier)]
+        "tvmfuse.layout": described, "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
+    return kernel, [relax.const(c.weight), relax.const(bias), relax.const(multiplier)]

@@ -26,12 +26,15 @@ import warnings
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.int8 import Int8KernelError
+from tvmfuse.schedules import families
+from tvmfuse.schedules.blocked import to_blocked, to_plain
+from tvmfuse.schedules.int8 import BLOCK_O, BLOCKED_LAYOUT, Int8KernelError, out_shape_of
 
 from ..quant.keys import observed_tensors
 from ..quant.params import QuantParams, activation_params
 from ..targets import TargetSpec
-from .int8_kernels import Int8Partition, analyze, int8_constants, make_int8_kernel
+from .int8_kernels import Int8Partition, analyze, blocked_kernel, int8_constants, make_int8_kernel
+from .layout import layout_kernel
 from .partition import is_partition
 
 
@@ -51,6 +54,7 @@ class _Site:
     reason: str | None = None
     out_dtype: str = "float32"  # of an INT8 site: "uint8" or "float32"
     dequantize: bool = False  # uint8 output that FP32 consumers also read
+    out_layout: str = "NCHW"  # of an INT8 site's output: "NCHW" or int8.BLOCKED_LAYOUT (uint8 codes)
 
 
 def _bindings(func) -> list:
@@ -128,18 +132,28 @@ def _choose_outputs(sites: list[_Site], users: dict, pools: dict) -> None:
         site.dequantize = 0 < int8_readers < len(readers)
 
 
+def _choose_layouts(sites: list[_Site], users: dict) -> None:
+    """NCHW16c uint8 output for the INT8 sites with an NCHW16c kernel that an INT8 site with one reads: the
+    codes stay blocked from kernel to kernel, and readers that need NCHW get one ``to_plain``."""
+    blockable = {s.var for s in sites if s.part is not None and blocked_kernel(s.part)}
+    for site in sites:
+        if site.var in blockable and site.out_dtype == "uint8" and any(r in blockable for r in users.get(site.var, [])):
+            site.out_layout = BLOCKED_LAYOUT
+
+
 @relax.expr_functor.mutator
 class _Rewrite(relax.PyExprMutator):
     """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
 
-    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict):
+    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool):
         super().__init__(mod)
         self.sites = {s.var: s for s in sites if s.part is not None}
         self.pools = pools
         self.table, self.keys = table, keys
         self.inputs = set(mod["main"].params)
-        self.codes: dict = {}  # original var -> its uint8 codes
-        self.quantize_ops = self.dequantize_ops = 0
+        self.codes: dict = {}  # original var -> {layout: its uint8 codes in that layout}
+        self.blocked = blocked
+        self.quantize_ops = self.dequantize_ops = self.layout_transforms = 0
 
     def qparams(self, var) -> QuantParams:
         var = self.pools.get(var, var)  # pooled codes keep their input's parameters
@@ -156,24 +170,41 @@ class _Rewrite(relax.PyExprMutator):
 
     def visit_dataflow_block_(self, block):
         # A DataflowVar dies with its block: forget the codes bound to one before the next block.
-        self.codes = {k: v for k, v in self.codes.items() if not isinstance(v, relax.DataflowVar)}
+        self.codes = {k: kept for k, v in self.codes.items()
+                      if (kept := {lay: c for lay, c in v.items() if not isinstance(c, relax.DataflowVar)})}
         return super().visit_dataflow_block_(block)
 
-    def _codes_of(self, var):
-        """The uint8 codes of ``var``: an INT8 producer's output, or a quantize (emitted once)."""
+    def _codes_of(self, var, layout: str | None = "NCHW"):
+        """The uint8 codes of ``var`` in ``layout`` (None: whichever exists, NCHW16c first): an INT8
+        producer's output, or a quantize, converted to ``layout`` once if it is not in it."""
         if var not in self.codes:
             p = self.qparams(var)
             value = relax.op.quantize(self.visit_expr(var), relax.const(float(p.scale), "float32"),
                                       relax.const(int(p.zero_point), "int32"), axis=0, out_dtype="uint8")
-            self.codes[var] = self._emit_like(value, var, "_u8")
+            self.codes[var] = {"NCHW": self._emit_like(value, var, "_u8")}
             self.quantize_ops += 1
-        return self.codes[var]
+        have = self.codes[var]
+        if layout is None:
+            return have.get(BLOCKED_LAYOUT, have.get("NCHW"))
+        if layout not in have:
+            source = next(iter(have.values()))
+            plain = [int(d) for d in var.ty.shape]
+            if layout == "NCHW":
+                compute, shape = (lambda t: to_plain(t, plain[1])), plain
+            else:
+                compute, shape = (lambda t: to_blocked(t, BLOCK_O)), out_shape_of(*plain, BLOCKED_LAYOUT)
+            func = layout_kernel(compute, source.ty)
+            gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
+            suffix = "_u8" if layout == "NCHW" else "_u8_nchw16c"
+            have[layout] = self._emit_like(relax.call_tir(gv, [source], relax.TensorType(shape, "uint8")), var, suffix)
+            self.layout_transforms += 1
+        return have[layout]
 
     def visit_var_binding_(self, binding):
         if binding.var in self.pools:
             pool = binding.value
             codes = relax.Call(pool.op, [self._codes_of(self.pools[binding.var])], pool.attrs)
-            self.codes[binding.var] = self._emit_like(codes, binding.var, "_u8")
+            self.codes[binding.var] = {"NCHW": self._emit_like(codes, binding.var, "_u8")}
             return
         site = self.sites.get(binding.var)
         if site is None:
@@ -182,18 +213,25 @@ class _Rewrite(relax.PyExprMutator):
         part, args = site.part, site.call.args
         out = self.qparams(site.var) if site.out_dtype == "uint8" else None
         res = self.qparams(args[part.residual]) if part.residual is not None else None
-        kernel, constants = make_int8_kernel(part, args[part.data].ty.shape, self.qparams(args[part.data]), out, res)
+        data_layout = "NCHW"
+        if self.blocked and blocked_kernel(part):  # a kernel that repacks its input takes what there is
+            data_layout = None if families.FAMILIES[part.family].int8.repacks_input else BLOCKED_LAYOUT
+        data = self._codes_of(args[part.data], data_layout)
+        kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
+                                             site.out_layout)
         gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
-        call_args = [self._codes_of(args[part.data])] + constants
+        call_args = [data] + constants
         if part.residual is not None:
-            call_args.append(self._codes_of(args[part.residual]))
-        result = relax.call_tir(gv, call_args, relax.TensorType(part.out_shape, site.out_dtype))
+            call_args.append(self._codes_of(args[part.residual], site.out_layout))
+        out_shape = part.out_shape if site.out_layout == "NCHW" else out_shape_of(*part.out_shape, site.out_layout)
+        result = relax.call_tir(gv, call_args, relax.TensorType(out_shape, site.out_dtype))
         if out is None:
             self.set_var_remap(binding.var, self._emit_like(result, binding.var))
             return
-        codes = self._emit_like(result, binding.var, "_u8")
-        self.codes[binding.var] = codes
+        suffix = "_u8" if site.out_layout == "NCHW" else "_u8_nchw16c"
+        self.codes[binding.var] = {site.out_layout: self._emit_like(result, binding.var, suffix)}
         if site.dequantize:
+            codes = self._codes_of(binding.var)
             value = relax.op.dequantize(codes, relax.const(float(out.scale), "float32"),
                                         relax.const(int(out.zero_point), "int32"), axis=0, out_dtype="float32")
             self.set_var_remap(binding.var, self._emit_like(value, binding.var))
@@ -212,14 +250,15 @@ def _check_constants(sites: list[_Site], table, keys: dict) -> None:
             site.part, site.reason = None, str(e)
 
 
-def _summary(sites: list[_Site], quantize_ops: int, dequantize_ops: int) -> dict:
+def _summary(sites: list[_Site], quantize_ops: int, dequantize_ops: int, layout_transforms: int = 0) -> dict:
     int8_sites = [s for s in sites if s.part is not None]
     return {"int8_partitions": len(int8_sites), "fp32_partitions": len(sites) - len(int8_sites),
             "fp32_reasons": [{"partition": s.composite, "tensor": s.key, "reason": s.reason}
                              for s in sites if s.part is None],
             "uint8_outputs": sum(s.out_dtype == "uint8" for s in int8_sites),
             "float32_outputs": sum(s.out_dtype == "float32" for s in int8_sites),
-            "quantize_ops": quantize_ops, "dequantize_ops": dequantize_ops}
+            "blocked_outputs": sum(s.out_layout != "NCHW" for s in int8_sites),
+            "quantize_ops": quantize_ops, "dequantize_ops": dequantize_ops, "layout_transforms": layout_transforms}
 
 
 def _why_nothing(sites: list[_Site]) -> str:
@@ -230,7 +269,8 @@ def _why_nothing(sites: list[_Site]) -> str:
         ("; ..." if len(sites) > 5 else "") + ")"
 
 
-def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
+def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  # noqa: N802
+                  blocked: bool = True) -> tvm.transform.Pass:
     """The quantization pass over a partitioned module.
 
     Parameters
@@ -243,7 +283,11 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
     report : dict, optional
         Receives ``int8_partitions``, ``fp32_partitions``, ``fp32_reasons`` (partition, tensor, reason),
         ``uint8_outputs`` / ``float32_outputs`` (INT8 partitions by output dtype), ``quantize_ops`` and
-        ``dequantize_ops`` (inserted), ``uint8_pools`` (max-pools that pool uint8 codes).
+        ``dequantize_ops`` (inserted), ``uint8_pools`` (max-pools that pool uint8 codes), ``blocked_outputs``
+        (INT8 partitions writing NCHW16c codes) and ``layout_transforms`` (uint8 NCHW <-> NCHW16c inserted).
+    blocked : bool
+        Keep uint8 activations NCHW16c between the INT8 kernels that have that form (default); False: every
+        INT8 kernel reads and writes NCHW (the same integers, in another order).
 
     Warns
     -----
@@ -262,17 +306,20 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None) ->
         users = _users(mod["main"])
         pools = _uint8_pools(mod, sites, users)
         _choose_outputs(sites, users, pools)
+        if blocked:
+            _choose_layouts(sites, users)
         if not any(s.part is not None for s in sites):
             if report is not None:
                 report.update(_summary(sites, 0, 0))
             warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
                           QuantizeWarning, stacklevel=2)
             return mod
-        rewrite = _Rewrite(mod, sites, table, keys, pools)
+        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
-            report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops), uint8_pools=len(pools))
+            report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops, rewrite.layout_transforms),
+                          uint8_pools=len(pools))
         return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
 
     return _quantize
