@@ -225,6 +225,8 @@ def _padded(data, shape, index, zero_point: int, name: str):
 
     def body(*i):
         valid, src = index(*i)
+        if valid is None:  # every element reads data: a plain reindexing stage
+            return data[src]
         safe = tuple(tirx.max(tirx.min(s, d - 1), 0) for s, d in zip(src, dims))
         return tirx.Select(valid, data[safe], za)
 
@@ -319,6 +321,8 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
 
     def pack_index(b, cb, y, x, ci):
         ch = cb * BLOCK_I + ci
+        if blocked_in and not any(pad):  # NCHW16c holds every channel a block of 4 reads: no select at all
+            return None, read_channel(data, b, ch, y, x)
         valid = tirx.all(ch < c, y >= top, y < h + top, x >= left, x < w + left)
         return valid, read_channel(data, b, ch, y - top, x - left)
 

@@ -162,3 +162,15 @@ class _Info:
 
     def __init__(self, shape, dtype):
         self.shape, self.dtype = list(shape), dtype
+
+
+@pytest.mark.parametrize("k, pad, in_place", [(1, 0, True), (3, 1, False)])
+def test_conv2d_reads_unpadded_nchw16c_in_place(k, pad, in_place):
+    """Without padding the NCHW16c input is the VNNI step's operand as it lies: no ``data_pack`` copy."""
+    x = te.placeholder((1, 4, 14, 14, BLOCK), "uint8", name="x")
+    wt = te.placeholder((2, 16, k, k, 16, 4), "int8", name="w")
+    b, m = te.placeholder((32,), "int32", name="b"), te.placeholder((32,), "float32", name="m")
+    out = int8.conv2d_compute(x, wt, b, m, out_channels=32, padding=pad, input_zero_point=3,
+                              out_layout=int8.BLOCKED_LAYOUT)
+    func = int8_conv2d.apply(int8.prim_func([x, wt, b, m, out]), 512, True)
+    assert ('T.sblock("data_pack")' not in func.script()) == in_place
