@@ -148,3 +148,35 @@ def machine() -> str:
     from tvmfuse.comparison.environment import cpu_name
 
     return cpu_name()
+
+
+def openvino_runner(model, shapes: dict, calib: list | None = None):
+    """An OpenVINO CPU request for ``model`` at ``shapes``, float32, THREADS threads; None if not installed.
+
+    With ``calib`` (feed dicts), the model is first quantized to INT8 by NNCF (``nncf.quantize``, OpenVINO's
+    own post-training quantizer, default preset) on those batches; None if NNCF is not installed."""
+    try:
+        import openvino as ov
+        if calib is not None:
+            import nncf
+    except ImportError:
+        return None
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    core = ov.Core()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model
+        if isinstance(model, onnx.ModelProto):
+            path = str(Path(tmp) / "model.onnx")
+            onnx.save(model, path)
+        net = core.read_model(path)
+        net.reshape({name: ov.PartialShape(list(s)) for name, s in shapes.items()})
+        if calib is not None:
+            net = nncf.quantize(net, nncf.Dataset(calib), subset_size=len(calib))
+        compiled = core.compile_model(net, "CPU", {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY",
+                                                   "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    return request

@@ -1,9 +1,9 @@
-"""INT8 vs FP32 latency, tvmfuse and onnxruntime, on zoo resnet50 and mobilenet_v2 at batch 1, in one run.
+"""INT8 vs FP32 latency, tvmfuse, onnxruntime and OpenVINO, on zoo models at batch 1, in one run.
 
-    python bench/int8.py [--models resnet50,mobilenet_v2] [--target x86-host] [--repeat 20]
-                         [--calib-batches 4] [--method minmax]
+    python bench/int8.py [--models mobilenet_v2,efficientnet_lite0,resnet18,resnet50] [--target x86-host]
+                         [--repeat 20] [--calib-batches 16] [--method minmax]
 
-Five contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
+Up to seven contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
 (common.interleaved_medians) on the same seeded input:
 
 - tvmfuse FP32: ``tvmfuse.compile``;
@@ -12,7 +12,9 @@ Five contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed
 - onnxruntime FP32;
 - onnxruntime INT8: ``quantize_static`` in QDQ format, per channel, u8 activations / s8 weights, on the
   model after onnxruntime's ``quant_pre_process`` (batch-norm folded), calibrated on the same batches;
-- tvmfuse on that onnxruntime QDQ model (``FuseQDQ`` maps its chains to the INT8 kernels).
+- tvmfuse on that onnxruntime QDQ model (``FuseQDQ`` maps its chains to the INT8 kernels);
+- with the ``bench`` extra: OpenVINO FP32, and OpenVINO INT8, the model quantized by NNCF (``nncf.quantize``,
+  OpenVINO's own post-training quantizer) on the same calibration batches.
 
 Prints a Markdown table: median ms per contender and the ratios tvmfuse INT8 / tvmfuse FP32, tvmfuse INT8 /
 onnxruntime INT8 and tvmfuse(ORT QDQ) / onnxruntime INT8 (lower is better). The header names the SIMD the
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, inputs_for, interleaved_medians, ort_session, table  # noqa: E402
+from common import THREADS, inputs_for, interleaved_medians, openvino_runner, ort_session, table  # noqa: E402
 
 import onnx  # noqa: E402
 import tvm  # noqa: E402
@@ -37,7 +39,7 @@ import tvm  # noqa: E402
 import tvmfuse  # noqa: E402
 from tvmfuse import targets, zoo  # noqa: E402
 
-DEFAULT_MODELS = ["resnet50", "mobilenet_v2"]
+DEFAULT_MODELS = ["mobilenet_v2", "efficientnet_lite0", "resnet18", "resnet50"]
 
 
 class _Batches:
@@ -83,10 +85,16 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
     imported, imported_s = _timed(lambda: tvmfuse.compile(qdq, target=target))
     x = inputs_for(fp32.inputs)
     ort_fp32, ort_int8 = ort_session(model), ort_session(qdq)
-    ms = interleaved_medians({
-        "tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x),
-        "ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
-        "tvmfuse(ORT QDQ)": lambda: imported.run(x)}, repeat)
+    fns = {"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x),
+           "ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
+           "tvmfuse(ORT QDQ)": lambda: imported.run(x)}
+    shapes = {k: v.shape for k, v in x.items()}
+    ov_fp32, ov_int8 = openvino_runner(model, shapes), openvino_runner(model, shapes, calib=batches)
+    if ov_fp32 is not None:
+        fns["OV FP32"] = lambda: ov_fp32.infer(x)
+    if ov_int8 is not None:
+        fns["OV INT8"] = lambda: ov_int8.infer(x)
+    ms = interleaved_medians(fns, repeat)
     quant, qdq_report = int8.quantization, imported.record.qdq
     on_int8 = qdq_report.get("int8_kernels", 0)
     return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s),
@@ -104,6 +112,9 @@ def _row(r: dict) -> dict:
             "tvmfuse INT8 / ORT INT8": f"{int8 / ort_int8:.2f}x",
             "tvmfuse(ORT QDQ) / ORT INT8": f"{imported / ort_int8:.2f}x",
             "ORT INT8/FP32": f"{ort_int8 / ort_fp32:.2f}x",
+            **({"OV FP32 ms": f"{ms['OV FP32']:.2f}"} if "OV FP32" in ms else {}),
+            **({"OV INT8 ms": f"{ms['OV INT8']:.2f}", "tvmfuse INT8 / OV INT8": f"{int8 / ms['OV INT8']:.2f}x"}
+               if "OV INT8" in ms else {}),
             "INT8 partitions": r["int8 partitions"], "QDQ chains on INT8": r["qdq kernels"],
             "compile s (FP32/INT8/QDQ)": "/".join(f"{s:.0f}" for s in r["compile s"])}
 
@@ -122,7 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--target", default="x86-host", help="a target this CPU runs (default x86-host)")
     p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--calib-batches", type=int, default=4)
+    p.add_argument("--calib-batches", type=int, default=16)
     p.add_argument("--method", default="minmax", help="tvmfuse calibration method (minmax, entropy, percentile)")
     args = p.parse_args(argv)
     spec = targets.resolve(args.target)

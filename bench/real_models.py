@@ -20,12 +20,11 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, interleaved_medians, machine, ort_session, table  # noqa: E402
+from common import THREADS, interleaved_medians, machine, openvino_runner, ort_session, table  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -99,26 +98,6 @@ def compile_check(entry: dict, target: str, layout: str, opcheck: bool = False) 
             row["opcheck"] = f"FAIL: {e}"
     row.update(cm=cm, sess=sess, x=x, proto=model)
     return row
-
-
-def openvino_runner(model, shapes: dict):
-    """An OpenVINO CPU request for ``model`` at ``shapes``, float32, THREADS threads; None if not installed."""
-    try:
-        import openvino as ov
-    except ImportError:
-        return None
-    core = ov.Core()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = model
-        if isinstance(model, onnx.ModelProto):
-            path = str(Path(tmp) / "model.onnx")
-            onnx.save(model, path)
-        net = core.read_model(path)
-        net.reshape({name: ov.PartialShape(list(s)) for name, s in shapes.items()})
-        compiled = core.compile_model(net, "CPU", {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY",
-                                                   "INFERENCE_PRECISION_HINT": "f32"})
-    request = compiled.create_infer_request()
-    return request
 
 
 def time_row(row: dict, repeat: int) -> None:
