@@ -77,7 +77,7 @@ def _compile_and_compare(model, x):
 
 def test_conv_chain_becomes_one_int8_kernel_reading_the_codes():
     before, after, report = _fuse(qdq_model(Spec(activation="Relu")))
-    assert report == {"int8_kernels": 1, "kept_float": []}
+    assert report == {"int8_kernels": 1, "kept_float": [], "layout_transforms": 0}
     assert _kinds(before)["relax.nn.conv2d"] == 1
     kinds = _kinds(after)
     assert kinds["int8_conv2d"] == 1 and "relax.nn.conv2d" not in kinds and "relax.nn.relu" not in kinds
@@ -94,7 +94,7 @@ def test_conv_chain_becomes_one_int8_kernel_reading_the_codes():
 
 def test_float_model_is_left_alone():
     before, after, report = _fuse(conv_relu(batch=1))
-    assert report == {"int8_kernels": 0, "kept_float": []}
+    assert report == {"int8_kernels": 0, "kept_float": []}  # nothing fused: nothing rewritten
     tvm.ir.assert_structural_equal(before, after)
 
 
@@ -162,7 +162,8 @@ def test_chain_matches_onnxruntime_int8_exactly(name):
     got, ref, cm = _compile_and_compare(qdq_model(spec), x_input(spec))
     family = "int8_depthwise_conv2d" if spec.group > 1 else FAMILY[spec.op]
     kinds = _kinds(cm.mod)
-    assert cm.record.qdq == {"int8_kernels": 1, "kept_float": []}
+    # A depthwise kernel reads NCHW16c: the quantized model input is transformed once.
+    assert cm.record.qdq == {"int8_kernels": 1, "kept_float": [], "layout_transforms": int(spec.group > 1)}
     assert kinds[family] == 1 and not FLOAT_FAMILIES & set(kinds), kinds
     codes = np.rint(got / spec.y_scale) + ZERO_POINT[spec.act_dtype]
     assert 0 < np.mean((codes > 0) & (codes < 255)), "every output saturated: the test would prove nothing"
@@ -220,7 +221,9 @@ def test_zoo_mobilenet_v2_qdq_runs_on_int8_kernels(tmp_path):
     feeds = _zoo_inputs(model)
     cm = tvmfuse.compile(model, target=HOST)
     kinds = _kinds(cm.mod)
-    assert cm.record.qdq == {"int8_kernels": 53, "kept_float": []}
+    # Codes stay NCHW16c between the kernels; 5 projections, the first of each stage with residual blocks,
+    # also feed a float residual Add (DQ, DQ -> Add -> Q) and get one to_plain each.
+    assert cm.record.qdq == {"int8_kernels": 53, "kept_float": [], "layout_transforms": 5}
     assert (kinds["int8_conv2d"], kinds["int8_depthwise_conv2d"], kinds["int8_dense"]) == (35, 17, 1)
     assert not FLOAT_FAMILIES & set(kinds), kinds
     worst, share = agreement(cm.run(feeds)[0], ort_run(model, feeds)[0], output_scale(model))
@@ -249,7 +252,7 @@ def test_zoo_mobilenet_v2_qoperator_matches_onnxruntime_exactly(tmp_path):
     feeds = _zoo_inputs(model)
     cm = tvmfuse.compile(model, target=HOST)
     kinds = _kinds(cm.mod)
-    assert cm.record.qdq == {"int8_kernels": 52, "kept_float": []}
+    assert cm.record.qdq == {"int8_kernels": 52, "kept_float": [], "layout_transforms": 5}  # as in the QDQ test
     assert (kinds["int8_conv2d"], kinds["int8_depthwise_conv2d"]) == (35, 17) and not FLOAT_FAMILIES & set(kinds)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
@@ -262,3 +265,21 @@ def test_zoo_mobilenet_v2_qoperator_matches_onnxruntime_exactly(tmp_path):
     # Same integer arithmetic in every conv (7-bit weights: no saturation; the multiplier in onnxruntime's
     # float32 order, int8_kernels.model_multiplier) and the same float Adds: equal.
     assert worst == 0 and share == 1.0
+
+
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_nchw16c_codes_between_qdq_kernels_change_no_integer(activations, tmp_path):
+    """MobileNetV2's inverted residual on 24 channels, quantized by onnxruntime: the default build passes NCHW16c
+    codes from kernel to kernel (int8 codes shifted to uint8 on the blocked tensor), the ``layout="nchw"``
+    build passes NCHW; every output is equal."""
+    from onnxruntime.quantization import QuantType
+
+    from helpers.quantize import inverted_residual
+
+    kind = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}[activations]
+    model = ort_quantize(inverted_residual(), tmp_path, "qdq", activation_type=kind)
+    blocked, nchw = tvmfuse.compile(model, target=HOST), tvmfuse.compile(model, target=HOST, layout="nchw")
+    assert blocked.record.qdq["int8_kernels"] == nchw.record.qdq["int8_kernels"] == 4
+    assert nchw.record.qdq["layout_transforms"] == 0 < blocked.record.qdq["layout_transforms"] <= 2
+    x = np.random.default_rng(3).standard_normal((1, 8, 10, 10)).astype(np.float32)
+    np.testing.assert_array_equal(blocked.run({"x": x})[0], nchw.run({"x": x})[0])

@@ -31,11 +31,11 @@ class PassRecord:
     qdq: dict = dataclasses.field(default_factory=dict)
 
 
-def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None) -> list:
+def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None, blocked: bool = True) -> list:
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, flatten N-D x constant matmuls to
     2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1
     phase convs + depth-to-space, merge narrow conv groups, fold batch-norm into convs: the shapes the patterns
-    expect. ``spec`` and ``qdq_report`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    expect. ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
@@ -50,7 +50,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
-    return [CanonicalizeClip, FuseQDQ(spec, qdq_report), relax.transform.FoldConstant(), FlattenMatmul,
+    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FlattenMatmul,
             PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, relax.transform.FoldConstant()]
 
 
@@ -69,7 +69,7 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
 
     record = record if record is not None else PassRecord()
     with target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(canonicalize_passes(spec, record.qdq), name="tvmfuse.Canonicalize")(mod)
+        mod = tvm.transform.Sequential(canonicalize_passes(spec, record.qdq, blocked), name="tvmfuse.Canonicalize")(mod)
         if not partition:
             return mod
         mod = Partition(record.rejections)(mod)

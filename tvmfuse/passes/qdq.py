@@ -60,10 +60,10 @@ from ..quant.params import QuantParams, QuantParamsError
 from ..targets import TargetSpec
 from .int8_kernels import (Int8Partition, QuantizedWeight, clip_bounds, make_int8_kernel, per_channel,
                            short_op_name)
+from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
 from .utils import const_array
 
 CODES = ("uint8", "int8")
-SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 
 
 class QDQWarning(UserWarning):
@@ -91,10 +91,12 @@ class _Chain:
     data: relax.Var  # codes of x
     data_dtype: str
     residual: relax.Var | None
-    kernel: tvm.tirx.PrimFunc
+    kernel: tvm.tirx.PrimFunc  # NCHW in and out; rebuilt for NCHW16c by the rewrite
     constants: list
     out_type: relax.TensorType
     name: str
+    part: Int8Partition
+    params: tuple  # (x, out, residual) QuantParams, as make_int8_kernel takes them
 
 
 class _Graph:
@@ -297,44 +299,8 @@ def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
     except (Int8KernelError, QuantParamsError) as e:
         raise _Refused(str(e)) from None
     return _Chain(end, data, str(data.ty.dtype), residual, kernel, constants,
-                  relax.TensorType(list(out_shape), out.dtype), composite.replace("tvmfuse.", "tvmfuse_int8_"))
-
-
-@relax.expr_functor.mutator
-class _Rewrite(relax.PyExprMutator):
-    """Binds each chain's quantize var to its kernel call; the float chain is left dead for DCE."""
-
-    def __init__(self, mod: tvm.IRModule, chains: dict):
-        super().__init__(mod)
-        self.chains = chains
-        self.shifted: dict = {}
-
-    def visit_dataflow_block_(self, block):
-        self.shifted = {}  # shifted codes are DataflowVars of the block they were emitted in
-        return super().visit_dataflow_block_(block)
-
-    def _uint8(self, var, dtype: str):
-        """The uint8 codes of ``var``: itself, or int8 codes + 128 (emitted once per block)."""
-        codes = self.visit_expr(var)
-        if dtype == "uint8":
-            return codes
-        if var not in self.shifted:
-            wide = self.builder_.emit(relax.op.astype(codes, "int16"), var.name + "_i16")
-            up = self.builder_.emit(relax.op.add(wide, relax.const(SHIFT, "int16")), var.name + "_shift")
-            self.shifted[var] = self.builder_.emit(relax.op.astype(up, "uint8"), var.name + "_u8")
-        return self.shifted[var]
-
-    def visit_var_binding_(self, binding):
-        chain = self.chains.get(binding.var)
-        if chain is None:
-            super().visit_var_binding_(binding)
-            return
-        args = [self._uint8(chain.data, chain.data_dtype)] + chain.constants
-        if chain.residual is not None:
-            args.append(self.visit_expr(chain.residual))
-        gv = self.builder_.add_func(chain.kernel, chain.name)
-        value = self.builder_.normalize(relax.call_tir(gv, args, chain.out_type))
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+                  relax.TensorType(list(out_shape), out.dtype), composite.replace("tvmfuse.", "tvmfuse_int8_"), part,
+                  (x, out, res))
 
 
 def _dequantized(graph: _Graph, expr) -> bool:
@@ -355,7 +321,15 @@ def _candidates(graph: _Graph, func: relax.Function) -> list:
     return found
 
 
-def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None) -> tvm.transform.Pass:  # noqa: N802
+def _transforms_left(mod: tvm.IRModule) -> int:
+    """uint8 layout transforms ``main`` still calls after dead-code elimination."""
+    calls = [b.value for block in mod["main"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.call_tir")]
+    return sum(str((mod[c.args[0]].attrs or {}).get("tvmfuse.family", "")) == "layout_transform" for c in calls)
+
+
+def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa: N802
+            blocked: bool = True) -> tvm.transform.Pass:
     """The pass mapping QDQ chains of ``main`` to INT8 kernels.
 
     Parameters
@@ -365,7 +339,10 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None) -> tvm.t
         targets every chain stays float.
     report : dict, optional
         Receives ``int8_kernels`` (chains replaced) and ``kept_float``: one ``{"anchor", "op", "reason"}``
-        per conv2d / matmul reading dequantized tensors that stays float.
+        per conv2d / matmul reading dequantized tensors that stays float; ``layout_transforms``: uint8
+        NCHW <-> NCHW16c transforms left in the module.
+    blocked : bool
+        Codes NCHW16c between INT8 kernels that have that form (:mod:`.qdq_rewrite`); False: NCHW throughout.
 
     Warns
     -----
@@ -396,8 +373,11 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None) -> tvm.t
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        rewrite = _Rewrite(mod, chains)
+        rewrite = Rewrite(mod, chains, choose_layouts(chains) if blocked else None)
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
+        out = relax.transform.DeadCodeElimination()(rewrite.builder_.get())
+        if report is not None:
+            report["layout_transforms"] = _transforms_left(out)
+        return out
 
     return _fuse

@@ -1,0 +1,113 @@
+"""FuseQDQ's rewrite of ``main``: each matched chain becomes its INT8 kernel call, with the codes between
+kernels NCHW16c where both ends have that form (as :mod:`.quantize` does for calibrated models).
+
+A chain whose family has an NCHW16c kernel writes NCHW16c codes when another such chain reads them as its
+data; the chain's original var (the model's ``quantize``) is then bound to their ``to_plain``, which dead-code
+elimination drops unless an op outside the chains (a float residual add, a pool, a model output) reads it.
+A kernel that repacks its input (conv2d) reads whatever layout its producer wrote; the others read NCHW16c,
+transformed once where the producer is NCHW. A residual is read in its kernel's output layout.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from tvmfuse.schedules import families
+from tvmfuse.schedules.blocked import to_blocked, to_plain
+from tvmfuse.schedules.int8 import BLOCK_O, BLOCKED_LAYOUT, out_shape_of
+
+from .int8_kernels import blocked_kernel, make_int8_kernel
+from .layout import layout_kernel
+
+SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
+
+
+def choose_layouts(chains: dict) -> dict:
+    """Chain end var -> its output layout, NCHW16c where a chain with an NCHW16c kernel reads it as data."""
+    blockable = {end for end, chain in chains.items() if blocked_kernel(chain.part)}
+    read_blocked = {chain.data for end, chain in chains.items() if end in blockable}
+    return {end: BLOCKED_LAYOUT if end in blockable and end in read_blocked else "NCHW" for end in chains}
+
+
+@relax.expr_functor.mutator
+class Rewrite(relax.PyExprMutator):
+    """Binds each chain's quantize var to its kernel call (or to the ``to_plain`` of its NCHW16c codes); the
+    float chain is left dead for DCE."""
+
+    def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None):
+        """``layouts``: :func:`choose_layouts`'s; None keeps every kernel NCHW."""
+        super().__init__(mod)
+        self.chains, self.layouts = chains, layouts
+        self.blocked: dict = {}  # var -> its codes in NCHW16c
+        self.shifted: dict = {}
+        self.layout_transforms = 0
+
+    def visit_dataflow_block_(self, block):
+        # Shifted and transformed codes are DataflowVars of the block they were emitted in.
+        self.shifted = {}
+        self.blocked = {k: v for k, v in self.blocked.items() if not isinstance(v, relax.DataflowVar)}
+        return super().visit_dataflow_block_(block)
+
+    def _emit_like(self, value, like, suffix: str):
+        if self.builder_.current_block_is_dataflow() and not isinstance(like, relax.DataflowVar):
+            return self.builder_.emit_output(value, like.name + suffix)
+        return self.builder_.emit(value, like.name + suffix)
+
+    def _transform(self, compute, source, shape, like, suffix: str):
+        func = layout_kernel(compute, source.ty)
+        gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
+        self.layout_transforms += 1
+        return self._emit_like(relax.call_tir(gv, [source], relax.TensorType(shape, source.ty.dtype)), like, suffix)
+
+    def _codes(self, var, layout: str | None):
+        """``var``'s codes in ``layout`` (None: NCHW16c where they exist, else NCHW)."""
+        if layout is None:
+            return self.blocked.get(var, self.visit_expr(var))
+        if layout == "NCHW":
+            return self.visit_expr(var)
+        if var not in self.blocked:
+            shape = out_shape_of(*[int(d) for d in var.ty.shape], BLOCKED_LAYOUT)
+            self.blocked[var] = self._transform(lambda t: to_blocked(t, BLOCK_O), self.visit_expr(var), shape, var,
+                                                "_nchw16c")
+        return self.blocked[var]
+
+    def _uint8(self, codes, dtype: str):
+        """``codes`` as uint8: themselves, or int8 codes + 128 (emitted once per block)."""
+        if dtype == "uint8":
+            return codes
+        if codes not in self.shifted:
+            wide = self.builder_.emit(relax.op.astype(codes, "int16"), codes.name + "_i16")
+            up = self.builder_.emit(relax.op.add(wide, relax.const(SHIFT, "int16")), codes.name + "_shift")
+            self.shifted[codes] = self.builder_.emit(relax.op.astype(up, "uint8"), codes.name + "_u8")
+        return self.shifted[codes]
+
+    def visit_var_binding_(self, binding):
+        chain = self.chains.get(binding.var)
+        if chain is None:
+            super().visit_var_binding_(binding)
+            return
+        layout = (self.layouts or {}).get(binding.var, "NCHW")
+        data_layout = "NCHW"
+        if self.layouts is not None and blocked_kernel(chain.part):  # a kernel that repacks its input takes what there is
+            data_layout = None if families.FAMILIES[chain.part.family].int8.repacks_input else BLOCKED_LAYOUT
+        data = self._uint8(self._codes(chain.data, data_layout), chain.data_dtype)
+        kernel, constants, out_type = chain.kernel, chain.constants, chain.out_type
+        if len(data.ty.shape) == 5 or layout != "NCHW":
+            kernel, constants = make_int8_kernel(chain.part, [int(d) for d in data.ty.shape], *chain.params,
+                                                 out_layout=layout)
+            out_type = relax.TensorType(out_shape_of(*chain.part.out_shape, layout) if layout != "NCHW"
+                                        else list(chain.part.out_shape), out_type.dtype)
+        args = [data] + constants
+        if chain.residual is not None:
+            args.append(self._codes(chain.residual, layout))
+        gv = self.builder_.add_func(kernel, chain.name)
+        call = relax.call_tir(gv, args, out_type)
+        if layout == "NCHW":
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
+            return
+        self.blocked[binding.var] = codes = self._emit_like(call, binding.var, "_nchw16c")
+        plain = relax.call_tir(self.builder_.add_func(layout_kernel(
+            lambda t: to_plain(t, int(chain.part.out_shape[1])), codes.ty), "to_plain"), [codes],
+            relax.TensorType(list(chain.part.out_shape), out_type.dtype))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))
