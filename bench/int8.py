@@ -2,6 +2,7 @@
 
     python bench/int8.py [--models mobilenet_v2,efficientnet_lite0,resnet18,resnet50] [--target x86-host]
                          [--repeat 20] [--calib-batches 16] [--method minmax]
+    python bench/int8.py --models ppocrv5_det,layout_cdla   # corpus models (fetched), at their table shape
 
 Up to seven contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
 (common.interleaved_medians) on the same seeded input:
@@ -31,13 +32,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, inputs_for, interleaved_medians, openvino_runner, ort_session, table  # noqa: E402
+from common import THREADS, inputs_for, interleaved_medians, named_model, openvino_runner, ort_session, table  # noqa: E402,E501
 
 import onnx  # noqa: E402
+import onnx.version_converter  # noqa: E402
 import tvm  # noqa: E402
 
 import tvmfuse  # noqa: E402
-from tvmfuse import targets, zoo  # noqa: E402
+from tvmfuse import targets  # noqa: E402
+from tvmfuse.errors import TvmfuseError  # noqa: E402
 
 DEFAULT_MODELS = ["mobilenet_v2", "efficientnet_lite0", "resnet18", "resnet50"]
 
@@ -61,6 +64,9 @@ def ort_qdq(model: onnx.ModelProto, batches: list[dict], workdir: Path) -> onnx.
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     src, prepared, out = workdir / "fp32.onnx", workdir / "prepared.onnx", workdir / "qdq.onnx"
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 13:  # per-channel DequantizeLinear (its axis) needs opset 13; onnxruntime writes it regardless
+        model = onnx.version_converter.convert_version(model, 13)
     onnx.save(model, src)
     quant_pre_process(str(src), str(prepared), skip_symbolic_shape=True)
     quantize_static(str(prepared), str(out), _Batches(batches), quant_format=QuantFormat.QDQ, per_channel=True,
@@ -76,18 +82,22 @@ def _timed(fn):
 
 def measure(name: str, target: str, repeat: int, calib_batches: int, method: str) -> dict:
     """Build the five contenders of one model and time them alternately."""
-    model = zoo.get(name)
-    fp32, fp32_s = _timed(lambda: tvmfuse.compile(model, target=target))
+    model, shapes = named_model(name)
+    fp32, fp32_s = _timed(lambda: tvmfuse.compile(model, target=target, shapes=shapes))
     batches = [inputs_for(fp32.inputs, seed=100 + i) for i in range(calib_batches)]
-    int8, int8_s = _timed(lambda: tvmfuse.quantize(model, calib=batches, method=method, target=target))
+    int8, int8_s = _timed(lambda: tvmfuse.quantize(model, calib=batches, method=method, target=target, shapes=shapes))
     with tempfile.TemporaryDirectory() as tmp:
         qdq = ort_qdq(model, batches, Path(tmp))
-    imported, imported_s = _timed(lambda: tvmfuse.compile(qdq, target=target))
+    try:
+        imported, imported_s = _timed(lambda: tvmfuse.compile(qdq, target=target, shapes=shapes))
+    except TvmfuseError as e:  # e.g. onnxruntime wrote a per-channel DequantizeLinear into an opset-11 model
+        print(f"{name}: tvmfuse does not compile onnxruntime's QDQ model: {e}", file=sys.stderr)
+        imported, imported_s = None, float("nan")
     x = inputs_for(fp32.inputs)
     ort_fp32, ort_int8 = ort_session(model), ort_session(qdq)
     fns = {"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x),
            "ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
-           "tvmfuse(ORT QDQ)": lambda: imported.run(x)}
+           **({"tvmfuse(ORT QDQ)": lambda: imported.run(x)} if imported is not None else {})}
     shapes = {k: v.shape for k, v in x.items()}
     ov_fp32, ov_int8 = openvino_runner(model, shapes), openvino_runner(model, shapes, calib=batches)
     if ov_fp32 is not None:
@@ -95,7 +105,7 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
     if ov_int8 is not None:
         fns["OV INT8"] = lambda: ov_int8.infer(x)
     ms = interleaved_medians(fns, repeat)
-    quant, qdq_report = int8.quantization, imported.record.qdq
+    quant, qdq_report = int8.quantization, imported.record.qdq if imported is not None else {}
     on_int8 = qdq_report.get("int8_kernels", 0)
     return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s),
             "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
@@ -104,8 +114,8 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
 
 def _row(r: dict) -> dict:
     ms = r["ms"]
-    fp32, int8, ort_fp32, ort_int8, imported = (ms[k] for k in ("tvmfuse FP32", "tvmfuse INT8", "ORT FP32",
-                                                              "ORT INT8", "tvmfuse(ORT QDQ)"))
+    fp32, int8, ort_fp32, ort_int8, imported = (ms.get(k, float("nan")) for k in (
+        "tvmfuse FP32", "tvmfuse INT8", "ORT FP32", "ORT INT8", "tvmfuse(ORT QDQ)"))
     return {"model": r["model"], "tvmfuse FP32 ms": f"{fp32:.2f}", "tvmfuse INT8 ms": f"{int8:.2f}",
             "ORT FP32 ms": f"{ort_fp32:.2f}", "ORT INT8 ms": f"{ort_int8:.2f}",
             "tvmfuse(ORT QDQ) ms": f"{imported:.2f}", "INT8/FP32 tvmfuse": f"{int8 / fp32:.2f}x",
