@@ -29,30 +29,31 @@ def test_x86_avx512_is_avx512_vnni_without_sapphire_rapids_only_extensions():
     assert {"avx_vnni", "avx512_fp16", "amx_int8"} <= set(targets.required_cpu_flags(spr))
 
 
-def _int8_depthwise_asm(target):
+def _int8_depthwise_asm(target, layout="blocked"):
     import numpy as np
 
     from helpers.quantize import depthwise_s2
 
     rng = np.random.default_rng(0)
     calib = [{"x": rng.standard_normal((1, 8, 16, 16)).astype("float32")} for _ in range(2)]
-    cm = tvmfuse.quantize(depthwise_s2(), calib=calib, method="minmax", target=target, logs=False)
+    cm = tvmfuse.quantize(depthwise_s2(), calib=calib, method="minmax", target=target, logs=False, layout=layout)
     assert cm.quantization["int8_partitions"] == 3
     return cm, cm.executable.mod.imports[0].inspect_source("asm")
 
 
 def test_x86_avx512_int8_code_has_no_vex_vnni_amx_or_fp16():
-    # For mcpu=sapphirerapids LLVM emits this depthwise kernel's multiply-add as VEX-encoded AVX-VNNI
+    # For mcpu=sapphirerapids LLVM emits the NCHW depthwise kernel's multiply-add as VEX-encoded AVX-VNNI
     # vpdpwssd, which AVX-512 CPUs without AVX-VNNI (Ice Lake, Zen 4) fault on; x86-avx512 turns it off.
     import re
 
-    _, spr = _int8_depthwise_asm({"kind": "llvm", "mcpu": "sapphirerapids"})
+    _, spr = _int8_depthwise_asm({"kind": "llvm", "mcpu": "sapphirerapids"}, layout="nchw")
     assert re.search(r"\{vex\}\s*vpdp", spr)
-    cm, asm = _int8_depthwise_asm("x86-avx512")
-    assert "vpdpbusd" in asm and not re.search(r"\{vex\}", asm)
-    for op in (r"tileloadd\w*", r"tdp\w+", r"ldtilecfg", r"vdpbf16ps", r"vcvtne2?ps2bf16",
-               r"v(add|sub|mul|div|min|max|f\w*madd\w*)ph", r"vcvtps2phx"):
-        assert not re.search(rf"\b{op}\b", asm), op
+    for layout in ("nchw", "blocked"):
+        cm, asm = _int8_depthwise_asm("x86-avx512", layout)
+        assert "vpdpbusd" in asm and not re.search(r"\{vex\}", asm)
+        for op in (r"tileloadd\w*", r"tdp\w+", r"ldtilecfg", r"vdpbf16ps", r"vcvtne2?ps2bf16",
+                   r"v(add|sub|mul|div|min|max|f\w*madd\w*)ph", r"vcvtps2phx"):
+            assert not re.search(rf"\b{op}\b", asm), op
 
 
 @pytest.mark.avx512
