@@ -16,6 +16,12 @@ Borders, with every activation uint8 and quantized per tensor:
   (dequantize fused) when none is; uint8 plus one ``relax.dequantize`` for the FP32 consumers when mixed.
   A model output counts as an FP32 consumer.
 - A max-pool between INT8 partitions pools the uint8 codes (exact; see ``_uint8_pools``).
+
+Layout (``blocked``, the default): an INT8 kernel with an NCHW16c form writes its uint8 codes NCHW16c when
+another such kernel reads them (``_choose_layouts``); a reader that needs NCHW (a uint8 max-pool, the
+dequantize for FP32 consumers, a residual of an NCHW output) gets one ``to_plain``, and a depthwise kernel
+reading NCHW codes (a quantized input) one ``to_blocked``. A conv2d repacks its input anyway and reads
+either layout. The integers are the NCHW build's, in another order.
 """
 
 from __future__ import annotations
