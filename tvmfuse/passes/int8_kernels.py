@@ -18,8 +18,10 @@ import tvm
 from tvm import relax, te
 
 from tvmfuse.schedules import families, int8, int8_ref
+from tvmfuse.schedules.blocked import to_blocked, to_plain
 
 from ..quant.params import QuantParams, bias_params, weight_params
+from .layout import transform_call
 from .utils import OPAQUE, const_array
 
 
@@ -285,6 +287,27 @@ def blocked_kernel(part: Int8Partition) -> bool:
     return families.FAMILIES[part.family].int8.blocked_pack is not None and len(part.out_shape) == 4
 
 
+def data_layout(part: Int8Partition, blocked: bool) -> str | None:
+    """The layout the kernel of ``part`` reads its data in: NCHW; NCHW16c with ``blocked`` where the family has
+    that form; None (whichever its producer wrote) where the kernel also repacks its input anyway."""
+    if not (blocked and blocked_kernel(part)):
+        return "NCHW"
+    return None if families.FAMILIES[part.family].int8.repacks_input else int8.BLOCKED_LAYOUT
+
+
+def kernel_out_shape(part: Int8Partition, out_layout: str) -> list[int]:
+    """The kernel's output shape: the partition's, or its NCHW16c form."""
+    return list(part.out_shape) if out_layout == "NCHW" else int8.out_shape_of(*part.out_shape, out_layout)
+
+
+def relayout(builder, codes, plain_shape, layout: str) -> relax.Call:
+    """The call converting ``codes`` (NCHW or NCHW16c; ``plain_shape`` is their NCHW shape) to ``layout``."""
+    plain = [int(d) for d in plain_shape]
+    if layout == "NCHW":
+        return transform_call(builder, lambda t: to_plain(t, plain[1]), codes, plain)
+    return transform_call(builder, lambda t: to_blocked(t, int8.BLOCK_O), codes, int8.out_shape_of(*plain, layout))
+
+
 def _padded(values: np.ndarray, length: int) -> np.ndarray:
     """``values`` padded with zeros to ``length`` (the NCHW16c output's padded channels)."""
     return np.concatenate([values, np.zeros(length - values.shape[0], values.dtype)])
@@ -324,8 +347,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
     c = int8_constants(part, x, out, residual, blocked)
     channels = c.bias.shape[0]
-    out_shape = int8.out_shape_of(*part.out_shape[:1], channels, *part.out_shape[2:], out_layout) \
-        if len(part.out_shape) == 4 else list(part.out_shape)
+    out_shape = kernel_out_shape(part, out_layout)
     bias, multiplier = c.bias, c.multiplier
     if out_layout != "NCHW":
         bias, multiplier = _padded(bias, out_shape[1] * out_shape[4]), _padded(multiplier, out_shape[1] * out_shape[4])

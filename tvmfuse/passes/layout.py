@@ -11,7 +11,7 @@ and not tuned (their fixed schedule is all there is to them).
 from __future__ import annotations
 
 import tvm
-from tvm import te
+from tvm import relax, te
 
 from tvmfuse.schedules.families import LAYOUT_TRANSFORM, POOL_NCHWC
 
@@ -28,3 +28,11 @@ def layout_kernel(compute, struct_info, family: str = FAMILY, name: str | None =
     out = compute(data)
     func = te.create_prim_func([data, out]).without_attr("global_symbol")
     return func.with_attrs({"tvmfuse.family": family, "tvmfuse.kernel": name or out.op.name, "op_pattern": OPAQUE})
+
+
+def transform_call(builder, compute, arg, out_shape, **kernel) -> relax.Call:
+    """The ``call_tir`` of :func:`layout_kernel` (``compute`` on ``arg``, ``kernel`` its keywords), the kernel
+    added to ``builder``'s module under its ``tvmfuse.kernel`` name."""
+    func = layout_kernel(compute, arg.ty, **kernel)
+    gv = builder.add_func(func, str(func.attrs["tvmfuse.kernel"]))
+    return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))

@@ -16,7 +16,7 @@ from tvmfuse.schedules import families
 from tvmfuse.schedules.compute import anchor_call, blockable, group_input_block, param_index, partition_compute
 
 from ..targets import TargetSpec
-from .layout import POOL_FAMILY, layout_kernel
+from .layout import POOL_FAMILY, transform_call
 from .partition import is_partition
 from .utils import OPAQUE, const_array
 
@@ -111,9 +111,7 @@ class _Lower(relax.PyExprMutator):
         return gv, _pack_args(args, layout), layout
 
     def _transform(self, compute, arg, out_shape, **kernel):
-        func = layout_kernel(compute, arg.ty, **kernel)
-        gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
-        return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))
+        return transform_call(self.builder_, compute, arg, out_shape, **kernel)
 
     def _as_blocked(self, arg):
         """``arg`` (a plain NCHW activation) in NCHW[b]c, transformed once; None when it has no block."""

@@ -13,12 +13,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules import families
-from tvmfuse.schedules.blocked import to_blocked, to_plain
-from tvmfuse.schedules.int8 import BLOCK_O, BLOCKED_LAYOUT, out_shape_of
+from tvmfuse.schedules.int8 import BLOCKED_LAYOUT
 
-from .int8_kernels import blocked_kernel, make_int8_kernel
-from .layout import layout_kernel
+from .int8_kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
+from .utils import emit_like
 
 SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 
@@ -41,24 +39,12 @@ class Rewrite(relax.PyExprMutator):
         self.chains, self.layouts = chains, layouts
         self.blocked: dict = {}  # var -> its codes in NCHW16c
         self.shifted: dict = {}
-        self.layout_transforms = 0
 
     def visit_dataflow_block_(self, block):
         # Shifted and transformed codes are DataflowVars of the block they were emitted in.
         self.shifted = {}
         self.blocked = {k: v for k, v in self.blocked.items() if not isinstance(v, relax.DataflowVar)}
         return super().visit_dataflow_block_(block)
-
-    def _emit_like(self, value, like, suffix: str):
-        if self.builder_.current_block_is_dataflow() and not isinstance(like, relax.DataflowVar):
-            return self.builder_.emit_output(value, like.name + suffix)
-        return self.builder_.emit(value, like.name + suffix)
-
-    def _transform(self, compute, source, shape, like, suffix: str):
-        func = layout_kernel(compute, source.ty)
-        gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
-        self.layout_transforms += 1
-        return self._emit_like(relax.call_tir(gv, [source], relax.TensorType(shape, source.ty.dtype)), like, suffix)
 
     def _codes(self, var, layout: str | None):
         """``var``'s codes in ``layout`` (None: NCHW16c where they exist, else NCHW)."""
@@ -67,9 +53,8 @@ class Rewrite(relax.PyExprMutator):
         if layout == "NCHW":
             return self.visit_expr(var)
         if var not in self.blocked:
-            shape = out_shape_of(*[int(d) for d in var.ty.shape], BLOCKED_LAYOUT)
-            self.blocked[var] = self._transform(lambda t: to_blocked(t, BLOCK_O), self.visit_expr(var), shape, var,
-                                                "_nchw16c")
+            self.blocked[var] = emit_like(self.builder_, relayout(self.builder_, self.visit_expr(var), var.ty.shape,
+                                                                  BLOCKED_LAYOUT), var, "_nchw16c")
         return self.blocked[var]
 
     def _uint8(self, codes, dtype: str):
@@ -88,16 +73,12 @@ class Rewrite(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         layout = (self.layouts or {}).get(binding.var, "NCHW")
-        data_layout = "NCHW"
-        if self.layouts is not None and blocked_kernel(chain.part):  # a kernel that repacks its input takes what there is
-            data_layout = None if families.FAMILIES[chain.part.family].int8.repacks_input else BLOCKED_LAYOUT
-        data = self._uint8(self._codes(chain.data, data_layout), chain.data_dtype)
+        data = self._uint8(self._codes(chain.data, data_layout(chain.part, self.layouts is not None)), chain.data_dtype)
         kernel, constants, out_type = chain.kernel, chain.constants, chain.out_type
         if len(data.ty.shape) == 5 or layout != "NCHW":
             kernel, constants = make_int8_kernel(chain.part, [int(d) for d in data.ty.shape], *chain.params,
                                                  out_layout=layout)
-            out_type = relax.TensorType(out_shape_of(*chain.part.out_shape, layout) if layout != "NCHW"
-                                        else list(chain.part.out_shape), out_type.dtype)
+            out_type = relax.TensorType(kernel_out_shape(chain.part, layout), out_type.dtype)
         args = [data] + constants
         if chain.residual is not None:
             args.append(self._codes(chain.residual, layout))
@@ -106,8 +87,6 @@ class Rewrite(relax.PyExprMutator):
         if layout == "NCHW":
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
             return
-        self.blocked[binding.var] = codes = self._emit_like(call, binding.var, "_nchw16c")
-        plain = relax.call_tir(self.builder_.add_func(layout_kernel(
-            lambda t: to_plain(t, int(chain.part.out_shape[1])), codes.ty), "to_plain"), [codes],
-            relax.TensorType(list(chain.part.out_shape), out_type.dtype))
+        self.blocked[binding.var] = codes = emit_like(self.builder_, call, binding.var, "_nchw16c")
+        plain = relayout(self.builder_, codes, chain.part.out_shape, "NCHW")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))

@@ -32,16 +32,15 @@ import warnings
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules import families
-from tvmfuse.schedules.blocked import to_blocked, to_plain
-from tvmfuse.schedules.int8 import BLOCK_O, BLOCKED_LAYOUT, Int8KernelError, out_shape_of
+from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 
 from ..quant.keys import observed_tensors
 from ..quant.params import QuantParams, activation_params
 from ..targets import TargetSpec
-from .int8_kernels import Int8Partition, analyze, blocked_kernel, int8_constants, make_int8_kernel
-from .layout import layout_kernel
+from .int8_kernels import (Int8Partition, analyze, blocked_kernel, data_layout, int8_constants, kernel_out_shape,
+                           make_int8_kernel, relayout)
 from .partition import is_partition
+from .utils import emit_like
 
 
 class QuantizeWarning(UserWarning):
@@ -166,13 +165,7 @@ class _Rewrite(relax.PyExprMutator):
         return activation_params(*self.table[_key_of(self.keys, var)], dtype="uint8")
 
     def _emit_like(self, value, like, suffix: str = ""):
-        """Emit ``value``; as a block output when ``like`` (the var it stands for) is one, so that it stays
-        visible wherever ``like`` was."""
-        name = like.name + suffix
-        if (self.builder_.current_block_is_dataflow() and not isinstance(like, relax.DataflowVar)
-                and like not in self.inputs):
-            return self.builder_.emit_output(value, name)
-        return self.builder_.emit(value, name)
+        return emit_like(self.builder_, value, like, suffix, self.inputs)
 
     def visit_dataflow_block_(self, block):
         # A DataflowVar dies with its block: forget the codes bound to one before the next block.
@@ -193,16 +186,9 @@ class _Rewrite(relax.PyExprMutator):
         if layout is None:
             return have.get(BLOCKED_LAYOUT, have.get("NCHW"))
         if layout not in have:
-            source = next(iter(have.values()))
-            plain = [int(d) for d in var.ty.shape]
-            if layout == "NCHW":
-                compute, shape = (lambda t: to_plain(t, plain[1])), plain
-            else:
-                compute, shape = (lambda t: to_blocked(t, BLOCK_O)), out_shape_of(*plain, BLOCKED_LAYOUT)
-            func = layout_kernel(compute, source.ty)
-            gv = self.builder_.add_func(func, str(func.attrs["tvmfuse.kernel"]))
             suffix = "_u8" if layout == "NCHW" else "_u8_nchw16c"
-            have[layout] = self._emit_like(relax.call_tir(gv, [source], relax.TensorType(shape, "uint8")), var, suffix)
+            have[layout] = self._emit_like(relayout(self.builder_, next(iter(have.values())), var.ty.shape, layout),
+                                           var, suffix)
             self.layout_transforms += 1
         return have[layout]
 
@@ -219,18 +205,14 @@ class _Rewrite(relax.PyExprMutator):
         part, args = site.part, site.call.args
         out = self.qparams(site.var) if site.out_dtype == "uint8" else None
         res = self.qparams(args[part.residual]) if part.residual is not None else None
-        data_layout = "NCHW"
-        if self.blocked and blocked_kernel(part):  # a kernel that repacks its input takes what there is
-            data_layout = None if families.FAMILIES[part.family].int8.repacks_input else BLOCKED_LAYOUT
-        data = self._codes_of(args[part.data], data_layout)
+        data = self._codes_of(args[part.data], data_layout(part, self.blocked))
         kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
                                              site.out_layout)
         gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
         call_args = [data] + constants
         if part.residual is not None:
             call_args.append(self._codes_of(args[part.residual], site.out_layout))
-        out_shape = part.out_shape if site.out_layout == "NCHW" else out_shape_of(*part.out_shape, site.out_layout)
-        result = relax.call_tir(gv, call_args, relax.TensorType(out_shape, site.out_dtype))
+        result = relax.call_tir(gv, call_args, relax.TensorType(kernel_out_shape(part, site.out_layout), site.out_dtype))
         if out is None:
             self.set_var_remap(binding.var, self._emit_like(result, binding.var))
             return

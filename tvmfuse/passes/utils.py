@@ -34,3 +34,15 @@ def rewrite_call(call, handlers: dict):
     handler = handlers.get(call.op)
     new = handler(call) if handler is not None else None
     return call if new is None else new
+
+
+def emit_like(builder, value, like, suffix: str = "", inputs=()):
+    """Emit ``value`` named after ``like`` (the var it stands for) + ``suffix``; as a block output when ``like``
+    is one (not a DataflowVar, not one of ``inputs``, the function's parameters), so that it stays visible
+    wherever ``like`` was."""
+    from tvm import relax
+
+    name = like.name + suffix
+    if builder.current_block_is_dataflow() and not isinstance(like, relax.DataflowVar) and like not in inputs:
+        return builder.emit_output(value, name)
+    return builder.emit(value, name)
