@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import THREADS, inputs_for, interleaved_medians, named_model, openvino_runner, ort_session, table  # noqa: E402,E501
+from common import (THREADS, inputs_for, interleaved_medians, named_model, openvino_runner,  # noqa: E402
+                    ort_session, table)
 
 import onnx  # noqa: E402
 import onnx.version_converter  # noqa: E402

@@ -257,7 +257,8 @@ def out_shape_of(n: int, channels: int, out_h: int, out_w: int, out_layout: str)
     """The output shape in ``out_layout``: ``"NCHW"`` or ``"NCHW16c"`` (channels padded to whole blocks)."""
     if out_layout == "NCHW":
         return [n, channels, out_h, out_w]
-    _check(out_layout == BLOCKED_LAYOUT, "INT8 kernel", f"out_layout must be NCHW or {BLOCKED_LAYOUT}, got {out_layout!r}")
+    _check(out_layout == BLOCKED_LAYOUT, "INT8 kernel",
+           f"out_layout must be NCHW or {BLOCKED_LAYOUT}, got {out_layout!r}")
     return [n, -(-channels // BLOCK_O), out_h, out_w, BLOCK_O]
 
 

@@ -62,9 +62,9 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     else:
         _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[1] == 1 and wshape[0] == c, NAME,
                f"weight must be int8 [C, 1, kh, kw] with C = {c} for NCHW data, got {wshape} {weight.dtype}")
-    layout = out_layout or ("NCHW" if len(data.shape) == 4 else "NCHW16c")
+    layout = out_layout or ("NCHW16c" if blocked else "NCHW")
     channels = channels or c
-    _check(c - BLOCK_O < channels <= c if len(data.shape) == 5 else channels == c, NAME,
+    _check(c - BLOCK_O < channels <= c if blocked else channels == c, NAME,
            f"{channels} channels do not fit data of shape {_shape(data)}")
     out_shape = out_shape_of(n, channels, out_h, out_w, layout)
     _check(blocked or layout == "NCHW", NAME, "an NCHW16c output needs the NCHW16c weight")

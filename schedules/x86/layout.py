@@ -30,8 +30,8 @@ def _to_plain(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     channels = int(sch.get(block).reads[0].source.shape[4])
     v = dividing_vector(int(sch.get(x).extent), vector_lanes)  # pixels per tile
     if v is None or int(sch.get(c).extent) % channels:
-        # No vector divides the row (or the last block is padding: an INT8 layout): the row as one vector where that is short (7, 14, 25 pixels: a few
-        # registers), else scalar (a wide vector is what cost LLVM 20 s).
+        # No vector divides the row, or the last block is padding (INT8 codes): the row as one vector where
+        # that is short (7, 14, 25 pixels: a few registers), else scalar (a wide vector cost LLVM 20 s).
         sch.parallel(sch.fuse(n, c, y))
         if int(sch.get(x).extent) <= 2 * vector_lanes:
             sch.vectorize(x)

@@ -97,7 +97,8 @@ def inverted_residual(channels=24, size=10):
     relu6 -> conv + residual add -> conv. Every INT8 kernel reads and writes the padded NCHW16c layout."""
     rng = np.random.default_rng(6)
     relu6 = [numpy_helper.from_array(np.float32(v), n) for v, n in ((0.0, "lo"), (6.0, "hi"))]
-    layers = [conv(rng, "x", "c1", 8, channels, "expand"), (helper.make_node("Clip", ["c1", "lo", "hi"], ["h1"]), relu6),
+    layers = [conv(rng, "x", "c1", 8, channels, "expand"),
+              (helper.make_node("Clip", ["c1", "lo", "hi"], ["h1"]), relu6),
               conv(rng, "h1", "c2", channels, channels, "dw", group=channels),
               (helper.make_node("Clip", ["c2", "lo", "hi"], ["h2"]), []),
               conv(rng, "h2", "c3", channels, channels, "project"), (helper.make_node("Add", ["c3", "h1"], ["s"]), []),
