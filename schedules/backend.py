@@ -70,6 +70,12 @@ class Backend:
 
         return generic.library_dispatch_passes(target) + generic.legalize_passes(target)
 
+    @staticmethod
+    def kernel_passes() -> list:
+        """TIR passes run on every scheduled kernel, by compile and by the tuner's builder alike (so a tuned
+        candidate is timed as compile will build it)."""
+        return []
+
     def relax_pipeline(self, target, scheduling: list):
         """The pipeline for ``tvm.compile``; ``scheduling`` (tuning logs, then :meth:`schedule` for every
         kernel) runs where the backend schedules kernels."""

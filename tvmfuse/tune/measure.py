@@ -36,11 +36,17 @@ class TuningError(TvmfuseError):
 
 def build_candidate(mod, target, _params):
     """Build one scheduled candidate (MetaSchedule ``f_build``; runs in a builder process)."""
+    import tvm
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    light_tensor_intrin(str(target.kind.name))
+    from tvmfuse.targets import backend_class
+
+    kind = str(target.kind.name)
+    light_tensor_intrin(kind)
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    # The backend's passes on scheduled kernels, as compile runs them: the candidate is timed as it will run.
+    mod = tvm.transform.Sequential(backend_class(kind).kernel_passes())(mod)
     return tvm_build(mod, target=target)
 
 

@@ -1,0 +1,251 @@
+"""Skip the reduction steps of a convolution that read only padding.
+
+A padded conv reads a ``pad_temp``-style stage, ``P = if_then_else(inside, data, 0)``. Every step of its
+reduction adds ``P * W`` to an accumulator, so a step whose reads of ``P`` all fall in the padding adds
+zeros. Large dilations make most steps like that: DeepLab's ASPP runs 3x3 convs with dilation 6, 12 and 18
+on a 20x20 map, where 36 %, 64 % and 84 % of the multiply-adds are by padding. oneDNN's direct conv
+kernels skip them the same way (per output row, the kernel rows that stay inside the image).
+
+:func:`skip_padding_taps` works on a scheduled kernel. For each reduction block of the form
+``acc = acc + P[...] * W[...]`` (operands in either order, either cast) it picks the innermost serial loop
+around it that moves the padded index and holds that block alone, and wraps the loop's body in
+``if <some read of P in this step is inside the data>``. The bounds of the reads come from
+``tvm.sym.Analyzer.int_set`` over the loops inside the guard, so the test is exact per step and
+conservative within it (a step that reads one real pixel runs whole). Dropped steps only ever added
+``0 * W``: the results are unchanged for finite weights (up to the sign of a zero sum).
+
+It runs after scheduling on every kernel, tuned or not (:func:`SkipPaddingTaps`); a kernel with no such
+block (tensorized INT8, unpadded convs) is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad builds
+
+
+def _const(expr) -> int | float | None:
+    return expr.value if isinstance(expr, (tirx.IntImm, tirx.FloatImm)) else None
+
+
+def _conjuncts(cond) -> list:
+    return _conjuncts(cond.a) + _conjuncts(cond.b) if isinstance(cond, tirx.And) else [cond]
+
+
+def _interval(cond, axis_of: dict) -> dict | None:
+    """``{axis: (lo, hi)}`` from a conjunction of ``c <= v``, ``v < c`` (and their mirrors) on block vars."""
+    bounds: dict = {}
+    for c in _conjuncts(cond):
+        if not isinstance(c, (tirx.LE, tirx.LT, tirx.GE, tirx.GT)):
+            return None
+        a, b = c.a, c.b
+        if isinstance(a, tirx.Var) and _const(b) is not None:
+            var, k, var_first = a, int(_const(b)), True
+        elif isinstance(b, tirx.Var) and _const(a) is not None:
+            var, k, var_first = b, int(_const(a)), False
+        else:
+            return None
+        if var not in axis_of:
+            return None
+        lo, hi = bounds.get(axis_of[var], (None, None))
+        # Normalize to lo <= v < hi.
+        upper = isinstance(c, (tirx.LT, tirx.LE)) == var_first
+        if upper:
+            hi = k + (1 if isinstance(c, (tirx.LE, tirx.GE)) else 0)
+        else:
+            lo = k + (0 if isinstance(c, (tirx.LE, tirx.GE)) else 1)
+        bounds[axis_of[var]] = (lo, hi)
+    return bounds
+
+
+def _pad_stage(block) -> tuple | None:
+    """``(buffer, {axis: (lo, hi)})`` when ``block`` writes ``P[v...] = if_then_else(inside, x, 0)``."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or block.init is not None:
+        return None
+    names = [iv.var for iv in block.iter_vars]
+    if len(store.indices) != len(names) or any(not i.same_as(v) for i, v in zip(store.indices, names)):
+        return None
+    value = store.value
+    if isinstance(value, tvm.ir.Call) and value.op.same_as(tvm.ir.Op.get("prim.if_then_else")):
+        cond, _, other = value.args
+    elif isinstance(value, tirx.Select):
+        cond, other = value.condition, value.false_value
+    else:
+        return None
+    if _const(other) != 0:
+        return None
+    bounds = _interval(cond, {v: axis for axis, v in enumerate(names)})
+    if not bounds:
+        return None
+    return store.buffer, bounds
+
+
+def _strip_cast(expr):
+    return expr.value if isinstance(expr, tirx.Cast) else expr
+
+
+def _padded_read(block, pads: dict):
+    """The load of a padded buffer in ``block``'s ``acc = acc + P * W`` update, or None."""
+    store = block.body
+    if block.init is not None or not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return None
+    add = store.value
+    for acc, term in ((add.a, add.b), (add.b, add.a)):
+        if (isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer)
+                and all(x.same_as(y) for x, y in zip(acc.indices, store.indices)) and isinstance(term, tirx.Mul)):
+            for load in (_strip_cast(term.a), _strip_cast(term.b)):
+                if isinstance(load, TensorLoad) and load.source in pads:
+                    return load
+    return None
+
+
+def _substitute(expr, binding: dict):
+    """``expr`` with block vars replaced by their loop-var bindings (index arithmetic only)."""
+    if isinstance(expr, tirx.Var):
+        return binding.get(expr, expr)
+    if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
+        return expr
+    for kind in (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max):
+        if isinstance(expr, kind):
+            return kind(_substitute(expr.a, binding), _substitute(expr.b, binding))
+    raise ValueError(f"unsupported index expression {type(expr).__name__}")
+
+
+def _blocks_in(stmt) -> list:
+    found = []
+
+    def visit(s):
+        if isinstance(s, s_tir.SBlockRealize):
+            found.append(s)
+        for child in _children(s):
+            visit(child)
+
+    visit(stmt)
+    return found
+
+
+def _children(s) -> list:
+    if isinstance(s, tirx.SeqStmt):
+        return list(s.seq)
+    if isinstance(s, tirx.For):
+        return [s.body]
+    if isinstance(s, s_tir.SBlockRealize):
+        return [s.block]
+    if isinstance(s, s_tir.SBlock):
+        return [s.body] + ([s.init] if s.init is not None else [])
+    if isinstance(s, tirx.IfThenElse):
+        return [s.then_case] + ([s.else_case] if s.else_case is not None else [])
+    return []
+
+
+def _guard(loops: list, realize, load, bounds: dict):
+    """``(loop, condition)``: the loop whose body the guard wraps, or None."""
+    binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
+    try:
+        indices = {axis: _substitute(load.indices[axis], binding) for axis in bounds}
+    except ValueError:
+        return None
+    used = set()
+    for index in indices.values():
+        tirx_vars = []
+        _collect_vars(index, tirx_vars)
+        used.update(tirx_vars)
+    for depth in range(len(loops) - 1, -1, -1):
+        loop = loops[depth]
+        if loop.kind != tirx.ForKind.SERIAL or loop.loop_var not in used:
+            continue
+        if len(_blocks_in(loop.body)) != 1:
+            return None
+        analyzer = tvm.sym.Analyzer()
+        inner = {lp.loop_var: tvm.sym.IntervalSet(lp.min, lp.min + lp.extent - 1) for lp in loops[depth + 1:]}
+        terms = []
+        for axis, index in indices.items():
+            span = analyzer.int_set(index, inner)
+            lo, hi = bounds[axis]
+            if lo is not None:
+                terms.append(tirx.GE(span.max_value, lo))
+            if hi is not None:
+                terms.append(tirx.LT(span.min_value, hi))
+        outer = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in loops[:depth + 1]}
+        for var, dom in outer.items():
+            analyzer.bind(var, dom)
+        cond = analyzer.simplify(_all(terms))
+        if analyzer.can_prove(cond):
+            return None  # no step of this loop reads only padding
+        return loop, cond
+    return None
+
+
+def _all(terms: list):
+    cond = terms[0]
+    for term in terms[1:]:
+        cond = tirx.And(cond, term)
+    return cond
+
+
+def _collect_vars(expr, out: list) -> None:
+    if isinstance(expr, tirx.Var):
+        out.append(expr)
+        return
+    for field in ("a", "b"):
+        if hasattr(expr, field):
+            _collect_vars(getattr(expr, field), out)
+
+
+def _rebuild(s, guards: dict):
+    """``s`` with each guarded loop's body wrapped in its condition."""
+    if isinstance(s, tirx.SeqStmt):
+        return tirx.SeqStmt([_rebuild(x, guards) for x in s.seq])
+    if isinstance(s, tirx.For):
+        body = _rebuild(s.body, guards)
+        for loop, cond in guards.items():
+            if loop.same_as(s):
+                body = tirx.IfThenElse(cond, body, None)
+        return tirx.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step)
+    if isinstance(s, s_tir.SBlockRealize):
+        return s_tir.SBlockRealize(s.iter_values, s.predicate, _rebuild(s.block, guards))
+    if isinstance(s, s_tir.SBlock):
+        init = _rebuild(s.init, guards) if s.init is not None else None
+        return s_tir.SBlock(s.iter_vars, s.reads, s.writes, s.name_hint, _rebuild(s.body, guards), init,
+                            s.alloc_buffers, s.match_buffers, s.annotations)
+    if isinstance(s, tirx.IfThenElse):
+        other = _rebuild(s.else_case, guards) if s.else_case is not None else None
+        return tirx.IfThenElse(s.condition, _rebuild(s.then_case, guards), other)
+    return s
+
+
+def skip_padding_taps(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the reduction steps that read only padding skipped (unchanged when there are none)."""
+    pads: dict = {}
+    for realize in _blocks_in(func.body):
+        found = _pad_stage(realize.block)
+        if found is not None:
+            pads[found[0]] = found[1]
+    if not pads:
+        return func
+    guards: dict = {}
+
+    def visit(s, loops):
+        if isinstance(s, s_tir.SBlockRealize):
+            load = _padded_read(s.block, pads)
+            if load is not None:
+                found = _guard(loops, s, load, pads[load.source])
+                if found is not None:
+                    guards[found[0]] = found[1]
+        for child in _children(s):
+            visit(child, loops + [s] if isinstance(s, tirx.For) else loops)
+
+    visit(func.body, [])
+    return func.with_body(_rebuild(func.body, guards)) if guards else func
+
+
+def SkipPaddingTaps() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+    """:func:`skip_padding_taps` on every PrimFunc of a module."""
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmfuse.SkipPaddingTaps")
+    def _pass(func, _mod, _ctx):
+        return skip_padding_taps(func)
+
+    return _pass

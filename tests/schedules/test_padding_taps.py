@@ -1,0 +1,198 @@
+"""Skipping the reduction steps that read only padding (schedules/padding_taps.py): where the guard goes,
+that the kernels give the same numbers with it as without (and as numpy), that it leaves other kernels
+alone, and that compile and the tuner's builder both run it on x86."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import tvm
+from onnx import helper, numpy_helper
+from tvm import te, tirx, topi
+
+import tvmfuse
+from tvmfuse.schedules import blocked, padding_taps, x86
+from tvmfuse.schedules.padding_taps import skip_padding_taps
+from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
+
+from helpers import HOST, make_model, ort_run
+from helpers.schedules import _build, _host_lanes
+
+LANES = _host_lanes()
+
+
+def _ref_conv(x, w, stride, pads, dilation, groups=1):
+    """NCHW conv in float64: ``pads`` (top, left, bottom, right)."""
+    top, left, bottom, right = pads
+    xp = np.pad(x.astype("float64"), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    o, i, kh, kw = w.shape
+    oh = (xp.shape[2] - dilation * (kh - 1) - 1) // stride + 1
+    ow = (xp.shape[3] - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((x.shape[0], o, oh, ow))
+    per = o // groups
+    for ky in range(kh):
+        for kx in range(kw):
+            y0, x0 = ky * dilation, kx * dilation
+            patch = xp[:, :, y0:y0 + stride * oh:stride, x0:x0 + stride * ow:stride]
+            for g in range(groups):
+                out[:, g * per:(g + 1) * per] += np.einsum(
+                    "nihw,oi->nohw", patch[:, g * i:(g + 1) * i], w[g * per:(g + 1) * per, :, ky, kx])
+    return out
+
+
+def _to_blocked(x, b):
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _to_plain(x):
+    n, cb, h, w, b = x.shape
+    return x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+
+
+def _conv_kernel(c_in, c_out, hw, k, stride, pads, dilation, blocked_in=True):
+    """The NCHW[b]c conv2d kernel + ReLU, scheduled by the x86 rule; (func, x, w, packed w)."""
+    rng = np.random.default_rng(c_in * 100 + dilation)
+    x = rng.standard_normal((1, c_in, hw, hw)).astype("float32")
+    w = (rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype("float32")
+    bi = LANES if blocked_in else 1
+    packed = blocked.pack_conv_weight(w, bi, LANES)
+    data = te.placeholder(_to_blocked(x, LANES).shape if blocked_in else x.shape, name="data")
+    weight = te.placeholder(packed.shape, name="weight")
+    out = topi.nn.relu(blocked.conv2d(data, weight, (stride, stride), pads, (dilation, dilation)))
+    func = conv2d_nchwc.apply(te.create_prim_func([data, weight, out]), LANES)
+    assert func is not None
+    return func, (_to_blocked(x, LANES) if blocked_in else x), x, w, packed
+
+
+def _run(func, *arrays):
+    lib = _build(func)
+    out = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].ty.shape], "float32"))
+    lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays], out)
+    return out.numpy()
+
+
+def _guards(func) -> list:
+    found = []
+
+    def visit(s):
+        if isinstance(s, tirx.IfThenElse):
+            found.append(s)
+        for child in padding_taps._children(s):
+            visit(child)
+
+    visit(func.body)
+    return found
+
+
+CASES = {
+    "aspp_dilation_18": (32, 32, 20, 3, 1, (18, 18, 18, 18), 18, True),
+    "aspp_dilation_6": (32, 32, 20, 3, 1, (6, 6, 6, 6), 6, True),
+    "3x3_pad_1": (16, 32, 7, 3, 1, (1, 1, 1, 1), 1, True),
+    "asymmetric_stride_2": (16, 16, 11, 3, 2, (2, 0, 1, 3), 2, True),
+    "7x7_stem_nchw": (3, 16, 16, 7, 2, (3, 3, 3, 3), 1, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_guarded_conv_gives_the_same_numbers(case):
+    c_in, c_out, hw, k, stride, pads, dilation, blocked_in = CASES[case]
+    func, data, x, w, packed = _conv_kernel(c_in, c_out, hw, k, stride, pads, dilation, blocked_in)
+    guarded = skip_padding_taps(func)
+    assert _guards(guarded), "a padded conv gets a guard"
+    assert not _guards(func)
+    got, plain = _run(guarded, data, packed), _run(func, data, packed)
+    # Only ``0 * w`` terms are dropped: the sums are the same, term for term.
+    np.testing.assert_array_equal(got, plain)
+    ref = np.maximum(_ref_conv(x, w, stride, pads, dilation), 0)
+    np.testing.assert_allclose(_to_plain(got), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_guard_wraps_the_innermost_tap_loop_and_names_the_padded_rows():
+    func = _conv_kernel(*CASES["aspp_dilation_18"])[0]
+    guard = _guards(skip_padding_taps(func))
+    assert len(guard) == 1
+    text = str(guard[0].condition)
+    assert "ry" in text and "rx" in text, text  # rows and columns both tested
+    # The body it guards is one reduction step: the input-channel loop and the register tile, no init.
+    body = str(guard[0].then_case)
+    assert "conv2d_NCHWc_update" in body and "_init" not in body
+
+
+def test_most_steps_of_a_large_dilation_are_skipped():
+    """Count the steps the guard lets through on the 20x20 map with dilation 18. Of the 60 (output row,
+    kernel row) pairs 24 read data (2 kernel rows for the 4 border rows, 1 for the 16 others), of the
+    (column tile, kernel column) pairs at most 2 in 3: 27 % of the steps run (192 of 720), against 100 %
+    without the guard."""
+    func = _conv_kernel(*CASES["aspp_dilation_18"])[0]
+    guarded = skip_padding_taps(func)
+    guard = _guards(guarded)[0]
+    loops = {}
+
+    def visit(s, path):
+        if isinstance(s, tirx.IfThenElse) and s.same_as(guard):
+            loops["path"] = path
+        for child in padding_taps._children(s):
+            visit(child, path + [s] if isinstance(s, tirx.For) else path)
+
+    visit(guarded.body, [])
+    path = loops["path"]
+    space = [range(int(lp.min), int(lp.min) + int(lp.extent)) for lp in path]
+    taken = total = 0
+    for values in itertools.product(*space):
+        analyzer = tvm.sym.Analyzer()
+        for lp, v in zip(path, values):
+            analyzer.bind(lp.loop_var, tirx.IntImm("int32", v))
+        total += 1
+        taken += bool(int(analyzer.simplify(guard.condition)))
+    assert taken / total < 0.35, (taken, total)  # 16 % of the multiply-adds read data; tiles round it up
+
+
+def test_kernels_without_padding_or_with_another_pad_value_are_unchanged():
+    data = te.placeholder((1, 2, 8, 8, LANES), name="data")
+    weight = te.placeholder((2, 2, 1, 1, LANES, LANES), name="weight")
+    func = conv2d_nchwc.apply(te.create_prim_func(
+        [data, weight, blocked.conv2d(data, weight, (1, 1), (0, 0, 0, 0), (1, 1))]), LANES)
+    assert skip_padding_taps(func).same_as(func)
+    # A pad of ones is not zeros: steps on it add ``w``, nothing may be skipped.
+    padded = topi.nn.pad(data, [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], pad_value=1.0, name="pad_temp")
+    ry, rx = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx")
+    conv = te.compute((1, 2, 8, 8, LANES), lambda n, c, y, x, i: te.sum(padded[n, c, y + ry, x + rx, i], axis=[ry, rx]))
+    func = te.create_prim_func([data, conv])
+    assert skip_padding_taps(func).same_as(func)
+
+
+def test_unrolled_taps_are_left_alone():
+    """The depthwise kernel unrolls its taps (a branch per tap would cost what it saves): no guard, and the
+    kernel is the one the rule made."""
+    data = te.placeholder((1, 2, 10, 10, LANES), name="data")
+    weight = te.placeholder((2, 3, 3, LANES), name="weight")
+    out = blocked.depthwise_conv2d(data, weight, (1, 1), (4, 4, 4, 4), (4, 4))
+    func = depthwise_nchwc.apply(te.create_prim_func([data, weight, out]), LANES)
+    assert func is not None and "T.unroll" in func.script()
+    assert skip_padding_taps(func).same_as(func)
+
+
+def test_compile_and_the_tuners_builder_run_it(monkeypatch):
+    assert [p.info.name for p in x86.Backend.kernel_passes()] == ["tvmfuse.SkipPaddingTaps"]
+    seen = []
+    real = padding_taps.skip_padding_taps
+    monkeypatch.setattr(padding_taps, "skip_padding_taps", lambda f: seen.append(f) or real(f))
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 16, 3, 3)) / 12).astype("float32")
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[5] * 4,
+                                         dilations=[5, 5])],
+                       [("x", [1, 16, 8, 8])], [("y", None)], [numpy_helper.from_array(w, "W")])
+    x = rng.standard_normal((1, 16, 8, 8)).astype("float32")
+    cm = tvmfuse.compile(model, target=HOST, logs=False)
+    np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert seen, "compile ran the pass"
+    seen.clear()
+    from tvmfuse.tune import measure
+
+    func = _conv_kernel(*CASES["3x3_pad_1"])[0]
+    target = tvmfuse.targets.resolve(HOST).tvm_target()
+    measure.build_candidate(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target, None)
+    assert seen, "the builder ran the pass"
