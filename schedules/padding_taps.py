@@ -147,11 +147,7 @@ def _guard(loops: list, realize, load, bounds: dict):
         indices = {axis: _substitute(load.indices[axis], binding) for axis in bounds}
     except ValueError:
         return None
-    used = set()
-    for index in indices.values():
-        tirx_vars = []
-        _collect_vars(index, tirx_vars)
-        used.update(tirx_vars)
+    used = set().union(*(_vars(index) for index in indices.values()))
     for depth in range(len(loops) - 1, -1, -1):
         loop = loops[depth]
         if loop.kind != tirx.ForKind.SERIAL or loop.loop_var not in used:
@@ -185,13 +181,11 @@ def _all(terms: list):
     return cond
 
 
-def _collect_vars(expr, out: list) -> None:
+def _vars(expr) -> set:
+    """The variables of an index expression made by :func:`_substitute`."""
     if isinstance(expr, tirx.Var):
-        out.append(expr)
-        return
-    for field in ("a", "b"):
-        if hasattr(expr, field):
-            _collect_vars(getattr(expr, field), out)
+        return {expr}
+    return set().union(*(_vars(getattr(expr, f)) for f in ("a", "b") if hasattr(expr, f)))
 
 
 def _rebuild(s, guards: dict):
@@ -200,9 +194,8 @@ def _rebuild(s, guards: dict):
         return tirx.SeqStmt([_rebuild(x, guards) for x in s.seq])
     if isinstance(s, tirx.For):
         body = _rebuild(s.body, guards)
-        for loop, cond in guards.items():
-            if loop.same_as(s):
-                body = tirx.IfThenElse(cond, body, None)
+        if s in guards:
+            body = tirx.IfThenElse(guards[s], body, None)
         return tirx.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step)
     if isinstance(s, s_tir.SBlockRealize):
         return s_tir.SBlockRealize(s.iter_values, s.predicate, _rebuild(s.block, guards))

@@ -11,6 +11,7 @@ import pytest
 import tvm
 from onnx import helper, numpy_helper
 from tvm import te, tirx, topi
+from tvm.topi.testing import conv2d_nchw_python, dilate_python
 
 import tvmfuse
 from tvmfuse.schedules import blocked, padding_taps, x86
@@ -18,38 +19,16 @@ from tvmfuse.schedules.padding_taps import skip_padding_taps
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
 from helpers import HOST, make_model, ort_run
+from helpers.layout import to_blocked, to_plain
 from helpers.schedules import _build, _host_lanes
 
 LANES = _host_lanes()
 
 
-def _ref_conv(x, w, stride, pads, dilation, groups=1):
-    """NCHW conv in float64: ``pads`` (top, left, bottom, right)."""
-    top, left, bottom, right = pads
-    xp = np.pad(x.astype("float64"), ((0, 0), (0, 0), (top, bottom), (left, right)))
-    o, i, kh, kw = w.shape
-    oh = (xp.shape[2] - dilation * (kh - 1) - 1) // stride + 1
-    ow = (xp.shape[3] - dilation * (kw - 1) - 1) // stride + 1
-    out = np.zeros((x.shape[0], o, oh, ow))
-    per = o // groups
-    for ky in range(kh):
-        for kx in range(kw):
-            y0, x0 = ky * dilation, kx * dilation
-            patch = xp[:, :, y0:y0 + stride * oh:stride, x0:x0 + stride * ow:stride]
-            for g in range(groups):
-                out[:, g * per:(g + 1) * per] += np.einsum(
-                    "nihw,oi->nohw", patch[:, g * i:(g + 1) * i], w[g * per:(g + 1) * per, :, ky, kx])
-    return out
-
-
-def _to_blocked(x, b):
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
-
-
-def _to_plain(x):
-    n, cb, h, w, b = x.shape
-    return x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+def _ref_conv(x, w, stride, pads, dilation):
+    """NCHW conv in float64 (topi's reference on the dilated weight): ``pads`` (top, left, bottom, right)."""
+    w = dilate_python(w.astype("float64"), (1, 1, dilation, dilation))
+    return conv2d_nchw_python(x.astype("float64"), w, stride, pads)
 
 
 def _conv_kernel(c_in, c_out, hw, k, stride, pads, dilation, blocked_in=True):
@@ -59,12 +38,12 @@ def _conv_kernel(c_in, c_out, hw, k, stride, pads, dilation, blocked_in=True):
     w = (rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype("float32")
     bi = LANES if blocked_in else 1
     packed = blocked.pack_conv_weight(w, bi, LANES)
-    data = te.placeholder(_to_blocked(x, LANES).shape if blocked_in else x.shape, name="data")
+    data = te.placeholder(to_blocked(x, LANES).shape if blocked_in else x.shape, name="data")
     weight = te.placeholder(packed.shape, name="weight")
     out = topi.nn.relu(blocked.conv2d(data, weight, (stride, stride), pads, (dilation, dilation)))
     func = conv2d_nchwc.apply(te.create_prim_func([data, weight, out]), LANES)
     assert func is not None
-    return func, (_to_blocked(x, LANES) if blocked_in else x), x, w, packed
+    return func, (to_blocked(x, LANES) if blocked_in else x), x, w, packed
 
 
 def _run(func, *arrays):
@@ -107,7 +86,7 @@ def test_guarded_conv_gives_the_same_numbers(case):
     # Only ``0 * w`` terms are dropped: the sums are the same, term for term.
     np.testing.assert_array_equal(got, plain)
     ref = np.maximum(_ref_conv(x, w, stride, pads, dilation), 0)
-    np.testing.assert_allclose(_to_plain(got), ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_plain(got), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_the_guard_wraps_the_innermost_tap_loop_and_names_the_padded_rows():

@@ -12,6 +12,7 @@ from tvmfuse.schedules import blocked, int8, int8_ref
 from tvmfuse.schedules import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86 import int8_conv2d, int8_depthwise
 
+from helpers.layout import to_blocked as blocked_array, to_plain
 from helpers.int8_kernels import HOST_BITS, Conv, codes, epilogue, kernel_data, run, schedule_with
 
 BLOCK = int8.BLOCK_O
@@ -19,15 +20,7 @@ BLOCK = int8.BLOCK_O
 
 def to_blocked(a: np.ndarray, fill: int = 0) -> np.ndarray:
     """NCHW -> NCHW16c, the last block's missing channels ``fill``."""
-    n, c, h, w = a.shape
-    full = np.full((n, -(-c // BLOCK) * BLOCK, h, w), fill, a.dtype)
-    full[:, :c] = a
-    return np.ascontiguousarray(full.reshape(n, -1, BLOCK, h, w).transpose(0, 1, 3, 4, 2))
-
-
-def to_plain(a: np.ndarray, channels: int) -> np.ndarray:
-    n, cb, h, w, b = a.shape
-    return a.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)[:, :channels]
+    return blocked_array(a, BLOCK, fill)
 
 
 def _padded(values: np.ndarray, length: int) -> np.ndarray:
