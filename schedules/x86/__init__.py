@@ -15,7 +15,7 @@ from tvm import s_tir, tirx
 from .. import families
 from ..backend import Backend as _Base
 from ..common import block_names, lanes
-from . import conv2d, fused, generic
+from . import conv2d, fused, generic, softmax
 
 NAME = "x86"
 # kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
@@ -63,7 +63,8 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     for a MetaSchedule template gets the template's default: the mark is dropped first.
     """
     if kernel is None:
-        return generic.scheduled(func, lanes(vector_bits))
+        sch = s_tir.Schedule(func)
+        return sch if softmax.schedule(sch, lanes(vector_bits)) else generic.scheduled(func, lanes(vector_bits))
     sch = _unmarked(func)
     if _rule(sch, kernel, vector_bits, vnni):
         return sch
@@ -111,7 +112,7 @@ class Backend(_Base):
 
     def legalize_passes(self, target) -> list:
         """TVM's generic CPU legalization, with Sigmoid computed by ``compute.fast_sigmoid``, Softmax by
-        ``topi.nn.fast_softmax`` and Erf by ``topi.fast_erf`` (as partition epilogues compute it): TVM's
+        ``compute.softmax`` (``fast_exp``, scheduled a row at a time by :mod:`.softmax`) and Erf by ``topi.fast_erf`` (as partition epilogues compute it): TVM's
         softmax calls libm's scalar ``expf`` per element (0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head,
         2.8 ms); ``fast_exp`` is a vectorizable polynomial, at most 4.1e-6 relative error over [-87, 88]
         (measured against float64 ``exp``). TVM's erf is libm's scalar ``erff`` too: ConvNeXt-T's GELUs
@@ -119,10 +120,10 @@ class Backend(_Base):
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
-        from ..compute import fast_sigmoid
+        from ..compute import fast_sigmoid, softmax
 
         def fast_softmax(bb, call):
-            return bb.call_te(topi.nn.fast_softmax, call.args[0], axis=int(call.attrs.axis))
+            return bb.call_te(softmax, call.args[0], axis=int(call.attrs.axis))
 
         passes = generic.legalize_passes(target)
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]

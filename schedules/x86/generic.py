@@ -63,7 +63,7 @@ def _row_reduction(sch: s_tir.Schedule, block, loops, spatial: int, vector_lanes
     scalarized (a 40 x 18710 sum: 132 us predicated, 37 us in 10 lanes, 22 us for 18720 in 16 lanes).
     """
     extent = int(sch.get(loops[-1]).extent)
-    lanes = _row_lanes(extent, vector_lanes)
+    lanes = row_lanes(extent, vector_lanes)
     if lanes < 4 or extent < 2 * lanes:
         return
     _, lane = sch.split(loops[-1], [None, lanes])
@@ -73,7 +73,7 @@ def _row_reduction(sch: s_tir.Schedule, block, loops, spatial: int, vector_lanes
     sch.reverse_compute_at(block, partial_loops[spatial - 1])
 
 
-def _row_lanes(extent: int, vector_lanes: int) -> int:
+def row_lanes(extent: int, vector_lanes: int) -> int:
     """The vector for a row of ``extent``: a whole vector width dividing it, else its largest divisor up to the
     vector width (a partial vector: no predicated tail, which would scalarize the loop)."""
     return dividing_vector(extent, vector_lanes) or largest_divisor(extent, vector_lanes)
@@ -81,14 +81,14 @@ def _row_lanes(extent: int, vector_lanes: int) -> int:
 
 def _vectorize_spatial(sch: s_tir.Schedule, loops, extents: list[int], vector_lanes: int):
     """Vectorize an elementwise stage: the fused loop in whole vectors when the innermost extent divides into
-    them (each vector stays inside a row); else the innermost loop alone in its row vector (:func:`_row_lanes`);
+    them (each vector stays inside a row); else the innermost loop alone in its row vector (:func:`row_lanes`);
     else, as the last resort, the fused loop across rows. A vector across rows indexes each lane by
     ``(i * lanes + l) % width``: a gather per operand (Softmax's normalization over 40 x 18710: 0.8 ms
     gathered). Returns the fused outer loop, or None when nothing was vectorized."""
     total, inner = math.prod(extents), extents[-1]
     whole = total % vector_lanes == 0 and total >= vector_lanes
     in_rows = inner % vector_lanes == 0 or len(extents) == 1
-    lanes = _row_lanes(inner, vector_lanes)
+    lanes = row_lanes(inner, vector_lanes)
     if not (whole and in_rows) and lanes >= 4 and inner >= lanes:
         column, lane = sch.split(loops[-1], [None, lanes])
         sch.vectorize(lane)
