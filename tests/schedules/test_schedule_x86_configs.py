@@ -121,12 +121,15 @@ def test_dense_default_config(args, expected):
     # (n, k, lanes, m) -> a K x n_block weight panel within 16 KB, as many rows as the accumulators hold
     ((18720, 120, AVX512, 40), dense.Config(32, 8, 10)),  # a recognizer's CTC head
     ((360, 120, AVX512, 40), dense.Config(8, 8, 20)), ((240, 120, AVX512, 40), dense.Config(16, 8, 20)),
-    ((4096, 1024, AVX2, 6), dense.Config(8, 8, 6)), ((1000, 1280, AVX512, 1), dense.Config(50, 8, 1))])
+    ((4096, 1024, AVX2, 6), dense.Config(8, 8, 6)), ((1000, 1280, AVX512, 1), dense.Config(50, 8, 1)),
+    # A prime row count (an LSTM's 31 steps): two tiles of 16, the second one row short, not 31 tiles of 1
+    ((384, 256, AVX512, 31), dense.Config(16, 8, 16)), ((384, 256, AVX2, 31), dense.Config(16, 8, 4)),
+    ((288, 96, AVX512, 31), dense.Config(32, 8, 8))])
 def test_dense_default_config_rows(args, expected):
     assert dense.default_config(*args) == expected
 
 
-@pytest.mark.parametrize("m,k,n", [(40, 120, 96), (6, 24, 32)])
+@pytest.mark.parametrize("m,k,n", [(40, 120, 96), (6, 24, 32), (31, 256, 384), (23, 40, 16)])
 def test_dense_row_tile(m, k, n):
     model, w, b = _dense_model(m, k, n, seed=m)
     func, _ = make_kernel(_partition_fn(model), targets.resolve(HOST))
@@ -135,6 +138,12 @@ def test_dense_row_tile(m, k, n):
     assert s.loops["T_matmul_NN_update"][-2].kind == ForKind.UNROLLED  # the rows of the register tile
     x = np.random.default_rng(3).standard_normal((m, k)).astype("float32")
     np.testing.assert_allclose(_run(func, x, w, b), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,budget,expected", [(31, 20, 16), (31, 10, 8), (40, 10, 10), (40, 20, 20),
+                                               (12, 20, 12), (37, 5, 5), (97, 20, 20), (30, 20, 15)])
+def test_dense_row_block(m, budget, expected):
+    assert dense.row_block(m, budget) == expected
 
 
 def test_largest_divisor():
