@@ -21,6 +21,7 @@ from .conv2d import _accumulators as accumulators
 
 ANCHOR = "T_matmul_NN"
 PANEL_BYTES = 16 * 1024
+PARALLEL_MACS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     consumer = accumulate_in_registers(sch, anchor, epilogue, i_o)
     vectorize_tile(sch, consumer, i_o, vector_lanes)
     tile = sch.fuse(j_o, i_o)
-    sch.parallel(tile)
+    if m * n * k_extent >= PARALLEL_MACS:
+        sch.parallel(tile)
     vectorize_tile(sch, sch.decompose_reduction(anchor, k_o), tile, vector_lanes)
     return True

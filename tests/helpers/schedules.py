@@ -185,19 +185,21 @@ class Structure:
         return out
 
 
-def _check_tiled(func, unscheduled, anchor: str, tile: int, global_allowed=()):
-    """The checks every rule must pass on a fused kernel with an epilogue."""
+def _check_tiled(func, unscheduled, anchor: str, tile: int, global_allowed=(), parallel: bool = True):
+    """The checks every rule must pass on a fused kernel with an epilogue (``parallel=False``: one too small
+    to split over the cores, whose tile loop stays serial)."""
     s = Structure(func)
     epilogue = block_names(s_tir.Schedule(unscheduled))[-1]
     assert epilogue != anchor
-    assert ForKind.PARALLEL in s.kinds() and ForKind.VECTORIZED in s.kinds()
+    assert (ForKind.PARALLEL in s.kinds()) == parallel and ForKind.VECTORIZED in s.kinds()
     # the init block was decomposed out of the reduction
     assert f"{anchor}_init" in s.blocks and f"{anchor}_update" in s.blocks and anchor not in s.blocks
     assert all(s.sch.get(b).init is None for b in s.blocks.values())
     # epilogue stages were inlined into one, placed inside the anchor's tile under the parallel loop
     assert set(s.blocks) <= {f"{anchor}_init", f"{anchor}_update", epilogue, *global_allowed}
     shared = s.shared_loops(f"{anchor}_update", epilogue)
-    assert shared >= 1 and any(l.kind == ForKind.PARALLEL for l in s.loops[epilogue][:shared])
+    tile_kind = ForKind.PARALLEL if parallel else ForKind.SERIAL
+    assert shared >= 1 and any(l.kind == tile_kind for l in s.loops[epilogue][:shared])
     assert s.inner_extent(epilogue, shared) == tile
     # the accumulator is local; only padding buffers live in global memory
     locals_ = [n for n, (scope, _) in s.alloc.items() if scope == "local"]
