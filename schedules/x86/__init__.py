@@ -63,8 +63,7 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     for a MetaSchedule template gets the template's default: the mark is dropped first.
     """
     if kernel is None:
-        sch = s_tir.Schedule(func)
-        return sch if softmax.schedule(sch, lanes(vector_bits)) else generic.scheduled(func, lanes(vector_bits))
+        return softmax.scheduled(func, lanes(vector_bits)) or generic.scheduled(func, lanes(vector_bits))
     sch = _unmarked(func)
     if _rule(sch, kernel, vector_bits, vnni):
         return sch
@@ -112,23 +111,24 @@ class Backend(_Base):
 
     def legalize_passes(self, target) -> list:
         """TVM's generic CPU legalization, with Sigmoid computed by ``compute.fast_sigmoid``, Softmax by
-        ``compute.softmax`` (``fast_exp``, scheduled a row at a time by :mod:`.softmax`) and Erf by ``topi.fast_erf`` (as partition epilogues compute it): TVM's
-        softmax calls libm's scalar ``expf`` per element (0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head,
-        2.8 ms); ``fast_exp`` is a vectorizable polynomial, at most 4.1e-6 relative error over [-87, 88]
-        (measured against float64 ``exp``). TVM's erf is libm's scalar ``erff`` too: ConvNeXt-T's GELUs
-        outside its dense kernels took 4.4 ns per element (0.57 ms for a 1024 x 128 map)."""
+        ``compute.softmax`` (``fast_exp``, scheduled a row at a time by :mod:`.softmax`) and Erf by
+        ``topi.fast_erf`` (as partition epilogues compute it): TVM's softmax calls libm's scalar ``expf`` per
+        element (0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms); ``fast_exp`` is a vectorizable
+        polynomial, at most 4.1e-6 relative error over [-87, 88] (measured against float64 ``exp``). TVM's
+        erf is libm's scalar ``erff`` too: ConvNeXt-T's GELUs outside its dense kernels took 4.4 ns per element
+        (0.57 ms for a 1024 x 128 map)."""
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
-        from ..compute import fast_sigmoid, softmax
+        from .. import compute
 
-        def fast_softmax(bb, call):
-            return bb.call_te(softmax, call.args[0], axis=int(call.attrs.axis))
+        def legalize_softmax(bb, call):
+            return bb.call_te(compute.softmax, call.args[0], axis=int(call.attrs.axis))
 
         passes = generic.legalize_passes(target)
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
-        custom = {"relax.nn.softmax": fast_softmax,
-                  "relax.sigmoid": lambda bb, call: bb.call_te(fast_sigmoid, call.args[0]),
+        custom = {"relax.nn.softmax": legalize_softmax,
+                  "relax.sigmoid": lambda bb, call: bb.call_te(compute.fast_sigmoid, call.args[0]),
                   "relax.erf": lambda bb, call: bb.call_te(topi.fast_erf, call.args[0])}
         return generic.library_dispatch_passes(target) + [
             relax.transform.LegalizeOps(customize_legalize_map=custom)] + passes[1:]

@@ -66,14 +66,10 @@ def _reduce_row(sch: s_tir.Schedule, block, spatial: int, lanes: int):
 
 
 def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
-    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when the kernel is not a softmax along the
-    last of two or more axes whose neighbours inline."""
-    if not _fits(sch):
+    """Apply the rule to ``sch`` in place; False when the kernel is not a softmax along the last of two or
+    more axes whose neighbours inline (``sch`` may then be partly changed: :func:`scheduled` starts afresh)."""
+    if not _fits(sch) or not _inline_neighbours(sch):
         return False
-    probe = s_tir.Schedule(sch.mod)
-    if not _inline_neighbours(probe):
-        return False
-    _inline_neighbours(sch)
     norm = sch.get_sblock(NORM)
     loops = sch.get_loops(norm)
     extents = [int(sch.get(loop).extent) for loop in loops]
@@ -101,3 +97,12 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
     if rows > 1 and rows * width >= PARALLEL_MIN:
         sch.parallel(row)
     return True
+
+
+def scheduled(func: tirx.PrimFunc, vector_lanes: int) -> s_tir.Schedule | None:
+    """A schedule of ``func`` with this rule applied, or None when it does not fit (or fails part-way)."""
+    try:
+        sch = s_tir.Schedule(func)
+        return sch if schedule(sch, vector_lanes) else None
+    except s_tir.ScheduleError:
+        return None
