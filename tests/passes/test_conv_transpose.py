@@ -1,6 +1,6 @@
 """TransposeConvToConv: transposed convs run as a stride-1 phase conv (its bias inside) + depth-to-space (+ a
 slice for padding), matching onnxruntime; stride == kernel is exact (a 1x1 conv). The forms it must leave
-alone (groups, dilation) keep TVM's transposed conv."""
+alone (dilation) keep TVM's transposed conv; grouped ones become a grouped phase conv."""
 
 from __future__ import annotations
 
@@ -122,14 +122,45 @@ def test_phase_weight_computes_the_definition(attrs):
     np.testing.assert_allclose(phases[:, :, y0:y1, x0:x1], _numpy_conv_transpose(x, w, s, pads, extra), atol=1e-12)
 
 
-@pytest.mark.parametrize("attrs,w_shape", [
-    ({"kernel_shape": [2, 2], "strides": [2, 2], "group": 2}, (8, 2, 2, 2)),
-    ({"kernel_shape": [2, 2], "strides": [2, 2], "dilations": [2, 2]}, (8, 4, 2, 2)),
-])
-def test_other_transposed_convs_keep_tvms_kernel_and_still_match(attrs, w_shape):
+GROUPED_FORMS = [  # U-Net's depthwise 2x2 stride-2 upsampling, two channels per group, overlapping and padded
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "group": 8}, (8, 1, 2, 2)),
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "group": 2}, (8, 4, 2, 2)),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1], "group": 4},
+     (8, 3, 3, 3)),
+]
+
+
+@pytest.mark.parametrize("attrs,w_shape", GROUPED_FORMS)
+def test_grouped_transposed_convs_run_as_a_grouped_phase_conv(attrs, w_shape):
     w = numpy_helper.from_array(RNG.standard_normal(w_shape).astype("float32"), "W")
-    model = make_model([helper.make_node("ConvTranspose", ["x", "W"], ["y"], **attrs)], [("x", [1, 8, 6, 6])],
-                       [("y", None)], [w])
+    b = numpy_helper.from_array(RNG.standard_normal(w_shape[1] * attrs["group"]).astype("float32"), "B")
+    model = make_model([helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)], [("x", [1, 8, 6, 6])],
+                       [("y", None)], [w, b])
+    x = {"x": RNG.standard_normal((1, 8, 6, 6)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    got, want = cm.run(x)[0], ort_run(model, x)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert _ops(cm) == {"permute_dims"}
+    (fn,) = [fn for fn, _ in cm.record.kernels.values()]
+    (conv,) = [b.value for blk in fn.body.blocks for b in blk.bindings if op_name(b.value) == "conv2d"]
+    assert int(conv.attrs.groups) == attrs["group"]
+
+
+def test_grouped_phase_weight_is_each_groups_phase_weight_in_turn():
+    from tvmfuse.passes.conv_transpose import phase_weight
+
+    w = RNG.standard_normal((6, 2, 3, 3))
+    v = phase_weight(w, (2, 2), groups=3)
+    assert v.shape == (3 * 2 * 4, 2, 2, 2)
+    for g in range(3):
+        np.testing.assert_array_equal(v[g * 8:(g + 1) * 8], phase_weight(w[g * 2:(g + 1) * 2], (2, 2)))
+
+
+def test_a_dilated_transposed_conv_keeps_tvms_kernel_and_still_matches():
+    w = numpy_helper.from_array(RNG.standard_normal((8, 4, 2, 2)).astype("float32"), "W")
+    model = make_model([helper.make_node("ConvTranspose", ["x", "W"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                                         dilations=[2, 2])], [("x", [1, 8, 6, 6])], [("y", None)], [w])
     x = {"x": RNG.standard_normal((1, 8, 6, 6)).astype("float32")}
     cm = tvmfuse.compile(model, target=HOST)
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)

@@ -15,7 +15,9 @@ The conv runs on the conv2d family's kernel, and a following per-channel bias ``
 output channel's bias repeated ``s*s`` times). For ``k = 3, s = 2`` the 2x2 phase kernels hold 16 taps for
 the 9 of the kernel: twice the multiply-adds, on a kernel that runs them ~100x faster.
 
-Groups other than 1 and dilation keep TVM's default kernel.
+A grouped transposed conv becomes a grouped phase conv: each group's phases are a block of its output channels
+(U-Net's depthwise 2x2 stride-2 upsampling is a 1x1 conv with 4 outputs per channel). Dilation keeps TVM's
+default kernel.
 """
 
 from __future__ import annotations
@@ -38,15 +40,20 @@ def _rewritable(call) -> bool:
     a = call.attrs
     w = const_array(call.args[1])
     xs = static_shape(call.args[0])
-    return (w is not None and w.ndim == 4 and xs is not None and len(xs) == 4 and int(a.groups) == 1
-            and all(int(d) == 1 for d in a.dilation) and all(int(s) >= 1 for s in a.strides)
+    return (w is not None and w.ndim == 4 and xs is not None and len(xs) == 4 and int(a.groups) >= 1
+            and w.shape[0] % int(a.groups) == 0 and all(int(d) == 1 for d in a.dilation) and all(int(s) >= 1 for s in a.strides)
             and all(int(p) >= 0 for p in a.padding) and len(a.padding) == 4
             and (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "IOHW", "NCHW")
             and (a.out_dtype is None or str(a.out_dtype) in ("", str(call.args[0].ty.dtype))))
 
 
-def phase_weight(w: np.ndarray, strides: tuple[int, int]) -> np.ndarray:
-    """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I, Mh, Mw]``."""
+def phase_weight(w: np.ndarray, strides: tuple[int, int], groups: int = 1) -> np.ndarray:
+    """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I/groups, Mh, Mw]``.
+
+    With groups, each group's phases are its own block of output channels (group-major, as a grouped conv
+    and the depth-to-space after it both want)."""
+    if groups > 1:
+        return np.concatenate([phase_weight(part, strides) for part in np.split(w, groups, axis=0)])
     c_in, c_out, kh, kw = w.shape
     (sh, sw), mh, mw = strides, math.ceil(kh / strides[0]), math.ceil(kw / strides[1])
     v = np.zeros((c_out, sh, sw, c_in, mh, mw), w.dtype)
@@ -82,14 +89,17 @@ class _Rewrite(relax.PyExprMutator):
         if not _rewritable(call):
             return None
         a, w = call.attrs, const_array(call.args[1])
-        _, c_out, kh, kw = w.shape
+        groups = int(a.groups)
+        _, c_group, kh, kw = w.shape
+        c_out = c_group * groups
         n, _, h, wd = static_shape(call.args[0])
         (sh, sw), pad, extra = (tuple(int(v) for v in a.strides), [int(v) for v in a.padding],
                                 [int(v) for v in a.output_padding])
         top, bottom, qh, y0, y1 = _axis(h, kh, sh, pad[0], pad[2], extra[0])
         left, right, qw, x0, x1 = _axis(wd, kw, sw, pad[1], pad[3], extra[1])
-        weight = relax.const(phase_weight(w, (sh, sw)), str(w.dtype))
-        conv = self.builder_.emit(relax.op.nn.conv2d(call.args[0], weight, padding=[top, left, bottom, right]))
+        weight = relax.const(phase_weight(w, (sh, sw), groups), str(w.dtype))
+        conv = self.builder_.emit(relax.op.nn.conv2d(call.args[0], weight, padding=[top, left, bottom, right],
+                                                     groups=groups))
         crop = None if (y0, y1, x0, x1) == (0, qh * sh, 0, qw * sw) else (y0, y1, x0, x1)
         return self._depth_to_space(conv, (n, c_out, qh, qw, sh, sw, crop))
 
