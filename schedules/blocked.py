@@ -72,6 +72,18 @@ def unpack_conv_weight(packed: np.ndarray) -> np.ndarray:
     return packed.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, h, w)
 
 
+def pack_dense_weight(weight: np.ndarray, n_block: int) -> np.ndarray:
+    """A dense's ``[K, N]`` weight -> ``[N/n_block, K, n_block]``: the panel of one column tile is contiguous."""
+    k, n = weight.shape
+    return np.ascontiguousarray(weight.reshape(k, n // n_block, n_block).transpose(1, 0, 2))
+
+
+def unpack_dense_weight(packed: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_dense_weight`."""
+    panels, k, n_block = packed.shape
+    return packed.transpose(1, 0, 2).reshape(k, panels * n_block)
+
+
 def pack_depthwise_weight(weight: np.ndarray, block: int) -> np.ndarray:
     """``[C, 1, kh, kw] -> [C/block, kh, kw, block]``."""
     c, _, h, w = weight.shape
@@ -219,7 +231,8 @@ class KernelLayout:
     """How a kernel's arguments differ from its partition function's (NCHW activations, OIHW weights).
 
     ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`pack_weight`),
-    ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`) or ``("depthwise", b)``;
+    ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`), ``("depthwise", b)`` or
+    ``("dense", n_block)`` (:func:`pack_dense_weight`);
     ``activations``: parameter index -> block of an input
     passed NCHW[b]c; ``out_block``: the output's block (None: NCHW).
     """
@@ -238,11 +251,11 @@ class KernelLayout:
     def blocked(self) -> bool:
         return self.out_block is not None
 
-    def describe(self) -> str:
-        text = f"NCHW{self.out_block}c" if self.blocked else "NCHW"
+    def describe(self, activations: str = "NCHW") -> str:
+        text = f"NCHW{self.out_block}c" if self.blocked else activations
         for kind, *blocks in self.weights.values():
             text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c",
-                                   "winograd": "Winograd F(2x2,3x3) {1}o"}[kind].format(*blocks)
+                                   "winograd": "Winograd F(2x2,3x3) {1}o", "dense": "NK{}n"}[kind].format(*blocks)
         return text
 
     def shape(self, index: int, shape: list[int]) -> list[int]:
@@ -252,6 +265,9 @@ class KernelLayout:
         if index not in self.weights:
             return shape
         kind, *b = self.weights[index]
+        if kind == "dense":
+            k, n = shape
+            return [n // b[0], k, b[0]]
         o, i, h, w = shape
         if kind == "oc":
             return [o // b[0], i, h, w, b[0]]
@@ -280,6 +296,6 @@ class KernelLayout:
 
 
 _PACK = {"oc": pack_weight, "conv": pack_conv_weight, "depthwise": pack_depthwise_weight,
-         "winograd": winograd.pack_weight}
+         "winograd": winograd.pack_weight, "dense": pack_dense_weight}
 _UNPACK = {"oc": unpack_weight, "conv": unpack_conv_weight, "depthwise": unpack_depthwise_weight,
-           "winograd": winograd.unpack_weight}
+           "winograd": winograd.unpack_weight, "dense": unpack_dense_weight}

@@ -147,8 +147,15 @@ def group_conv2d(call, data, weight, lanes: int | None = None):
 
 
 def dense(call, data, weight, lanes: int | None = None):
+    """``data[M, K] x weight[K, N]``; a 3-D weight is packed ``[N/n_block, K, n_block]``
+    (:func:`blocked.pack_dense_weight`). Both name the product ``T_matmul_NN``, as topi does."""
     del lanes
-    return topi.nn.matmul(data, weight)
+    if len(weight.shape) == 2:
+        return topi.nn.matmul(data, weight)
+    (m, k), (panels, _, n_block) = ([int(d) for d in data.shape], [int(d) for d in weight.shape])
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((m, panels * n_block), lambda i, j: te.sum(data[i, r] * weight[j // n_block, r, j % n_block],
+                                                                  axis=r), name="T_matmul_NN", tag="matmul")
 
 
 def conv2d_blocked(call, data, weight):
@@ -331,7 +338,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
 
     The anchor is computed by its family's compute (:mod:`.families`), the epilogue by :data:`TE_OPS`.
     NCHW (``blocks`` None): with ``oc_block``, a conv2d of family conv2d reads its weight parameter packed by
-    :func:`pack_weight`; with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
+    :func:`pack_weight`, a dense its weight in panels of ``oc_block`` columns (:func:`blocked.pack_dense_weight`); with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
     Blocked (``blocks``: parameter index -> block of each activation passed NCHW[b]c, see :func:`blockable`):
     the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``.
     """
@@ -346,6 +353,9 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
         if oc_block and weight is not None and family.name == "conv2d" and \
                 int(anchor.args[1].ty.shape[0]) % oc_block == 0:
             layout.weights[weight] = ("oc", oc_block)
+        if oc_block and weight is not None and family.name == "dense" and \
+                int(anchor.args[1].ty.shape[1]) % oc_block == 0:
+            layout.weights[weight] = ("dense", oc_block)
         te_ops = TE_OPS
         anchor_compute = functools.partial(family.fp32_compute(), lanes=lanes) if family is not None else None
     env, inputs = {}, []

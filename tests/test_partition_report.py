@@ -71,10 +71,11 @@ def test_kernels_carry_family_and_layout():
     kernels = {gv.name_hint: f for gv, f in cm.mod.functions_items() if gv.name_hint.startswith("tvmfuse_")}
     layouts = {str(f.attrs["tvmfuse.family"]): str(f.attrs["tvmfuse.layout"]) for f in kernels.values()}
     # Convs write blocked NCHW[b]c and read weights packed for it (the stem reads the plain 3-channel input);
-    # dense keeps NC.
+    # dense reads NC data and its weight packed in panels of the tile's columns.
     b = blocked.block_for(16, targets.resolve(HOST).vector_bits() // 32)
     assert layouts["conv2d_nchwc"].startswith(f"NCHW{b}c, weight OIHW") and layouts["conv2d_nchwc"].endswith(f"{b}o")
-    assert layouts["depthwise_conv2d_nchwc"] == f"NCHW{b}c, weight CHW{b}c" and layouts["dense"] == "NC"
+    assert layouts["depthwise_conv2d_nchwc"] == f"NCHW{b}c, weight CHW{b}c"
+    assert layouts["dense"].startswith("NC, weight NK") and layouts["dense"].endswith("n")
     nchw = tvmfuse.compile("zoo:tiny_convnet", target=HOST, layout="nchw")
     families = {str(f.attrs["tvmfuse.family"]) for gv, f in nchw.mod.functions_items() if gv.name_hint.startswith("tvmfuse_")}
     assert families == {"conv2d", "depthwise_conv2d", "dense"}

@@ -15,7 +15,7 @@ from tvm import s_tir, tirx
 from .. import families
 from ..backend import Backend as _Base
 from ..common import block_names, lanes
-from . import conv2d, fused, generic, softmax
+from . import conv2d, dense, fused, generic, softmax
 
 NAME = "x86"
 # kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
@@ -24,11 +24,15 @@ RULES = {name: importlib.import_module(f"{__name__}.{k.rules[NAME]}")
 
 
 def weight_block(fn, vector_bits: int) -> int | None:
-    """oc_block to pre-pack a partition's conv2d weight with (None: keep OIHW)."""
+    """oc_block to pre-pack a partition's conv2d weight with, or a dense's column panel (None: keep as is)."""
     from ..compute import anchor_call
 
     call = anchor_call(fn)
-    if call is None or families.family_of(call).name != "conv2d":
+    family = families.family_of(call).name if call is not None else None
+    if family == "dense":
+        (m, k), n = (int(d) for d in call.args[0].ty.shape), int(call.ty.shape[-1])
+        return dense.default_config(n, k, lanes(vector_bits), m).n_block
+    if family != "conv2d":
         return None
     out_channels, out_width = int(call.ty.shape[1]), int(call.ty.shape[3])
     weight = [int(d) for d in call.args[1].ty.shape]

@@ -78,7 +78,9 @@ def _depthwise_config(sch, block, lanes: int) -> depthwise_conv2d.Config:
 def _dense_config(sch, block, lanes: int) -> dense.Config:
     _, n, k = _extents(sch, block)
     base = dense.default_config(n, k, lanes)
-    n_block = _pick(sch, _divisors(n, 8 * lanes), base.n_block)
+    panel = dense.packed_block(sch, block) or 1  # a tile reads whole panels of a packed weight
+    default = base.n_block if base.n_block % panel == 0 else panel
+    n_block = _pick(sch, [d for d in _divisors(n, 8 * lanes) if d % panel == 0], default)
     k_unroll = _pick(sch, [u for u in (1, 2, 4, 8) if k % u == 0], base.k_unroll)
     return dense.Config(n_block, k_unroll)
 

@@ -132,12 +132,15 @@ def test_dense_default_config_rows(args, expected):
 @pytest.mark.parametrize("m,k,n", [(40, 120, 96), (6, 24, 32), (31, 256, 384), (23, 40, 16)])
 def test_dense_row_tile(m, k, n):
     model, w, b = _dense_model(m, k, n, seed=m)
-    func, _ = make_kernel(_partition_fn(model), targets.resolve(HOST))
-    assert dense.default_config(n, k, _host_lanes(), m).m_block > 1
+    func, layout = make_kernel(_partition_fn(model), targets.resolve(HOST))
+    cfg = dense.default_config(n, k, _host_lanes(), m)
+    assert cfg.m_block > 1
+    assert layout.weights == {1: ("dense", cfg.n_block)}  # the weight is read in panels of a tile's columns
     s = Structure(func)
     assert s.loops["T_matmul_NN_update"][-2].kind == ForKind.UNROLLED  # the rows of the register tile
     x = np.random.default_rng(3).standard_normal((m, k)).astype("float32")
-    np.testing.assert_allclose(_run(func, x, w, b), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+    got = _run(func, x, layout.pack(1, w), b)
+    np.testing.assert_allclose(got, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("m,k,n,parallel", [(1, 48, 192, False), (1, 48, 144, False), (31, 256, 384, True),
@@ -146,11 +149,12 @@ def test_dense_runs_on_one_core_below_its_parallel_work(m, k, n, parallel):
     # An LSTM's recurrent step ([1, 48] x [48, 192]) is ~1 us of work: launching both cores cost CRNN 4-6 %
     # end to end (Zen 4); a classifier or an input projection still splits over the cores.
     model, w, b = _dense_model(m, k, n, seed=k)
-    func, _ = make_kernel(_partition_fn(model), targets.resolve(HOST))
+    func, layout = make_kernel(_partition_fn(model), targets.resolve(HOST))
     assert (m * k * n >= dense.PARALLEL_MACS) == parallel
     assert (ForKind.PARALLEL in Structure(func).kinds()) == parallel
     x = np.random.default_rng(4).standard_normal((m, k)).astype("float32")
-    np.testing.assert_allclose(_run(func, x, w, b), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+    got = _run(func, x, layout.pack(1, w), b)
+    np.testing.assert_allclose(got, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("m,budget,expected", [(31, 20, 16), (31, 10, 8), (40, 10, 10), (40, 20, 20),
@@ -194,14 +198,14 @@ def test_dense_unit_tile(m, k, n):
     model, w, b = _dense_model(m, k, n, seed=n)
     assert int(_partition_fn(model).params[1].ty.shape[1]) == -(-n // 16) * 16
     func, layout = make_kernel(_partition_fn(model, skip=("PadDenseColumns",)), targets.resolve(HOST))
-    assert layout.packed == {}
     assert dense.default_config(n, k, _host_lanes()).n_block == 1
+    assert layout.weights == {1: ("dense", 1)}  # a column's K weights are contiguous
     s = Structure(func)
     assert ForKind.UNROLLED in s.kinds() and ForKind.PARALLEL not in s.kinds()  # the rule's tile, on one core
     assert not s.vectorized_not_innermost()
     assert all(l.kind != ForKind.VECTORIZED for l in s.loops["T_matmul_NN_update"][:-1])
     x = np.random.default_rng(2).standard_normal((m, k)).astype("float32")
-    out = _run(func, x, w, b)
+    out = _run(func, x, layout.pack(1, w), b)
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
 
 

@@ -62,7 +62,7 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = Tr
         if schedule:
             func = backend.schedule(func.with_attr("tvmfuse.family", pc.family))
     name = str(fn.attrs["Composite"])
-    layout = pc.layout.describe() if pc.family != "dense" else "NC"
+    layout = pc.layout.describe("NC" if pc.family == "dense" else "NCHW")
     return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family, "tvmfuse.layout": layout,
                             "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.layout
 
