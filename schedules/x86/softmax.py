@@ -1,8 +1,8 @@
 """Softmax along the last axis on x86 (the compute is :func:`..compute.softmax`): one row per task.
 
-Each row (all axes but the last, fused, in parallel) runs four passes over its values while they stay in
-L1: the max (vector partials, rfactor), ``exp(x - max)`` stored once, the sum of those (vector partials),
-then the stored exponentials times one reciprocal of the sum. The default path ran each pass over the whole
+Each row (all axes but the last, fused, in parallel) runs three passes over its values while they stay in
+cache: the max (vector partials, rfactor), ``exp(x - max)`` stored once and added to the sum's vector
+partials as it is stored, then the stored exponentials times one reciprocal of the sum. The default path ran each pass over the whole
 tensor as its own parallel loop, computed every exponential twice (once for the sum, once for the output;
 inlined) and divided per element: PP-OCRv6 tiny rec's 40 x 6912 head took 155-172 us on Zen 4, 2.3x
 onnxruntime's Softmax.
@@ -65,6 +65,16 @@ def _reduce_row(sch: s_tir.Schedule, block, spatial: int, lanes: int):
     return sch.rfactor(lane, spatial)
 
 
+def _sum_with_exponentials(sch: s_tir.Schedule, partial) -> None:
+    """Move the sum's vector partials into the exponentials' loop: each vector of ``exp(x - max)`` is added
+    to the partials as it is stored, instead of read back in a pass of its own (40 x 18720: 150 -> 137 us
+    alone on Zen 4). The partials' zeroing goes before that loop."""
+    step = sch.get_loops(sch.get_sblock(EXP))[-2]
+    sch.reverse_compute_at(partial, step)
+    sch.vectorize(sch.get_loops(partial)[-1])
+    sch.decompose_reduction(partial, step)
+
+
 def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
     """Apply the rule to ``sch`` in place; False when the kernel is not a softmax along the last of two or
     more axes whose neighbours inline (``sch`` may then be partly changed: :func:`scheduled` starts afresh)."""
@@ -86,16 +96,16 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
         sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         if name in partials:
             sch.compute_at(partials[name], row, preserve_unit_loops=True)
+    if rows > 1 and rows * width >= PARALLEL_MIN:
+        sch.parallel(row)  # before decompose_reduction, which leaves the row without compact dataflow
     if vector:
         _vectorize_row(sch, sch.get_loops(norm)[-1], lanes)
         _vectorize_row(sch, sch.get_loops(sch.get_sblock(EXP))[-1], lanes)
-        for partial in partials.values():  # under the row: lane, unit loops, then the reduction loop
-            loops = sch.get_loops(partial)
-            lane, step = loops[1], loops[-1]
-            sch.reorder(step, lane)
-            sch.vectorize(lane)
-    if rows > 1 and rows * width >= PARALLEL_MIN:
-        sch.parallel(row)
+        loops = sch.get_loops(partials[MAX])  # under the row: lane, unit loops, then the reduction loop
+        lane, step = loops[1], loops[-1]
+        sch.reorder(step, lane)
+        sch.vectorize(lane)
+        _sum_with_exponentials(sch, partials[SUM])
     return True
 
 

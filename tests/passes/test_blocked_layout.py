@@ -196,6 +196,12 @@ def test_weight_packing_round_trips():
     plain = layout.plain([layout.pack(0, dw), x5])
     np.testing.assert_array_equal(plain[0], dw)
     np.testing.assert_array_equal(plain[1][0, 9], x5[0, 1, :, :, 1])
+    dn = rng.standard_normal((24, 96)).astype("float32")  # a dense's [K, N] weight, panels of 32 columns
+    layout = blocked.KernelLayout({1: ("dense", 32)})
+    packed = layout.pack(1, dn)
+    assert packed.shape == tuple(layout.shape(1, [24, 96])) == (3, 24, 32) and packed.flags.c_contiguous
+    assert packed[2, 5, 7] == dn[5, 2 * 32 + 7]
+    np.testing.assert_array_equal(layout.plain([None, packed, None])[1], dn)
 
 
 def test_block_for_picks_whole_vectors_then_eight():
@@ -331,9 +337,3 @@ def test_conv_row_block_moves_the_parallel_axis_and_keeps_the_numbers(row_block)
     lib["main"](*[tvm.runtime.tensor(np.array(a, order="C")) for a in arrays], out)
     got = layout.plain(arrays + [out.numpy()])[-1]
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
-    dn = rng.standard_normal((24, 96)).astype("float32")  # a dense's [K, N] weight, panels of 32 columns
-    layout = blocked.KernelLayout({1: ("dense", 32)})
-    packed = layout.pack(1, dn)
-    assert packed.shape == tuple(layout.shape(1, [24, 96])) == (3, 24, 32) and packed.flags.c_contiguous
-    assert packed[2, 5, 7] == dn[5, 2 * 32 + 7]
-    np.testing.assert_array_equal(layout.plain([None, packed, None])[1], dn)

@@ -61,9 +61,11 @@ def test_one_parallel_row_loop_holds_every_pass():
     rows = [_loops(sch, name)[0] for name in ("softmax_max", "T_fast_exp", "softmax_sum", "softmax_norm")]
     assert all(loop.same_as(rows[0]) for loop in rows)
     assert rows[0].kind == ForKind.PARALLEL and int(rows[0].extent) == 40
-    for name in ("T_fast_exp", "softmax_norm", "softmax_max_rf", "softmax_sum_rf"):
+    for name in ("T_fast_exp", "softmax_norm", "softmax_max_rf", "softmax_sum_rf_update"):
         inner = _loops(sch, name)[-1]
         assert inner.kind == ForKind.VECTORIZED and int(inner.extent) == LANES, name
+    # each vector of exponentials is added to the sum's partials in the loop that stores it (no pass of its own)
+    assert _loops(sch, "softmax_sum_rf_update")[-2].same_as(_loops(sch, "T_fast_exp")[-2])
 
 
 def test_each_exponential_is_computed_once_and_rows_multiply_by_a_reciprocal():
