@@ -16,7 +16,7 @@ import dataclasses
 import tvm
 from tvm import s_tir, tirx
 
-from ..common import block_names
+from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
 from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc
 
@@ -76,13 +76,17 @@ def _depthwise_config(sch, block, lanes: int) -> depthwise_conv2d.Config:
 
 
 def _dense_config(sch, block, lanes: int) -> dense.Config:
-    _, n, k = _extents(sch, block)
-    base = dense.default_config(n, k, lanes)
-    panel = dense.packed_block(sch, block) or 1  # a tile reads whole panels of a packed weight
-    default = base.n_block if base.n_block % panel == 0 else panel
-    n_block = _pick(sch, [d for d in _divisors(n, 8 * lanes) if d % panel == 0], default)
+    """Rows per register tile and K unrolling; the columns are fixed as the rule fixes them, whole panels of
+    the packed weight (a tile of another width would read parts of two)."""
+    m, n, k = _extents(sch, block)
+    base = dense.default_config(n, k, lanes, m)
+    panel = dense.packed_block(sch, block)
+    n_block = base.n_block if panel is None or base.n_block % panel == 0 else panel
+    vectors = -(-n_block // (dividing_vector(n_block, lanes) or n_block))
+    budget = max(1, dense.accumulators(lanes) // vectors)
+    m_block = _pick(sch, [d for d in _divisors(m, budget)], base.m_block)
     k_unroll = _pick(sch, [u for u in (1, 2, 4, 8) if k % u == 0], base.k_unroll)
-    return dense.Config(n_block, k_unroll)
+    return dense.Config(n_block, k_unroll, m_block)
 
 
 def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:

@@ -52,6 +52,24 @@ def test_template_default_decisions_equal_the_hand_schedule():
     tvm.ir.assert_structural_equal(out.mod["main"], conv2d.apply(func, 8))
 
 
+@pytest.mark.parametrize("m,k,n,panel", [(1, 64, 96, 32), (40, 24, 64, 32)])
+def test_dense_template_keeps_the_packed_panel_and_its_trace_serializes(m, k, n, panel):
+    # The columns are the weight's packed panel; rows and K unrolling are the knobs. A column knob once
+    # reached the trace as FloorDiv(n_block, n_block), which MetaSchedule cannot write to its log: every
+    # dense tuning task failed.
+    from tvmfuse.schedules.compute import dense as dense_compute
+    from tvmfuse.schedules.x86 import dense
+
+    data = te.placeholder((m, k), name="p0")
+    weight = te.placeholder((n // panel, k, panel), name="p1")
+    func = te.create_prim_func([data, weight, dense_compute(None, data, weight)]).without_attr("global_symbol")
+    sch = s_tir.Schedule(templates.annotate(func, "dense"))
+    (out,) = templates.template("dense", 16)(sch, sch.get_sblock(dense.ANCHOR))
+    assert [i.kind.name for i in out.trace.insts].count("SampleCategorical") == 2  # rows, K unrolling
+    assert "FloorDiv" not in str(out.trace.as_python())
+    tvm.ir.assert_structural_equal(out.mod["main"], dense.apply(func, 16))
+
+
 @pytest.mark.slow
 def test_tiny_tuning_run_is_correct(tmp_path):
     from tvm.s_tir import meta_schedule as ms
