@@ -338,7 +338,8 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
 
     The anchor is computed by its family's compute (:mod:`.families`), the epilogue by :data:`TE_OPS`.
     NCHW (``blocks`` None): with ``oc_block``, a conv2d of family conv2d reads its weight parameter packed by
-    :func:`pack_weight`, a dense its weight in panels of ``oc_block`` columns (:func:`blocked.pack_dense_weight`); with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
+    :func:`pack_weight`, a dense its weight in panels of ``oc_block`` columns (:func:`blocked.pack_dense_weight`);
+    with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
     Blocked (``blocks``: parameter index -> block of each activation passed NCHW[b]c, see :func:`blockable`):
     the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``.
     """

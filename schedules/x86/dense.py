@@ -105,7 +105,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     n, k_extent, m = (int(sch.get(loop).extent) for loop in (j, k, i))
     cfg = config or default_config(n, k_extent, vector_lanes, m)
     panel = packed_block(sch, anchor)
-    if panel is not None and isinstance(cfg.n_block, int) and cfg.n_block % panel:
+    if panel is not None and cfg.n_block % panel:
         cfg = dataclasses.replace(cfg, n_block=panel)  # a tile reads whole panels
     epilogue = inline_epilogue(sch, ANCHOR)
     i_o, i_i = sch.split(i, [None, cfg.m_block])
