@@ -90,6 +90,12 @@ def packed_block(sch: s_tir.Schedule, anchor) -> int | None:
     return next((shape[2] for shape in shapes if len(shape) == 3), None)
 
 
+def whole_panels(n_block: int, panel: int | None) -> int:
+    """The tile's columns: ``n_block`` when it covers whole panels of a packed weight (or the weight is plain),
+    else one panel (a tile of another width would read parts of two)."""
+    return n_block if panel is None or n_block % panel == 0 else panel
+
+
 def apply(func: tirx.PrimFunc, vector_lanes: int, config: Config | None = None) -> tirx.PrimFunc | None:
     """Schedule ``func`` (a fused partition kernel); None when it is not this rule's kernel."""
     sch = s_tir.Schedule(func)
@@ -104,9 +110,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     anchor, (i, j, k) = match
     n, k_extent, m = (int(sch.get(loop).extent) for loop in (j, k, i))
     cfg = config or default_config(n, k_extent, vector_lanes, m)
-    panel = packed_block(sch, anchor)
-    if panel is not None and cfg.n_block % panel:
-        cfg = dataclasses.replace(cfg, n_block=panel)  # a tile reads whole panels
+    cfg = dataclasses.replace(cfg, n_block=whole_panels(cfg.n_block, packed_block(sch, anchor)))
     epilogue = inline_epilogue(sch, ANCHOR)
     i_o, i_i = sch.split(i, [None, cfg.m_block])
     vector = dividing_vector(cfg.n_block, vector_lanes) or cfg.n_block

@@ -76,15 +76,14 @@ def _depthwise_config(sch, block, lanes: int) -> depthwise_conv2d.Config:
 
 
 def _dense_config(sch, block, lanes: int) -> dense.Config:
-    """Rows per register tile and K unrolling; the columns are fixed as the rule fixes them, whole panels of
-    the packed weight (a tile of another width would read parts of two)."""
+    """Rows per register tile and K unrolling; the columns are fixed as the rule fixes them
+    (:func:`dense.whole_panels` of the packed weight)."""
     m, n, k = _extents(sch, block)
     base = dense.default_config(n, k, lanes, m)
-    panel = dense.packed_block(sch, block)
-    n_block = base.n_block if panel is None or base.n_block % panel == 0 else panel
+    n_block = dense.whole_panels(base.n_block, dense.packed_block(sch, block))
     vectors = -(-n_block // (dividing_vector(n_block, lanes) or n_block))
     budget = max(1, dense.accumulators(lanes) // vectors)
-    m_block = _pick(sch, [d for d in _divisors(m, budget)], base.m_block)
+    m_block = _pick(sch, _divisors(m, budget), base.m_block)
     k_unroll = _pick(sch, [u for u in (1, 2, 4, 8) if k % u == 0], base.k_unroll)
     return dense.Config(n_block, k_unroll, m_block)
 

@@ -60,6 +60,24 @@ def test_db_head_matches_onnxruntime_on_conv_kernels(bias):
                 and gv.name_hint.endswith("reshape1")]
 
 
+def _compiled_matches_onnxruntime(attrs, w_shape, x_shape):
+    """A biased ``ConvTranspose`` (weight ``w_shape``, IOHW per group) compiled for the host; checks it against
+    onnxruntime and returns the compiled model and its one kernel's function."""
+    out_channels = w_shape[1] * attrs.get("group", 1)
+    w = numpy_helper.from_array(RNG.standard_normal(w_shape).astype("float32"), "W")
+    b = numpy_helper.from_array(RNG.standard_normal(out_channels).astype("float32"), "B")
+    model = make_model([helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)], [("x", list(x_shape))],
+                       [("y", None)], [w, b])
+    x = {"x": RNG.standard_normal(x_shape).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    got, want = cm.run(x)[0], ort_run(model, x)[0]
+    assert got.shape == want.shape
+    # float32 sums in another order: |y| reaches ~20 here
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    (fn,) = [fn for fn, _ in cm.record.kernels.values()]
+    return cm, fn
+
+
 GENERAL_FORMS = [  # U-Net (3x3 s2 p1 op1), DCGAN (4x4 s2 p1), stride 1, output padding past the last tap,
     # unequal kernel/stride/padding per axis, a 1x1 kernel smaller than its stride
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
@@ -74,18 +92,8 @@ GENERAL_FORMS = [  # U-Net (3x3 s2 p1 op1), DCGAN (4x4 s2 p1), stride 1, output 
 
 @pytest.mark.parametrize("attrs", GENERAL_FORMS)
 def test_padded_and_overlapping_transposed_convs_run_on_conv_kernels(attrs):
-    w = numpy_helper.from_array(RNG.standard_normal((8, 5, *attrs["kernel_shape"])).astype("float32"), "W")
-    b = numpy_helper.from_array(RNG.standard_normal(5).astype("float32"), "B")
-    model = make_model([helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)], [("x", [1, 8, 6, 7])],
-                       [("y", None)], [w, b])
-    x = {"x": RNG.standard_normal((1, 8, 6, 7)).astype("float32")}
-    cm = tvmfuse.compile(model, target=HOST)
-    got, want = cm.run(x)[0], ort_run(model, x)[0]
-    assert got.shape == want.shape
-    # float32 sums in another order: |y| reaches ~20 here
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    cm, fn = _compiled_matches_onnxruntime(attrs, (8, 5, *attrs["kernel_shape"]), (1, 8, 6, 7))
     assert "conv2d_transpose" not in _ops(cm)
-    (fn,) = [fn for fn, _ in cm.record.kernels.values()]
     assert [op_name(b.value) for blk in fn.body.blocks for b in blk.bindings] == ["conv2d", "add"]
 
 
@@ -132,17 +140,8 @@ GROUPED_FORMS = [  # U-Net's depthwise 2x2 stride-2 upsampling, two channels per
 
 @pytest.mark.parametrize("attrs,w_shape", GROUPED_FORMS)
 def test_grouped_transposed_convs_run_as_a_grouped_phase_conv(attrs, w_shape):
-    w = numpy_helper.from_array(RNG.standard_normal(w_shape).astype("float32"), "W")
-    b = numpy_helper.from_array(RNG.standard_normal(w_shape[1] * attrs["group"]).astype("float32"), "B")
-    model = make_model([helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)], [("x", [1, 8, 6, 6])],
-                       [("y", None)], [w, b])
-    x = {"x": RNG.standard_normal((1, 8, 6, 6)).astype("float32")}
-    cm = tvmfuse.compile(model, target=HOST)
-    got, want = cm.run(x)[0], ort_run(model, x)[0]
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    cm, fn = _compiled_matches_onnxruntime(attrs, w_shape, (1, 8, 6, 6))
     assert _ops(cm) == {"permute_dims"}
-    (fn,) = [fn for fn, _ in cm.record.kernels.values()]
     (conv,) = [b.value for blk in fn.body.blocks for b in blk.bindings if op_name(b.value) == "conv2d"]
     assert int(conv.attrs.groups) == attrs["group"]
 

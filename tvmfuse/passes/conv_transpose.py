@@ -41,7 +41,8 @@ def _rewritable(call) -> bool:
     w = const_array(call.args[1])
     xs = static_shape(call.args[0])
     return (w is not None and w.ndim == 4 and xs is not None and len(xs) == 4 and int(a.groups) >= 1
-            and w.shape[0] % int(a.groups) == 0 and all(int(d) == 1 for d in a.dilation) and all(int(s) >= 1 for s in a.strides)
+            and w.shape[0] % int(a.groups) == 0 and all(int(d) == 1 for d in a.dilation)
+            and all(int(s) >= 1 for s in a.strides)
             and all(int(p) >= 0 for p in a.padding) and len(a.padding) == 4
             and (a.data_layout, a.kernel_layout, a.out_layout) == ("NCHW", "IOHW", "NCHW")
             and (a.out_dtype is None or str(a.out_dtype) in ("", str(call.args[0].ty.dtype))))
