@@ -47,7 +47,7 @@ class Int8:
     # epilogue, **conv) -> te.Tensor
     pack: str | None  # "module.function" packing the OIHW / [N, K] int8 weight; None: used as is
     layout: str  # as recorded on the kernel (``tvmfuse.layout``)
-    activations: tuple = ("relu", "clip")
+    activations: tuple = ("relu", "clip", "hardswish")
     check: Callable | None = None  # anchor call -> why this anchor has no INT8 kernel, or None
     # "module.function" packing the weight for the NCHW16c kernel (uint8 activations blocked by 16 channels,
     # ``compute`` with ``out_layout="NCHW16c"``); None: the family's INT8 kernel reads and writes NCHW only.

@@ -21,6 +21,11 @@ Quantization convention (the rest of tvmfuse builds on it):
   (one rounding instead of two), so a float32 sum of two products is not reproducible by a numpy reference.
   In float64 both products are exact (``|acc| < 2**29``; ``r - zr`` has 9 bits, ``R`` 24), so fused or
   not, the sum is rounded once and the result is bit-exact.
+- Hardswish (:class:`HardSwish`): the activation is applied to the real value ``v`` (the float32 product
+  above, or the float64 sum with a residual), so ``M[o] = s_x * s_w[o]`` and ``R = s_r`` whatever the
+  output: ``y = v * (clip(v, lo - shift, hi - shift) + shift) * K`` with ``K = 1 / (6 s_y)`` (float32
+  output: ``1 / 6``), then rounded and offset by ``zy`` like any quantized output. Clipping before adding
+  the shift keeps every add away from a multiply, so no FMA can form and float32 stays bit-exact.
 - Weight layouts: conv2d OIHW -> ``[ceil(O/16), ceil(I/4), kh, kw, 16, 4]`` int8 (VNNI: the 16x4 block of
   one step is 64 contiguous bytes; O and I padded with zero weights); dense ``[N, K]`` (output features
   first, i.e. ONNX MatMul's ``[K, N]`` transposed) -> ``[ceil(N/16), ceil(K/4), 16, 4]``; depthwise keeps
@@ -69,6 +74,28 @@ class Residual:
 
 
 @dataclasses.dataclass(frozen=True)
+class HardSwish:
+    """``v * clip(v + shift, lo, hi) * scale`` on the real value ``v``: ONNX HardSwish is shift 3, lo 0, hi 6
+    and ``scale = 1/6``; a quantized output folds ``1 / s_y`` into ``scale`` (a float64 constant)."""
+
+    shift: float = 3.0
+    lo: float = 0.0
+    hi: float = 6.0
+    scale: float = 1.0 / 6.0
+
+    def __post_init__(self):
+        if not (np.isfinite(self.scale) and self.scale > 0 and self.lo <= self.hi):
+            raise Int8KernelError(f"INT8 epilogue: hardswish needs lo <= hi and a positive scale, got {self}")
+
+    def constants(self, dtype: str) -> tuple[float, float, float, float]:
+        """``(lo - shift, hi - shift, shift, scale)`` rounded to ``dtype``: the kernel computes the gate as
+        ``clip(v, lo - shift, hi - shift) + shift`` (the same value as ``clip(v + shift, lo, hi)`` for the
+        ONNX constants, where every bound is exact)."""
+        t = np.float32 if dtype == "float32" else np.float64
+        return tuple(float(t(v)) for v in (self.lo - self.shift, self.hi - self.shift, self.shift, self.scale))
+
+
+@dataclasses.dataclass(frozen=True)
 class Epilogue:
     """What the kernel does with its int32 accumulator (see the module docstring for the arithmetic).
 
@@ -81,6 +108,7 @@ class Epilogue:
     clip_min: float | None = None
     clip_max: float | None = None
     residual: Residual | None = None
+    hardswish: HardSwish | None = None  # applied to the real value before the output's rounding and clip
 
     def __post_init__(self):
         if self.out_dtype not in OUT_DTYPES:
@@ -109,13 +137,18 @@ class Epilogue:
     @classmethod
     def make(cls, out_dtype: str = "uint8", zero_point: int = 0, scale: float = 1.0, activation: str | None = None,
              residual: Residual | None = None) -> "Epilogue":
-        """An epilogue with ``activation`` (None, ``"relu"``, ``"relu6"``) as a clip in the output's domain.
+        """An epilogue with ``activation`` (None, ``"relu"``, ``"relu6"``, ``"hardswish"``).
 
-        ``scale`` is the output scale ``s_y`` (relu6's upper bound is ``zy + round(6 / s_y)``); unused for
-        float32 outputs, whose bounds are 0 and 6 themselves.
+        ``scale`` is the output scale ``s_y``: relu6's upper bound is ``zy + round(6 / s_y)``, a hardswish's
+        factor ``1 / (6 s_y)``; unused for float32 outputs, whose bounds are 0 and 6 themselves. With a
+        hardswish the multipliers and the residual's scale are in real units (see the module docstring).
         """
-        if activation not in (None, "relu", "relu6"):
-            raise Int8KernelError(f"INT8 epilogue: unsupported activation {activation!r} (None, 'relu', 'relu6')")
+        if activation not in (None, "relu", "relu6", "hardswish"):
+            raise Int8KernelError(f"INT8 epilogue: unsupported activation {activation!r} "
+                                  "(None, 'relu', 'relu6', 'hardswish')")
+        if activation == "hardswish":
+            factor = 1.0 / 6.0 if out_dtype == "float32" else 1.0 / (6.0 * scale)
+            return cls(out_dtype, int(zero_point), residual=residual, hardswish=HardSwish(3.0, 0.0, 6.0, factor))
         lo = hi = None
         if activation is not None:
             lo = 0.0 if out_dtype == "float32" else float(zero_point)
@@ -162,6 +195,11 @@ def _requantize(acc, scale, res, ep: Epilogue):
         value = (acc.astype("float64") * scale.astype("float64")
                  + shift.astype("float64") * tirx.const(ep.residual.scale, "float64"))
         dtype = "float64"
+    if ep.hardswish is not None:
+        # The gate clips before it adds: no multiply feeds an add, so nothing can fuse into an FMA.
+        lo, hi, shift, factor = ep.hardswish.constants(dtype)
+        gate = tirx.Min(tirx.Max(value, tirx.const(lo, dtype)), tirx.const(hi, dtype)) + tirx.const(shift, dtype)
+        value = value * gate * tirx.const(factor, dtype)
     if ep.quantized:
         value = tirx.nearbyint(value) + tirx.const(float(ep.zero_point), dtype)
     elif dtype != "float32":

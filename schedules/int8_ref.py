@@ -100,6 +100,10 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, resi
         shift = np.asarray(residual).astype(np.int32) - epilogue.residual.zero_point
         value = acc.astype(np.float64) * m.astype(np.float64) + shift.astype(np.float64) * np.float64(
             epilogue.residual.scale)
+    if epilogue.hardswish is not None:
+        t = value.dtype.type
+        lo, hi, shift, factor = epilogue.hardswish.constants(value.dtype.name)
+        value = value * (np.minimum(np.maximum(value, t(lo)), t(hi)) + t(shift)) * t(factor)
     if epilogue.quantized:
         value = np.rint(value) + value.dtype.type(epilogue.zero_point)
     else:

@@ -138,8 +138,9 @@ def test_ci_slice_matches_onnxruntime_in_both_layouts(seed):
 # ----------------------------------------------------------------------------------------------- INT8
 
 
-# depthwise with an int8 residual, dense at the ends of the ranges, depthwise 7x7 dilated strided to float32,
-# conv2d 7x7 with asymmetric pads and a residual, conv2d strided relu6 at the ends, conv2d dilated strided
+# depthwise with an int8 residual, dense hardswish at the ends of the ranges, depthwise 7x7 dilated strided
+# to float32, conv2d 7x7 with asymmetric pads and a residual, conv2d strided hardswish at the ends, conv2d
+# dilated strided relu6
 KERNEL_SEEDS = [1, 3, 9, 23, 35, 38]
 
 
@@ -147,6 +148,7 @@ def test_kernel_cases_cover_the_families_and_epilogues():
     cases = [int8.random_case(s) for s in KERNEL_SEEDS]
     assert {c.family for c in cases} == set(int8.FAMILIES)
     assert {c.out_dtype for c in cases} == {"uint8", "int8", "float32"} and any(c.residual for c in cases)
+    assert {c.activation for c in cases} == {None, "relu6", "hardswish"}
 
 
 @pytest.mark.parametrize("seed", KERNEL_SEEDS)

@@ -23,7 +23,7 @@ from tvmfuse.quant.table import CalibrationError
 
 from helpers import HOST
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, inverted_residual,
-                              residual_block, two_outputs)
+                              residual_block, spelt_hardswish, two_outputs)
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -49,15 +49,15 @@ def tiny_int8():
 
 def test_tiny_convnet_int8_is_close_to_fp32(tiny_int8, tiny_compiled):
     q = tiny_int8.quantization
-    assert (q["int8_partitions"], q["fp32_partitions"], q["method"], q["calibrated"]) == (6, 1, "entropy", True)
-    assert q["fp32_reasons"][0]["reason"] == "epilogue hardswish has no INT8 kernel"
+    assert (q["int8_partitions"], q["fp32_partitions"], q["method"], q["calibrated"]) == (7, 0, "entropy", True)
+    assert q["fp32_reasons"] == []
     assert _relative_error(tiny_int8, tiny_compiled, _random_batches((1, 3, 32, 32), 4, 9, "input")) < TOLERANCE
 
 
 def test_export_and_load_run_the_int8_model(tiny_int8, tmp_path):
     path = tiny_int8.export(tmp_path / "tiny_int8.so")
     manifest = json.loads(path.with_suffix(".json").read_text())
-    assert manifest["quantization"]["int8_partitions"] == 6 and manifest["quantization"]["table"] is None
+    assert manifest["quantization"]["int8_partitions"] == 7 and manifest["quantization"]["table"] is None
     assert any(k.startswith("tvmfuse_int8_depthwise_conv2d") for k in manifest["kernels"])
     loaded = tvmfuse.load(path)
     batch = _random_batches((1, 3, 32, 32), 1, 5, "input")[0]
@@ -76,6 +76,15 @@ def test_residual_block_int8_is_close_to_fp32(method):
     kernels = [f for gv, f in cm.lowered.functions_items()
                if getattr(f, "attrs", None) and str(f.attrs.get("tvmfuse.family", "")).startswith("int8_")]
     assert len(kernels) == 2 and all("T.parallel" in f.script() for f in kernels)
+
+
+@pytest.mark.parametrize("spelling", ["paddle", "torch"])
+def test_hardswish_int8_is_close_to_fp32(spelling):
+    model = spelt_hardswish(spelling)
+    calib = _random_batches((1, 3, 8, 8), 8, 3)
+    cm = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST)
+    assert (cm.quantization["int8_partitions"], cm.quantization["fp32_partitions"]) == (3, 0)
+    assert _relative_error(cm, tvmfuse.compile(model, target=HOST), calib) < TOLERANCE
 
 
 def test_max_pool_of_uint8_codes_is_close_to_fp32():

@@ -29,10 +29,17 @@ def run(func, args, out):
     return result.numpy()
 
 
+OUT_SCALE = 0.043  # s_y of the epilogues below
+
+
 def epilogue(out_dtype, act, residual):
-    res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=0.61) if residual else None
+    """An epilogue with ``act`` (None, relu, relu6 or hardswish: ``v * clip(v + 3, 0, 6) / 6`` on the real
+    value, whose multipliers and residual scale are then real units, see :func:`kernel_data`)."""
+    hardswish = act == "hardswish"
+    res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=0.013 if hardswish else 0.61) \
+        if residual else None
     zero_point = {"uint8": 9, "int8": -4, "float32": 0}[out_dtype]
-    return int8.Epilogue.make(out_dtype, zero_point, 0.043, act, res)
+    return int8.Epilogue.make(out_dtype, zero_point, OUT_SCALE, act, res)
 
 
 def codes(rng, shape, dtype, extreme):
@@ -43,9 +50,13 @@ def codes(rng, shape, dtype, extreme):
     return rng.integers(lo, hi + 1, size=shape).astype(dtype)
 
 
-def kernel_data(rng, out_shape, channels, residual, extreme):
+def kernel_data(rng, out_shape, channels, residual, extreme, act=None):
+    """Bias, multipliers and residual codes. A hardswish's multipliers map the accumulators to real values
+    of a few units, so the kernels are checked where its gate is neither 0 nor 6 as well."""
     bias = rng.integers(-20000, 20000, channels).astype("int32")
     scale = 0.002 if extreme else 0.01
+    if act == "hardswish":
+        scale /= 1000
     multiplier = (rng.random(channels) * scale + scale / 10).astype("float32")
     res = codes(rng, out_shape, residual, extreme) if residual else None
     return bias, multiplier, res

@@ -34,12 +34,29 @@ def conv_relu_conv():
                    conv(rng, "h", "y", 16, 8, "conv2")], [("x", [1, 3, 8, 8])], [("y", [1, 8, 8, 8])])
 
 
-def hardswish_sandwich():
-    """conv+relu -> conv+hardswish (FP32) -> conv."""
+def sandwich(activation: str = "Sigmoid"):
+    """conv+relu -> conv+``activation`` -> conv (Sigmoid: the middle partition has no INT8 kernel)."""
     rng = np.random.default_rng(1)
     return model([conv(rng, "x", "c1", 3, 8, "conv1"), (helper.make_node("Relu", ["c1"], ["h1"]), []),
-                   conv(rng, "h1", "c2", 8, 8, "conv2"), (helper.make_node("HardSwish", ["c2"], ["h2"]), []),
+                   conv(rng, "h1", "c2", 8, 8, "conv2"), (helper.make_node(activation, ["c2"], ["h2"]), []),
                    conv(rng, "h2", "y", 8, 4, "conv3")], [("x", [1, 3, 8, 8])], [("y", [1, 4, 8, 8])])
+
+
+def spelt_hardswish(spelling: str, shift: float = 3.0):
+    """conv+relu -> conv + hardswish written out -> conv. ``spelling``: ``"paddle"`` is ``(x * clip(x + 3, 0,
+    6)) / 6``, ``"torch"`` is ``x * (clip(x + 3, 0, 6) / 6)``; ``shift`` other than 3 is some other function
+    of the same shape (the INT8 epilogue takes its constants as they are)."""
+    rng = np.random.default_rng(6)
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n)
+              for n, v in (("shift", shift), ("lo", 0.0), ("hi", 6.0), ("six", 6.0))]
+    gate = [helper.make_node("Add", ["c2", "shift"], ["t"]), helper.make_node("Clip", ["t", "lo", "hi"], ["g"])]
+    if spelling == "paddle":
+        gate += [helper.make_node("Mul", ["c2", "g"], ["p"]), helper.make_node("Div", ["p", "six"], ["h2"])]
+    else:
+        gate += [helper.make_node("Div", ["g", "six"], ["q"]), helper.make_node("Mul", ["c2", "q"], ["h2"])]
+    return model([conv(rng, "x", "c1", 3, 8, "conv1"), (helper.make_node("Relu", ["c1"], ["h1"]), []),
+                  conv(rng, "h1", "c2", 8, 8, "conv2")] + [(n, []) for n in gate[:-1]] + [(gate[-1], consts),
+                  conv(rng, "h2", "y", 8, 4, "conv3")], [("x", [1, 3, 8, 8])], [("y", [1, 4, 8, 8])])
 
 
 def two_outputs():

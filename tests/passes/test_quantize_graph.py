@@ -17,7 +17,7 @@ from tvm import relax
 
 from helpers import HOST
 from helpers import make_model
-from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, hardswish_sandwich,
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, sandwich, spelt_hardswish,
                               residual_block, two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
@@ -113,16 +113,16 @@ def test_max_pool_read_by_an_fp32_consumer_stays_float():
     assert str(_main_calls(mod)[-1][2].ty.dtype) == "float32" and report["uint8_pools"] == 0
 
 
-def test_hardswish_partition_stays_fp32_with_borders_around_it():
-    mod, report = _quantize(hardswish_sandwich())
-    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "partition:tvmfuse.conv2d_hardswish",
+def test_fp32_partition_stays_fp32_with_borders_around_it():
+    mod, report = _quantize(sandwich("Sigmoid"))
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "partition:tvmfuse.conv2d_sigmoid",
                            "relax.quantize", "int8_conv2d"]
     calls = _main_calls(mod)
     # Before the FP32 partition the INT8 kernel outputs float32 itself; after it the float result is quantized.
     assert str(calls[1][2].ty.dtype) == "float32" and calls[2][1].args[0].same_as(calls[1][2])
     assert calls[3][1].args[0].same_as(calls[2][2]) and _kernel_args(calls[4][1])[0].same_as(calls[3][2])
-    assert report["fp32_reasons"] == [{"partition": "tvmfuse.conv2d_hardswish", "tensor": "lv#1",
-                                       "reason": "epilogue hardswish has no INT8 kernel"}]
+    assert report["fp32_reasons"] == [{"partition": "tvmfuse.conv2d_sigmoid", "tensor": "lv#1",
+                                       "reason": "epilogue sigmoid has no INT8 kernel"}]
     assert (report["int8_partitions"], report["quantize_ops"], report["dequantize_ops"]) == (2, 2, 0)
 
 
@@ -192,16 +192,41 @@ def test_non_cpu_targets_keep_every_partition_fp32():
 
 
 def test_tiny_convnet_regions():
-    """Depthwise and dense too: the hardswish partition splits the model into two INT8 regions."""
+    """Depthwise, dense and hardswish too: one INT8 region from the input to the pooling before the head."""
     mod, report = _quantize("zoo:tiny_convnet")
     kinds = _kinds(mod)
-    assert kinds.count("int8_conv2d") == 4 and kinds.count("int8_depthwise_conv2d") == 1
-    assert kinds.count("int8_dense") == 1 and kinds.count("partition:tvmfuse.conv2d_hardswish") == 1
-    assert (report["int8_partitions"], report["fp32_partitions"]) == (6, 1)
-    # Quantize at the input and before the dense head (after the FP32 hardswish, mean and reshape); uint8
-    # inside the first region, float32 out of the depthwise conv (read by hardswish) and the dense head.
+    assert kinds.count("int8_conv2d") == 5 and kinds.count("int8_depthwise_conv2d") == 1
+    assert kinds.count("int8_dense") == 1 and not any(k.startswith("partition:") for k in kinds)
+    assert (report["int8_partitions"], report["fp32_partitions"]) == (7, 0)
+    # Quantize at the input and before the dense head (after the FP32 mean and reshape); uint8 inside the
+    # region, float32 out of the last conv (read by the mean) and the dense head.
     assert (report["quantize_ops"], report["dequantize_ops"]) == (2, 0)
-    assert (report["uint8_outputs"], report["float32_outputs"]) == (4, 2)
+    assert (report["uint8_outputs"], report["float32_outputs"]) == (5, 2)
+
+
+def test_hardswish_partition_joins_the_int8_region():
+    """conv+relu -> conv+hardswish -> conv: three INT8 kernels, uint8 codes between, the hardswish applied in
+    the kernel's epilogue to the real value (multiplier s_x * s_w, 1 / (6 s_y) after the product)."""
+    mod, report = _quantize(sandwich("HardSwish"))
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_conv2d", "int8_conv2d"]
+    calls = _main_calls(mod)
+    assert [str(c[2].ty.dtype) for c in calls[1:]] == ["uint8", "uint8", "float32"]
+    kernel = mod[calls[2][1].args[0]]
+    assert str(kernel.attrs["tvmfuse.ops"]) == "conv2d,add,hardswish,requantize"
+    assert (report["int8_partitions"], report["fp32_partitions"], report["quantize_ops"]) == (3, 0, 1)
+
+
+@pytest.mark.parametrize("spelling", ["paddle", "torch"])
+def test_hardswish_spellings_read_their_constants(spelling):
+    from tvmfuse.passes.int8_kernels import analyze
+
+    for shift in (3.0, 2.5):
+        mod = _partitioned(spelt_hardswish(spelling, shift))
+        calls = [c for k, c, _ in _main_calls(mod) if k == "partition:tvmfuse.conv2d_hardswish"]
+        assert len(calls) == 1
+        part, why = analyze(mod[calls[0].op], calls[0].args)
+        assert why is None and part.hardswish == (shift, 0.0, 6.0, 6.0) and part.clip is None
+        assert part.ops == ["conv2d", "add", "hardswish"]
 
 
 # ----------------------------------------------------------------------------------------------- NCHW16c
@@ -266,7 +291,7 @@ def test_pool_and_tiny_convnet_regions_blocked():
     assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.nn.max_pool2d", "int8_conv2d"]
     assert report["blocked_outputs"] == report["layout_transforms"] == 0
     mod, report = _quantize("zoo:tiny_convnet", blocked=True)
-    assert (report["int8_partitions"], report["quantize_ops"], report["uint8_outputs"]) == (6, 2, 4)
+    assert (report["int8_partitions"], report["quantize_ops"], report["uint8_outputs"]) == (7, 2, 5)
     assert report["blocked_outputs"] >= 3 and "layout_transform" not in _kinds(mod)
 
 

@@ -34,6 +34,9 @@ CONV_CASES = [
     Conv(16, 48, 8, 3, pad=1, act="relu6", residual="int8", za=0),
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),  # O < 16
     Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"),  # batch 2, non-square, asymmetric pad
+    Conv(24, 40, 7, 1, act="hardswish"),  # hardswish on the real value, then requantized
+    Conv(16, 20, 9, 3, pad=1, act="hardswish", out="float32"),
+    Conv(32, 16, 6, 1, act="hardswish", residual="uint8", out="int8"),
 ]
 
 
@@ -57,7 +60,7 @@ def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = codes(rng, case.in_shape(), "uint8", extreme)
     w = codes(rng, (case.o, case.c, case.k, case.k), "int8", extreme)
-    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme, case.act)
     args = [x, int8_ref.pack_conv2d_weight(w), int8_ref.fold_zero_point(bias, w, case.za), mult]
     got = run(sched, args + ([res] if res is not None else []), out)
     ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad,
@@ -107,6 +110,8 @@ DW_CASES = [
     # and the rule vectorized the parallel channel loop instead, which computed channel 0 only.
     Conv(5, 5, 1, 1, out="float32", za=100),
     Conv(8, 8, 2, 1, stride=2, act="relu"),
+    Conv(40, 40, 12, 5, pad=2, act="hardswish"),
+    Conv(24, 24, 9, 3, stride=2, pad=1, act="hardswish", out="float32"),
 ]
 
 
@@ -125,7 +130,7 @@ def test_depthwise_bit_exact(case, extreme):
     rng = np.random.default_rng(1)
     xv = codes(rng, case.in_shape(), "uint8", extreme)
     wv = codes(rng, (case.c, 1, case.k, case.k), "int8", extreme)
-    bias, mult, res = kernel_data(rng, case.out_shape(), case.c, case.residual, extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.c, case.residual, extreme, case.act)
     args = [xv, wv, int8_ref.fold_zero_point(bias, wv, case.za), mult] + ([res] if res is not None else [])
     ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
                                         dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
@@ -136,7 +141,8 @@ def test_depthwise_bit_exact(case, extreme):
 
 
 DENSE_CASES = [(1, 100, 37, "uint8", None, "relu"), (3, 130, 70, "int8", "uint8", None),
-               (4, 64, 48, "float32", None, "relu6"), (2, 258, 16, "uint8", "int8", "relu6")]
+               (4, 64, 48, "float32", None, "relu6"), (2, 258, 16, "uint8", "int8", "relu6"),
+               (2, 96, 40, "uint8", None, "hardswish")]
 
 
 def _dense(m, k, n, out_dtype, residual, act):
@@ -158,7 +164,7 @@ def test_dense_bit_exact(case, mode):
     for extreme in (False, True):
         rng = np.random.default_rng(2)
         x, w = codes(rng, (m, k), "uint8", extreme), codes(rng, (n, k), "int8", extreme)
-        bias, mult, res = kernel_data(rng, (m, n), n, residual, extreme)
+        bias, mult, res = kernel_data(rng, (m, n), n, residual, extreme, act)
         za = 255 if extreme else 77
         args = [x, int8_ref.pack_dense_weight(w), int8_ref.fold_zero_point(bias, w, za), mult]
         ref = int8_ref.dense_ref(x, w, bias, mult, res, input_zero_point=za,
@@ -239,7 +245,7 @@ def test_conv2d_vnni_bit_exact_on_avx512_hardware(case):
     sched = int8_conv2d.apply(func, 512, True)
     rng = np.random.default_rng(5)
     x, w = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
-    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
     args = [x, int8_ref.pack_conv2d_weight(w), int8_ref.fold_zero_point(bias, w, case.za), mult]
     args += [res] if res is not None else []
     result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))

@@ -33,6 +33,7 @@ CONV_CASES = [
     Conv(21, 33, 11, 3, stride=2, residual="int8", out="int8"),
     Conv(24, 48, 7, 3, pad=1, out="float32", act="relu6"),  # dequantized, written NCHW
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),
+    Conv(24, 40, 6, 1, act="hardswish", residual="uint8"),
 ]
 
 
@@ -58,7 +59,7 @@ def test_conv2d_nchw16c_bit_exact(case, mode, data_blocked):
     rng = np.random.default_rng(4)
     xv = codes(rng, case.in_shape(), "uint8", False)
     wv = codes(rng, (case.o, c, case.k, case.k), "int8", False)
-    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
     ref = int8_ref.conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
                               dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
     folded = int8_ref.fold_zero_point(bias, wv, case.za)
@@ -78,6 +79,7 @@ DW_CASES = [
     Conv(32, 32, 9, 3, pad=2, dilation=2),
     Conv(7, 7, (10, 17), 3, stride=2, pad=(1, 0, 0, 1), n=2),  # batch 2, non-square, asymmetric pad
     Conv(20, 20, 1, 1, out="float32", za=100),  # 1x1 plane
+    Conv(24, 24, 12, 5, pad=2, act="hardswish"),
 ]
 
 
@@ -102,7 +104,7 @@ def test_depthwise_nchw16c_bit_exact(case, extreme):
     rng = np.random.default_rng(5)
     xv = codes(rng, case.in_shape(), "uint8", extreme)
     wv = codes(rng, (c, 1, case.k, case.k), "int8", extreme)
-    bias, mult, res = kernel_data(rng, case.out_shape(), c, case.residual, extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), c, case.residual, extreme, case.act)
     folded = int8_ref.fold_zero_point(bias, wv, case.za)
     args = [to_blocked(xv, fill=77), int8_dw.pack_weight(wv), _padded(folded, channels), _padded(mult, channels)]
     if res is not None:

@@ -3,7 +3,7 @@
 A case (:class:`KernelCase`, drawn by :func:`random_case`) is one conv2d, depthwise conv2d (multiplier 1) or
 dense with random shapes (channel counts that are and are not multiples of 4 and 16, batch 1-2, non-square
 maps), kernel 1-7, strides 1/2, dilation 1/2, asymmetric padding, input and output zero points, output
-dtype (uint8, int8, or float32 dequantized), activation (none, relu, relu6), and an optional uint8/int8
+dtype (uint8, int8, or float32 dequantized), activation (none, relu, relu6, hardswish), and an optional uint8/int8
 residual; one case in six draws only the ends of the ranges (0/255 inputs, -127/127 weights).
 
 The kernel comes from the family registry (``families.FAMILIES[family].int8``: compute and weight packing)
@@ -84,7 +84,9 @@ class KernelCase:
                 (w + left + right - span) // self.strides + 1)
 
     def epilogue(self) -> int8.Epilogue:
-        res = int8.Residual(self.residual_zero_point, self.residual_scale) if self.residual else None
+        # A hardswish works on real values: the residual's scale R = s_r / s_y becomes s_r.
+        real = self.out_scale if self.activation == "hardswish" else 1.0
+        res = int8.Residual(self.residual_zero_point, self.residual_scale * real) if self.residual else None
         return int8.Epilogue.make(self.out_dtype, self.zero_point, self.out_scale, self.activation, res)
 
     def describe(self) -> str:
@@ -109,7 +111,7 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
     zero_point = int(rng.integers(lo + (hi - lo) // 8, hi - (hi - lo) // 4, endpoint=True)) if hi > lo else 0
     residual = pick((None, None, "uint8", "int8"))
     common = dict(input_zero_point=int(rng.integers(0, 256)), out_dtype=out_dtype, zero_point=zero_point,
-                  out_scale=float(rng.uniform(0.02, 0.2)), activation=pick((None, "relu", "relu6")),
+                  out_scale=float(rng.uniform(0.02, 0.2)), activation=pick((None, "relu", "relu6", "hardswish")),
                   residual=residual, extreme=bool(rng.random() < 1 / 6), seed=seed,
                   residual_zero_point=int(rng.integers(*int8.QUANT_RANGE[residual], endpoint=True)) if residual else 0,
                   residual_scale=float(rng.uniform(0.05, 0.4)))
@@ -140,14 +142,16 @@ def _codes(rng, shape, dtype: str, extreme: bool, weight: bool = False) -> np.nd
 def case_data(case: KernelCase) -> dict:
     """Seeded operands: ``x``, unpacked ``weight``, original int32 ``bias``, float32 ``multiplier``,
     ``residual`` (or None). The multipliers put the accumulator's spread (about ``74 * 73 * sqrt(fan_in)``
-    for uniform codes) at some tens of output codes, so outputs neither all saturate nor collapse."""
+    for uniform codes) at some tens of output codes, so outputs neither all saturate nor collapse (a
+    hardswish's, in real units, at some tens of ``s_y``)."""
     rng = np.random.default_rng([case.seed, 1])
     weight = _codes(rng, case.weight_shape(), "int8", case.extreme, weight=True)
     fan_in = int(np.prod(case.weight_shape()[1:]))
     spread = 74.0 * 73.0 * np.sqrt(fan_in) * (2.0 if case.extreme else 1.0)
     return {"x": _codes(rng, case.in_shape(), "uint8", case.extreme), "weight": weight,
             "bias": rng.integers(-20000, 20001, case.out_channels).astype(np.int32),
-            "multiplier": (rng.uniform(10, 60, case.out_channels) / spread).astype(np.float32),
+            "multiplier": (rng.uniform(10, 60, case.out_channels) / spread
+                           * (case.out_scale if case.activation == "hardswish" else 1.0)).astype(np.float32),
             "residual": _codes(rng, case.out_shape(), case.residual, case.extreme) if case.residual else None}
 
 

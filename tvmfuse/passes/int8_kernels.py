@@ -74,6 +74,9 @@ class Int8Partition:
         The partition's Relax ops, in order (recorded on the kernel).
     quantized : QuantizedWeight or None
         The model's own quantized weight and bias (QDQ models); None to quantize ``weight`` and ``bias``.
+    hardswish : tuple of float or None
+        ``(shift, lo, hi, divisor)`` of a hardswish activation ``v * clip(v + shift, lo, hi) / divisor``
+        (ONNX HardSwish: 3, 0, 6, 6); None for none.
     """
 
     composite: str
@@ -87,6 +90,7 @@ class Int8Partition:
     out_shape: tuple
     ops: list
     quantized: QuantizedWeight | None = None
+    hardswish: tuple | None = None
 
 
 def _ints(values) -> list[int]:
@@ -147,6 +151,29 @@ def _read_epilogue(bindings: list, index: dict, args, out_shape) -> tuple[dict |
     return found, None
 
 
+def _scalar(expr, index: dict, args) -> float | None:
+    """The value of a one-element constant: inline or passed as a partition argument."""
+    value = const_array(args[index[expr]]) if expr in index else const_array(expr)
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def _read_hardswish(bindings: list, index: dict, args) -> tuple[tuple | None, str | None]:
+    """``(shift, lo, hi, divisor)`` of the four ops ``t = clip(v + shift, lo, hi)``, ``v * (t / divisor)``
+    or ``(v * t) / divisor`` (the spellings ``patterns.builders.with_activation`` matches)."""
+    add, clip, third, last = (b.value for b in bindings)
+    v = add.args[0]
+    shift = _scalar(add.args[1], index, args)
+    lo, hi = clip_bounds(clip)
+    divide = third if third.op.name == "relax.divide" else last
+    divisor = _scalar(divide.args[1], index, args)
+    if shift is None or divisor is None or lo is None or hi is None or divisor <= 0:
+        return None, "a hardswish whose shift, clip bounds or divisor is not a finite scalar constant"
+    product = last if last.op.name == "relax.multiply" else third
+    if not any(a.same_as(v) for a in product.args):
+        return None, "a hardswish that does not multiply its own input"
+    return (shift, lo, hi, divisor), None
+
+
 def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]:
     """Read partition function ``fn`` called with ``args``.
 
@@ -171,6 +198,12 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     if weight is None or data not in index:
         return None, "the anchor's weight is not a constant" if weight is None else "the anchor's data is not an input"
     out_shape = tuple(_ints(bindings[-1].var.ty.shape))
+    hardswish = None
+    if activation == "hardswish":
+        hardswish, why = _read_hardswish(bindings[-4:], index, args)
+        if hardswish is None:
+            return None, why
+        bindings = bindings[:-4]
     epilogue, why = _read_epilogue(bindings, index, args, out_shape)
     if epilogue is None:
         return None, why
@@ -179,7 +212,8 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
         a = anchor.attrs
         conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
     return Int8Partition(composite, family.name, index[data], epilogue["residual"], weight, epilogue["bias"],
-                         epilogue["clip"], conv, out_shape, epilogue["ops"]), None
+                         epilogue["clip"], conv, out_shape, epilogue["ops"] + (["hardswish"] if hardswish else []),
+                         hardswish=hardswish), None
 
 
 def _quantized_weight(part: Int8Partition) -> tuple[np.ndarray, QuantParams]:
@@ -230,18 +264,26 @@ def model_multiplier(input_scale: float, weight_scales, output_scale: float | No
 
 
 def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParams | None) -> int8.Epilogue:
-    """The kernel's epilogue: requantize to ``out`` (None: float32 output), clip, residual."""
+    """The kernel's epilogue: requantize to ``out`` (None: float32 output), clip, residual, hardswish.
+
+    With a hardswish the kernel works on real values (multiplier ``s_x * s_w``, residual scale ``s_r``) and
+    the output's ``1 / s_y`` joins the hardswish's ``1 / divisor``."""
+    real = part.hardswish is not None
     res = None
     if residual is not None:
-        scale = float(residual.scale) / (float(out.scale) if out is not None else 1.0)
+        scale = float(residual.scale) / (float(out.scale) if out is not None and not real else 1.0)
         res = int8.Residual(int(residual.zero_point), scale)
+    hardswish = None
+    if real:
+        shift, lo, hi, divisor = part.hardswish
+        hardswish = int8.HardSwish(shift, lo, hi, 1.0 / (divisor * (float(out.scale) if out is not None else 1.0)))
     lo, hi = part.clip if part.clip is not None else (None, None)
     if out is None:
-        return int8.Epilogue("float32", 0, lo, hi, res)
+        return int8.Epilogue("float32", 0, lo, hi, res, hardswish)
     zy, sy = int(out.zero_point), float(out.scale)
     # The clip moves into the code domain; Epilogue.bounds() intersects it with the dtype's range.
     code = (lambda v: None if v is None else float(zy + round(v / sy)))
-    return int8.Epilogue(out.dtype, zy, code(lo), code(hi), res)
+    return int8.Epilogue(out.dtype, zy, code(lo), code(hi), res, hardswish)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,7 +313,7 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     s_x, za = float(x.scale), int(x.zero_point)
     wq, wparams = _quantized_weight(part)
     folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za)
-    s_y = None if out is None else float(out.scale)
+    s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
     if part.quantized is not None:
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
     else:

@@ -4,7 +4,7 @@ dequantize only at the borders of INT8 regions.
 Runs on the partitioned module (after ``Partition``, before ``LowerPartitions``) with a calibration table
 keyed like :func:`tvmfuse.quant.keys.observed_tensors`. A partition call becomes one ``call_tir`` to an
 INT8 kernel (:mod:`.int8_kernels`) when its anchor and epilogue have one (conv2d with groups = 1, depthwise
-conv2d, dense; bias, relu, clip, residual add) and the table holds its input, output and residual tensors.
+conv2d, dense; bias, relu, clip, hardswish, residual add) and the table holds its input, output and residual tensors.
 Everything else stays FP32 and is lowered as usual.
 
 Borders, with every activation uint8 and quantized per tensor:
