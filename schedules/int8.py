@@ -76,7 +76,8 @@ class Residual:
 @dataclasses.dataclass(frozen=True)
 class HardSwish:
     """``v * clip(v + shift, lo, hi) * scale`` on the real value ``v``: ONNX HardSwish is shift 3, lo 0, hi 6
-    and ``scale = 1/6``; a quantized output folds ``1 / s_y`` into ``scale`` (a float64 constant)."""
+    and ``scale = 1/6``; a quantized output folds ``1 / s_y`` into ``scale``. The kernel uses the constants
+    rounded to its float type (:meth:`constants`)."""
 
     shift: float = 3.0
     lo: float = 0.0
