@@ -39,123 +39,17 @@ not a multiple of 4] -> ``dense_int8`` (``[M, ceil(N/16)*16]``) -> ``requantize`
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 from tvm import te, tirx
 
-from tvmfuse.errors import TvmfuseError
+# Re-exported: the epilogue's types and names are part of this module's interface.
+from .int8_epilogue import (EPILOGUE, OUT_DTYPES, QUANT_RANGE, Epilogue, HardSwish, Int8KernelError,  # noqa: F401
+                            Residual, _epilogue_stage)
 
 BLOCK_O = 16  # output channels per VNNI step (int32 lanes of one zmm register)
 BLOCK_I = 4  # input channels summed by one VNNI product
 BLOCKED_LAYOUT = f"NCHW{BLOCK_O}c"  # uint8 activations between INT8 kernels: 16 channels of a pixel in 16 bytes
 ANCHOR = {"conv2d": "conv2d_int8", "depthwise_conv2d": "depthwise_int8", "dense": "dense_int8"}
 PAD = {"conv2d": "data_pack", "depthwise_conv2d": "data_pad", "dense": "data_pad"}
-EPILOGUE = "requantize"
-QUANT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
-OUT_DTYPES = ("uint8", "int8", "float32")
-
-
-class Int8KernelError(TvmfuseError, ValueError):
-    """The operands or parameters of an INT8 kernel do not fit together (shape, dtype, epilogue)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Residual:
-    """A residual input added before requantization: its zero point and ``R = s_r / s_y`` (float32
-    output: ``R = s_r``). ``scale`` is stored rounded to float32, the precision the kernel uses."""
-
-    zero_point: int
-    scale: float
-
-    def __post_init__(self):
-        object.__setattr__(self, "scale", float(np.float32(self.scale)))
-        object.__setattr__(self, "zero_point", int(self.zero_point))
-
-
-@dataclasses.dataclass(frozen=True)
-class HardSwish:
-    """``v * clip(v + shift, lo, hi) * scale`` on the real value ``v``: ONNX HardSwish is shift 3, lo 0, hi 6
-    and ``scale = 1/6``; a quantized output folds ``1 / s_y`` into ``scale``. The kernel uses the constants
-    rounded to its float type (:meth:`constants`)."""
-
-    shift: float = 3.0
-    lo: float = 0.0
-    hi: float = 6.0
-    scale: float = 1.0 / 6.0
-
-    def __post_init__(self):
-        if not (np.isfinite(self.scale) and self.scale > 0 and self.lo <= self.hi):
-            raise Int8KernelError(f"INT8 epilogue: hardswish needs lo <= hi and a positive scale, got {self}")
-
-    def constants(self, dtype: str) -> tuple[float, float, float, float]:
-        """``(lo - shift, hi - shift, shift, scale)`` rounded to ``dtype``: the kernel computes the gate as
-        ``clip(v, lo - shift, hi - shift) + shift`` (the same value as ``clip(v + shift, lo, hi)`` for the
-        ONNX constants, where every bound is exact)."""
-        t = np.float32 if dtype == "float32" else np.float64
-        return tuple(float(t(v)) for v in (self.lo - self.shift, self.hi - self.shift, self.shift, self.scale))
-
-
-@dataclasses.dataclass(frozen=True)
-class Epilogue:
-    """What the kernel does with its int32 accumulator (see the module docstring for the arithmetic).
-
-    ``clip_min`` / ``clip_max`` are in the output's domain (codes, or real values for float32); None means
-    the dtype's range (no clip for float32). Use :meth:`make` to derive them from an activation.
-    """
-
-    out_dtype: str = "uint8"
-    zero_point: int = 0
-    clip_min: float | None = None
-    clip_max: float | None = None
-    residual: Residual | None = None
-    hardswish: HardSwish | None = None  # applied to the real value before the output's rounding and clip
-
-    def __post_init__(self):
-        if self.out_dtype not in OUT_DTYPES:
-            raise Int8KernelError(f"INT8 epilogue: out_dtype must be one of {OUT_DTYPES}, got {self.out_dtype!r}")
-        qmin, qmax = QUANT_RANGE.get(self.out_dtype, (0, 0))
-        if not qmin <= self.zero_point <= qmax:
-            raise Int8KernelError(f"INT8 epilogue: zero point {self.zero_point} is outside {self.out_dtype}'s range "
-                                  f"[{qmin}, {qmax}] (a float32 output has zero point 0)")
-        lo, hi = self.bounds()
-        if lo is not None and hi is not None and lo > hi:
-            raise Int8KernelError(f"INT8 epilogue: empty clip range [{lo}, {hi}] for {self.out_dtype}")
-
-    @property
-    def quantized(self) -> bool:
-        return self.out_dtype != "float32"
-
-    def bounds(self) -> tuple[float | None, float | None]:
-        """The clip range applied (dtype range intersected with clip_min/clip_max)."""
-        lo, hi = QUANT_RANGE.get(self.out_dtype, (None, None))
-        if self.clip_min is not None:
-            lo = self.clip_min if lo is None else max(lo, self.clip_min)
-        if self.clip_max is not None:
-            hi = self.clip_max if hi is None else min(hi, self.clip_max)
-        return lo, hi
-
-    @classmethod
-    def make(cls, out_dtype: str = "uint8", zero_point: int = 0, scale: float = 1.0, activation: str | None = None,
-             residual: Residual | None = None) -> "Epilogue":
-        """An epilogue with ``activation`` (None, ``"relu"``, ``"relu6"``, ``"hardswish"``).
-
-        ``scale`` is the output scale ``s_y``: relu6's upper bound is ``zy + round(6 / s_y)``, a hardswish's
-        factor ``1 / (6 s_y)``; unused for float32 outputs, whose bounds are 0 and 6 themselves. With a
-        hardswish the multipliers and the residual's scale are in real units (see the module docstring).
-        """
-        if activation not in (None, "relu", "relu6", "hardswish"):
-            raise Int8KernelError(f"INT8 epilogue: unsupported activation {activation!r} "
-                                  "(None, 'relu', 'relu6', 'hardswish')")
-        if activation == "hardswish":
-            factor = 1.0 / 6.0 if out_dtype == "float32" else 1.0 / (6.0 * scale)
-            return cls(out_dtype, int(zero_point), residual=residual, hardswish=HardSwish(3.0, 0.0, 6.0, factor))
-        lo = hi = None
-        if activation is not None:
-            lo = 0.0 if out_dtype == "float32" else float(zero_point)
-        if activation == "relu6":
-            hi = 6.0 if out_dtype == "float32" else float(zero_point + round(6.0 / scale))
-        return cls(out_dtype, int(zero_point), lo, hi, residual)
 
 
 def _shape(t) -> list[int]:
@@ -183,51 +77,6 @@ def _check_epilogue(kernel: str, bias, multiplier, residual, epilogue: Epilogue,
     if residual is not None:
         _check(_shape(residual) == out_shape and str(residual.dtype) in QUANT_RANGE, kernel,
                f"residual must be {out_shape} uint8/int8, got {_shape(residual)} {residual.dtype}")
-
-
-def _requantize(acc, scale, res, ep: Epilogue):
-    """The epilogue of one element: ``acc`` int32 (bias included), ``scale`` float32, ``res`` the residual
-    code or None. Returns the output value in ``ep.out_dtype``."""
-    if ep.residual is None:
-        value, dtype = acc.astype("float32") * scale, "float32"
-    else:
-        # float64: both products exact, so an FMA the backend may form rounds the same as numpy.
-        shift = res.astype("int32") - ep.residual.zero_point
-        value = (acc.astype("float64") * scale.astype("float64")
-                 + shift.astype("float64") * tirx.const(ep.residual.scale, "float64"))
-        dtype = "float64"
-    if ep.hardswish is not None:
-        # The gate clips before it adds: no multiply feeds an add, so nothing can fuse into an FMA.
-        lo, hi, shift, factor = ep.hardswish.constants(dtype)
-        gate = tirx.Min(tirx.Max(value, tirx.const(lo, dtype)), tirx.const(hi, dtype)) + tirx.const(shift, dtype)
-        value = value * gate * tirx.const(factor, dtype)
-    if ep.quantized:
-        value = tirx.nearbyint(value) + tirx.const(float(ep.zero_point), dtype)
-    elif dtype != "float32":
-        value = value.astype("float32")
-        dtype = "float32"
-    lo, hi = ep.bounds()
-    if lo is not None:
-        value = tirx.Max(value, tirx.const(float(lo), dtype))
-    if hi is not None:
-        value = tirx.Min(value, tirx.const(float(hi), dtype))
-    if ep.quantized:
-        # Through int32: LLVM scalarizes a direct float -> u8/s8 vector conversion (x86 has no such
-        # instruction); float -> i32 -> i8 stays vectorized. Exact, the value is a clipped integer.
-        return value.astype("int32").astype(ep.out_dtype)
-    return value
-
-
-def _epilogue_stage(acc_at, bias, multiplier, residual, ep: Epilogue, out_shape: list[int]):
-    """The ``requantize`` stage: ``acc_at(*index)`` reads the accumulator of one output element. A 5-D
-    ``out_shape`` is NCHW16c: the channel of ``(b, cb, y, x, ci)`` is ``cb * 16 + ci``."""
-
-    def body(*idx):
-        channel = idx[1] * out_shape[4] + idx[4] if len(out_shape) == 5 else idx[1]
-        res = residual[idx] if residual is not None else None
-        return _requantize(acc_at(*idx) + bias[channel], multiplier[channel], res, ep)
-
-    return te.compute(out_shape, body, name=EPILOGUE)
 
 
 def _pair(v) -> tuple[int, int]:

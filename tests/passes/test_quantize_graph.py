@@ -218,7 +218,7 @@ def test_hardswish_partition_joins_the_int8_region():
 
 @pytest.mark.parametrize("spelling", ["paddle", "torch"])
 def test_hardswish_spellings_read_their_constants(spelling):
-    from tvmfuse.passes.int8_kernels import analyze
+    from tvmfuse.passes.int8_partition import analyze
 
     for shift in (3.0, 2.5):
         mod = _partitioned(spelt_hardswish(spelling, shift))

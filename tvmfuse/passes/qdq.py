@@ -58,8 +58,8 @@ from tvmfuse.schedules.int8 import Int8KernelError
 
 from ..quant.params import QuantParams, QuantParamsError
 from ..targets import TargetSpec
-from .int8_kernels import (Int8Partition, QuantizedWeight, clip_bounds, make_int8_kernel, per_channel,
-                           short_op_name)
+from .int8_kernels import make_int8_kernel
+from .int8_partition import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
 from .utils import const_array
 

@@ -37,8 +37,8 @@ from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 from ..quant.keys import observed_tensors
 from ..quant.params import QuantParams, activation_params
 from ..targets import TargetSpec
-from .int8_kernels import (Int8Partition, analyze, blocked_kernel, data_layout, int8_constants, kernel_out_shape,
-                           make_int8_kernel, relayout)
+from .int8_kernels import blocked_kernel, data_layout, int8_constants, kernel_out_shape, make_int8_kernel, relayout
+from .int8_partition import Int8Partition, analyze
 from .partition import is_partition
 from .utils import emit_like
 
