@@ -19,6 +19,7 @@ OUT_DTYPES = ("uint8", "int8", "float32")
 class Int8KernelError(TvmfuseError, ValueError):
     """The operands or parameters of an INT8 kernel do not fit together (shape, dtype, epilogue)."""
 
+
 @dataclasses.dataclass(frozen=True)
 class Residual:
     """A residual input added before requantization: its zero point and ``R = s_r / s_y`` (float32
@@ -108,13 +109,14 @@ class Epilogue:
                                   "(None, 'relu', 'relu6', 'hardswish')")
         if activation == "hardswish":
             factor = 1.0 / 6.0 if out_dtype == "float32" else 1.0 / (6.0 * scale)
-            return cls(out_dtype, int(zero_point), residual=residual, hardswish=HardSwish(3.0, 0.0, 6.0, factor))
+            return cls(out_dtype, int(zero_point), residual=residual, hardswish=HardSwish(scale=factor))
         lo = hi = None
         if activation is not None:
             lo = 0.0 if out_dtype == "float32" else float(zero_point)
         if activation == "relu6":
             hi = 6.0 if out_dtype == "float32" else float(zero_point + round(6.0 / scale))
         return cls(out_dtype, int(zero_point), lo, hi, residual)
+
 
 def _requantize(acc, scale, res, ep: Epilogue):
     """The epilogue of one element: ``acc`` int32 (bias included), ``scale`` float32, ``res`` the residual

@@ -2,12 +2,12 @@
 
 :func:`.int8_partition.analyze` reads a partition function (anchor, bias, residual add, activation) and
 says whether the INT8 kernels of :mod:`tvmfuse.schedules.int8` can compute it, and if not, why.
-:func:`make_int8_kernel` builds
-the kernel and its constant arguments from the calibrated quantization parameters, all in numpy at compile
+:func:`make_int8_kernel` builds the kernel and its constant arguments from the calibrated quantization parameters, all in numpy at compile
 time: weights quantized per output channel (:func:`tvmfuse.quant.params.weight_params`) and packed for
 VNNI, the bias quantized to int32 with the input zero point folded in, requantize multipliers in float32.
 A partition taken from a quantized model (:mod:`.qdq`) carries the model's own int8 weight, scales and int32
-bias (:class:`.int8_partition.QuantizedWeight`), which are used as they are instead of being derived from the float weight.
+bias (:class:`.int8_partition.QuantizedWeight`), which are used as they are instead of being derived from the
+float weight.
 """
 
 from __future__ import annotations
@@ -79,21 +79,20 @@ def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParam
 
     With a hardswish the kernel works on real values (multiplier ``s_x * s_w``, residual scale ``s_r``) and
     the output's ``1 / s_y`` joins the hardswish's ``1 / divisor``."""
-    real = part.hardswish is not None
-    res = None
-    if residual is not None:
-        scale = float(residual.scale) / (float(out.scale) if out is not None and not real else 1.0)
-        res = int8.Residual(int(residual.zero_point), scale)
+    s_y = float(out.scale) if out is not None else 1.0
     hardswish = None
-    if real:
+    if part.hardswish is not None:
         shift, lo, hi, divisor = part.hardswish
-        hardswish = int8.HardSwish(shift, lo, hi, 1.0 / (divisor * (float(out.scale) if out is not None else 1.0)))
+        hardswish = int8.HardSwish(shift, lo, hi, 1.0 / (divisor * s_y))
+    res = None
+    if residual is not None:  # R = s_r / s_y; with a hardswish, s_r (real units)
+        res = int8.Residual(int(residual.zero_point), float(residual.scale) / (1.0 if hardswish else s_y))
     lo, hi = part.clip if part.clip is not None else (None, None)
     if out is None:
         return int8.Epilogue("float32", 0, lo, hi, res, hardswish)
-    zy, sy = int(out.zero_point), float(out.scale)
+    zy = int(out.zero_point)
     # The clip moves into the code domain; Epilogue.bounds() intersects it with the dtype's range.
-    code = (lambda v: None if v is None else float(zy + round(v / sy)))
+    code = (lambda v: None if v is None else float(zy + round(v / s_y)))
     return int8.Epilogue(out.dtype, zy, code(lo), code(hi), res, hardswish)
 
 

@@ -13,7 +13,7 @@ from tvm import relax
 
 from tvmfuse.schedules import families
 
-from .utils import const_array
+from .utils import bindings_of, const_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +86,6 @@ class Int8Partition:
 def _ints(values) -> list[int]:
     return [int(v) for v in values]
 
-
-def _bindings(fn: relax.Function) -> list:
-    return [binding for block in fn.body.blocks for binding in block.bindings]
 
 
 def per_channel(bias: np.ndarray, out_shape) -> np.ndarray | None:
@@ -172,7 +169,7 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     (Int8Partition, None) when an INT8 kernel computes the partition, (None, reason) when it stays FP32.
     """
     composite = str(fn.attrs["Composite"])
-    bindings = _bindings(fn)
+    bindings = bindings_of(fn)
     anchor = bindings[0].value if bindings else None
     if anchor is None or not families.is_anchor(anchor):
         return None, "no conv2d or dense anchor"

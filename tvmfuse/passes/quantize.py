@@ -40,7 +40,7 @@ from ..targets import TargetSpec
 from .int8_kernels import blocked_kernel, data_layout, int8_constants, kernel_out_shape, make_int8_kernel, relayout
 from .int8_partition import Int8Partition, analyze
 from .partition import is_partition
-from .utils import emit_like
+from .utils import bindings_of, emit_like
 
 
 class QuantizeWarning(UserWarning):
@@ -62,14 +62,11 @@ class _Site:
     out_layout: str = "NCHW"  # of an INT8 site's output: "NCHW" or int8.BLOCKED_LAYOUT (uint8 codes)
 
 
-def _bindings(func) -> list:
-    return [binding for block in func.body.blocks for binding in block.bindings]
-
 
 def _users(func) -> dict:
     """Var -> the vars of the bindings that read it; None stands for the function's result."""
     users: dict = {}
-    for binding in _bindings(func):
+    for binding in bindings_of(func):
         for var in relax.analysis.free_vars(binding.value):
             users.setdefault(var, []).append(binding.var)
     for var in relax.analysis.free_vars(func.body.body):
@@ -85,7 +82,7 @@ def _key_of(keys: dict, var) -> str:
 def _find_sites(mod: tvm.IRModule, table, keys: dict) -> list[_Site]:
     """Every partition call of ``main``, analysed: INT8 (``part``) or FP32 (``reason``)."""
     sites = []
-    for binding in _bindings(mod["main"]):
+    for binding in bindings_of(mod["main"]):
         call = binding.value
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar)
                 and is_partition(mod[call.op])):
@@ -114,7 +111,7 @@ def _uint8_pools(mod: tvm.IRModule, sites: list[_Site], users: dict) -> dict:
     """
     int8 = {s.var for s in sites if s.part is not None}
     pools = {}
-    for binding in _bindings(mod["main"]):
+    for binding in bindings_of(mod["main"]):
         value = binding.value
         if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
                 and value.op.name == "relax.nn.max_pool2d" and value.args[0] in int8):

@@ -17,6 +17,11 @@ def const_array(expr) -> np.ndarray | None:
     return None
 
 
+def bindings_of(func) -> list:
+    """Every binding of a Relax function's body, block after block."""
+    return [binding for block in func.body.blocks for binding in block.bindings]
+
+
 def rewrite_functions(mod, mutator_class):
     """Run every Relax function of ``mod`` through a fresh ``mutator_class(mod)`` (a ``PyExprMutator``) and
     drop the bindings the rewrite left unused; PrimFuncs stay as they are. Returns ``mod``, updated."""
