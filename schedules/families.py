@@ -52,6 +52,9 @@ class Int8:
     # "module.function" packing the weight for the NCHW16c kernel (uint8 activations blocked by 16 channels,
     # ``compute`` with ``out_layout="NCHW16c"``); None: the family's INT8 kernel reads and writes NCHW only.
     blocked_pack: str | None = None
+    # "module.function" packing the weight for the NCHW16c kernel on AVX512-VNNI targets where the layout
+    # allows (``vnni_pack_fits``); the compute takes ``kernel_width`` with it. None: ``blocked_pack`` there too.
+    vnni_pack: str | None = None
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
     # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.
     repacks_input: bool = False
@@ -159,7 +162,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
            compute="compute.depthwise_conv2d", blocked_compute="compute.depthwise_conv2d_blocked",
            int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
-                     check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight"),
+                     check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight",
+                     vnni_pack="int8_depthwise.pack_weight_vnni"),
            kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d"}),
                     Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
                     Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),

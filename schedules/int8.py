@@ -102,7 +102,7 @@ def _out_size(size: int, before: int, after: int, kernel: int, stride: int, dila
     return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _padded(data, shape, index, zero_point: int, name: str):
+def _padded(data, shape, index, zero_point: int, name: str, attrs: dict | None = None):
     """A stage of ``shape`` whose element ``index(*i) -> (valid, data index)`` reads ``data`` or ``za``.
 
     The read is clamped into ``data`` and chosen with a select rather than guarded by ``if_then_else``:
@@ -118,7 +118,7 @@ def _padded(data, shape, index, zero_point: int, name: str):
         safe = tuple(tirx.max(tirx.min(s, d - 1), 0) for s, d in zip(src, dims))
         return tirx.Select(valid, data[safe], za)
 
-    return te.compute(shape, body, name=name)
+    return te.compute(shape, body, name=name, attrs=attrs)
 
 
 def nchw(shape) -> tuple[int, int, int, int]:

@@ -8,6 +8,11 @@ nothing for VNNI's 4-wide dot product: the kernel sums int32 products.
 - NCHW16c (``weight`` ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight`): the 16 channels of a pixel are one
   16-byte load widened to 16 int32 lanes, whatever the stride, dilation or row width. The output is written
   NCHW16c, or NCHW (a float32 output for FP32 consumers).
+- NCHW16c with taps in fours (``weight`` ``[ceil(C/16), kh, ceil(kw/4), 16, 4]``, :func:`pack_weight_vnni`;
+  dilation 1 along the row): each kernel row's taps are summed 4 at a time, 4 neighbouring pixels against
+  channel i's 4 weights in one 32-bit word, the step AVX512-VNNI does in one instruction
+  (:mod:`tvmfuse.schedules.x86.intrin.depthwise_vnni`). Taps past ``kw`` have zero weights; the padded
+  input has the columns they read.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from .int8 import (ANCHOR, BLOCK_O, PAD, Epilogue, _check, _check_data, _check_e
                    _padded, _shape, out_shape_of)
 
 NAME = "INT8 depthwise conv2d"
+TAPS = 4  # taps of a row summed per 32-bit word (pack_weight_vnni)
+BORDER = "tvmfuse.border"  # the padding stage's annotation: [top, left, height, width] of the data inside it
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -39,24 +46,57 @@ def unpack_weight(packed: np.ndarray, channels: int) -> np.ndarray:
     return np.ascontiguousarray(packed.transpose(0, 3, 1, 2).reshape(blocks * block, 1, kh, kw)[:channels])
 
 
+def pack_weight_vnni(weight: np.ndarray) -> np.ndarray:
+    """``[C, 1, kh, kw]`` int8 -> ``[ceil(C/16), kh, ceil(kw/4), 16, 4]``: tap ``4g + k`` of a row at
+    ``[.., g, channel, k]``; the padded channels' and taps' weights zero."""
+    plain = pack_weight(weight)  # [blocks, kh, kw, 16]
+    blocks, kh, kw, _ = plain.shape
+    groups = -(-kw // TAPS)
+    taps = np.zeros((blocks, kh, groups * TAPS, BLOCK_O), np.int8)
+    taps[:, :, :kw] = plain
+    return np.ascontiguousarray(taps.reshape(blocks, kh, groups, TAPS, BLOCK_O).transpose(0, 1, 2, 4, 3))
+
+
+def unpack_weight_vnni(packed: np.ndarray, channels: int, kw: int) -> np.ndarray:
+    """Inverse of :func:`pack_weight_vnni` (``kw``: the kernel's width, which the packing rounds up)."""
+    blocks, kh, groups, block, taps = packed.shape
+    plain = packed.transpose(0, 1, 2, 4, 3).reshape(blocks, kh, groups * taps, block)[:, :, :kw]
+    return unpack_weight(np.ascontiguousarray(plain), channels)
+
+
 def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
                              input_zero_point: int = 0, epilogue: Epilogue = Epilogue(),
-                             out_layout: str | None = None, channels: int | None = None) -> te.Tensor:
+                             out_layout: str | None = None, channels: int | None = None,
+                             kernel_width: int | None = None) -> te.Tensor:
     """INT8 depthwise conv2d with the requantize epilogue.
 
     ``data`` uint8 NCHW (the NCHW kernel, ``weight`` int8 ``[C, 1, kh, kw]``) or NCHW16c (the NCHW16c
     kernel, ``weight`` ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight`); ``bias`` int32 (zero point
     folded in) and ``multiplier`` float32, one per output channel of ``out_layout`` (NCHW16c: padded to
     whole blocks); ``out_layout`` ``"NCHW"`` or ``"NCHW16c"`` (None: the data's); ``channels``: C, which
-    NCHW16c data does not tell (None: the data's channels, padded ones included). The rest as in
-    :func:`tvmfuse.schedules.int8.conv2d_compute`.
+    NCHW16c data does not tell (None: the data's channels, padded ones included). NCHW16c data with a
+    weight packed by :func:`pack_weight_vnni` (``[ceil(C/16), kh, ceil(kw/4), 16, 4]``, dilation 1 along
+    the row) sums the taps in fours; ``kernel_width`` is then kw, which the packing rounds up. The rest as
+    in :func:`tvmfuse.schedules.int8.conv2d_compute`.
     """
     _check_data(NAME, data)
     wshape = _shape(weight)
     blocked = len(data.shape) == 5
+    taps = blocked and len(wshape) == 5  # pack_weight_vnni: taps in fours, [blocks, kh, groups, 16, 4]
     kh, kw = wshape[1:3] if blocked else wshape[2:]
+    if taps:
+        _check(kernel_width is not None and 0 < kernel_width <= kw * TAPS, NAME,
+               f"a weight packed in {kw} group(s) of {TAPS} taps per row needs kernel_width from 1 to {kw * TAPS}, "
+               f"got {kernel_width}")
+        kw = kernel_width
     (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w) = _geometry(NAME, data, kh, kw, strides, padding, dilation)
-    if blocked:
+    if taps:
+        _check(str(weight.dtype) == "int8" and wshape[0] == c // BLOCK_O and wshape[3:] == [BLOCK_O, TAPS]
+               and wshape[2] == -(-kw // TAPS), NAME, f"weight must be int8 [{c // BLOCK_O}, kh, {-(-kw // TAPS)}, "
+               f"{BLOCK_O}, {TAPS}] for kw = {kw}, got {wshape}")
+        _check(dw == 1, NAME, f"taps in fours read neighbouring pixels: dilation {dw} along the row needs "
+               "pack_weight's layout")
+    elif blocked:
         _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[0] == c // BLOCK_O and wshape[3] == BLOCK_O,
                NAME, f"weight must be int8 [{c // BLOCK_O}, kh, kw, {BLOCK_O}] for NCHW16c data, got {wshape}")
     else:
@@ -88,12 +128,29 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         return valid, (b, cb, y - top, x - left, ci)
 
     blocks = int(wshape[0])
+    if taps:  # every group reads 4 columns: the last group's may lie past the padded row
+        groups = int(wshape[2])
+        cols = max(cols, (out_w - 1) * sw + groups * TAPS)
+        padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"],
+                         attrs={BORDER: [top, left, h, w]})
+        rg, rk = te.reduce_axis((0, groups), "rg"), te.reduce_axis((0, TAPS), "rk")
+        acc = te.compute(
+            (n, blocks, out_h, out_w, BLOCK_O),
+            lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rg * TAPS + rk, ci].astype("int32")
+                                           * weight[cb, ry, rg, ci, rk].astype("int32"), axis=[ry, rg, rk]),
+            name=ANCHOR["depthwise_conv2d"])
+        return _blocked_epilogue(acc, layout, bias, multiplier, residual, epilogue, out_shape)
     padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"])
     acc = te.compute(
         (n, blocks, out_h, out_w, BLOCK_O),
         lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rx * dw, ci].astype("int32")
                                        * weight[cb, ry, rx, ci].astype("int32"), axis=[ry, rx]),
         name=ANCHOR["depthwise_conv2d"])
+    return _blocked_epilogue(acc, layout, bias, multiplier, residual, epilogue, out_shape)
+
+
+def _blocked_epilogue(acc, layout: str, bias, multiplier, residual, epilogue: Epilogue, out_shape):
+    """The epilogue of an NCHW16c accumulator, written in ``layout``."""
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
                                residual, epilogue, out_shape)

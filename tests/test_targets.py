@@ -21,8 +21,10 @@ def test_unknown_name_lists_known_ones():
 def test_x86_avx512_is_avx512_vnni_without_sapphire_rapids_only_extensions():
     spec = targets.resolve("x86-avx512")
     assert spec.is_cpu and spec.vector_bits() == 512 and spec.config["mcpu"] == "sapphirerapids"
-    assert spec.features() == {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni"}
-    assert targets.required_cpu_flags(spec) == ["avx2", "avx512_vnni", "avx512bw", "avx512f", "avx512vl", "fma"]
+    assert spec.features() == {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vbmi"}
+    # VBMI is Ice Lake's and Zen 4's: a Cascade Lake is refused with a message rather than a SIGILL.
+    assert targets.required_cpu_flags(spec) == ["avx2", "avx512_vnni", "avx512bw", "avx512f", "avx512vbmi",
+                                                "avx512vl", "fma"]
     # The plain CPU name has them: a library for it needs a Sapphire Rapids.
     spr = targets.resolve({"kind": "llvm", "mcpu": "sapphirerapids"})
     assert {"avxvnni", "avx512fp16", "amx-int8"} <= spr.features()
@@ -51,6 +53,7 @@ def test_x86_avx512_int8_code_has_no_vex_vnni_amx_or_fp16():
     for layout in ("nchw", "blocked"):
         cm, asm = _int8_depthwise_asm("x86-avx512", layout)
         assert "vpdpbusd" in asm and not re.search(r"\{vex\}", asm)
+        assert ("vpermb" in asm) == (layout == "blocked")  # the depthwise taps' transpose (AVX512-VBMI)
         for op in (r"tileloadd\w*", r"tdp\w+", r"ldtilecfg", r"vdpbf16ps", r"vcvtne2?ps2bf16",
                    r"v(add|sub|mul|div|min|max|f\w*madd\w*)ph", r"vcvtps2phx"):
             assert not re.search(rf"\b{op}\b", asm), op

@@ -23,6 +23,7 @@ _CPUINFO_FLAG = {
     "avx512bw": "avx512bw",
     "avx512vl": "avx512vl",
     "avx512vnni": "avx512_vnni",
+    "avx512vbmi": "avx512vbmi",  # vpermb: the INT8 depthwise kernel's byte transpose (Ice Lake, Zen 4 on)
     "avxvnni": "avx_vnni",
     "avx512bf16": "avx512_bf16",
     "avx512fp16": "avx512_fp16",

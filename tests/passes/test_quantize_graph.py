@@ -39,12 +39,17 @@ def _table(mod, drop=()):
     return CalibrationTable({key: (-4.0, 4.0) for key, _ in observed_tensors(mod) if key not in drop}, "minmax")
 
 
-def _quantize(model, drop=(), blocked=False):
-    """Quantized ``model``: NCHW uint8 activations by default (the borders tests), NCHW16c with ``blocked``."""
+AVX2 = targets.resolve({"kind": "llvm", "mcpu": "znver3"})  # no VNNI: the INT8 kernels' plain weight layouts
+AVX512 = targets.resolve("x86-avx512")
+
+
+def _quantize(model, drop=(), blocked=False, spec=SPEC):
+    """Quantized ``model``: NCHW uint8 activations by default (the borders tests), NCHW16c with ``blocked``;
+    ``spec`` picks the weight packing (graphs only: nothing runs)."""
     mod = _partitioned(model)
     report = {}
-    with SPEC.tvm_target():
-        out = QuantizeGraph(_table(mod, drop), SPEC, report, blocked=blocked)(mod)
+    with spec.tvm_target():
+        out = QuantizeGraph(_table(mod, drop), spec, report, blocked=blocked)(mod)
     assert relax.analysis.check_well_formed(out)
     return out, report
 
@@ -270,7 +275,7 @@ def test_residual_is_read_in_the_output_layout():
 
 
 def test_depthwise_reads_nchw16c_and_a_quantized_input_is_transformed_once():
-    mod, report = _quantize(depthwise_s2(channels=24, size=8), blocked=True)
+    mod, report = _quantize(depthwise_s2(channels=24, size=8), blocked=True, spec=AVX2)
     assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_depthwise_conv2d", "int8_conv2d"]
     calls = _main_calls(mod)
     assert _shape(calls[1][2]) == _shape(_kernel_args(calls[2][1])[0]) == [1, 2, 8, 8, 16]  # 24 channels, padded
@@ -283,6 +288,23 @@ def test_depthwise_reads_nchw16c_and_a_quantized_input_is_transformed_once():
                                        [_weight("w", (24, 1, 3, 3))]), blocked=True)
     assert _kinds(plain_in) == ["relax.quantize", "layout_transform", "int8_depthwise_conv2d"]
     assert _shape(_main_calls(plain_in)[2][2]) == [1, 24, 6, 6]  # float32 output for the model: NCHW
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_depthwise_weight_has_taps_in_fours_on_vnni_targets_with_row_dilation_1(dilation):
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], group=24, pads=[2] * 4, dilations=[dilation] * 2),
+                        helper.make_node("Relu", ["c"], ["h"]),
+                        helper.make_node("Conv", ["h", "w2"], ["y"], group=24, pads=[2] * 4)],
+                       [("x", [1, 24, 9, 9])], [("y", [1, 24, 13 - 4 * dilation, 13 - 4 * dilation])],
+                       [_weight("w", (24, 1, 5, 5)), _weight("w2", (24, 1, 5, 5))])
+    shapes = {}
+    for spec in (AVX512, AVX2):
+        mod, _ = _quantize(model, blocked=True, spec=spec)
+        calls = [call for kind, call, _ in _main_calls(mod) if kind == "int8_depthwise_conv2d"]
+        shapes[spec.name] = [_kernel_args(call)[1].value.numpy().shape for call in calls]
+    # The dilated conv's taps are 2 pixels apart: no 4 of them lie in one 64-byte load.
+    first = (2, 5, 2, 16, 4) if dilation == 1 else (2, 5, 5, 16)
+    assert shapes == {"x86-avx512": [first, (2, 5, 2, 16, 4)], "custom": [(2, 5, 5, 16)] * 2}
 
 
 def test_pool_and_tiny_convnet_regions_blocked():

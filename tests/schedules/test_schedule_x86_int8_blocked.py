@@ -83,36 +83,114 @@ DW_CASES = [
 ]
 
 
-@pytest.mark.parametrize("extreme", [False, True])
-@pytest.mark.parametrize("case", DW_CASES, ids=str)
-def test_depthwise_nchw16c_bit_exact(case, extreme):
+def _depthwise(case, extreme, pack):
+    """Build ``case`` with the weight layout of ``pack`` (``pack_weight`` or ``pack_weight_vnni``): the
+    compute, the numpy operands and the reference."""
     out_layout = "NCHW" if case.out == "float32" else int8.BLOCKED_LAYOUT
     n, c, h, w = case.in_shape()
     blocks = -(-c // BLOCK)
     out_shape = int8.out_shape_of(*case.out_shape(), out_layout)
     channels = c if out_layout == "NCHW" else blocks * BLOCK
-    x = te.placeholder((n, blocks, h, w, BLOCK), "uint8", name="x")
-    wt = te.placeholder((blocks, case.k, case.k, BLOCK), "int8", name="w")
-    b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
-    r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
-    ep = epilogue(case.out, case.act, case.residual)
-    out = int8_dw.depthwise_conv2d_compute(x, wt, b, m, r, strides=case.stride, padding=case.pad,
-                                           dilation=case.dilation, input_zero_point=case.za, epilogue=ep,
-                                           out_layout=out_layout, channels=c)
-    func = int8_depthwise.apply(int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out]), HOST_BITS)
-    assert func is not None and "T.parallel" in func.script() and "T.vectorized" in func.script()
     rng = np.random.default_rng(5)
     xv = codes(rng, case.in_shape(), "uint8", extreme)
     wv = codes(rng, (c, 1, case.k, case.k), "int8", extreme)
     bias, mult, res = kernel_data(rng, case.out_shape(), c, case.residual, extreme, case.act)
+    packed = pack(wv)
+    x = te.placeholder((n, blocks, h, w, BLOCK), "uint8", name="x")
+    wt = te.placeholder(packed.shape, "int8", name="w")
+    b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
+    r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
+    ep = epilogue(case.out, case.act, case.residual)
+    width = {"kernel_width": case.k} if packed.ndim == 5 else {}
+    out = int8_dw.depthwise_conv2d_compute(x, wt, b, m, r, strides=case.stride, padding=case.pad,
+                                           dilation=case.dilation, input_zero_point=case.za, epilogue=ep,
+                                           out_layout=out_layout, channels=c, **width)
+    func = int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out])
     folded = int8_ref.fold_zero_point(bias, wv, case.za)
-    args = [to_blocked(xv, fill=77), int8_dw.pack_weight(wv), _padded(folded, channels), _padded(mult, channels)]
+    args = [to_blocked(xv, fill=77), packed, _padded(folded, channels), _padded(mult, channels)]
     if res is not None:
         args.append(to_blocked(res))
     ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
                                         dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
+    return func, out, args, ref
+
+
+def _check_depthwise(case, func, out, args, ref):
     got = run(func, args, out)
-    np.testing.assert_array_equal(to_plain(got, c) if out_layout != "NCHW" else got, ref)
+    np.testing.assert_array_equal(to_plain(got, case.in_shape()[1]) if len(got.shape) == 5 else got, ref)
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("case", DW_CASES, ids=str)
+def test_depthwise_nchw16c_bit_exact(case, extreme):
+    func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight)
+    func = int8_depthwise.apply(func, HOST_BITS)
+    assert func is not None and "T.parallel" in func.script() and "T.vectorized" in func.script()
+    _check_depthwise(case, func, out, args, ref)
+
+
+TAPS_CASES = [case for case in DW_CASES if case.dilation == 1] + [
+    Conv(48, 48, (3, 96), 5, pad=2, act="hardswish", residual="uint8"),  # the PP-OCR classifiers' rows
+    Conv(16, 16, 9, 4, pad=(1, 2, 2, 1)),  # even kernel, one whole group of taps
+    Conv(24, 24, 11, 6, stride=2, pad=(0, 3, 0, 2), out="float32"),  # two groups, the last half empty
+]
+
+
+@pytest.mark.parametrize("step", ["host", "generic"])
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("case", TAPS_CASES, ids=str)
+def test_depthwise_taps_in_fours_bit_exact(case, extreme, step):
+    """The VNNI kernel (4 taps of a row per vpdpbusd) on this host's VNNI where it has it, and through the
+    step's description (any CPU)."""
+    from tvmfuse import targets
+
+    vnni = "avx512vnni" in targets.resolve("x86-host").features()
+    if step == "host" and not vnni:
+        pytest.skip("needs a CPU with AVX512-VNNI to run the vpdpbusd step")
+    func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight_vnni)
+    width = int(out.shape[3])
+    config = int8_depthwise.Config(int8_depthwise.taps_ow_block(width), "vnni" if step == "host" else "generic")
+    func = int8_depthwise.apply(func, 512, True, config)
+    script = func.script()
+    assert "T.parallel" in script and f"depthwise_4x16_{config.dot}" not in script  # tensorized: the step inlined
+    assert ("llvm.x86.avx512.vpdpbusd.512" in script) == (step == "host")
+    _check_depthwise(case, func, out, args, ref)
+
+
+def test_depthwise_taps_pad_copy_is_partitioned_at_the_borders():
+    """Rows above, inside and below the data, and columns left, inside and right in the inside rows: five
+    copies whose select the loop bounds decide."""
+    func, *_ = _depthwise(Conv(24, 24, 12, 3, pad=1), False, int8_dw.pack_weight_vnni)
+    import re
+
+    script = int8_depthwise.apply(func, 512, True).script()
+    copies = [name for name in re.findall(r'T\.sblock\("(data_pad\w*)"\)', script)
+              if not name.endswith(("_common", "_partition"))]
+    assert len(copies) == 5, copies
+
+
+def test_depthwise_vnni_packing_round_trips_with_zero_taps():
+    w = np.random.default_rng(0).integers(-127, 128, (20, 1, 5, 5)).astype(np.int8)
+    packed = int8_dw.pack_weight_vnni(w)
+    assert packed.shape == (2, 5, 2, BLOCK, 4) and not packed[:, :, 1, :, 1:].any() and not packed[1, :, :, 4:].any()
+    np.testing.assert_array_equal(packed[0, 2, 1, 3, 0], w[3, 0, 2, 4])
+    np.testing.assert_array_equal(int8_dw.unpack_weight_vnni(packed, 20, 5), w)
+
+
+def test_depthwise_taps_in_fours_refuse_row_dilation_and_a_missing_width():
+    x = te.placeholder((1, 2, 8, 8, BLOCK), "uint8", name="x")
+    wt = te.placeholder((2, 3, 1, BLOCK, 4), "int8", name="w")
+    b, m = te.placeholder((32,), "int32", name="b"), te.placeholder((32,), "float32", name="m")
+    with pytest.raises(int8.Int8KernelError, match="dilation 2 along the row"):
+        int8_dw.depthwise_conv2d_compute(x, wt, b, m, dilation=2, padding=2, kernel_width=3)
+    for width in (None, 5):
+        with pytest.raises(int8.Int8KernelError, match=f"1 group.s. of 4 taps per row needs kernel_width from 1 to 4, "
+                                                       f"got {width}"):
+            int8_dw.depthwise_conv2d_compute(x, wt, b, m, padding=1, kernel_width=width)
+    with pytest.raises(int8.Int8KernelError, match=r"weight must be int8 \[2, kh, 1, 16, 4\] for kw = 3, got "
+                                                   r"\[2, 3, 1, 8, 4\]"):
+        int8_dw.depthwise_conv2d_compute(x, te.placeholder((2, 3, 1, 8, 4), "int8", name="w"), b, m, padding=1,
+                                         kernel_width=3)
 
 
 def test_depthwise_weight_packing_round_trips_with_zero_padding():

@@ -105,15 +105,29 @@ class Int8Constants:
     multiplier: np.ndarray  # float32 per output channel
     epilogue: int8.Epilogue
     input_zero_point: int
+    kernel_width: int | None = None  # kw of a weight packed by the family's vnni_pack (which rounds it up)
+
+
+def has_vnni(spec) -> bool:
+    """Whether the target (a ``TargetSpec``; None: an unnamed CPU) has AVX512-VNNI."""
+    return spec is not None and spec.is_cpu and "avx512vnni" in spec.features()
+
+
+def vnni_packed(part: Int8Partition, blocked: bool, vnni: bool) -> bool:
+    """Whether the kernel of ``part`` takes its family's ``vnni_pack`` weight: an NCHW16c kernel on an
+    AVX512-VNNI target, with dilation 1 along the row (the depthwise taps in fours read neighbouring pixels)."""
+    return (blocked and vnni and families.FAMILIES[part.family].int8.vnni_pack is not None
+            and part.conv.get("dilation", [1, 1])[-1] == 1)
 
 
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
-                   residual: QuantParams | None = None, blocked: bool = False) -> Int8Constants:
+                   residual: QuantParams | None = None, blocked: bool = False, vnni: bool = False) -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
-    residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
+    residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``; with
+    ``vnni``, an AVX512-VNNI target, ``Int8.vnni_pack`` where :func:`vnni_packed`).
 
     Raises
     ------
@@ -130,8 +144,11 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
     spec = families.FAMILIES[part.family].int8
     pack = spec.blocked_pack if blocked else spec.pack
+    width = None
+    if vnni_packed(part, blocked, vnni):
+        pack, width = spec.vnni_pack, int(wq.shape[-1])
     packed = _pack(families.resolve(pack), wq) if pack else wq
-    return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za)
+    return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width)
 
 
 def blocked_kernel(part: Int8Partition) -> bool:
@@ -166,7 +183,8 @@ def _padded(values: np.ndarray, length: int) -> np.ndarray:
 
 
 def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: QuantParams | None,
-                     residual: QuantParams | None = None, out_layout: str = "NCHW") -> tuple[tvm.tirx.PrimFunc, list]:
+                     residual: QuantParams | None = None, out_layout: str = "NCHW",
+                     vnni: bool = False) -> tuple[tvm.tirx.PrimFunc, list]:
     """The INT8 kernel of ``part`` and its constant arguments.
 
     Parameters
@@ -180,6 +198,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
         residual, in ``residual.dtype`` and the output's layout).
     out_layout : str
         ``"NCHW"``, or ``"NCHW16c"`` for a uint8/int8 output of a family with an NCHW16c kernel.
+    vnni : bool
+        The target has AVX512-VNNI: an NCHW16c kernel takes its family's ``vnni_pack`` weight where it fits.
 
     Returns
     -------
@@ -197,7 +217,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     blocked = len(data_shape) == 5 or out_layout != "NCHW"
     if blocked and not blocked_kernel(part):
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
-    c = int8_constants(part, x, out, residual, blocked)
+    c = int8_constants(part, x, out, residual, blocked, vnni)
     channels = c.bias.shape[0]
     out_shape = kernel_out_shape(part, out_layout)
     bias, multiplier = c.bias, c.multiplier
@@ -214,6 +234,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     family = families.FAMILIES[part.family]
     compute = families.resolve(family.int8.compute)
     layout = {"out_layout": out_layout} if blocked else {}
+    if c.kernel_width is not None:
+        layout["kernel_width"] = c.kernel_width
     output = compute(*tensors[:4], res, channels=channels, input_zero_point=c.input_zero_point,
                      epilogue=c.epilogue, **part.conv, **layout)
     ops = part.ops + ["requantize" if out is not None else "dequantize"]

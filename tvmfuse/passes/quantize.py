@@ -37,7 +37,8 @@ from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 from ..quant.keys import observed_tensors
 from ..quant.params import QuantParams, activation_params
 from ..targets import TargetSpec
-from .int8_kernels import blocked_kernel, data_layout, int8_constants, kernel_out_shape, make_int8_kernel, relayout
+from .int8_kernels import (blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape, make_int8_kernel,
+                           relayout)
 from .int8_partition import Int8Partition, analyze
 from .partition import is_partition
 from .utils import bindings_of, emit_like
@@ -147,8 +148,10 @@ def _choose_layouts(sites: list[_Site], users: dict) -> None:
 class _Rewrite(relax.PyExprMutator):
     """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
 
-    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool):
+    def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool,
+                 vnni: bool = False):
         super().__init__(mod)
+        self.vnni = vnni
         self.sites = {s.var: s for s in sites if s.part is not None}
         self.pools = pools
         self.table, self.keys = table, keys
@@ -204,7 +207,7 @@ class _Rewrite(relax.PyExprMutator):
         res = self.qparams(args[part.residual]) if part.residual is not None else None
         data = self._codes_of(args[part.data], data_layout(part, self.blocked))
         kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
-                                             site.out_layout)
+                                             site.out_layout, self.vnni)
         gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
         call_args = [data] + constants
         if part.residual is not None:
@@ -299,7 +302,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
             warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
                           QuantizeWarning, stacklevel=2)
             return mod
-        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked)
+        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec))
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
