@@ -17,7 +17,9 @@ are one 32-bit word; an NCHW16c input already is, and is read in place when ther
   GOP/s; int32 vectors over the 16 channels instead, whose weight loads are stride-4 gathers: 15).
 
 The parallel axis is (batch, channel tile, output row). Tiles that divide the row are chosen (a split with
-a remainder puts predicates in the inner loop).
+a remainder puts predicates in the inner loop). A conv of fewer than :data:`SERIAL_MACS` multiply-adds
+(squeeze-and-excitation convs on a 1x1 map) runs on one thread, its repacking too: waking the pool's other
+thread costs more than the whole kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from .intrin import vnni
 
 ANCHOR = int8.ANCHOR["conv2d"]
 PAD = int8.PAD["conv2d"]
+# Multiply-adds below which the kernel runs serial. Zen 4, x86-avx512, 2 threads, 1x1 map with NCHW input
+# (us, parallel -> serial): 88 -> 22 channels 0.92 -> 0.17, 8 -> 2 0.87 -> 0.14; each parallel loop costs
+# about 0.7 us of thread wake-up. 8 -> 8 channels at 24x96 (147k) stays parallel.
+SERIAL_MACS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +116,10 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
     vectorize_tile(sch, consumer, ow_o)
     # Parallel before decompose_reduction / tensorize: afterwards the nest no longer has compact dataflow.
-    sch.parallel(sch.fuse(n, ob_o, oh))
+    serial = _macs(sch, anchor) < SERIAL_MACS
+    rows = sch.fuse(n, ob_o, oh)
+    if not serial:
+        sch.parallel(rows)
     init = sch.decompose_reduction(anchor, rcb)
     vectorize_tile(sch, init, ow_o)
     reindex = _pack_is_reindex(sch)
@@ -118,8 +127,16 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
         sch.compute_inline(sch.get_sblock(PAD))
     sch.tensorize(oi, vnni.ensure(dot, "local"))
     if not reindex:
-        _schedule_pack(sch)
+        _schedule_pack(sch, serial)
     return True
+
+
+def _macs(sch: s_tir.Schedule, block) -> int:
+    """Multiply-adds of ``block``: the product of its loop extents."""
+    total = 1
+    for loop in sch.get_loops(block):
+        total *= int(sch.get(loop).extent)
+    return total
 
 
 def _pack_is_reindex(sch: s_tir.Schedule) -> bool:
@@ -132,11 +149,14 @@ def _pack_is_reindex(sch: s_tir.Schedule) -> bool:
     return len(src) == 5 and src[2:4] == dst[2:4]
 
 
-def _schedule_pack(sch: s_tir.Schedule) -> None:
-    """NCHW -> NCHW4c with padding: parallel over (batch, channel block, row), the 4 channels of a pixel one
-    32-bit vector (64 channels 56x56: 0.09 ms; unrolled or serial 0.15-0.4 ms, fused (x, c) vectors 0.13)."""
+def _schedule_pack(sch: s_tir.Schedule, serial: bool = False) -> None:
+    """NCHW -> NCHW4c with padding: parallel over (batch, channel block, row) unless ``serial``, the 4
+    channels of a pixel one 32-bit vector (64 channels 56x56: 0.09 ms; unrolled or serial 0.15-0.4 ms, fused
+    (x, c) vectors 0.13)."""
     pack = sch.get_sblock(PAD)
     b, cb, y, x, ci = sch.get_loops(pack)
-    sch.parallel(sch.fuse(b, cb, y))
+    rows = sch.fuse(b, cb, y)
+    if not serial:
+        sch.parallel(rows)
     sch.vectorize(ci)
 

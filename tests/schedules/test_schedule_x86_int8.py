@@ -327,3 +327,24 @@ def test_register_overrides_tvm_stock_vnni_for_metaschedule():
         if all(p.apply(space) for p in ctx.space_generator.postprocs) and "vpdpbusd" in space.mod.script():
             built += "vpdpbusd" in tvm.compile(space.mod, target=target).mod.inspect_source("asm")
     assert built >= 1
+
+
+@pytest.mark.parametrize("channels, out_channels, size, parallel", [(88, 22, 1, False), (200, 50, 1, False),
+                                                                    (8, 8, 24, True), (64, 64, 7, True)])
+def test_conv2d_below_serial_macs_runs_on_one_thread(channels, out_channels, size, parallel):
+    """A squeeze-and-excitation conv on a 1x1 map costs less than waking a second thread: neither the
+    repacking nor the conv is parallel. The parallel ones keep both, and the serial one stays bit-exact."""
+    x = te.placeholder((1, channels, size, size), "uint8", name="x")
+    wt = te.placeholder((-(-out_channels // 16), -(-channels // 4), 1, 1, 16, 4), "int8", name="w")
+    b, m = te.placeholder((out_channels,), "int32", name="b"), te.placeholder((out_channels,), "float32", name="m")
+    ep = epilogue("uint8", "relu", None)
+    out = int8.conv2d_compute(x, wt, b, m, out_channels=out_channels, input_zero_point=3, epilogue=ep)
+    func = int8_conv2d.apply(int8.prim_func([x, wt, b, m, out]), HOST_BITS, False)
+    assert func.script().count("T.parallel") == (2 if parallel else 0)
+    rng = np.random.default_rng(2)
+    xv = codes(rng, (1, channels, size, size), "uint8", False)
+    wv = codes(rng, (out_channels, channels, 1, 1), "int8", False)
+    bias, mult, _ = kernel_data(rng, (1, out_channels, size, size), out_channels, None, False)
+    args = [xv, int8_ref.pack_conv2d_weight(wv), int8_ref.fold_zero_point(bias, wv, 3), mult]
+    ref = int8_ref.conv2d_ref(xv, wv, bias, mult, None, input_zero_point=3, epilogue=ep)
+    np.testing.assert_array_equal(run(func, args, out), ref)
