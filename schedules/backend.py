@@ -21,6 +21,8 @@ class Backend:
         The TVM runtime device the code runs on (``"cpu"``, ``"cuda"``).
     int8_kernels : bool
         Whether the INT8 kernels (``QuantizeGraph``, ``FuseQDQ``) can be scheduled for it.
+    int8_vnni : bool
+        Whether its INT8 kernels take the weights a family packs for AVX512-VNNI (``Int8.vnni_pack``).
     applies_tuning_logs : bool
         Whether compile applies records from ``tuning_logs/<target>/``.
     tensor_intrin : tuple of str
@@ -30,6 +32,7 @@ class Backend:
     name = ""
     device = "cpu"
     int8_kernels = False
+    int8_vnni = False
     applies_tuning_logs = False
     tensor_intrin: tuple = ()
 

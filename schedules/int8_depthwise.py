@@ -1,8 +1,9 @@
 """TE compute of the INT8 depthwise conv2d (multiplier 1), NCHW or NCHW16c, with the requantize epilogue.
 
 The conventions are :mod:`tvmfuse.schedules.int8`'s: uint8 codes in, int8 weights, the input zero point
-folded into the int32 bias and spatial padding filled with it. Nine (or 25, 49) products per output leave
-nothing for VNNI's 4-wide dot product: the kernel sums int32 products.
+folded into the int32 bias and spatial padding filled with it. A depthwise conv has no channel reduction
+for VNNI's 4-wide dot product: the plain forms sum int32 products, the taps-in-fours form gives it 4 taps of
+a kernel row instead.
 
 - NCHW (``weight`` ``[C, 1, kh, kw]``): vectors run along output rows, which a stride makes gathers.
 - NCHW16c (``weight`` ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight`): the 16 channels of a pixel are one
@@ -11,7 +12,7 @@ nothing for VNNI's 4-wide dot product: the kernel sums int32 products.
 - NCHW16c with taps in fours (``weight`` ``[ceil(C/16), kh, ceil(kw/4), 16, 4]``, :func:`pack_weight_vnni`;
   dilation 1 along the row): each kernel row's taps are summed 4 at a time, 4 neighbouring pixels against
   channel i's 4 weights in one 32-bit word, the step AVX512-VNNI does in one instruction
-  (:mod:`tvmfuse.schedules.x86.intrin.depthwise_vnni`). Taps past ``kw`` have zero weights; the padded
+  (the x86 backend's ``intrin/depthwise_vnni.py``). Taps past ``kw`` have zero weights; the padded
   input has the columns they read.
 """
 

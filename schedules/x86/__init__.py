@@ -94,6 +94,7 @@ class Backend(_Base):
         super().__init__(spec)
         self.vector_bits = spec.vector_bits()
         self.vnni = "avx512vnni" in spec.features()
+        self.int8_vnni = self.vnni
 
     def vector_lanes(self) -> int:
         return lanes(self.vector_bits)

@@ -1,7 +1,7 @@
 """INT8 depthwise conv2d (:func:`tvmfuse.schedules.int8_depthwise.depthwise_conv2d_compute`) on x86.
 
-Nine (or 25, 49) products per output leave nothing for VNNI's 4-wide dot product to do: the kernel sums
-int32 products.
+Without taps in fours (NCHW, a dilated row, a target without VNNI) the kernel sums int32 products: a
+depthwise conv has no channel reduction for VNNI's 4-wide dot product.
 
 - NCHW: int32 vectors along the output row. Channels run in parallel; each channel's plane is padded with
   the input zero point right before use (it stays in cache), ``ow_block`` pixels of a row accumulate in

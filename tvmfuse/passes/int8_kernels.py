@@ -109,8 +109,9 @@ class Int8Constants:
 
 
 def has_vnni(spec) -> bool:
-    """Whether the target (a ``TargetSpec``; None: an unnamed CPU) has AVX512-VNNI."""
-    return spec is not None and spec.is_cpu and "avx512vnni" in spec.features()
+    """Whether the target (a ``TargetSpec``; None: an unnamed CPU) takes the weights packed for AVX512-VNNI
+    (its backend's ``int8_vnni``)."""
+    return spec is not None and spec.backend().int8_vnni
 
 
 def vnni_packed(part: Int8Partition, blocked: bool, vnni: bool) -> bool:
