@@ -179,6 +179,14 @@ def test_avx512_target_compiles_the_chain_to_vnni(spec):
     assert "vpdpbusd" in cm.executable.mod.imports[0].inspect_source("asm")
 
 
+def test_depthwise_chain_sums_taps_in_fours_on_avx512():
+    # Compiled only: a QDQ depthwise conv gets the VNNI depthwise kernel too (its vpermb transposes 4 pixels;
+    # nothing else in this model shuffles bytes); on a VNNI host the exact-match test above runs it.
+    asm = tvmfuse.compile(qdq_model(CHAINS["depthwise"]), target="x86-avx512").executable.mod.imports[0] \
+        .inspect_source("asm")
+    assert "vpermb" in asm and "vpdpbusd" in asm
+
+
 # -- weights at -128 ----------------------------------------------------------------------------------------------
 
 
