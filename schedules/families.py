@@ -53,7 +53,8 @@ class Int8:
     # ``compute`` with ``out_layout="NCHW16c"``); None: the family's INT8 kernel reads and writes NCHW only.
     blocked_pack: str | None = None
     # "module.function" packing the weight for the NCHW16c kernel on AVX512-VNNI targets where the layout
-    # allows (``vnni_pack_fits``); the compute takes ``kernel_width`` with it. None: ``blocked_pack`` there too.
+    # allows (``passes.int8_kernels.vnni_packed``); the compute takes ``kernel_width`` with it. None:
+    # ``blocked_pack`` there too.
     vnni_pack: str | None = None
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
     # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.

@@ -128,30 +128,21 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         valid = tirx.all(y >= top, y < h + top, x >= left, x < w + left)
         return valid, (b, cb, y - top, x - left, ci)
 
-    blocks = int(wshape[0])
+    blocks, attrs = int(wshape[0]), None
     if taps:  # every group reads 4 columns: the last group's may lie past the padded row
-        groups = int(wshape[2])
-        cols = max(cols, (out_w - 1) * sw + groups * TAPS)
-        padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"],
-                         attrs={BORDER: [top, left, h, w]})
-        rg, rk = te.reduce_axis((0, groups), "rg"), te.reduce_axis((0, TAPS), "rk")
-        acc = te.compute(
-            (n, blocks, out_h, out_w, BLOCK_O),
-            lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rg * TAPS + rk, ci].astype("int32")
-                                           * weight[cb, ry, rg, ci, rk].astype("int32"), axis=[ry, rg, rk]),
-            name=ANCHOR["depthwise_conv2d"])
-        return _blocked_epilogue(acc, layout, bias, multiplier, residual, epilogue, out_shape)
-    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"])
+        cols = max(cols, (out_w - 1) * sw + int(wshape[2]) * TAPS)
+        attrs = {BORDER: [top, left, h, w]}
+        rg, rk = te.reduce_axis((0, int(wshape[2])), "rg"), te.reduce_axis((0, TAPS), "rk")
+        axes, column, tap_weight = [ry, rg, rk], rg * TAPS + rk, lambda cb, ci: weight[cb, ry, rg, ci, rk]
+    else:
+        axes, column, tap_weight = [ry, rx], rx * dw, lambda cb, ci: weight[cb, ry, rx, ci]
+    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"],
+                     attrs)
     acc = te.compute(
         (n, blocks, out_h, out_w, BLOCK_O),
-        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rx * dw, ci].astype("int32")
-                                       * weight[cb, ry, rx, ci].astype("int32"), axis=[ry, rx]),
+        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype("int32")
+                                       * tap_weight(cb, ci).astype("int32"), axis=axes),
         name=ANCHOR["depthwise_conv2d"])
-    return _blocked_epilogue(acc, layout, bias, multiplier, residual, epilogue, out_shape)
-
-
-def _blocked_epilogue(acc, layout: str, bias, multiplier, residual, epilogue: Epilogue, out_shape):
-    """The epilogue of an NCHW16c accumulator, written in ``layout``."""
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
                                residual, epilogue, out_shape)
