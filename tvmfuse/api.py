@@ -10,7 +10,7 @@ import numpy as np
 
 from . import frontend, opcheck, targets
 from .errors import InputError
-from .export import build, export_library, kernel_names, make_manifest
+from .export import build, export_library, kernel_names, kernel_schedulers, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
 from .runtime import Runner, check_cpu_flags, random_inputs
@@ -93,7 +93,8 @@ class CompiledModel:
 
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
-        extra = {"kernels": kernel_names(self.lowered), "layout": self.layout, "tuning_logs": self.tuning_logs}
+        extra = {"kernels": kernel_names(self.lowered), "scheduled_by": kernel_schedulers(self.lowered),
+                 "layout": self.layout, "tuning_logs": self.tuning_logs}
         extra.update(self.build_info)
         if self.quantization is not None:
             extra["quantization"] = self.quantization

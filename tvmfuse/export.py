@@ -44,6 +44,16 @@ def kernel_names(lowered) -> list[str]:
     return sorted(gv.name_hint for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
 
 
+def kernel_schedulers(lowered) -> dict[str, str]:
+    """Kernel name -> who scheduled it: ``tvmfuse.<backend>[.<rule>]``, ``tuning_log``, ``dlight.<Rule>``, or
+    ``none`` (lowered as TVM legalized it: the CPU backends' loops as they are)."""
+    import tvm
+
+    return {gv.name_hint: str(f.attrs.get("tvmfuse.scheduled_by", "none")) if f.attrs else "none"
+            for gv, f in sorted(lowered.functions_items(), key=lambda item: item[0].name_hint)
+            if isinstance(f, tvm.tirx.PrimFunc)}
+
+
 def versions() -> dict:
     """Versions of tvmfuse and the TVM stack, recorded in every manifest."""
     import tvm

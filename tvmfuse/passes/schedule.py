@@ -16,6 +16,9 @@ def _prim_funcs(mod: tvm.IRModule) -> dict:
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
 
 
+SCHEDULED_BY = "tvmfuse.scheduled_by"  # PrimFunc attribute: who scheduled the kernel (the manifest lists it)
+
+
 def _is_scheduled(func) -> bool:
     return bool(func.attrs) and bool(func.attrs.get("tirx.is_scheduled", False))
 
@@ -33,10 +36,13 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
         before = _prim_funcs(mod)
         with database:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        tuned = sorted(n for n, f in _prim_funcs(mod).items() if _is_scheduled(f) and not _is_scheduled(before.get(n, f)))
+        if tuned:
+            mod = mod.clone()
+            for name in tuned:
+                mod.update_func(mod.get_global_var(name), mod[name].with_attr(SCHEDULED_BY, "tuning_log"))
         if applied is not None:
-            after = _prim_funcs(mod)
-            applied.extend(sorted(n for n, f in after.items()
-                                  if _is_scheduled(f) and not _is_scheduled(before.get(n, f))))
+            applied.extend(tuned)
         return mod
 
     return _apply
@@ -45,7 +51,8 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
 def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
     """Give every kernel that tuning logs did not schedule the default schedule of ``spec``'s backend
     (:meth:`tvmfuse.schedules.backend.Backend.schedule`): tvmfuse's kernels their family's rule, the
-    kernels of TVM's default path the backend's generic one."""
+    kernels of TVM's default path the backend's generic one. Each scheduled kernel records it in its
+    ``tvmfuse.scheduled_by`` attribute (the backend's rule name where it gives one, else ``tvmfuse.<backend>``)."""
 
     @tvm.transform.module_pass(opt_level=0, name="ScheduleKernels")
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -55,6 +62,8 @@ def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM
             if isinstance(func, tirx.PrimFunc) and not _is_scheduled(func):
                 scheduled = backend.schedule(func)
                 if not scheduled.same_as(func):
+                    if SCHEDULED_BY not in scheduled.attrs:
+                        scheduled = scheduled.with_attr(SCHEDULED_BY, f"tvmfuse.{backend.name}")
                     updates[gv] = scheduled
         if updates:
             mod = mod.clone()
