@@ -128,9 +128,11 @@ def conv2d(call, data, weight, lanes: int | None = None):
 
 
 def depthwise_conv2d(call, data, weight, lanes: int | None = None):
-    """Depthwise conv2d; rows computed in whole vectors of ``lanes`` where that pays (see the helpers)."""
+    """Depthwise conv2d; rows computed in whole vectors of ``lanes`` where that pays (see the helpers). Without
+    ``lanes`` (a backend with no vectors: CUDA, where a thread computes a strip of outputs from a tile in shared
+    memory) topi's plain form: padding, then the window."""
     strides, padding, dilation = _conv_args(call)
-    if phase_split_pays(strides[1], dilation[1], int(call.ty.shape[3]), int(weight.shape[3])):
+    if lanes and phase_split_pays(strides[1], dilation[1], int(call.ty.shape[3]), int(weight.shape[3])):
         return _depthwise_phase_split(data, weight, strides, padding, dilation, lanes)
     if lanes and int(call.ty.shape[3]) % lanes:
         return _depthwise_whole_vectors(data, weight, strides, padding, dilation, lanes)

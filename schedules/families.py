@@ -165,7 +165,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
                      check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight",
                      vnni_pack="int8_depthwise.pack_weight_vnni"),
-           kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d"}),
+           kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),
                     Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
                     Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
            anchor_check=_conv_layout, flops=_conv_flops),
@@ -173,7 +173,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            compute="compute.conv2d", blocked_compute="compute.conv2d_blocked",
            int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
                      blocked_pack="int8_ref.pack_conv2d_weight", repacks_input=True),
-           kernels=(Kernel("conv2d", {"x86": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
+           kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
                     Kernel("conv2d_winograd", {"x86": "conv2d_winograd"}),
                     Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
            anchor_check=_conv_layout, flops=_conv_flops),
@@ -185,7 +185,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            anchor_check=_conv_layout, flops=_conv_flops),
     Family("dense", "relax.matmul", "dense", residual=False, compute="compute.dense",
            int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k"),
-           kernels=(Kernel("dense", {"x86": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
+           kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
            anchor_check=_dense_operands, flops=_dense_flops),
 )}
 

@@ -1,32 +1,154 @@
-"""The CUDA backend: today TVM's default CUDA pipeline, whose dlight rules schedule every kernel.
+"""The CUDA backend: tvmfuse's own kernels for every partition, TVM's dlight rules for the rest.
 
-tvmfuse's own CUDA rules (depthwise, implicit-GEMM conv2d, dense, INT8) are to be added here, one module
-per kernel, registered under ``"cuda"`` in ``families.Kernel.rules``. Until then a partition kernel is
-lowered with the same TE compute as on x86 and handed to dlight; INT8 kernels and tuning logs are x86's
-only.
+Each partition kernel gets its family's rule (``families.Kernel.rules["cuda"]``): depthwise conv2d a
+shared-memory tile and a register strip per thread (:mod:`.depthwise_conv2d`), conv2d an implicit GEMM
+(:mod:`.conv2d`), dense a GEMV or the GEMM tiles (:mod:`.dense`); a kernel whose rule does not fit (grouped
+conv2d) gets :mod:`.fused`. Kernels outside every partition (pools, reshapes, softmax) are scheduled by TVM's
+dlight rules, as TVM's own CUDA pipeline does. Every kernel records who scheduled it in its
+``tvmfuse.scheduled_by`` attribute (``tvmfuse.cuda.<rule>``, ``dlight.<Rule>``), which the manifest lists.
+INT8 kernels and tuning logs are x86's only so far.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
+from tvm import s_tir
+
+from .. import families
 from ..backend import Backend as _Base
+from . import fused
+from .common import sm_count
+
+NAME = "cuda"
+SCHEDULED_BY = "tvmfuse.scheduled_by"
+RULES = {name: importlib.import_module(f"{__name__}.{k.rules[NAME]}")
+         for name, k in families.KERNELS.items() if NAME in k.rules}
+
+
+def scheduled(func, kernel: str | None, sms: int):
+    """(schedule, rule name) tvmfuse gives ``func`` on CUDA; (None, None) for a kernel of TVM's default path
+    (``kernel`` None) or one whose anchor is missing."""
+    if kernel is None:
+        return None, None
+    module = RULES.get(kernel)
+    if module is not None:
+        sch = s_tir.Schedule(func)
+        if module.schedule(sch, sms):
+            return sch, module.__name__.rsplit(".", 1)[-1]
+    sch = s_tir.Schedule(func)  # a fresh one: a rule that does not fit leaves nothing behind
+    return (sch, "fused") if fused.schedule(sch, kernel) else (None, None)
+
+
+def dlight_rules() -> list:
+    """TVM's CUDA rules, in the order its default pipeline tries them."""
+    from tvm.s_tir import dlight as dl
+
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+def ScheduleWithDlight():  # noqa: N802 - TVM pass naming
+    """dlight's rules for every kernel still unscheduled, one rule at a time so each kernel records which
+    one scheduled it (``dlight.<Rule>``)."""
+    import tvm
+    from tvm import tirx
+    from tvm.s_tir import dlight as dl
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmfuse.ScheduleWithDlight")
+    def _apply(mod, _ctx):
+        for rule in dlight_rules():
+            before = {gv.name_hint for gv, f in mod.functions_items()
+                      if isinstance(f, tirx.PrimFunc) and not f.attrs.get("tirx.is_scheduled", False)}
+            mod = dl.ApplyDefaultSchedule(rule)(mod)
+            for gv, func in list(mod.functions_items()):
+                if gv.name_hint in before and func.attrs.get("tirx.is_scheduled", False):
+                    mod.update_func(gv, func.with_attr(SCHEDULED_BY, f"dlight.{type(rule).__name__}"))
+        return mod
+
+    return _apply
+
+
+def _square(x):
+    from tvm import topi
+
+    return topi.multiply(x, x)
+
+
+def _legalize_power(bb, call):
+    """``x ** 2`` as ``x * x`` (exact, and defined for a negative ``x``); other powers as TVM legalizes them."""
+    import tvm
+    from tvm import topi
+
+    exponent = call.args[1]
+    if isinstance(exponent, tvm.ir.expr.Constant) and exponent.value.numpy().size == 1 and \
+            float(exponent.value.numpy().reshape(())) == 2.0:
+        return bb.call_te(_square, call.args[0], primfunc_name_hint="square")
+    return bb.call_te(topi.power, call.args[0], call.args[1])
 
 
 class Backend(_Base):
     """CUDA for one ``sm_XX`` target."""
 
-    name = "cuda"
+    name = NAME
     device = "cuda"
     tensor_intrin = ("cuda",)
 
-    def relax_pipeline(self, target, scheduling: list):
-        """TVM's default CUDA pipeline (legalize, fuse, dlight schedules, lower); ``scheduling`` is not used:
-        no tvmfuse rule or tuning log schedules a CUDA kernel yet."""
-        from tvm import relax
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.sms = sm_count(str(spec.config.get("arch", "")))
 
-        del scheduling
-        return relax.get_default_pipeline(target)
+    def weight_block(self, fn) -> int | None:
+        """1 for a dense of fewer than ``dense.GEMM_ROWS`` rows: its ``[K, N]`` weight packed ``[N, K, 1]``
+        (each output's weights contiguous, for :func:`.gemv.schedule_rows`); None (kept as is) otherwise."""
+        from ..compute import anchor_call
+        from . import dense
+
+        call = anchor_call(fn)
+        if call is None or families.family_of(call).name != "dense":
+            return None
+        return 1 if int(call.args[0].ty.shape[0]) < dense.GEMM_ROWS else None
+
+    def schedule(self, func):
+        kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
+        sch, rule = scheduled(func, str(kernel) if kernel is not None else None, self.sms)
+        if sch is None:
+            return func
+        return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULED_BY: f"tvmfuse.cuda.{rule}"})
+
+    def default_trace(self, mod):
+        kernel = mod["main"].attrs.get("tvmfuse.family") if mod["main"].attrs else None
+        sch, _ = scheduled(mod["main"], str(kernel) if kernel is not None else None, self.sms)
+        return sch.trace if sch is not None else super().default_trace(mod)
+
+    def legalize_passes(self, target) -> list:
+        """TVM's CUDA library dispatch and legalization, without its dlight step (``relax_pipeline`` places
+        the scheduling after these), with ``x ** 2`` computed as ``x * x``: TVM's CUDA code computes every
+        power with ``__powf`` (``exp2(y * log2(x))``), NaN for a negative base, so the variance of an
+        ONNX-exported LayerNorm (``Pow(x - mean, 2)``) was NaN and ConvNeXt-T's every output with it, in plain
+        TVM too (measured on the H100)."""
+        from tvm import relax
+        from tvm.relax.backend.cuda import pipeline as cuda
+
+        passes = cuda.legalize_passes(target)
+        assert type(passes[-1]).__name__ == "ApplyDefaultSchedule", passes[-1]
+        assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
+        legalize = relax.transform.LegalizeOps(customize_legalize_map={"relax.power": _legalize_power})
+        return cuda.library_dispatch_passes(target) + [legalize] + passes[1:-1]
+
+    def relax_pipeline(self, target, scheduling: list):
+        """TVM's CUDA pipeline with ``scheduling`` (tvmfuse's rules) before dlight, which takes the rest."""
+        import tvm
+        from tvm.relax.backend.cuda import pipeline as cuda
+
+        @tvm.transform.module_pass(opt_level=0, name="tvmfuse.RelaxPipeline")
+        def _pipeline(mod, _ctx):
+            with target:
+                passes = (self.legalize_passes(target) + scheduling + [ScheduleWithDlight()]
+                          + cuda.dataflow_lower_passes(target) + cuda.finalize_passes(target))
+                return tvm.transform.Sequential(passes)(mod)
+
+        return _pipeline
 
     def build_info(self) -> dict:
         """``cuda_code``: how the library will hold its kernels, ``"binary"`` (cubin) or ``"source"``, with a

@@ -103,7 +103,7 @@ def test_depthwise_default_config_structure(dw_fn):
 def test_depthwise_stride2_reads_phase_split(k, hw, out_w):
     """Stride 2 (3x3 from 28-wide outputs, 5x5 always): each tap reads an even/odd column split of the input."""
     model, w, b = _conv_model(8, 8, hw, k, stride=2, pad=1, group=8, seed=k)
-    func = partition_compute(_partition_fn(model)).prim_func()
+    func = partition_compute(_partition_fn(model), lanes=1).prim_func()  # lanes: a CPU target (phase split)
     assert block_names(s_tir.Schedule(func))[:3] == ["PaddedInput", "PhaseSplit", "DepthwiseConv2d"]
     cfg = depthwise_conv2d.default_config(out_w, AVX2, k, 2, phase_split=True)
     assert cfg.pad_at == "channel" and cfg.ow_block > 1

@@ -1,0 +1,142 @@
+"""conv2d (groups 1, NCHW, any window/stride/dilation) and dense as an implicit GEMM on CUDA cores, fp32.
+
+The kernel is seen as ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (conv2d: I the output pixels, J the output
+channels, K = input channels x window; dense: I the rows, J the columns): the operands are re-indexed into
+that form without being materialised (the im2col gather happens on the load into shared memory), padded to
+whole tiles, and computed in tiles:
+
+- a thread block owns a ``tile_i x tile_j`` tile of C and walks K ``step_k`` at a time, both operand tiles
+  staged in shared memory by all its threads (the weight's rows padded against bank conflicts);
+- each thread accumulates a ``micro_i x micro_j`` register tile from them;
+- the epilogue (bias, folded batch-norm, residual add, activation) is applied to the registers and stored
+  once.
+
+The tile shrinks (64x64, 32x64, 64x32, 32x32, 16x32, 16x16) until the grid has a block for every SM, so the
+late ResNet stages (7x7 maps, 2,048 channels) do not run on a sixth of the GPU, skipping tiles that would pad
+the GEMM by more than 15% (96 channels in 64-wide tiles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+
+from ..common import block_names
+
+ANCHOR = "conv2d_nchw"
+# (threads_i, threads_j, micro_i, micro_j), largest tile first.
+MAX_WASTE = 0.15  # padded share of a tiled GEMM's I x J
+TILES = ((16, 16, 4, 4), (8, 16, 4, 4), (16, 8, 4, 4), (8, 8, 4, 4), (8, 8, 2, 4), (8, 8, 2, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    threads_i: int
+    threads_j: int
+    micro_i: int
+    micro_j: int
+    step_k: int = 16
+
+    @property
+    def tile_i(self) -> int:
+        return self.threads_i * self.micro_i
+
+    @property
+    def tile_j(self) -> int:
+        return self.threads_j * self.micro_j
+
+    @property
+    def threads(self) -> int:
+        return self.threads_i * self.threads_j
+
+
+def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
+    """The largest tile whose grid gives every SM a block (else the smallest), among those padding I and J by at
+    most ``MAX_WASTE`` (or as little as any tile does); ``step_k`` 8 for short reductions (a 3-channel stem: K = 27). Measured on the
+    H100: a 1x1 conv to 96 channels on a 112x112 map ran at 0.71x of dlight's speed in 64x64 tiles, a third of
+    each a padded column."""
+    step_k = 8 if k <= 32 else 16
+
+    def waste(c: Config) -> float:
+        return (-(-i // c.tile_i) * c.tile_i * -(-j // c.tile_j) * c.tile_j) / (i * j) - 1
+
+    configs = [Config(*tile, step_k=step_k) for tile in TILES]
+    allowed = max(MAX_WASTE, min(waste(c) for c in configs) + 0.01)  # a 7x7 map pads to 64 pixels in every tile
+    fitting = [c for c in configs if waste(c) <= allowed]
+    for config in fitting:
+        if -(-i // config.tile_i) * -(-j // config.tile_j) >= sms:
+            return config
+    return fitting[-1]
+
+
+def gemm_shape(sch: s_tir.Schedule, block) -> tuple[int, int, int]:
+    """(I, J, K) of the re-indexed main block."""
+    extents = [int(iv.dom.extent) for iv in sch.get(block).iter_vars]
+    return extents[-3], extents[-2], extents[-1]
+
+
+def _main_block(sch: s_tir.Schedule, anchor: str):
+    if anchor not in block_names(sch):
+        return None
+    block = sch.get_sblock(anchor)
+    if not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars):
+        return None
+    return block
+
+
+def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> bool:
+    """Schedule a conv2d partition kernel in place; False (``sch`` untouched) when it is not one. A conv whose
+    output is one pixel (squeeze-excite) is a GEMV over its OIHW weight (:func:`.gemv.schedule_rows`)."""
+    from . import gemv
+
+    if ANCHOR in block_names(sch) and all(int(iv.dom.extent) == 1 for iv in sch.get(sch.get_sblock(ANCHOR)).iter_vars[2:4]):
+        return gemv.schedule_rows(sch, ANCHOR)
+    return schedule_gemm(sch, ANCHOR, sms, config)
+
+
+def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config: Config | None = None) -> bool:
+    """Schedule the kernel whose reduction block is ``anchor`` (``conv2d_nchw``, ``T_matmul_NN``) in place;
+    False (``sch`` untouched) when it is not a GEMM-shaped reduction."""
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers, get_index_map
+
+    main = _main_block(sch, anchor)
+    if main is None or not get_index_map(sch.get(main)):
+        return False
+    reindex_a = sch.reindex(main, ("read", 0))
+    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_c = sch.reindex(main, ("write", 0))
+    block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, block_map)
+    i, j, k = gemm_shape(sch, main)
+    if config is None:
+        config = default_config(i, j, k, sms)
+    sch.pad_einsum(main, [1, config.tile_i, config.tile_j, config.step_k])
+    batch, li, lj, lk = sch.get_loops(main)
+    bi, ti, mi = sch.split(li, [None, config.threads_i, config.micro_i])
+    bj, tj, mj = sch.split(lj, [None, config.threads_j, config.micro_j])
+    ko, ki = sch.split(lk, [None, config.step_k])
+    sch.reorder(bi, bj, ti, tj, ko, ki, mi, mj)
+    block_x = sch.fuse(batch, bi, bj)
+    thread = sch.fuse(ti, tj)
+    sch.bind(block_x, "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+    sch.annotate(thread, "pragma_auto_unroll_max_step", 256)
+    sch.annotate(thread, "pragma_unroll_explicit", 1)
+    store = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(store, thread, preserve_unit_loops=True)
+    for index in (0, 1):
+        fetch = sch.cache_read(main, index, "shared")
+        sch.compute_at(fetch, ko, preserve_unit_loops=True)
+        depth = len(sch.get_loops(fetch)) - 3  # the fetch's own (batch, rows, k) loops
+        _, tx = sch.split(sch.fuse(*sch.get_loops(fetch)[depth:]), [None, config.threads])
+        sch.bind(tx, "threadIdx.x")
+        sch.storage_align(fetch, 0, axis=1, factor=32, offset=1)
+        auto_inline_producers(sch, fetch)
+    auto_inline_consumer_chain(sch, store)
+    sch.decompose_reduction(main, ko)
+    del reindex_c
+    return True

@@ -1,0 +1,139 @@
+"""Depthwise conv2d (NCHW, any window, stride, dilation and channel multiplier) on CUDA.
+
+The kernel TensorFlow's ``DepthwiseConv2dGPUKernel`` and TVM's old topi/cuda template converged on, with no
+cross-thread reduction anywhere:
+
+- a thread block owns a tile of ``channels x tile_h x tile_w`` outputs; it first copies the padded input
+  tile those outputs read (the halo included, zero padding written there) into shared memory, each thread
+  a share of it, so every input element is read from global memory once per tile;
+- each thread then computes ``strip`` neighbouring outputs of one row: the window is unrolled (taps are
+  compile-time offsets, stride and dilation included), the accumulators stay in registers and neighbouring
+  outputs reuse the loaded inputs;
+- the epilogue (bias, folded batch-norm, activation, residual add) is applied to the registers before the
+  single store.
+
+Channels share a block when a channel's plane alone would leave most of a block's threads idle (7x7
+maps); tiles shrink when the grid would leave streaming multiprocessors idle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir
+
+from ..common import anchor_loops, block_names, inline_epilogue, largest_divisor
+from .common import MAX_SHARED_BYTES, cooperative_copy
+
+ANCHOR = "DepthwiseConv2d"
+PAD = "PaddedInput"
+TARGET_THREADS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    channels: int  # output channels per thread block
+    tile_h: int  # output rows per thread block
+    tile_w: int  # output columns per thread block (a multiple of strip)
+    strip: int  # neighbouring outputs of a row per thread
+
+    @property
+    def threads(self) -> int:
+        return self.channels * self.tile_h * (self.tile_w // self.strip)
+
+    def shared_bytes(self, kernel: tuple, stride: tuple, dilation: tuple) -> int:
+        rows = (self.tile_h - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1
+        cols = (self.tile_w - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
+        return 4 * self.channels * rows * cols
+
+
+def default_config(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 1), dilation=(1, 1),
+                   sms: int = 132) -> Config:
+    """Strips of 4 (2, 1) outputs along whole rows (at most 32 threads a row), rows up to 256 threads a block,
+    channels stacked while a block has fewer than 128 threads; then tiles halved while the grid is under two
+    blocks per SM or the input tile does not fit in shared memory."""
+    strip = next(s for s in (4, 2, 1) if out_w % s == 0 and out_w // s >= 4 or s == 1)
+    tile_w = out_w if out_w // strip <= 32 else largest_divisor(out_w, 32 * strip, strip)
+    row_threads = tile_w // strip
+    tile_h = largest_divisor(out_h, max(1, TARGET_THREADS // row_threads))
+    per_channel = tile_h * row_threads
+    stacked = largest_divisor(channels, max(1, TARGET_THREADS // per_channel)) if per_channel < 128 else 1
+    config = Config(stacked, tile_h, tile_w, strip)
+
+    def blocks(c: Config) -> int:
+        return (channels // c.channels) * -(-out_h // c.tile_h) * -(-out_w // c.tile_w)
+
+    def smaller(c: Config) -> Config | None:
+        if c.channels > 1:
+            return dataclasses.replace(c, channels=largest_divisor(channels, c.channels // 2))
+        if c.tile_h > 1:
+            return dataclasses.replace(c, tile_h=largest_divisor(out_h, c.tile_h // 2))
+        return None
+
+    while config.shared_bytes(kernel, stride, dilation) > MAX_SHARED_BYTES:
+        config = smaller(config)
+    while blocks(config) < 2 * sms:
+        nxt = smaller(config)
+        if nxt is None or nxt.threads < 64:
+            break
+        config = nxt
+    return config
+
+
+def _conv_attrs(sch: s_tir.Schedule, anchor) -> tuple:
+    """(window, stride, dilation) read off the anchor block's input index ``y * stride + ry * dilation``."""
+    from tvm.sym.pattern import detect_linear_equation
+
+    block = sch.get(anchor)
+    window = tuple(int(iv.dom.extent) for iv in block.iter_vars[4:6])
+    read = next(r for r in block.reads if r.source.name.startswith(PAD))
+    stride, dilation = [], []
+    for axis in (0, 1):
+        y, r = block.iter_vars[2 + axis].var, block.iter_vars[4 + axis].var
+        coeffs = detect_linear_equation(read.region[2 + axis].min, [y, r])
+        stride.append(int(coeffs[0]))
+        dilation.append(int(coeffs[1]))
+    return window, tuple(stride), tuple(dilation)
+
+
+def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> bool:
+    """Schedule a depthwise partition kernel in place; False (``sch`` untouched) when it is not one."""
+    found = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
+    if found is None:
+        return False
+    anchor, loops = found
+    shape = [int(sch.get(loop).extent) for loop in loops]
+    kernel, stride, dilation = _conv_attrs(sch, anchor)
+    if config is None:
+        config = default_config(shape[1], shape[2], shape[3], kernel, stride, dilation, sms)
+    for name in block_names(sch)[:block_names(sch).index(ANCHOR)]:
+        if name != PAD:
+            sch.compute_inline(sch.get_sblock(name))  # the weight's reshape to topi's filter layout
+    out = inline_epilogue(sch, ANCHOR)
+    if out is None:
+        out = sch.cache_write(anchor, 0, "local")
+    else:
+        sch.set_scope(anchor, 0, "local")
+    n, c, h, w = sch.get_loops(out)
+    co, ci = sch.split(c, [None, config.channels])
+    ho, hi = sch.split(h, [None, config.tile_h])
+    wo, wt, ws = sch.split(w, [None, config.tile_w // config.strip, config.strip])
+    sch.reorder(n, co, ho, wo, ci, hi, wt, ws)
+    bx = sch.fuse(n, co, ho, wo)
+    tx = sch.fuse(ci, hi, wt)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.unroll(ws)
+    # The strip's accumulators in registers: the window unrolled outside the strip, so each tap's weight is
+    # loaded once and the inputs neighbouring outputs share are loaded once.
+    sch.compute_at(anchor, tx, preserve_unit_loops=True)
+    an, ac, ah, aw, ry, rx = sch.get_loops(anchor)[-6:]
+    sch.reorder(ry, rx, aw)
+    for loop in (ry, rx, aw):
+        sch.unroll(loop)
+    sch.decompose_reduction(anchor, ry)
+    pad = sch.get_sblock(PAD)
+    sch.set_scope(pad, 0, "shared")
+    sch.compute_at(pad, bx, preserve_unit_loops=True)
+    cooperative_copy(sch, pad, bx, config.threads)
+    return True

@@ -1,0 +1,50 @@
+"""A warp per output: the GEMV of batch-1 dense layers and squeeze-excite 1x1 convs on CUDA (fp32)."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..common import block_names, inline_epilogue, loops_below
+from .common import WARP
+
+WARPS = 4  # outputs (one warp each) per thread block
+
+
+def lanes_for(k: int) -> int:
+    """Lanes splitting a reduction of ``k``: 32, or the largest power of two not above ``k``, so every lane
+    has at least one term. A lane with none would never initialise its partial sum (the initialisation sits
+    under the split's bounds check) and add a register's garbage to the warp's sum: a squeeze-excite conv
+    reading 24 channels gave mobilenet_v3_large wrong, run-dependent outputs on the H100 that way."""
+    return min(WARP, 1 << (max(k, 1).bit_length() - 1))
+
+
+def schedule_rows(sch: s_tir.Schedule, anchor: str) -> bool:
+    """A warp per output element of ``anchor``, whose reduction reads a weight contiguous along its
+    (fused) reduction axes: lanes split K, the partial sums added by warp shuffles, the epilogue after."""
+    names = block_names(sch)
+    for name in names[:names.index(anchor)]:
+        sch.compute_inline(sch.get_sblock(name))
+    main = sch.get_sblock(anchor)
+    out = inline_epilogue(sch, anchor)
+    if out is not None:
+        sch.set_scope(main, 0, "local")
+    kinds = [iv.iter_type for iv in sch.get(main).iter_vars]
+    loops = sch.get_loops(main)
+    spatial = sch.fuse(*[lp for lp, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar])
+    reduce = sch.fuse(*[lp for lp, kind in zip(loops, kinds) if kind == tirx.IterVar.CommReduce])
+    ko, lane = sch.split(reduce, [None, lanes_for(int(sch.get(reduce).extent))])
+    partial = sch.rfactor(lane, 0)
+    sch.set_scope(partial, 0, "local")
+    j, ko, lane = sch.get_loops(partial)
+    jo, warp = sch.split(j, [None, WARPS])
+    sch.reorder(jo, warp, lane, ko)
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    sch.annotate(ko, "pragma_auto_unroll_max_step", 8)
+    sch.annotate(ko, "pragma_unroll_explicit", 1)
+    sch.reverse_compute_at(main, warp)
+    sch.bind(loops_below(sch, main, warp)[0], "threadIdx.x")
+    if out is not None:
+        sch.reverse_compute_at(out, warp, preserve_unit_loops=True)
+    return True

@@ -1,0 +1,171 @@
+"""tvmfuse's CUDA rules over a grid of shapes: each one-op model compiles for CUDA with its partition on the
+expected rule, within the target's limits, with no cross-thread reduction in a depthwise kernel (no GPU
+needed: nvcc builds the library); on a GPU (marker ``gpu``) the outputs match onnxruntime's."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+import tvmfuse
+from helpers import make_model, ort_run
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+
+TARGET = "cuda-sm90"
+
+
+def _epilogue(nodes: list, inits: list, rng, epilogue: str, out_channels: int, shape: list) -> None:
+    """Append ``epilogue`` after node output ``c`` so the model's output is ``y``."""
+    if epilogue == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif epilogue == "relu6":
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+        inits += [numpy_helper.from_array(np.array(0, "float32"), "lo"),
+                  numpy_helper.from_array(np.array(6, "float32"), "hi")]
+    elif epilogue == "hardswish":
+        nodes.append(helper.make_node("HardSwish", ["c"], ["y"]))
+    elif epilogue == "silu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    elif epilogue == "bn_residual":
+        scale = rng.uniform(0.5, 1.5, out_channels).astype("float32")
+        shift = rng.standard_normal(out_channels).astype("float32")
+        inits += [numpy_helper.from_array(scale.reshape(-1, 1, 1), "bn_s"),
+                  numpy_helper.from_array(shift.reshape(-1, 1, 1), "bn_b"),
+                  numpy_helper.from_array(rng.standard_normal(shape).astype("float32"), "res")]
+        nodes += [helper.make_node("Mul", ["c", "bn_s"], ["m"]), helper.make_node("Add", ["m", "bn_b"], ["a"]),
+                  helper.make_node("Add", ["a", "res"], ["y"])]
+    else:
+        raise ValueError(epilogue)
+
+
+def conv_model(cin, cout, hw, k, stride=1, dilation=1, group=1, epilogue="relu", seed=0):
+    """x[1, cin, hw, hw] -> Conv(bias, 'same'-style padding) -> ``epilogue``."""
+    rng = np.random.default_rng(seed)
+    pad = dilation * (k - 1) // 2
+    w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype("float32")
+    b = rng.standard_normal(cout).astype("float32")
+    out_hw = (hw + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
+                              pads=[pad] * 4, dilations=[dilation] * 2, group=group)]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")]
+    _epilogue(nodes, inits, rng, epilogue, cout, [1, cout, out_hw, out_hw])
+    return make_model(nodes, [("x", [1, cin, hw, hw])], [("y", None)], inits)
+
+
+def dense_model(m, k, n, epilogue="relu", seed=0):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]), helper.make_node("Add", ["mm", "B"], ["c"])]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")]
+    _epilogue(nodes, inits, rng, epilogue, n, [m, n])
+    return make_model(nodes, [("x", [m, k])], [("y", None)], inits)
+
+
+# (channels, size, window, stride, dilation, epilogue): every window, stride and dilation the issue names.
+DEPTHWISE = [(c, hw, k, s, d, e) for (c, hw), k, s, d, e in [
+    ((32, 112), 3, 1, 1, "relu6"), ((96, 112), 3, 2, 1, "relu6"), ((144, 56), 3, 1, 1, "bn_residual"),
+    ((144, 56), 5, 2, 1, "silu"), ((240, 28), 5, 1, 1, "hardswish"), ((480, 14), 3, 1, 2, "relu"),
+    ((672, 14), 5, 2, 1, "hardswish"), ((960, 7), 3, 1, 1, "relu6"), ((960, 7), 5, 1, 1, "silu"),
+    ((64, 33), 7, 1, 1, "relu"), ((64, 32), 7, 2, 2, "relu"), ((40, 17), 3, 2, 2, "bn_residual"),
+    ((256, 65), 3, 1, 2, "relu"), ((8, 9), 7, 2, 1, "relu")]]
+CONV = [(3, 16, 224, 3, 2, 1, "relu6"), (16, 96, 112, 1, 1, 1, "relu6"), (64, 64, 56, 3, 1, 1, "bn_residual"),
+        (128, 256, 28, 3, 2, 1, "relu"), (512, 2048, 7, 1, 1, 1, "bn_residual"), (320, 1280, 7, 1, 1, 1, "relu6"),
+        (24, 40, 29, 5, 1, 2, "silu"), (7, 10, 13, 3, 1, 1, "hardswish"),
+        # squeeze-excite convs on a 1x1 map (a warp per output): fewer input channels than a warp's lanes
+        (24, 72, 1, 1, 1, 1, "relu"), (72, 24, 1, 1, 1, 1, "hardswish"), (5, 40, 1, 1, 1, 1, "relu")]
+DENSE = [(1, 1280, 1000, "relu"), (1, 960, 1280, "hardswish"), (1, 100, 7, "relu"), (1, 20, 50, "relu"),
+         (2, 3, 10, "relu"), (4, 512, 256, "silu"),
+         (32, 256, 100, "relu"), (64, 768, 3072, "relu")]
+
+
+def _model(kind: str, case):
+    if kind == "depthwise":
+        c, hw, k, s, d, e = case
+        return conv_model(c, c, hw, k, s, d, group=c, epilogue=e), "tvmfuse.cuda.depthwise_conv2d"
+    if kind == "conv":
+        cin, cout, hw, k, s, d, e = case
+        return conv_model(cin, cout, hw, k, s, d, epilogue=e), "tvmfuse.cuda.conv2d"
+    m, k, n, e = case
+    return dense_model(m, k, n, epilogue=e), "tvmfuse.cuda.dense"
+
+
+CASES = ([("depthwise", c) for c in DEPTHWISE] + [("conv", c) for c in CONV] + [("dense", c) for c in DENSE])
+IDS = [f"{kind}-" + "-".join(str(v) for v in case) for kind, case in CASES]
+
+
+def _source(cm) -> str:
+    return cm.executable.mod.imports[0].imports[0].inspect_source()
+
+
+def _kernels(source: str) -> dict:
+    """Kernel name -> its body, from the CUDA source."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?'
+                                                            r'(\w+)\([^;{]*\)\s*{', source)]
+    ends = [s for s, _ in starts[1:]] + [len(source)]
+    return {name: source[start:end] for (start, name), end in zip(starts, ends)}
+
+
+def _shared_bytes(body: str) -> int:
+    sizes = {"float": 4, "half": 2, "int": 4, "signed char": 1, "unsigned char": 1}
+    total = 0
+    for dtype, count in re.findall(r"__shared__ (?:alignas\(\d+\) )?(float|half|int|signed char|unsigned char) "
+                                   r"\w+\[(\d+)\]", body):
+        total += sizes[dtype] * int(count)
+    return total
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    cache = {}
+
+    def get(kind, case):
+        key = (kind, case)
+        if key not in cache:
+            model, rule = _model(kind, case)
+            cache[key] = (model, rule, tvmfuse.compile(model, target=TARGET))
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("kind,case", CASES, ids=IDS)
+def test_partition_is_on_its_rule_within_limits(compiled, kind, case):
+    _, rule, cm = compiled(kind, case)
+    scheduled_by = cm.manifest()["scheduled_by"]
+    partitions = {k: v for k, v in scheduled_by.items() if k.startswith("tvmfuse_")}
+    assert list(partitions.values()) == [rule], scheduled_by
+    bodies = _kernels(_source(cm))
+    (name,) = [n for n in bodies if n.startswith(next(iter(partitions)))]
+    body = bodies[name]
+    assert _shared_bytes(body) <= 48 * 1024
+    threads = re.search(rf"__launch_bounds__\((\d+)\) {name}\(", _source(cm))
+    assert threads is not None and int(threads.group(1)) <= 1024
+    if kind == "depthwise":
+        assert "red_buf" not in body and "__shfl" not in body, "cross-thread reduction in a depthwise kernel"
+        assert "__shared__" in body, "the input tile is not staged in shared memory"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,case", CASES, ids=IDS)
+def test_rule_matches_onnxruntime_on_gpu(compiled, kind, case, tmp_path):
+    model, _, cm = compiled(kind, case)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = {"x": np.random.default_rng(1).standard_normal(shape).astype("float32")}
+    out = tvmfuse.load(cm.export(tmp_path / "k.so")).run(x)[0]
+    np.testing.assert_allclose(out, ort_run(model, x)[0], rtol=2e-4, atol=2e-4)
+
+
+def test_every_warp_lane_has_a_term():
+    # A lane without a term never initialises its partial sum (see gemv.lanes_for).
+    from tvmfuse.schedules.cuda.gemv import lanes_for
+
+    for k in range(1, 200):
+        lanes = lanes_for(k)
+        assert lanes <= min(k, 32) and lanes & (lanes - 1) == 0, k
+    assert lanes_for(24) == 16 and lanes_for(1280) == 32
