@@ -7,7 +7,7 @@ SP=$(python -c "import tvm, os; print(os.path.dirname(os.path.dirname(tvm.__file
 FFI=$(python -c "import tvm_ffi; print(tvm_ffi.__version__)")
 XGB=$(python -c "import xgboost; print(xgboost.__version__)")
 TOR=$(python -c "import tornado; print(tornado.version)")
-mkdir -p .dev1 .dev2 && grep -qx "/.dev1/" .git/info/exclude || printf '/.dev1/\n/.dev2/\n' >> .git/info/exclude
+mkdir -p .dev1 .dev2 .git/info && grep -qx "/.dev1/" .git/info/exclude || printf '/.dev1/\n/.dev2/\n' >> .git/info/exclude
 xz -T0 -6 -c "$SP/tvm/lib/libtvm_compiler.so" | split -b 31000000 - /tmp/compiler.xz.
 mv /tmp/compiler.xz.aa .dev1/ && mv /tmp/compiler.xz.ab .dev2/
 tar -C "$SP" --exclude=libtvm_compiler.so --exclude=__pycache__ --exclude=tvm/3rdparty --exclude=tvm/src \
