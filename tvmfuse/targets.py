@@ -170,8 +170,11 @@ def _x86_host() -> TargetSpec:
 
 
 def _cuda(arch: str, name: str):
-    # The host part of a CUDA library runs on whatever CPU drives the GPU: keep it generic x86-64.
-    return lambda: TargetSpec(name, {"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+    # The host part of a CUDA library runs on whatever CPU drives the GPU: keep it generic x86-64. The limits
+    # are those of TVM's nvidia/nvidia-a100 and -h100 tags; MetaSchedule's GPU verifier needs them.
+    config = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
+              "thread_warp_size": 32}
+    return lambda: TargetSpec(name, dict(config), host={"kind": "llvm"})
 
 
 TARGETS = {
