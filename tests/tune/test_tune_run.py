@@ -106,9 +106,19 @@ def test_nothing_built_is_a_clear_error(tmp_path):
     assert record_lines(LogStore(tmp_path, HOST).path) == []
 
 
-def test_target_this_host_cannot_run_needs_rpc(tmp_path):
-    with pytest.raises(TuningError, match="cannot run on this machine.*--rpc"):
+def test_target_without_templates_is_refused(tmp_path):
+    # CUDA has no MetaSchedule templates yet and compile applies no CUDA logs: tuning it would write dead records.
+    with pytest.raises(TuningError, match="cuda-sm80: tuning is not supported yet"):
         tune(MODEL, "cuda-sm80", trials=2, logs=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_target_this_host_cannot_run_needs_rpc(tmp_path):
+    # Sapphire Rapids with every extension (AMX, AVX512-FP16): what few CI hosts have (the device host does).
+    full_spr = targets.resolve({"kind": "llvm", "mcpu": "sapphirerapids"})
+    if not targets.host_can_run(full_spr):
+        with pytest.raises(TuningError, match="cannot run on this machine.*lacks .*amx.*--rpc"):
+            tune(MODEL, full_spr, trials=2, logs=tmp_path)
     if not targets.host_can_run(targets.resolve("x86-avx512")):
         with pytest.raises(TuningError, match="cannot run on this machine.*lacks avx512"):
             tune(MODEL, "x86-avx512", trials=2, logs=tmp_path)

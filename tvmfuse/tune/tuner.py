@@ -181,6 +181,9 @@ def tune(model, target="x86-avx512", trials: int = 64, *, logs=None, resume: boo
     if trials < 1:
         raise TuningError(f"trials must be at least 1, got {trials}")
     spec = targets.resolve(target)
+    if not spec.backend().applies_tuning_logs:
+        raise TuningError(f"target {spec.name}: tuning is not supported yet (its backend, {spec.backend().name}, has no "
+                          "MetaSchedule templates and compile applies no tuning logs for it)")
     if rpc is None and not target_runs_here(spec):
         missing = ", ".join(targets.missing_host_features(spec)) or spec.kind
         raise TuningError(f"target {spec.name} cannot run on this machine (lacks {missing}): measure on a device "
