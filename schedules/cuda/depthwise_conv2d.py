@@ -48,10 +48,11 @@ class Config:
 
 
 def default_config(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 1), dilation=(1, 1),
-                   sms: int = 132) -> Config:
+                   sms: int = 132) -> Config | None:
     """Strips of 4 (2, 1) outputs along whole rows (at most 32 threads a row), rows up to 256 threads a block,
     channels stacked while a block has fewer than 128 threads; then tiles halved while the grid is under two
-    blocks per SM or the input tile does not fit in shared memory."""
+    blocks per SM or the input tile does not fit in shared memory. None when not even one row of one channel
+    fits (a window dilated past shared memory)."""
     strip = next(s for s in (4, 2, 1) if out_w % s == 0 and out_w // s >= 4 or s == 1)
     tile_w = out_w if out_w // strip <= 32 else largest_divisor(out_w, 32 * strip, strip)
     row_threads = tile_w // strip
@@ -72,6 +73,8 @@ def default_config(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=
 
     while config.shared_bytes(kernel, stride, dilation) > MAX_SHARED_BYTES:
         config = smaller(config)
+        if config is None:
+            return None
     while blocks(config) < 2 * sms:
         nxt = smaller(config)
         if nxt is None or nxt.threads < 64:
@@ -106,6 +109,8 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
     kernel, stride, dilation = _conv_attrs(sch, anchor)
     if config is None:
         config = default_config(shape[1], shape[2], shape[3], kernel, stride, dilation, sms)
+        if config is None:
+            return False
     for name in block_names(sch)[:block_names(sch).index(ANCHOR)]:
         if name != PAD:
             sch.compute_inline(sch.get_sblock(name))  # the weight's reshape to topi's filter layout

@@ -169,3 +169,12 @@ def test_every_warp_lane_has_a_term():
         lanes = lanes_for(k)
         assert lanes <= min(k, 32) and lanes & (lanes - 1) == 0, k
     assert lanes_for(24) == 16 and lanes_for(1280) == 32
+
+
+def test_depthwise_whose_tile_cannot_fit_shared_memory_falls_back():
+    # A 7x7 window dilated by 24 reads 145 rows a tile: no tile fits in 48 KiB, so the fallback rule takes it.
+    from tvmfuse.schedules.cuda.depthwise_conv2d import default_config
+
+    assert default_config(8, 160, 160, (7, 7), (1, 1), (24, 24)) is None
+    cm = tvmfuse.compile(conv_model(8, 8, 160, 7, dilation=24, group=8), target=TARGET)
+    assert [v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_")] == ["tvmfuse.cuda.fused"]
