@@ -13,6 +13,7 @@ import tvmfuse
 from tvmfuse import corpus, zoo
 
 from helpers import ort_run
+from helpers.cuda_source import guarded_partial_sums
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -42,11 +43,21 @@ def _scheduled_by(model, target: str, shapes) -> dict:
         return kernel_schedulers(relax_pipeline(spec, tvm_target)(mod))
 
 
+def test_guarded_partial_sum_is_detected():
+    head = 'extern "C" __global__ void __launch_bounds__(128) k_kernel(float* p) {\n'
+    bad = head + ("  if (((int)threadIdx.x) < 24) {\n    acc_rf_ptr[0] = 0x0p+0f/*0.000000e+00*/;\n  }\n"
+                  "  red_buf0_ptr[0] = acc_rf_ptr[0];\n")
+    fine = head + ("  if (((int)threadIdx.y) < 5) {\n    acc_rf_ptr[0] = 0x0p+0f/*0.000000e+00*/;\n  }\n"
+                   "  in_thread_ptr[0] = 0x0p+0f;\n  red_buf0_ptr[0] = in_thread_ptr[0];\n")
+    assert guarded_partial_sums(bad) == ["k_kernel"] and guarded_partial_sums(fine) == []
+
+
 @pytest.mark.parametrize("name", zoo.names())
 def test_zoo_builds_for_sm90_with_partitions_on_tvmfuse_rules(name):
     cm = tvmfuse.compile(zoo.get(name), target="cuda-sm90", shapes=zoo.default_shapes(name))
     _check(cm.manifest()["scheduled_by"])
     assert cm.manifest()["cuda_code"] == "binary"  # nvcc built every kernel
+    assert guarded_partial_sums(cm.executable.mod.imports[0].imports[0].inspect_source()) == []
 
 
 @pytest.mark.parametrize("name", zoo.names())

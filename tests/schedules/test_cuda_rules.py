@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 
 import tvmfuse
 from helpers import make_model, ort_run
+from helpers.cuda_source import guarded_partial_sums, kernels, shared_bytes
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -103,23 +104,6 @@ def _source(cm) -> str:
     return cm.executable.mod.imports[0].imports[0].inspect_source()
 
 
-def _kernels(source: str) -> dict:
-    """Kernel name -> its body, from the CUDA source."""
-    starts = [(m.start(), m.group(1)) for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?'
-                                                            r'(\w+)\([^;{]*\)\s*{', source)]
-    ends = [s for s, _ in starts[1:]] + [len(source)]
-    return {name: source[start:end] for (start, name), end in zip(starts, ends)}
-
-
-def _shared_bytes(body: str) -> int:
-    sizes = {"float": 4, "half": 2, "int": 4, "signed char": 1, "unsigned char": 1}
-    total = 0
-    for dtype, count in re.findall(r"__shared__ (?:alignas\(\d+\) )?(float|half|int|signed char|unsigned char) "
-                                   r"\w+\[(\d+)\]", body):
-        total += sizes[dtype] * int(count)
-    return total
-
-
 @pytest.fixture(scope="module")
 def compiled():
     cache = {}
@@ -140,12 +124,13 @@ def test_partition_is_on_its_rule_within_limits(compiled, kind, case):
     scheduled_by = cm.manifest()["scheduled_by"]
     partitions = {k: v for k, v in scheduled_by.items() if k.startswith("tvmfuse_")}
     assert list(partitions.values()) == [rule], scheduled_by
-    bodies = _kernels(_source(cm))
+    bodies = kernels(_source(cm))
     (name,) = [n for n in bodies if n.startswith(next(iter(partitions)))]
     body = bodies[name]
-    assert _shared_bytes(body) <= 48 * 1024
+    assert shared_bytes(body) <= 48 * 1024
     threads = re.search(rf"__launch_bounds__\((\d+)\) {name}\(", _source(cm))
     assert threads is not None and int(threads.group(1)) <= 1024
+    assert guarded_partial_sums(_source(cm)) == []
     if kind == "depthwise":
         assert "red_buf" not in body and "__shfl" not in body, "cross-thread reduction in a depthwise kernel"
         assert "__shared__" in body, "the input tile is not staged in shared memory"

@@ -1,0 +1,43 @@
+"""Reading the CUDA source TVM generates: kernels, their static shared memory, a known bug pattern."""
+
+from __future__ import annotations
+
+import re
+
+
+def kernels(source: str) -> dict:
+    """Kernel name -> its body, from the CUDA source."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?'
+                                                            r'(\w+)\([^;{]*\)\s*{', source)]
+    ends = [s for s, _ in starts[1:]] + [len(source)]
+    return {name: source[start:end] for (start, name), end in zip(starts, ends)}
+
+
+def shared_bytes(body: str) -> int:
+    sizes = {"float": 4, "half": 2, "int": 4, "signed char": 1, "unsigned char": 1}
+    total = 0
+    for dtype, count in re.findall(r"__shared__ (?:alignas\(\d+\) )?(float|half|int|signed char|unsigned char) "
+                                   r"\w+\[(\d+)\]", body):
+        total += sizes[dtype] * int(count)
+    return total
+
+
+def guarded_partial_sums(source: str) -> list[str]:
+    """Kernels where a partial sum (an ``rf`` register) is initialised only under a thread-index guard but
+    enters the cross-thread sum unguarded: the threads outside the guard add an uninitialised register.
+    That is how a squeeze-excite conv reading 24 channels with 32 lanes gave mobilenet_v3_large
+    run-dependent outputs on the H100. (A partial sum read back under the same guard, through an
+    initialised ``in_thread`` value, is fine.)"""
+    found, kernel, previous, guarded = [], None, "", set()
+    for line in source.splitlines():
+        head = re.search(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", line)
+        if head:
+            kernel, guarded = head.group(1), set()
+        init = re.search(r"(\w*rf\w*)\[\d+\] = 0x0p\+0f", line)
+        if init and re.search(r"if \(.*threadIdx", previous):
+            guarded.add(init.group(1))
+        read = re.search(r"red_buf\w*\[\d+\] = (\w+)\[", line)
+        if read and read.group(1) in guarded:
+            found.append(kernel)
+        previous = line
+    return sorted(set(found))
