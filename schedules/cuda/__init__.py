@@ -48,6 +48,10 @@ def dlight_rules() -> list:
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
+def _scheduled(func) -> bool:
+    return bool(func.attrs) and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
 def ScheduleWithDlight():  # noqa: N802 - TVM pass naming
     """dlight's rules for every kernel still unscheduled, one rule at a time so each kernel records which
     one scheduled it (``dlight.<Rule>``)."""
@@ -59,10 +63,10 @@ def ScheduleWithDlight():  # noqa: N802 - TVM pass naming
     def _apply(mod, _ctx):
         for rule in dlight_rules():
             before = {gv.name_hint for gv, f in mod.functions_items()
-                      if isinstance(f, tirx.PrimFunc) and not f.attrs.get("tirx.is_scheduled", False)}
+                      if isinstance(f, tirx.PrimFunc) and not _scheduled(f)}
             mod = dl.ApplyDefaultSchedule(rule)(mod)
             for gv, func in list(mod.functions_items()):
-                if gv.name_hint in before and func.attrs.get("tirx.is_scheduled", False):
+                if gv.name_hint in before and _scheduled(func):
                     mod.update_func(gv, func.with_attr(SCHEDULED_BY, f"dlight.{type(rule).__name__}"))
         return mod
 
