@@ -6,7 +6,7 @@ that form without being materialised (the im2col gather happens on the load into
 whole tiles, and computed in tiles:
 
 - a thread block owns a ``tile_i x tile_j`` tile of C and walks K ``step_k`` at a time, both operand tiles
-  staged in shared memory by all its threads (the weight's rows padded against bank conflicts);
+  staged in shared memory by all its threads (rows padded by one word against bank conflicts);
 - each thread accumulates a ``micro_i x micro_j`` register tile from them;
 - the epilogue (bias, folded batch-norm, residual add, activation) is applied to the registers and stored
   once.
@@ -90,8 +90,10 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
     output is one pixel (squeeze-excite) is a GEMV over its OIHW weight (:func:`.gemv.schedule_rows`)."""
     from . import gemv
 
-    if ANCHOR in block_names(sch) and all(int(iv.dom.extent) == 1 for iv in sch.get(sch.get_sblock(ANCHOR)).iter_vars[2:4]):
-        return gemv.schedule_rows(sch, ANCHOR)
+    if ANCHOR in block_names(sch):
+        out_h, out_w = (int(iv.dom.extent) for iv in sch.get(sch.get_sblock(ANCHOR)).iter_vars[2:4])
+        if out_h == out_w == 1:
+            return gemv.schedule_rows(sch, ANCHOR)
     return schedule_gemm(sch, ANCHOR, sms, config)
 
 
@@ -138,5 +140,4 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config: Config | N
         auto_inline_producers(sch, fetch)
     auto_inline_consumer_chain(sch, store)
     sch.decompose_reduction(main, ko)
-    del reindex_c
     return True
