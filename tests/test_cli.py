@@ -31,9 +31,13 @@ def test_compile_then_run_with_inputs(tmp_path, capsys):
     model.write_bytes(conv_relu(batch="N").SerializeToString())
     lib = tmp_path / "dyn.so"
     assert cli.main(["compile", str(model), "--target", "x86-host", "--shape", "x:2,3,16,16", "-o", str(lib)]) == 0
-    err = capsys.readouterr().err
-    assert "[3/3] build" in err
-    assert json.loads(lib.with_suffix(".json").read_text())["inputs"][0]["shape"] == [2, 3, 16, 16]
+    captured = capsys.readouterr()
+    assert "[3/3] build" in captured.err
+    manifest = json.loads(lib.with_suffix(".json").read_text())
+    assert manifest["inputs"][0]["shape"] == [2, 3, 16, 16]
+    # who scheduled each kernel: the manifest's map, and one summary line
+    assert manifest["scheduled_by"] and set(manifest["scheduled_by"]) == set(manifest["kernels"])
+    assert f"kernels scheduled by: {len(manifest['kernels'])} tvmfuse.x86" in captured.out
     x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype("float32")
     np.savez(tmp_path / "in.npz", x=x)
     assert cli.main(["run", str(lib), "--inputs", str(tmp_path / "in.npz"), "--save", str(tmp_path / "out.npz"),

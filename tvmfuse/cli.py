@@ -42,6 +42,14 @@ def _print_opcheck(cm) -> None:
     print(f"op-check: {len(checks)} partition calls match the unfused reference (largest error {worst:.3g})")
 
 
+def _schedulers(scheduled_by: dict) -> str:
+    """``{kernel: who}`` as one line, most kernels first: ``20 tvmfuse.cuda.conv2d, 10 ..., 1 dlight.Fallback``."""
+    import collections
+
+    counts = collections.Counter(scheduled_by.values())
+    return ", ".join(f"{n} {who}" for who, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def cmd_compile(args) -> int:
     from . import api
 
@@ -52,6 +60,7 @@ def cmd_compile(args) -> int:
         _print_opcheck(cm)
     path = cm.export(args.output)
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
+    print(f"kernels scheduled by: {_schedulers(cm.manifest()['scheduled_by'])}")
     if cm.tuning_logs:
         info = cm.tuning_logs
         print(f"tuning logs {info['path']}: {len(info['applied'])} kernel(s) tuned, {info['records']} records read"
