@@ -9,6 +9,21 @@ INT8 kernels, no templates, no tuning logs.
 
 from __future__ import annotations
 
+# PrimFunc attribute naming who scheduled a kernel (``tvmfuse.<backend>[.<rule>]``, ``tuning_log``,
+# ``dlight.<Rule>``); the manifest's ``scheduled_by`` lists it.
+SCHEDULED_BY = "tvmfuse.scheduled_by"
+
+
+def is_scheduled(func) -> bool:
+    """Whether ``func`` carries TVM's scheduled mark (tuning logs, a backend's rule, dlight)."""
+    return bool(func.attrs) and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
+def kernel_of(func) -> str | None:
+    """A kernel's ``tvmfuse.family`` attribute (None: a kernel of TVM's default path)."""
+    kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
+    return str(kernel) if kernel is not None else None
+
 
 class Backend:
     """What one target kind contributes. Subclasses override what they have.

@@ -23,6 +23,14 @@ def inline_epilogue(sch: s_tir.Schedule, anchor: str):
     return sch.get_sblock(after[-1]) if after else None
 
 
+def inline_producers(sch: s_tir.Schedule, anchor: str, keep: tuple = ()) -> None:
+    """Inline every stage before ``anchor`` (weight reshapes, padding) except those named in ``keep``."""
+    names = block_names(sch)
+    for name in names[:names.index(anchor)]:
+        if name not in keep:
+            sch.compute_inline(sch.get_sblock(name))
+
+
 def accumulate_in_registers(sch: s_tir.Schedule, anchor, epilogue, tile_loop):
     """Accumulate ``anchor``'s tile in a local buffer and apply ``epilogue`` to it under ``tile_loop``.
 

@@ -49,7 +49,9 @@ def kernel_schedulers(lowered) -> dict[str, str]:
     ``none`` (lowered as TVM legalized it: the CPU backends' loops as they are)."""
     import tvm
 
-    return {gv.name_hint: str(f.attrs.get("tvmfuse.scheduled_by", "none")) if f.attrs else "none"
+    from .schedules.backend import SCHEDULED_BY
+
+    return {gv.name_hint: str(f.attrs.get(SCHEDULED_BY, "none")) if f.attrs else "none"
             for gv, f in sorted(lowered.functions_items(), key=lambda item: item[0].name_hint)
             if isinstance(f, tvm.tirx.PrimFunc)}
 

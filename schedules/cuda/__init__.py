@@ -17,12 +17,13 @@ import warnings
 from tvm import s_tir
 
 from .. import families
+from ..backend import SCHEDULED_BY, kernel_of
 from ..backend import Backend as _Base
+from ..backend import is_scheduled
 from . import fused
 from .common import sm_count
 
 NAME = "cuda"
-SCHEDULED_BY = "tvmfuse.scheduled_by"
 RULES = {name: importlib.import_module(f"{__name__}.{k.rules[NAME]}")
          for name, k in families.KERNELS.items() if NAME in k.rules}
 
@@ -48,10 +49,6 @@ def dlight_rules() -> list:
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
-def _scheduled(func) -> bool:
-    return bool(func.attrs) and bool(func.attrs.get("tirx.is_scheduled", False))
-
-
 def ScheduleWithDlight():  # noqa: N802 - TVM pass naming
     """dlight's rules for every kernel still unscheduled, one rule at a time so each kernel records which
     one scheduled it (``dlight.<Rule>``)."""
@@ -63,10 +60,10 @@ def ScheduleWithDlight():  # noqa: N802 - TVM pass naming
     def _apply(mod, _ctx):
         for rule in dlight_rules():
             before = {gv.name_hint for gv, f in mod.functions_items()
-                      if isinstance(f, tirx.PrimFunc) and not _scheduled(f)}
+                      if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)}
             mod = dl.ApplyDefaultSchedule(rule)(mod)
             for gv, func in list(mod.functions_items()):
-                if gv.name_hint in before and _scheduled(func):
+                if gv.name_hint in before and is_scheduled(func):
                     mod.update_func(gv, func.with_attr(SCHEDULED_BY, f"dlight.{type(rule).__name__}"))
         return mod
 
@@ -80,15 +77,14 @@ def _square(x):
 
 
 def _legalize_power(bb, call):
-    """``x ** 2`` as ``x * x`` (exact, and defined for a negative ``x``); other powers as TVM legalizes them."""
+    """``x ** 2`` as ``x * x`` (exact, and defined for a negative ``x``); other powers by TVM's own rule."""
     import tvm
-    from tvm import topi
 
     exponent = call.args[1]
     if isinstance(exponent, tvm.ir.expr.Constant) and exponent.value.numpy().size == 1 and \
             float(exponent.value.numpy().reshape(())) == 2.0:
         return bb.call_te(_square, call.args[0], primfunc_name_hint="square")
-    return bb.call_te(topi.power, call.args[0], call.args[1])
+    return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)
 
 
 class Backend(_Base):
@@ -114,15 +110,13 @@ class Backend(_Base):
         return 1 if int(call.args[0].ty.shape[0]) < dense.GEMM_ROWS else None
 
     def schedule(self, func):
-        kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
-        sch, rule = scheduled(func, str(kernel) if kernel is not None else None, self.sms)
+        sch, rule = scheduled(func, kernel_of(func), self.sms)
         if sch is None:
             return func
         return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULED_BY: f"tvmfuse.cuda.{rule}"})
 
     def default_trace(self, mod):
-        kernel = mod["main"].attrs.get("tvmfuse.family") if mod["main"].attrs else None
-        sch, _ = scheduled(mod["main"], str(kernel) if kernel is not None else None, self.sms)
+        sch, _ = scheduled(mod["main"], kernel_of(mod["main"]), self.sms)
         return sch.trace if sch is not None else super().default_trace(mod)
 
     def legalize_passes(self, target) -> list:

@@ -22,7 +22,7 @@ import dataclasses
 
 from tvm import s_tir
 
-from ..common import anchor_loops, block_names, inline_epilogue, largest_divisor
+from ..common import anchor_loops, inline_epilogue, inline_producers, largest_divisor
 from .common import MAX_SHARED_BYTES, cooperative_copy
 
 ANCHOR = "DepthwiseConv2d"
@@ -111,9 +111,7 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
         config = default_config(shape[1], shape[2], shape[3], kernel, stride, dilation, sms)
         if config is None:
             return False
-    for name in block_names(sch)[:block_names(sch).index(ANCHOR)]:
-        if name != PAD:
-            sch.compute_inline(sch.get_sblock(name))  # the weight's reshape to topi's filter layout
+    inline_producers(sch, ANCHOR, keep=(PAD,))  # the weight's reshape to topi's filter layout
     out = inline_epilogue(sch, ANCHOR)
     if out is None:
         out = sch.cache_write(anchor, 0, "local")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ..common import block_names, inline_epilogue
+from ..common import block_names, inline_epilogue, inline_producers
 from ..compute import ANCHOR_BLOCK
 
 THREADS = 256
@@ -20,8 +20,7 @@ def schedule(sch: s_tir.Schedule, family: str) -> bool:
     names = block_names(sch)
     if anchor_name not in names:
         return False
-    for name in names[:names.index(anchor_name)]:
-        sch.compute_inline(sch.get_sblock(name))
+    inline_producers(sch, anchor_name)
     anchor = sch.get_sblock(anchor_name)
     out = inline_epilogue(sch, anchor_name)
     if out is None:

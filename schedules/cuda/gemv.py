@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..common import block_names, inline_epilogue, loops_below
+from ..common import inline_epilogue, inline_producers, loops_below
 from .common import WARP
 
 WARPS = 4  # outputs (one warp each) per thread block
@@ -21,16 +21,14 @@ def lanes_for(k: int) -> int:
 def schedule_rows(sch: s_tir.Schedule, anchor: str) -> bool:
     """A warp per output element of ``anchor``, whose reduction reads a weight contiguous along its
     (fused) reduction axes: lanes split K, the partial sums added by warp shuffles, the epilogue after."""
-    names = block_names(sch)
-    for name in names[:names.index(anchor)]:
-        sch.compute_inline(sch.get_sblock(name))
+    inline_producers(sch, anchor)
     main = sch.get_sblock(anchor)
     out = inline_epilogue(sch, anchor)
     if out is not None:
         sch.set_scope(main, 0, "local")
     kinds = [iv.iter_type for iv in sch.get(main).iter_vars]
     loops = sch.get_loops(main)
-    spatial = sch.fuse(*[lp for lp, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar])
+    sch.fuse(*[lp for lp, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar])  # the outputs, one loop
     reduce = sch.fuse(*[lp for lp, kind in zip(loops, kinds) if kind == tirx.IterVar.CommReduce])
     ko, lane = sch.split(reduce, [None, lanes_for(int(sch.get(reduce).extent))])
     partial = sch.rfactor(lane, 0)

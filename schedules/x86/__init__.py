@@ -14,6 +14,7 @@ from tvm import s_tir, tirx
 
 from .. import families
 from ..backend import Backend as _Base
+from ..backend import kernel_of
 from ..common import block_names, lanes
 from . import conv2d, dense, fused, generic, softmax
 
@@ -108,10 +109,10 @@ class Backend(_Base):
         return templates.annotate(func, kernel) or func
 
     def schedule(self, func):
-        return schedule(func, _kernel_of(func), self.vector_bits, self.vnni)
+        return schedule(func, kernel_of(func), self.vector_bits, self.vnni)
 
     def default_trace(self, mod):
-        sch = scheduled(mod["main"], _kernel_of(mod["main"]), self.vector_bits, self.vnni)
+        sch = scheduled(mod["main"], kernel_of(mod["main"]), self.vector_bits, self.vnni)
         return sch.trace if sch is not None else super().default_trace(mod)
 
     def legalize_passes(self, target) -> list:
@@ -176,8 +177,3 @@ class Backend(_Base):
         from . import templates
 
         return templates.space_generator()
-
-
-def _kernel_of(func) -> str | None:
-    kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
-    return str(kernel) if kernel is not None else None

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import tvmfuse
+from helpers.cuda_source import kernels
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
 
 def _global_kernels(cm) -> set[str]:
-    source = cm.executable.mod.imports[0].imports[0].inspect_source()
-    return set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))
+    return set(kernels(cm.executable.mod.imports[0].imports[0].inspect_source()))
 
 
 @pytest.fixture(scope="module")

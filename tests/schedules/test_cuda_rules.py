@@ -163,3 +163,15 @@ def test_depthwise_whose_tile_cannot_fit_shared_memory_falls_back():
     assert default_config(8, 160, 160, (7, 7), (1, 1), (24, 24)) is None
     cm = tvmfuse.compile(conv_model(8, 8, 160, 7, dilation=24, group=8), target=TARGET)
     assert [v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_")] == ["tvmfuse.cuda.fused"]
+
+
+@pytest.mark.parametrize("exponent,kernel", [(2.0, "square"), (3.0, "power")])
+def test_square_is_a_multiply_other_powers_tvms_rule(exponent, kernel):
+    # TVM's CUDA pow is __powf, NaN for a negative base: x ** 2 (a LayerNorm's variance) must not use it.
+    nodes = [helper.make_node("Pow", ["x", "e"], ["y"])]
+    model = make_model(nodes, [("x", [1, 8])], [("y", None)], [numpy_helper.from_array(np.array(exponent, "float32"), "e")])
+    cm = tvmfuse.compile(model, target=TARGET)
+    body = kernels(_source(cm))
+    assert [n for n in body if n.startswith(kernel)], list(body)
+    if kernel == "square":
+        assert not any("pow" in b for b in body.values())

@@ -79,7 +79,8 @@ def test_validation_races_the_schedule_compile_gives(int8_and_fp32_kernels):
     import tvm
 
     from tvmfuse import targets
-    from tvmfuse.passes.schedule import SCHEDULED_BY, ScheduleKernels
+    from tvmfuse.passes.schedule import ScheduleKernels
+    from tvmfuse.schedules.backend import SCHEDULED_BY
 
     spec = targets.resolve(HOST)
     families = {str(f.attrs["tvmfuse.family"]) for f in int8_and_fp32_kernels.values()}

@@ -9,18 +9,12 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from ..schedules.backend import SCHEDULED_BY, is_scheduled
 from ..targets import TargetSpec
 
 
 def _prim_funcs(mod: tvm.IRModule) -> dict:
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-
-
-SCHEDULED_BY = "tvmfuse.scheduled_by"  # PrimFunc attribute: who scheduled the kernel (the manifest lists it)
-
-
-def _is_scheduled(func) -> bool:
-    return bool(func.attrs) and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
 def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
@@ -36,7 +30,7 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
         before = _prim_funcs(mod)
         with database:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-        tuned = sorted(n for n, f in _prim_funcs(mod).items() if _is_scheduled(f) and not _is_scheduled(before.get(n, f)))
+        tuned = sorted(n for n, f in _prim_funcs(mod).items() if is_scheduled(f) and not is_scheduled(before.get(n, f)))
         if tuned:
             mod = mod.clone()
             for name in tuned:
@@ -59,7 +53,7 @@ def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM
         backend = spec.backend()
         updates = {}
         for gv, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc) and not _is_scheduled(func):
+            if isinstance(func, tirx.PrimFunc) and not is_scheduled(func):
                 scheduled = backend.schedule(func)
                 if not scheduled.same_as(func):
                     if SCHEDULED_BY not in scheduled.attrs:
