@@ -1,5 +1,5 @@
 """Where a compiled model's time goes: each kernel's time per inference, summed by kind, then the slowest
-conv kernels with their shapes, GFLOP/s and layout.
+conv and dense kernels with their shapes, GFLOP/s and layout.
 
     python bench/profile.py resnet50 [--target x86-host] [--no-logs] [--top 12]
     python bench/profile.py ppocrv6_rec_small --target x86-avx512      # a corpus model, at its table shape
@@ -33,16 +33,22 @@ def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:
     return instrumented(runner._vm, lambda: runner.run(x), runs)
 
 
-def _conv_row(name: str, seconds: float, calls: int, cm) -> dict | None:
+def _anchor_row(name: str, seconds: float, calls: int, cm) -> dict | None:
+    """A conv or dense kernel's row: its shape, time per call, GFLOP/s and layout; None for other kernels."""
     fn, layout = cm.record.kernels.get(name, (None, None))
     call = anchor_call(fn) if fn is not None else None
-    if call is None or call.op.name != "relax.nn.conv2d":
+    if call is None or call.op.name not in ("relax.nn.conv2d", "relax.matmul"):
         return None
     out, weight = [int(d) for d in call.ty.shape], [int(d) for d in call.args[1].ty.shape]
-    flops = 2 * out[0] * out[1] * out[2] * out[3] * weight[1] * weight[2] * weight[3]
+    if call.op.name == "relax.matmul":
+        rows, k = out[0], weight[0]
+        flops, what = 2 * rows * k * out[1], f"dense {rows}x{k} x {k}x{out[1]}"
+    else:
+        flops = 2 * out[0] * out[1] * out[2] * out[3] * weight[1] * weight[2] * weight[3]
+        what = (f"{weight[1]}->{out[1]} {weight[2]}x{weight[3]} s{int(call.attrs.strides[0])} "
+                f"to {out[2]}x{out[3]}")
     per_call = seconds / calls
-    return {"kernel": name, "conv": f"{weight[1]}->{out[1]} {weight[2]}x{weight[3]} s{int(call.attrs.strides[0])} "
-            f"to {out[2]}x{out[3]}", "us per call": f"{per_call * 1e6:.0f}",
+    return {"kernel": name, "op": what, "calls": calls, "us per call": f"{per_call * 1e6:.0f}",
             "GFLOP/s": f"{flops / per_call / 1e9:.0f}", "layout": layout.describe()}
 
 
@@ -89,10 +95,10 @@ def main(argv=None) -> int:
           f"target {args.target}, {'no logs' if args.no_logs else 'with logs'}{', INT8' if args.int8 else ''}")
     print(table([{"kind": k, "us": f"{s * 1e6:.0f}", "share": f"{100 * s / total:.1f}%"}
                  for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])], ["kind", "us", "share"]))
-    rows = [_conv_row(n, sum(t), len(t), cm) for n, t in times.items()]
-    rows = sorted((r for r in rows if r), key=lambda r: -float(r["us per call"]))[:args.top]
+    rows = [_anchor_row(n, sum(t), len(t), cm) for n, t in times.items()]
+    rows = sorted((r for r in rows if r), key=lambda r: -float(r["us per call"]) * r["calls"])[:args.top]
     if rows:
-        print(f"\n# slowest {len(rows)} conv kernels")
+        print(f"\n# the {len(rows)} conv and dense kernels with the most time per inference ({args.runs} runs)")
         print(table(rows, list(rows[0])))
     return 0
 
