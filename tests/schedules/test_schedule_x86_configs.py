@@ -124,7 +124,9 @@ def test_dense_default_config(args, expected):
     ((4096, 1024, AVX2, 6), dense.Config(8, 8, 6)), ((1000, 1280, AVX512, 1), dense.Config(50, 8, 1)),
     # A prime row count (an LSTM's 31 steps): two tiles of 16, the second one row short, not 31 tiles of 1
     ((384, 256, AVX512, 31), dense.Config(16, 8, 16)), ((384, 256, AVX2, 31), dense.Config(16, 8, 4)),
-    ((288, 96, AVX512, 31), dense.Config(32, 8, 8))])
+    ((288, 96, AVX512, 31), dense.Config(32, 8, 8)),
+    # K = 1024: the tile's data rows stay within one L1d, 8 rows of 4 KB (ConvNeXt's 16 x 1024 x 256)
+    ((256, 1024, AVX512, 16), dense.Config(16, 8, 8)), ((1024, 256, AVX512, 16), dense.Config(16, 8, 16))])
 def test_dense_default_config_rows(args, expected):
     assert dense.default_config(*args) == expected
 
