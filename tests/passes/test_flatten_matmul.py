@@ -49,6 +49,50 @@ def test_nd_activation_times_constant_weight_is_a_dense_with_its_bias(x_shape):
     kernels = _kernels(cm)
     assert any(k.startswith("tvmfuse_dense") for k in kernels), kernels
     assert not any("matmul" in k or k.startswith("add") or "fused_add" in k for k in kernels), kernels
+    assert any(k.startswith("tvmfuse_dense_relu") for k in kernels), kernels  # the Relu after the reshape too
+
+
+def _gelu_after(x_shape, k, n, scale_shape=None):
+    """MatMul + bias + GELU (erf form, as exporters spell it), then a constant scale of ``scale_shape``."""
+    model, _ = _model(x_shape, k, n, act=False)
+    g = model.graph
+    consts = {"sqrt2": np.float32(np.sqrt(2.0)), "one": np.float32(1.0), "half": np.float32(0.5)}
+    g.initializer.extend(numpy_helper.from_array(np.array(v), name) for name, v in consts.items())
+    g.node.extend([helper.make_node("Div", ["y", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                   helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["y", "p"], ["q"]),
+                   helper.make_node("Mul", ["q", "half"], ["z"])])
+    out = "z"
+    if scale_shape is not None:
+        g.initializer.append(numpy_helper.from_array(RNG.standard_normal(scale_shape).astype("float32"), "S"))
+        g.node.append(helper.make_node("Mul", ["z", "S"], ["s"]))
+        out = "s"
+    g.output[0].name = out
+    return model
+
+
+def test_gelu_after_a_flattened_product_joins_the_dense():
+    """ConvNeXt's expansion: Linear on [1, H, W, C] then GELU; the reshape back sinks below the GELU."""
+    model = _gelu_after((1, 4, 5, 24), 24, 64)
+    cm = _check(model, {"x": RNG.standard_normal((1, 4, 5, 24)).astype("float32")})
+    kernels = _kernels(cm)
+    assert any(k.startswith("tvmfuse_dense_gelu") for k in kernels), kernels
+    assert not any("erf" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("scale_shape", [(64,), (1, 1, 64), (4, 1, 1)])
+def test_constants_after_the_product_sink_only_when_they_vary_along_columns(scale_shape):
+    model = _gelu_after((1, 4, 5, 24), 24, 64, scale_shape)
+    _check(model, {"x": RNG.standard_normal((1, 4, 5, 24)).astype("float32")})
+
+
+def test_an_activation_operand_stops_the_sink_but_stays_right():
+    model, _ = _model((1, 5, 24), 24, 37, act=False)
+    g = model.graph
+    g.input.append(helper.make_tensor_value_info("g", 1, [1, 5, 37]))
+    g.node.append(helper.make_node("Mul", ["y", "g"], ["z"]))
+    g.output[0].name = "z"
+    feeds = {"x": RNG.standard_normal((1, 5, 24)).astype("float32"), "g": RNG.standard_normal((1, 5, 37)).astype("float32")}
+    _check(model, feeds)
 
 
 def test_bias_that_varies_along_rows_stays_outside_but_is_right():
