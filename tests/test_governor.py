@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tvmfuse import governor
-from tvmfuse.governor import PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, Governor
+from tvmfuse.governor import IDLE_S, PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, WARM_CALLS, Governor
 
 
 class Script:
@@ -77,6 +77,23 @@ def test_isolated_slow_calls_are_not_contention(script):
         script.call(gov, 0.002)
         script.call(gov, 0.010)
     assert gov.switches == 0 and script.calls == []
+
+
+def test_slow_calls_after_an_idle_gap_are_not_contention(script):
+    gov = make(script)
+    for _ in range(20):  # a benchmark's blocks: a pause, then calls that start slow while the cores wake up
+        script.wall += 0.2
+        walls = [0.0082, 0.0057, 0.0055, 0.0043] + [0.0025] * 5
+        assert [script.call(gov, w) for w in walls] == [2] * len(walls)
+    assert gov.switches == 0 and script.calls == []
+
+
+def test_contention_after_an_idle_gap_still_moves_to_one_thread(script):
+    gov = make(script)
+    script.call(gov, 0.002)
+    script.wall += 10 * IDLE_S
+    ran = [script.call(gov, 0.006) for _ in range(WARM_CALLS + SLOW_CALLS + 1)]
+    assert ran == [2] * (WARM_CALLS + SLOW_CALLS) + [1] and gov.switches == 1
 
 
 def test_contention_moves_to_one_thread_and_a_quiet_machine_moves_back(script):
