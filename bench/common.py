@@ -27,12 +27,15 @@ def interleaved_medians(fns: dict, repeat: int, warmup: int = 3, rounds: int | N
     worker threads spin for a while after a run and would otherwise steal the cores from the next one.
     Blocks are short (``rounds`` defaults to one per 6 runs): this machine's speed drifts by up to 1.5x
     over tens of seconds, and 5 long blocks let a drift land on one contender (ratios moved by 0.2).
+    The order rotates every round, so no contender always runs right after the same other one (what a
+    runtime leaves behind, spinning threads or a cold cache, lands on each alike).
     """
     times = {name: [] for name in fns}
     rounds = rounds or max(5, repeat // 6)
     per_round = max(1, repeat // rounds)
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(rounds):
+        for name, fn in order[r % len(order):] + order[:r % len(order)]:
             time.sleep(0.2)
             for _ in range(warmup):
                 fn()
