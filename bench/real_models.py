@@ -81,6 +81,7 @@ def compile_check(entry: dict, target: str, layout: str, opcheck: bool = False) 
         cm = tvmfuse.compile(model, target=target, shapes=entry["shapes"], layout=layout)
         row["compile s"] = round(time.perf_counter() - start, 1)
         row["import s"] = round(cm.stats.get("import ONNX", float("nan")), 2)  # load, fold, rewrite, from_onnx
+        row["transforms"] = cm.partition_report().num_transforms  # layout transforms per inference
     except TvmfuseError as e:
         row.update(status="FAIL", error=str(e))
         return row
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
             for k in ("cm", "sess", "x", "proto"):
                 row.pop(k, None)
             rows.append(row)
-    columns = ["model", "target", "layout", "status", "max abs diff", "import s", "compile s"]
+    columns = ["model", "target", "layout", "status", "max abs diff", "transforms", "import s", "compile s"]
     if args.opcheck:
         columns.append("opcheck")
     timed = [r for r in rows if "tvmfuse ms" in r]

@@ -21,7 +21,8 @@ ZOO = ["tiny_convnet", "mobilenet_v2", "resnet18", "resnet50", "efficientnet_lit
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_flops_in_partitions(name):
     report = partitions(f"zoo:{name}", target=HOST)
-    assert re.fullmatch(r"\d+ ops, \d+ in partitions, \d+\.\d% of conv/dense FLOPs", report.summary())
+    assert re.fullmatch(r"\d+ ops, \d+ in partitions, \d+\.\d% of conv/dense FLOPs, \d+ layout transforms.*",
+                        report.summary())
     assert report.flops_share >= 0.95
     # The partitions account for exactly the conv/gemm FLOPs `tvmfuse info` counts on the ONNX graph.
     assert sum(p.flops for p in report.partitions) == model_info.info(f"zoo:{name}").flops
@@ -51,7 +52,27 @@ def test_left_out_conv_dense_reason():
     report = partitions(_matmul_runtime_weight(), target=HOST)
     assert not report.partitions
     assert report.left_out[0].op == "matmul" and "weight is computed at run time" in report.left_out[0].reason
-    assert report.summary() == "1 ops, 0 in partitions, 0.0% of conv/dense FLOPs"
+    assert report.summary() == "1 ops, 0 in partitions, 0.0% of conv/dense FLOPs, 0 layout transforms"
+
+
+def _two_convs(middle: str, **attrs):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype("float32"), n) for n in ("W1", "W2")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1] * 4), helper.make_node(middle, ["a"], ["s"], **attrs),
+             helper.make_node("Conv", ["s", "W2"], ["y"], pads=[1] * 4)]
+    return make_model(nodes, [("x", [1, 16, 8, 8])], [("y", None)], inits)
+
+
+def test_layout_transforms_are_counted_where_a_blocked_tensor_meets_a_plain_consumer():
+    # The Relu joins the first conv: the activation stays blocked, one transform for the model's output.
+    assert partitions(_two_convs("Relu"), target=HOST).transforms == {"to_plain": 1}
+    # A channel Softmax has no blocked form: the first conv's output goes plain too.
+    report = partitions(_two_convs("Softmax", axis=1), target=HOST)
+    assert report.transforms == {"to_plain": 2} and report.num_transforms == 2
+    assert report.summary().endswith(", 2 layout transforms (2 to_plain)")
+    # In the NCHW layout there is nothing to transform, and a compiled model reports what it was built with.
+    cm = tvmfuse.compile(_two_convs("Softmax", axis=1), target=HOST, layout="nchw")
+    assert cm.partition_report().transforms == {}
 
 
 def test_broadcast_add_reason_is_reported():
@@ -119,6 +140,6 @@ def test_opcheck_env_checks_every_run(monkeypatch):
 def test_cli_partition(capsys):
     assert cli.main(["partition", "zoo:tiny_convnet", "--target", HOST]) == 0
     out = capsys.readouterr().out
-    assert out.strip().endswith("26 ops, 24 in partitions, 100.0% of conv/dense FLOPs")
+    assert out.strip().endswith("26 ops, 24 in partitions, 100.0% of conv/dense FLOPs, 0 layout transforms")
     assert cli.main(["partition", "zoo:tiny_convnet", "--target", HOST, "--opcheck"]) == 0
     assert "op-check: 7 partition calls match the unfused reference" in capsys.readouterr().out

@@ -85,7 +85,8 @@ class CompiledModel:
         """What the partitioner grouped and left out (see ``tvmfuse partition``)."""
         from .partition_report import build_report
 
-        return build_report(self.record.partitioned, self.record.rejections, self.source, self.target.name)
+        return build_report(self.record.partitioned, self.record.rejections, self.source, self.target.name,
+                            self.mod)
 
     def benchmark(self, inputs: Mapping[str, np.ndarray] | None = None, repeat: int = 50, warmup: int = 5) -> dict:
         """Median/min/max/mean latency in ms over ``repeat`` runs (seeded random inputs by default)."""

@@ -1,5 +1,6 @@
 """What the partitioner did: each partition (pattern, ops, shapes, FLOPs, bytes moved), every op left out
-with the reason, and the summary line ``N ops, M in partitions, P% of conv/dense FLOPs``."""
+with the reason, the layout transforms the lowering put at partition borders, and the summary line
+``N ops, M in partitions, P% of conv/dense FLOPs, T layout transforms (a to_blocked, b to_plain)``."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class PartitionReport:
     target: str
     partitions: list[Partition]
     left_out: list[LeftOut]
+    transforms: dict[str, int] | None = None  # layout transform kernel -> calls per inference (None: unknown)
 
     @property
     def num_ops(self) -> int:
@@ -50,9 +52,17 @@ class PartitionReport:
         total = inside + sum(o.flops for o in self.left_out)
         return inside / total if total else 1.0
 
+    @property
+    def num_transforms(self) -> int:
+        return sum((self.transforms or {}).values())
+
     def summary(self) -> str:
-        return (f"{self.num_ops} ops, {self.ops_in_partitions} in partitions, "
+        line = (f"{self.num_ops} ops, {self.ops_in_partitions} in partitions, "
                 f"{100 * self.flops_share:.1f}% of conv/dense FLOPs")
+        if self.transforms is not None:
+            kinds = ", ".join(f"{n} {name}" for name, n in sorted(self.transforms.items()))
+            line += f", {self.num_transforms} layout transforms" + (f" ({kinds})" if kinds else "")
+        return line
 
     def format(self) -> str:
         lines = [f"partitions of {self.source} for {self.target}:",
@@ -114,8 +124,29 @@ def _reason(call, var_name: str, rejections: dict) -> str:
     return "no tvmfuse kernel for this op: TVM default path (fused with its neighbours)"
 
 
-def build_report(partitioned, rejections: dict, source: str, target: str) -> PartitionReport:
-    """Read a module right after the Partition pass (see ``PassRecord.partitioned``)."""
+def layout_transforms(lowered) -> dict[str, int]:
+    """Calls of layout transform kernels (``to_blocked``, ``to_plain``) in the ``main`` of a module the graph
+    passes lowered (what ``run_graph_passes`` returns), per kernel name."""
+    import tvm
+    from tvm import relax
+
+    counts: dict[str, int] = {}
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    for block in lowered["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)):
+                continue
+            attrs = lowered[call.args[0]].attrs
+            if attrs is not None and str(attrs.get("tvmfuse.family", "")) == families.LAYOUT_TRANSFORM.name:
+                name = str(attrs["tvmfuse.kernel"])
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def build_report(partitioned, rejections: dict, source: str, target: str, lowered=None) -> PartitionReport:
+    """Read a module right after the Partition pass (see ``PassRecord.partitioned``); with ``lowered`` (the
+    graph passes' result), count the layout transforms too."""
     import tvm
     from tvm import relax
 
@@ -139,7 +170,8 @@ def build_report(partitioned, rejections: dict, source: str, target: str) -> Par
                     continue
             left.append(LeftOut(op_name(call), _dims(call), _reason(call, binding.var.name, rejections),
                                 anchor_flops(call)))
-    return PartitionReport(source, target, parts, left)
+    transforms = layout_transforms(lowered) if lowered is not None else None
+    return PartitionReport(source, target, parts, left, transforms)
 
 
 def partitions(model, target="x86-avx512", shapes=None) -> PartitionReport:
@@ -150,5 +182,5 @@ def partitions(model, target="x86-avx512", shapes=None) -> PartitionReport:
     spec = targets.resolve(target)
     imported = frontend.import_model(model, shapes)
     record = PassRecord()
-    run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
-    return build_report(record.partitioned, record.rejections, imported.source, spec.name)
+    lowered = run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
+    return build_report(record.partitioned, record.rejections, imported.source, spec.name, lowered)
