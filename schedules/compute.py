@@ -185,6 +185,24 @@ def _leakyrelu(call, x):
     return topi.nn.leaky_relu(x, float(call.attrs.alpha))
 
 
+def _square(x):
+    return topi.multiply(x, x)
+
+
+def legalize_power(bb, call):
+    """``relax.power`` legalized with ``x ** 2`` as ``x * x`` (exact: both are the correctly rounded square),
+    other powers by TVM's own rule. On CUDA TVM computes every power with ``__powf`` (``exp2(y * log2(x))``),
+    NaN for a negative base: the variance of an ONNX-exported LayerNorm (``Pow(x - mean, 2)``). On x86 it
+    calls libm's scalar ``powf`` per element, and the multiply fuses into the mean that reads it."""
+    import tvm
+
+    exponent = call.args[1]
+    if isinstance(exponent, tvm.ir.expr.Constant) and exponent.value.numpy().size == 1 and \
+            float(exponent.value.numpy().reshape(())) == 2.0:
+        return bb.call_te(_square, call.args[0], primfunc_name_hint="square")
+    return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)
+
+
 def fast_sigmoid(x):
     """``1 / (1 + fast_exp(-x))``. TVM's sigmoid calls libm's scalar ``expf`` per element (YOLOv8n's SiLU
     convs spent more time in it than in their multiply-adds); ``fast_exp`` is a vectorizable polynomial.

@@ -70,23 +70,6 @@ def ScheduleWithDlight():  # noqa: N802 - TVM pass naming
     return _apply
 
 
-def _square(x):
-    from tvm import topi
-
-    return topi.multiply(x, x)
-
-
-def _legalize_power(bb, call):
-    """``x ** 2`` as ``x * x`` (exact, and defined for a negative ``x``); other powers by TVM's own rule."""
-    import tvm
-
-    exponent = call.args[1]
-    if isinstance(exponent, tvm.ir.expr.Constant) and exponent.value.numpy().size == 1 and \
-            float(exponent.value.numpy().reshape(())) == 2.0:
-        return bb.call_te(_square, call.args[0], primfunc_name_hint="square")
-    return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)
-
-
 class Backend(_Base):
     """CUDA for one ``sm_XX`` target."""
 
@@ -128,10 +111,12 @@ class Backend(_Base):
         from tvm import relax
         from tvm.relax.backend.cuda import pipeline as cuda
 
+        from .. import compute
+
         passes = cuda.legalize_passes(target)
         assert type(passes[-1]).__name__ == "ApplyDefaultSchedule", passes[-1]
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
-        legalize = relax.transform.LegalizeOps(customize_legalize_map={"relax.power": _legalize_power})
+        legalize = relax.transform.LegalizeOps(customize_legalize_map={"relax.power": compute.legalize_power})
         return cuda.library_dispatch_passes(target) + [legalize] + passes[1:-1]
 
     def relax_pipeline(self, target, scheduling: list):

@@ -122,7 +122,8 @@ class Backend(_Base):
         element (0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms); ``fast_exp`` is a vectorizable
         polynomial, at most 4.1e-6 relative error over [-87, 88] (measured against float64 ``exp``). TVM's
         erf is libm's scalar ``erff`` too: ConvNeXt-T's GELUs outside its dense kernels took 4.4 ns per element
-        (0.57 ms for a 1024 x 128 map)."""
+        (0.57 ms for a 1024 x 128 map). ``x ** 2`` is ``x * x`` (:func:`compute.legalize_power`), not libm's
+        ``powf``, and fuses into the LayerNorm variance's mean."""
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
@@ -135,7 +136,8 @@ class Backend(_Base):
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
         custom = {"relax.nn.softmax": legalize_softmax,
                   "relax.sigmoid": lambda bb, call: bb.call_te(compute.fast_sigmoid, call.args[0]),
-                  "relax.erf": lambda bb, call: bb.call_te(topi.fast_erf, call.args[0])}
+                  "relax.erf": lambda bb, call: bb.call_te(topi.fast_erf, call.args[0]),
+                  "relax.power": compute.legalize_power}
         return generic.library_dispatch_passes(target) + [
             relax.transform.LegalizeOps(customize_legalize_map=custom)] + passes[1:]
 

@@ -1,6 +1,6 @@
 """Sigmoid (SiLU epilogues, sigmoid gates, detection heads) is fast_exp-based on x86 and Erf is fast_erf: no
 scalar expf or erff call per element; the sigmoid is as accurate as TVM's (8.9e-8 absolute error against
-float64)."""
+float64). ``x ** 2`` is a multiply."""
 
 from __future__ import annotations
 
@@ -65,3 +65,22 @@ def test_erf_outside_partitions_is_the_fast_erf_polynomial():
     cm = tvmfuse.compile(model, target=HOST)
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=2e-6)
     assert "T.erf(" not in cm.lowered.script()
+
+
+def test_square_is_a_multiply_and_exact_other_powers_stay_tvms():
+    """A spelt-out LayerNorm's variance, ``Pow(x - mean, 2)``: a vector multiply, not libm's powf per element,
+    bit-exact against onnxruntime on negative bases; a cube keeps TVM's power."""
+    for exponent, kernel in ((2.0, "square"), (3.0, "power")):
+        nodes = [helper.make_node("Pow", ["x", "e"], ["y"])]
+        model = make_model(nodes, [("x", [4, 40])], [("y", None)],
+                           [numpy_helper.from_array(np.array(exponent, "float32"), "e")])
+        x = {"x": (RNG.standard_normal((4, 40)) * 3).astype("float32")}
+        cm = tvmfuse.compile(model, target=HOST)
+        names = [gv.name_hint for gv in cm.lowered.functions]
+        assert any(n.startswith(kernel) for n in names), names
+        got, want = cm.run(x)[0], ort_run(model, x)[0]
+        if kernel == "square":
+            np.testing.assert_array_equal(got, want)
+            assert "T.pow(" not in cm.lowered.script()
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6)
