@@ -204,6 +204,22 @@ def to_plain(tensor, channels: int | None = None):
                       lambda b, c, y, x: tensor[b, c // block, y, x, c % block], name=TO_PLAIN)
 
 
+def depth_to_space(data, groups: int, sh: int, sw: int):
+    """NCHW[b]c -> NCHW[b]c depth-to-space of a phase conv's output (``TransposeConvToConv``): input channel
+    ``g*sh*sw*Cg + (a*sw + b)*Cg + cg`` at ``(y, x)`` goes to channel ``g*Cg + cg`` at ``(sh*y + a, sw*x + b)``.
+    With ``Cg`` a multiple of the block, an output vector is one input vector: whole-vector copies, where the
+    plain form took a ``to_plain``, a transpose gathering along rows and a ``to_blocked`` after."""
+    n, blocks, h, w, block = (int(d) for d in data.shape)
+    group_blocks = blocks // (groups * sh * sw)  # Cg / block
+
+    def read(b, cb, y, x, i):
+        g, cgb = cb // group_blocks, cb % group_blocks
+        phase = (y % sh) * sw + x % sw
+        return data[b, (g * sh * sw + phase) * group_blocks + cgb, y // sh, x // sw, i]
+
+    return te.compute((n, groups * group_blocks, h * sh, w * sw, block), read, name="depth_to_space_nchwc")
+
+
 def pool2d(data, pool_type: str, pool_size, strides, padding, dilation, ceil_mode: bool = False,
            count_include_pad: bool = True):
     """Max (``pool_type`` "max") or average ("avg") pooling from NCHW[b]c to NCHW[b]c: topi's ``pool2d``, the

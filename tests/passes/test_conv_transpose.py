@@ -60,6 +60,22 @@ def test_db_head_matches_onnxruntime_on_conv_kernels(bias):
                 and gv.name_hint.endswith("reshape1")]
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_blocked_depth_to_space_moves_whole_channel_vectors(bias):
+    """32 channels (whole blocks): the first upsampling's depth-to-space runs on the blocked activation, with
+    no transform around it; the second (one channel) keeps the plain transpose."""
+    model = _db_head(c=32, bias=bias)
+    x = {"x": RNG.standard_normal((1, 32, 10, 10)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
+    names = [gv.name_hint for gv in cm.lowered.functions]
+    assert [n for n in names if "depth_to_space_nchwc" in n] == ["fused_depth_to_space_nchwc_relu"], names
+    assert cm.mod.script().count("R.permute_dims(") == 1  # the one-channel upsampling's
+    # BN + ReLU joined the blocked side; the one transform feeds the 4-channel phase conv, an NCHW kernel
+    assert cm.partition_report().transforms == {"to_plain": 1}
+    assert not [n for n in names if "batch_norm" in n]  # folded into the phase conv, repeated per phase
+
+
 def _compiled_matches_onnxruntime(attrs, w_shape, x_shape):
     """A biased ``ConvTranspose`` (weight ``w_shape``, IOHW per group) compiled for the host; checks it against
     onnxruntime and returns the compiled model and its one kernel's function."""
@@ -126,7 +142,7 @@ def test_phase_weight_computes_the_definition(attrs):
     for t in range(mh):
         for u in range(mw):
             conv += np.einsum("nchw,oc->nohw", xp[:, :, t:t + qh, u:u + qw], v[:, :, t, u])
-    phases = conv.reshape(1, 2, s[0], s[1], qh, qw).transpose(0, 1, 4, 2, 5, 3).reshape(1, 2, qh * s[0], qw * s[1])
+    phases = conv.reshape(1, s[0], s[1], 2, qh, qw).transpose(0, 3, 4, 1, 5, 2).reshape(1, 2, qh * s[0], qw * s[1])
     np.testing.assert_allclose(phases[:, :, y0:y1, x0:x1], _numpy_conv_transpose(x, w, s, pads, extra), atol=1e-12)
 
 

@@ -8,7 +8,7 @@ kernels, 84 % of the zoo's U-Net (41.7 of 49.7 ms) its one 3x3 stride-2 ConvTran
 The sub-pixel form (per axis, stride ``s``, kernel ``k``, ``M = ceil(k / s)``): output row ``s*q + a`` (phase
 ``a``) receives ``x[q - m] * W[a + s*m]`` for ``m < M``, a correlation of the input padded by ``M - 1`` with the
 taps reversed. So one ``M x M`` conv with ``O*s*s`` output channels (weight
-``V[(o, a, b), c, t, u] = W[c, o, a + s*(M-1-t), b + s*(M-1-u)]``, zero beyond the kernel, packed at compile
+``V[(a, b, o), c, t, u] = W[c, o, a + s*(M-1-t), b + s*(M-1-u)]``, zero beyond the kernel, packed at compile
 time) computes every phase; a depth-to-space interleaves them and a slice removes the transposed conv's
 padding (and adds its output padding). With stride == kernel and no padding this is a 1x1 conv and no slice.
 The conv runs on the conv2d family's kernel, and a following per-channel bias ``add`` is moved into it (each
@@ -32,8 +32,10 @@ from tvmfuse.schedules.families import static_shape
 
 from .utils import const_array, rewrite_call, rewrite_functions
 
-_CONV_T, _ADD, _RESHAPE, _SLICE = (tvm.ir.Op.get(n) for n in (
-    "relax.nn.conv2d_transpose", "relax.add", "relax.reshape", "relax.strided_slice"))
+_CONV_T, _ADD, _RESHAPE, _SLICE, _BN = (tvm.ir.Op.get(n) for n in (
+    "relax.nn.conv2d_transpose", "relax.add", "relax.reshape", "relax.strided_slice", "relax.nn.batch_norm"))
+# The depth-to-space's transpose: [N, groups, sh, sw, C/groups, H, W] -> [N, groups, C/groups, H, sh, W, sw].
+DEPTH_TO_SPACE_AXES = (0, 1, 4, 5, 2, 6, 3)
 
 
 def _rewritable(call) -> bool:
@@ -49,10 +51,12 @@ def _rewritable(call) -> bool:
 
 
 def phase_weight(w: np.ndarray, strides: tuple[int, int], groups: int = 1) -> np.ndarray:
-    """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I/groups, Mh, Mw]``.
+    """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I/groups, Mh, Mw]``,
+    output channel ``(phase a*sw + b) * O + o``: phase-major, so each phase's channels are whole blocks of
+    the blocked layout and the depth-to-space moves whole vectors (:func:`tvmfuse.schedules.blocked.depth_to_space`).
 
     With groups, each group's phases are its own block of output channels (group-major, as a grouped conv
-    and the depth-to-space after it both want)."""
+    and the depth-to-space after it both want), phase-major within it."""
     if groups > 1:
         return np.concatenate([phase_weight(part, strides) for part in np.split(w, groups, axis=0)])
     c_in, c_out, kh, kw = w.shape
@@ -68,7 +72,7 @@ def phase_weight(w: np.ndarray, strides: tuple[int, int], groups: int = 1) -> np
                     tap_w = b + sw * (mw - 1 - u)
                     if tap_w < kw:
                         v[:, a, b, :, t, u] = w[:, :, tap_h, tap_w].T
-    return v.reshape(c_out * sh * sw, c_in, mh, mw)
+    return v.transpose(1, 2, 0, 3, 4, 5).reshape(c_out * sh * sw, c_in, mh, mw)
 
 
 def _axis(size: int, k: int, s: int, before: int, after: int, extra: int):
@@ -102,12 +106,12 @@ class _Rewrite(relax.PyExprMutator):
         conv = self.builder_.emit(relax.op.nn.conv2d(call.args[0], weight, padding=[top, left, bottom, right],
                                                      groups=groups))
         crop = None if (y0, y1, x0, x1) == (0, qh * sh, 0, qw * sw) else (y0, y1, x0, x1)
-        return self._depth_to_space(conv, (n, c_out, qh, qw, sh, sw, crop))
+        return self._depth_to_space(conv, (n, c_out, qh, qw, sh, sw, crop, groups))
 
     def _depth_to_space(self, conv, dims):
-        n, c_out, h, wd, kh, kw, crop = dims
-        split = self.builder_.emit(relax.op.reshape(conv, (n, c_out, kh, kw, h, wd)))
-        moved = self.builder_.emit(relax.op.permute_dims(split, [0, 1, 4, 2, 5, 3]))
+        n, c_out, h, wd, kh, kw, crop, groups = dims
+        split = self.builder_.emit(relax.op.reshape(conv, (n, groups, kh, kw, c_out // groups, h, wd)))
+        moved = self.builder_.emit(relax.op.permute_dims(split, DEPTH_TO_SPACE_AXES))
         self._made.append((moved, conv, dims))
         interleaved = relax.op.reshape(moved, (n, c_out, h * kh, wd * kw))
         if crop is None:
@@ -135,17 +139,41 @@ class _Rewrite(relax.PyExprMutator):
         if made is None or value is None:
             return None
         conv, dims = made
-        c_out, kh, kw = dims[1], dims[4], dims[5]
+        c_out, kh, kw, groups = dims[1], dims[4], dims[5], dims[7]
         if value.size != c_out or value.ndim not in (3, 4) or value.shape[-3:] != (c_out, 1, 1):
             return None  # not one value per output channel
         if static_shape(call) != static_shape(a):
             return None
-        bias = np.repeat(value.reshape(c_out), kh * kw).reshape(1, c_out * kh * kw, 1, 1).astype(value.dtype)
+        bias = _per_phase(value.reshape(c_out), groups, kh * kw).reshape(1, -1, 1, 1)
         added = self.builder_.emit(relax.op.add(conv, relax.const(bias, str(value.dtype))))
         return self._depth_to_space(added, dims)
 
+    def _batch_norm(self, call):
+        """An inference batch-norm of the depth-to-space's output moves before it, its statistics repeated per
+        phase, where ``FoldBatchNorm`` folds it into the phase conv (PP-OCR's DB heads: ConvTranspose + BN +
+        ReLU). Its other two outputs (the statistics, unchanged) stay as they were."""
+        made, stats = self._made_by_us(call.args[0]), [const_array(a) for a in call.args[1:]]
+        if made is None or any(v is None for v in stats) or int(call.attrs.axis) != 1:
+            return None
+        conv, dims = made
+        c_out, kh, kw, groups = dims[1], dims[4], dims[5], dims[7]
+        if any(v.shape != (c_out,) for v in stats):
+            return None
+        phased = [relax.const(_per_phase(v, groups, kh * kw), str(v.dtype)) for v in stats]
+        bn = self.builder_.emit(relax.Call(call.op, [conv, *phased], call.attrs, None))
+        normed = self.builder_.emit(relax.TupleGetItem(bn, 0))
+        return relax.Tuple([self.builder_.emit(self._depth_to_space(normed, dims)), call.args[3], call.args[4]])
+
     def visit_call_(self, call):
-        return rewrite_call(super().visit_call_(call), {_CONV_T: self._conv_transpose, _ADD: self._bias})
+        return rewrite_call(super().visit_call_(call), {_CONV_T: self._conv_transpose, _ADD: self._bias,
+                                                        _BN: self._batch_norm})
+
+
+def _per_phase(value: np.ndarray, groups: int, phases: int) -> np.ndarray:
+    """A per-output-channel vector of the transposed conv -> per channel of its phase conv (group-major, then
+    phase-major: the order :func:`phase_weight` writes)."""
+    c_out = value.size
+    return np.broadcast_to(value.reshape(groups, 1, c_out // groups), (groups, phases, c_out // groups)).reshape(-1).copy()
 
 
 @tvm.transform.module_pass(opt_level=0, name="TransposeConvToConv")

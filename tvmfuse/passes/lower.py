@@ -10,12 +10,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, pool2d, spatial_mean, to_blocked,
+from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, depth_to_space, pool2d, spatial_mean,
+                                       to_blocked,
                                        to_plain)
 from tvmfuse.schedules import families
 from tvmfuse.schedules.compute import anchor_call, blockable, group_input_block, param_index, partition_compute
 
 from ..targets import TargetSpec
+from .conv_transpose import DEPTH_TO_SPACE_AXES
 from .layout import POOL_FAMILY, transform_call
 from .partition import is_partition
 from .utils import OPAQUE, const_array
@@ -243,9 +245,33 @@ class _Lower(relax.PyExprMutator):
         self._bind_blocked(binding.var, out, shape)
         return True
 
+    def _blocked_depth_to_space(self, binding) -> bool:
+        """The depth-to-space ``TransposeConvToConv`` writes after a phase conv (reshape to ``[N, groups, sh,
+        sw, Cg, H, W]``, its transpose, reshape to NCHW) of a blocked activation whose blocks divide ``Cg``:
+        computed blocked (:func:`depth_to_space`), so the upsampled map needs no ``to_plain`` before it nor
+        ``to_blocked`` after it (True)."""
+        call = binding.value
+        if _op_name(call) != "relax.reshape" or not isinstance(call.args[0], relax.Var):
+            return False
+        moved = self.lookup_binding(call.args[0])
+        if _op_name(moved) != "relax.permute_dims" or not isinstance(moved.args[0], relax.Var) or \
+                [int(a) for a in moved.attrs.axes] != list(DEPTH_TO_SPACE_AXES):
+            return False
+        split = self.lookup_binding(moved.args[0])
+        if _op_name(split) != "relax.reshape" or split.args[0] not in self.blocked_of:
+            return False
+        blocked = self.blocked_of[split.args[0]]
+        _, groups, sh, sw, cg, _, _ = (int(d) for d in split.ty.shape)
+        if cg % int(blocked.ty.shape[4]):
+            return False
+        out = self.builder_.emit_te(depth_to_space, blocked, groups, sh, sw, primfunc_name_hint="depth_to_space_nchwc")
+        self._bind_blocked(binding.var, out, call.ty.shape)
+        return True
+
     def visit_var_binding_(self, binding):
         if self.lanes is not None and (self._blocked_pool(binding) or self._blocked_mean(binding)
-                                       or self._blocked_concat(binding) or self._blocked_elementwise(binding)):
+                                       or self._blocked_concat(binding) or self._blocked_elementwise(binding)
+                                       or self._blocked_depth_to_space(binding)):
             return None
         fn = self._partition(binding.value)
         if fn is None:
