@@ -23,7 +23,8 @@ from typing import Callable, Mapping
 
 PACKAGE = "tvmfuse.schedules"
 # Epilogue activations the fusion patterns know (``tvmfuse.patterns.builders`` spells each as a pattern).
-ACTIVATIONS = ("relu", "clip", "hardswish", "leakyrelu", "gelu", "silu", "sigmoid")  # silu before its sigmoid
+# silu before its sigmoid, hardswish before the HardSigmoid of its x * HardSigmoid(x) spelling
+ACTIVATIONS = ("relu", "clip", "hardswish", "hardsigmoid", "leakyrelu", "gelu", "silu", "sigmoid")
 
 
 @dataclasses.dataclass(frozen=True)

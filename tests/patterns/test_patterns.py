@@ -38,6 +38,7 @@ EXPECTED_ORDER = [
     "tvmfuse.depthwise_conv2d_relu",
     "tvmfuse.depthwise_conv2d_clip",
     "tvmfuse.depthwise_conv2d_hardswish",
+    "tvmfuse.depthwise_conv2d_hardsigmoid",
     "tvmfuse.depthwise_conv2d_leakyrelu",
     "tvmfuse.depthwise_conv2d_gelu",
     "tvmfuse.depthwise_conv2d_silu",
@@ -48,6 +49,7 @@ EXPECTED_ORDER = [
     "tvmfuse.conv2d_relu",
     "tvmfuse.conv2d_clip",
     "tvmfuse.conv2d_hardswish",
+    "tvmfuse.conv2d_hardsigmoid",
     "tvmfuse.conv2d_leakyrelu",
     "tvmfuse.conv2d_gelu",
     "tvmfuse.conv2d_silu",
@@ -56,6 +58,7 @@ EXPECTED_ORDER = [
     "tvmfuse.dense_relu",
     "tvmfuse.dense_clip",
     "tvmfuse.dense_hardswish",
+    "tvmfuse.dense_hardsigmoid",
     "tvmfuse.dense_leakyrelu",
     "tvmfuse.dense_gelu",
     "tvmfuse.dense_silu",
@@ -109,6 +112,11 @@ def _hardswish_paddle():
             helper.make_node("Mul", ["c", "q"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
 
 
+def _hardswish_hsig(order=("c", "h")):
+    """``x * HardSigmoid(x)``, as PP-OCRv6 tiny rec spells hardswish."""
+    return [helper.make_node("HardSigmoid", ["c"], ["h"], alpha=1 / 6, beta=0.5), helper.make_node("Mul", list(order), ["y"])]
+
+
 CONVERSIONS = [
     ("conv_bias_relu", lambda: _g_conv(_act("Relu")), {"tvmfuse.conv2d_relu": 1}, []),
     ("conv_nobias_relu", lambda: _g_conv(_act("Relu"), bias=False), {"tvmfuse.conv2d_relu": 1}, []),
@@ -121,6 +129,13 @@ CONVERSIONS = [
     ("conv_silu_gate_first", lambda: _g_conv(_silu(("s", "c"))), {"tvmfuse.conv2d_silu": 1}, []),
     ("conv_gelu", lambda: _g_conv(_gelu(False), _GELU_INITS), {"tvmfuse.conv2d_gelu": 1}, []),
     ("conv_gelu_half_first", lambda: _g_conv(_gelu(True), _GELU_INITS), {"tvmfuse.conv2d_gelu": 1}, []),
+    ("conv_hardsigmoid", lambda: _g_conv(_act("HardSigmoid", alpha=0.2, beta=0.5)), {"tvmfuse.conv2d_hardsigmoid": 1},
+     []),
+    ("conv_hardswish_hsig", lambda: _g_conv(_hardswish_hsig()), {"tvmfuse.conv2d_hardswish": 1}, []),
+    ("conv_hardswish_hsig_gate_first", lambda: _g_conv(_hardswish_hsig(("h", "c"))), {"tvmfuse.conv2d_hardswish": 1},
+     []),
+    ("dw_hardsigmoid", lambda: _g_conv(_act("HardSigmoid"), cin=8, cout=8, group=8),
+     {"tvmfuse.depthwise_conv2d_hardsigmoid": 1}, []),
     ("conv_hardswish_paddle", lambda: _g_conv(_hardswish_paddle(), _HSWISH_INITS), {"tvmfuse.conv2d_hardswish": 1},
      []),
     ("dw_hardswish_paddle", lambda: _g_conv(_hardswish_paddle(), _HSWISH_INITS, cin=8, cout=8, group=8),
@@ -158,6 +173,19 @@ CONVERSIONS = [
 
 
 MAKE = {c[0]: c[1] for c in CONVERSIONS}
+
+
+@pytest.mark.parametrize("name", ["conv_hardsigmoid", "conv_hardswish_hsig", "conv_hardswish_hsig_gate_first",
+                                  "dw_hardsigmoid"])
+def test_hardsigmoid_epilogues_match_onnxruntime(name):
+    model = MAKE[name]()
+    shape = [int(d.dim_value) for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = {"x": (np.random.default_rng(5).standard_normal(shape) * 4).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
+    names = [gv.name_hint for gv in cm.lowered.functions]
+    assert not [n for n in names if "clip" in n or "multiply" in n], names  # no HardSigmoid op outside the kernel
+    assert any(n.startswith("tvmfuse_") and ("hardswish" in n or "hardsigmoid" in n) for n in names), names
 
 
 @pytest.mark.parametrize("make,expected,outside", [c[1:] for c in CONVERSIONS], ids=[c[0] for c in CONVERSIONS])

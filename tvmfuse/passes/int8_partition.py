@@ -148,6 +148,8 @@ def _read_hardswish(bindings: list, index: dict, args) -> tuple[tuple | None, st
     """``(shift, lo, hi, divisor)`` of the four ops ``t = clip(v + shift, lo, hi)``, ``v * (t / divisor)``
     or ``(v * t) / divisor`` (the spellings ``patterns.builders.with_activation`` matches)."""
     add, clip, third, last = (b.value for b in bindings)
+    if add.op.name != "relax.add":
+        return None, "a hardswish spelt x * HardSigmoid(x) has no INT8 epilogue"
     v = add.args[0]
     shift = _scalar(add.args[1], index, args)
     lo, hi = clip_bounds(clip)

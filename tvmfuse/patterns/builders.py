@@ -42,7 +42,8 @@ def with_residual(out: DFPattern, annotations: dict, residual_first: bool = Fals
 
 def with_activation(out: DFPattern, kind: str) -> DFPattern:
     """One activation applied to ``out``; ``clip`` covers relu6. Hardswish is ``x * clip(x + 3, 0, 6) / 6``,
-    spelt ``x * (clip(..) / 6)`` (ONNX HardSwish, torch) or ``(x * clip(..)) / 6`` (Paddle); SiLU is
+    spelt ``x * (clip(..) / 6)`` (ONNX HardSwish, torch), ``(x * clip(..)) / 6`` (Paddle) or ``x *
+    HardSigmoid(x)`` (PP-OCRv6 tiny rec); HardSigmoid is ``clip(alpha * x + beta, 0, 1)``; SiLU is
     ``x * sigmoid(x)``."""
     if kind == "relu":
         return is_op("relax.nn.relu")(out)
@@ -56,8 +57,12 @@ def with_activation(out: DFPattern, kind: str) -> DFPattern:
         clipped = is_op("relax.clip")(is_op("relax.add")(out, is_const()), wildcard(), wildcard())
         scaled = is_op("relax.divide")(clipped, is_const())
         product = is_op("relax.multiply")(out, clipped) | is_op("relax.multiply")(clipped, out)
+        gate = _hardsigmoid(out)
         return (is_op("relax.multiply")(out, scaled) | is_op("relax.multiply")(scaled, out)
-                | is_op("relax.divide")(product, is_const()))
+                | is_op("relax.divide")(product, is_const())
+                | is_op("relax.multiply")(out, gate) | is_op("relax.multiply")(gate, out))
+    if kind == "hardsigmoid":
+        return _hardsigmoid(out)
     if kind == "gelu":  # x * 0.5 * (1 + erf(x / sqrt(2))), in the orders exporters write it
         scaled = is_op("relax.divide")(out, is_const()) | is_op("relax.multiply")(out, is_const())
         erf = is_op("relax.erf")(scaled)
@@ -71,6 +76,13 @@ def with_activation(out: DFPattern, kind: str) -> DFPattern:
         gate = is_op("relax.sigmoid")(out)
         return is_op("relax.multiply")(out, gate) | is_op("relax.multiply")(gate, out)
     raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
+
+
+def _hardsigmoid(out: DFPattern) -> DFPattern:
+    """ONNX HardSigmoid as TVM imports it: ``clip(alpha * x + beta, 0, 1)``."""
+    scaled = is_op("relax.multiply")(is_const(), out) | is_op("relax.multiply")(out, is_const())
+    shifted = is_op("relax.add")(scaled, is_const()) | is_op("relax.add")(is_const(), scaled)
+    return is_op("relax.clip")(shifted, wildcard(), wildcard())
 
 
 def make_fused_pattern(family: str, residual: bool, activation: str | None,
