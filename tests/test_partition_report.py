@@ -58,7 +58,8 @@ def test_left_out_conv_dense_reason():
 def _two_convs(middle: str, **attrs):
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype("float32"), n) for n in ("W1", "W2")]
-    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1] * 4), helper.make_node(middle, ["a"], ["s"], **attrs),
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1] * 4),
+             helper.make_node(middle, ["a"], ["s"], **attrs),
              helper.make_node("Conv", ["s", "W2"], ["y"], pads=[1] * 4)]
     return make_model(nodes, [("x", [1, 16, 8, 8])], [("y", None)], inits)
 

@@ -91,7 +91,8 @@ def test_an_activation_operand_stops_the_sink_but_stays_right():
     g.input.append(helper.make_tensor_value_info("g", 1, [1, 5, 37]))
     g.node.append(helper.make_node("Mul", ["y", "g"], ["z"]))
     g.output[0].name = "z"
-    feeds = {"x": RNG.standard_normal((1, 5, 24)).astype("float32"), "g": RNG.standard_normal((1, 5, 37)).astype("float32")}
+    feeds = {"x": RNG.standard_normal((1, 5, 24)).astype("float32"),
+             "g": RNG.standard_normal((1, 5, 37)).astype("float32")}
     _check(model, feeds)
 
 

@@ -114,7 +114,8 @@ def _hardswish_paddle():
 
 def _hardswish_hsig(order=("c", "h")):
     """``x * HardSigmoid(x)``, as PP-OCRv6 tiny rec spells hardswish."""
-    return [helper.make_node("HardSigmoid", ["c"], ["h"], alpha=1 / 6, beta=0.5), helper.make_node("Mul", list(order), ["y"])]
+    return [helper.make_node("HardSigmoid", ["c"], ["h"], alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", list(order), ["y"])]
 
 
 CONVERSIONS = [

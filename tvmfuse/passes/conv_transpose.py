@@ -53,7 +53,7 @@ def _rewritable(call) -> bool:
 def phase_weight(w: np.ndarray, strides: tuple[int, int], groups: int = 1) -> np.ndarray:
     """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I/groups, Mh, Mw]``,
     output channel ``(phase a*sw + b) * O + o``: phase-major, so each phase's channels are whole blocks of
-    the blocked layout and the depth-to-space moves whole vectors (:func:`tvmfuse.schedules.blocked.depth_to_space`).
+    the blocked layout and the depth-to-space moves whole vectors (``tvmfuse.schedules.blocked.depth_to_space``).
 
     With groups, each group's phases are its own block of output channels (group-major, as a grouped conv
     and the depth-to-space after it both want), phase-major within it."""
@@ -172,8 +172,8 @@ class _Rewrite(relax.PyExprMutator):
 def _per_phase(value: np.ndarray, groups: int, phases: int) -> np.ndarray:
     """A per-output-channel vector of the transposed conv -> per channel of its phase conv (group-major, then
     phase-major: the order :func:`phase_weight` writes)."""
-    c_out = value.size
-    return np.broadcast_to(value.reshape(groups, 1, c_out // groups), (groups, phases, c_out // groups)).reshape(-1).copy()
+    per_group = value.size // groups
+    return np.broadcast_to(value.reshape(groups, 1, per_group), (groups, phases, per_group)).reshape(-1).copy()
 
 
 @tvm.transform.module_pass(opt_level=0, name="TransposeConvToConv")

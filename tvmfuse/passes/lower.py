@@ -11,8 +11,7 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, depth_to_space, pool2d, spatial_mean,
-                                       to_blocked,
-                                       to_plain)
+                                       to_blocked, to_plain)
 from tvmfuse.schedules import families
 from tvmfuse.schedules.compute import anchor_call, blockable, group_input_block, param_index, partition_compute
 
