@@ -29,8 +29,8 @@ def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:
     runner = cm._get_runner()
     x = inputs_for(cm.inputs)
     for _ in range(warmup):
-        runner.run(x)
-    return instrumented(runner._vm, lambda: runner.run(x), runs)
+        runner.run_whole_pool(x)
+    return instrumented(runner._vm, lambda: runner.run_whole_pool(x), runs)
 
 
 def _anchor_row(name: str, seconds: float, calls: int, cm) -> dict | None:

@@ -183,6 +183,32 @@ def test_runner_outputs_are_exact_on_either_pool_size(compiled_tiny):
         configure(1, 2)
 
 
+def test_profiling_runs_on_the_whole_pool_whatever_the_governor_chose(compiled_tiny):
+    """An instrument hook slows every call; profiles run on the whole pool and leave the governor's mode alone."""
+    import tvm
+
+    from tvmfuse.runtime import random_inputs
+
+    cm = compiled_tiny
+    x = random_inputs(cm.inputs, seed=4)
+    runner = cm._get_runner()
+    gov = runner._local.governor
+    configure = tvm.get_global_func("runtime.config_threadpool")
+    try:
+        gov.single, gov._probe_at = True, float("inf")
+        cm.run(x)
+        assert tvm.runtime.num_threads() == 1
+        switches = gov.switches
+        for a, b in zip(runner.run_whole_pool(x), cm.run(x)):
+            np.testing.assert_array_equal(a, b)
+        runner.run_whole_pool(x)
+        assert tvm.runtime.num_threads() == 2 and gov.single and gov.switches == switches
+    finally:
+        gov.single = False
+        cm.run(x)
+        configure(1, 2)
+
+
 @pytest.fixture(scope="module")
 def compiled_tiny():
     import os

@@ -77,6 +77,11 @@ class Governor:
         """The calling thread's pool size now."""
         return getattr(_pool, "threads", self.full)
 
+    def use_whole_pool(self) -> None:
+        """Configure the calling thread's pool to its whole size for a call the governor does not judge (see
+        ``Runner.run_whole_pool``); the chosen mode stays and applies again at the next :meth:`start`."""
+        self._set(self.full)
+
     def _set(self, n: int) -> None:
         if n != self.threads:
             self._configure(1, n)  # kBig affinity mode, n threads, for this thread's pool only
