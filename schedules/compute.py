@@ -193,7 +193,8 @@ def legalize_power(bb, call):
     """``relax.power`` legalized with ``x ** 2`` as ``x * x`` (exact: both are the correctly rounded square),
     other powers by TVM's own rule. On CUDA TVM computes every power with ``__powf`` (``exp2(y * log2(x))``),
     NaN for a negative base: the variance of an ONNX-exported LayerNorm (``Pow(x - mean, 2)``). On x86 it
-    calls libm's scalar ``powf`` per element, and the multiply fuses into the mean that reads it."""
+    calls libm's scalar ``powf`` per element; the multiply is a vector op (still a kernel of its own: FuseOps
+    does not fuse it into the mean that reads it)."""
     import tvm
 
     exponent = call.args[1]

@@ -127,21 +127,22 @@ def _reason(call, var_name: str, rejections: dict) -> str:
 def layout_transforms(lowered) -> dict[str, int]:
     """Calls of layout transform kernels (``to_blocked``, ``to_plain``) in the ``main`` of a module the graph
     passes lowered (what ``run_graph_passes`` returns), per kernel name."""
+    import collections
+
     import tvm
     from tvm import relax
 
-    counts: dict[str, int] = {}
+    from .passes.utils import bindings_of
+
+    counts: collections.Counter = collections.Counter()
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    for block in lowered["main"].body.blocks:
-        for binding in block.bindings:
-            call = binding.value
-            if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)):
-                continue
+    for binding in bindings_of(lowered["main"]):
+        call = binding.value
+        if isinstance(call, relax.Call) and call.op.same_as(call_tir):
             attrs = lowered[call.args[0]].attrs
             if attrs is not None and str(attrs.get("tvmfuse.family", "")) == families.LAYOUT_TRANSFORM.name:
-                name = str(attrs["tvmfuse.kernel"])
-                counts[name] = counts.get(name, 0) + 1
-    return counts
+                counts[str(attrs["tvmfuse.kernel"])] += 1
+    return dict(counts)
 
 
 def build_report(partitioned, rejections: dict, source: str, target: str, lowered=None) -> PartitionReport:

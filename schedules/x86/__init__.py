@@ -123,7 +123,7 @@ class Backend(_Base):
         polynomial, at most 4.1e-6 relative error over [-87, 88] (measured against float64 ``exp``). TVM's
         erf is libm's scalar ``erff`` too: ConvNeXt-T's GELUs outside its dense kernels took 4.4 ns per element
         (0.57 ms for a 1024 x 128 map). ``x ** 2`` is ``x * x`` (:func:`compute.legalize_power`), not libm's
-        ``powf``, and fuses into the LayerNorm variance's mean."""
+        ``powf`` per element."""
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 

@@ -23,6 +23,7 @@ default kernel.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -36,6 +37,19 @@ _CONV_T, _ADD, _RESHAPE, _SLICE, _BN = (tvm.ir.Op.get(n) for n in (
     "relax.nn.conv2d_transpose", "relax.add", "relax.reshape", "relax.strided_slice", "relax.nn.batch_norm"))
 # The depth-to-space's transpose: [N, groups, sh, sw, C/groups, H, W] -> [N, groups, C/groups, H, sh, W, sw].
 DEPTH_TO_SPACE_AXES = (0, 1, 4, 5, 2, 6, 3)
+
+
+class _Phases(NamedTuple):
+    """A phase conv's output ``[n, channels * sh * sw, h, w]`` and the depth-to-space after it."""
+
+    n: int
+    channels: int  # the transposed conv's output channels
+    h: int
+    w: int
+    sh: int
+    sw: int
+    crop: tuple | None  # (y0, y1, x0, x1) of the interleaved map, None: all of it
+    groups: int
 
 
 def _rewritable(call) -> bool:
@@ -106,9 +120,9 @@ class _Rewrite(relax.PyExprMutator):
         conv = self.builder_.emit(relax.op.nn.conv2d(call.args[0], weight, padding=[top, left, bottom, right],
                                                      groups=groups))
         crop = None if (y0, y1, x0, x1) == (0, qh * sh, 0, qw * sw) else (y0, y1, x0, x1)
-        return self._depth_to_space(conv, (n, c_out, qh, qw, sh, sw, crop, groups))
+        return self._depth_to_space(conv, _Phases(n, c_out, qh, qw, sh, sw, crop, groups))
 
-    def _depth_to_space(self, conv, dims):
+    def _depth_to_space(self, conv, dims: _Phases):
         n, c_out, h, wd, kh, kw, crop, groups = dims
         split = self.builder_.emit(relax.op.reshape(conv, (n, groups, kh, kw, c_out // groups, h, wd)))
         moved = self.builder_.emit(relax.op.permute_dims(split, DEPTH_TO_SPACE_AXES))
@@ -139,12 +153,12 @@ class _Rewrite(relax.PyExprMutator):
         if made is None or value is None:
             return None
         conv, dims = made
-        c_out, kh, kw, groups = dims[1], dims[4], dims[5], dims[7]
+        c_out = dims.channels
         if value.size != c_out or value.ndim not in (3, 4) or value.shape[-3:] != (c_out, 1, 1):
             return None  # not one value per output channel
         if static_shape(call) != static_shape(a):
             return None
-        bias = _per_phase(value.reshape(c_out), groups, kh * kw).reshape(1, -1, 1, 1)
+        bias = _per_phase(value.reshape(c_out), dims).reshape(1, -1, 1, 1)
         added = self.builder_.emit(relax.op.add(conv, relax.const(bias, str(value.dtype))))
         return self._depth_to_space(added, dims)
 
@@ -156,10 +170,9 @@ class _Rewrite(relax.PyExprMutator):
         if made is None or any(v is None for v in stats) or int(call.attrs.axis) != 1:
             return None
         conv, dims = made
-        c_out, kh, kw, groups = dims[1], dims[4], dims[5], dims[7]
-        if any(v.shape != (c_out,) for v in stats):
+        if any(v.shape != (dims.channels,) for v in stats):
             return None
-        phased = [relax.const(_per_phase(v, groups, kh * kw), str(v.dtype)) for v in stats]
+        phased = [relax.const(_per_phase(v, dims), str(v.dtype)) for v in stats]
         bn = self.builder_.emit(relax.Call(call.op, [conv, *phased], call.attrs, None))
         normed = self.builder_.emit(relax.TupleGetItem(bn, 0))
         return relax.Tuple([self.builder_.emit(self._depth_to_space(normed, dims)), call.args[3], call.args[4]])
@@ -169,11 +182,12 @@ class _Rewrite(relax.PyExprMutator):
                                                         _BN: self._batch_norm})
 
 
-def _per_phase(value: np.ndarray, groups: int, phases: int) -> np.ndarray:
+def _per_phase(value: np.ndarray, dims: _Phases) -> np.ndarray:
     """A per-output-channel vector of the transposed conv -> per channel of its phase conv (group-major, then
     phase-major: the order :func:`phase_weight` writes)."""
-    per_group = value.size // groups
-    return np.broadcast_to(value.reshape(groups, 1, per_group), (groups, phases, per_group)).reshape(-1).copy()
+    groups, per_group = dims.groups, value.size // dims.groups
+    return np.broadcast_to(value.reshape(groups, 1, per_group),
+                           (groups, dims.sh * dims.sw, per_group)).reshape(-1).copy()
 
 
 @tvm.transform.module_pass(opt_level=0, name="TransposeConvToConv")
