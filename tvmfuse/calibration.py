@@ -174,7 +174,7 @@ def collect_ranges(model, batches, method: str = "minmax", target="x86-host",
     imported = frontend.import_model(model, shapes)
     batches = calibration_batches(batches, imported.inputs)
     record = PassRecord()
-    run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
+    run_graph_passes(imported.mod, spec, spec.tvm_target(), record, int8=True)
     return calibrate_partitioned(record.partitioned, imported.inputs, batches, method, spec, imported.source,
                                  **options)
 

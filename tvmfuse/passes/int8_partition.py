@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 from tvm import relax
 
+from tvmfuse.patterns.builders import AFFINE
 from tvmfuse.schedules import families
 
 from .utils import bindings_of, const_array
@@ -178,6 +179,8 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     family, why = families.int8_family(anchor)
     if family is None:
         return None, why
+    if composite.endswith("_" + AFFINE):  # only the FP32 table has these (patterns.table)
+        return None, "a scale and shift after the activation has no INT8 epilogue"
     activation = composite.rsplit("_", 1)[-1]
     if activation in families.ACTIVATIONS and activation not in family.int8.activations:
         return None, f"epilogue {activation} has no INT8 kernel"

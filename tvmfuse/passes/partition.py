@@ -1,6 +1,6 @@
 """Partition: group supported operators into named partitions with FuseOpsByPattern.
 
-Each match becomes a private Relax function with ``Composite = "tvmfuse.<family>[_add][_<act>]"``; weights
+Each match becomes a private Relax function with ``Composite = "tvmfuse.<family>[_add][_<act>[_affine]]"``; weights
 stay parameters (``bind_constants=False``) so the kernels take them as arguments. Ops outside partitions
 are untouched and go through TVM's default path.
 """
@@ -13,12 +13,13 @@ from tvm import relax
 from .. import patterns
 
 
-def Partition(rejections: dict | None = None) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
-    """The partition pass. ``rejections`` (optional dict) collects why candidate groups were refused."""
+def Partition(rejections: dict | None = None, int8: bool = False) -> tvm.transform.Pass:  # noqa: N802
+    """The partition pass. ``rejections`` (optional dict) collects why candidate groups were refused;
+    ``int8``: partition a model to be quantized (:func:`tvmfuse.patterns.table`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="Partition")
     def _partition(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        fuse = relax.transform.FuseOpsByPattern(patterns.table(rejections), bind_constants=False,
+        fuse = relax.transform.FuseOpsByPattern(patterns.table(rejections, int8), bind_constants=False,
                                                 annotate_codegen=False)
         return fuse(mod)
 

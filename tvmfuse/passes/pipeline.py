@@ -34,8 +34,8 @@ class PassRecord:
 def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None, blocked: bool = True) -> list:
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, flatten N-D x constant matmuls to
     2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1
-    phase convs + depth-to-space, merge narrow conv groups, fold batch-norm into convs: the shapes the patterns
-    expect. ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    phase convs + depth-to-space, merge narrow conv groups, fold batch-norm and constant scales and shifts into
+    convs: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
@@ -43,6 +43,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     from .flatten_matmul import FlattenMatmul
     from .pad_dense import PadDenseColumns
     from .fold_bn import FoldBatchNorm
+    from .fold_scale import FoldScaleShift
     from .qdq import FuseQDQ
     from .regroup_conv import RegroupConv
 
@@ -51,16 +52,18 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FlattenMatmul,
-            PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, relax.transform.FoldConstant()]
+            PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
+            relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
-                     quantize=None, blocked: bool = True):
+                     quantize=None, blocked: bool = True, int8: bool = False):
     """Canonicalize, partition and lower partitions to fused kernels, under the target context.
 
     ``quantize`` (optional): a function or module pass applied to the partitioned module before lowering,
     e.g. ``QuantizeGraph``; partitions it leaves are lowered to FP32 kernels. ``blocked``: see
-    :func:`tvmfuse.passes.lower.LowerPartitions`.
+    :func:`tvmfuse.passes.lower.LowerPartitions`. ``int8`` (implied by ``quantize``): partition with the
+    INT8 pattern table (:func:`tvmfuse.patterns.table`), as calibration must to observe the same tensors.
     """
     import tvm
 
@@ -72,7 +75,7 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
         mod = tvm.transform.Sequential(canonicalize_passes(spec, record.qdq, blocked), name="tvmfuse.Canonicalize")(mod)
         if not partition:
             return mod
-        mod = Partition(record.rejections)(mod)
+        mod = Partition(record.rejections, int8 or quantize is not None)(mod)
         record.partitioned = mod
         if quantize is not None:
             mod = quantize(mod)

@@ -1,8 +1,8 @@
 """The fusion pattern table: data in one place, in priority order.
 
 Priority (earlier wins, as ``FuseOpsByPattern`` wants): per anchor family (depthwise conv2d, conv2d,
-dense), the longest epilogue first: residual add + relu, residual add, then each activation, then the
-anchor alone. The bias is optional in every entry; residual entries come as two patterns (one per add
+dense), the longest epilogue first: residual add + relu, residual add, then each activation (followed by
+a constant scale and shift, then alone), then the anchor alone. The bias is optional in every entry; residual entries come as two patterns (one per add
 operand order) under one name. ``tests/patterns/test_patterns.py`` pins this order.
 """
 
@@ -14,39 +14,46 @@ from tvm.relax.transform import FusionPattern
 
 from tvmfuse.schedules.families import ACTIVATIONS, FAMILIES, PATTERN_FAMILIES
 
-from .builders import make_fused_pattern
+from .builders import AFFINE, make_fused_pattern
 from .checks import check_fused
 
 PREFIX = "tvmfuse"
 
 
-def _entries(family: str):
-    """(residual, activation) variants of one family, longest first."""
+def _entries(family: str, affine: bool = True):
+    """(residual, activation, affine) variants of one family, longest first: an activation followed by a
+    constant scale and shift (``affine``) before the activation alone."""
     if FAMILIES[family].residual:
-        yield True, "relu"
-        yield True, None
+        yield True, "relu", False
+        yield True, None, False
     for act in ACTIVATIONS:
-        yield False, act
-    yield False, None
+        if affine:
+            yield False, act, True
+        yield False, act, False
+    yield False, None, False
 
 
-def entry_name(family: str, residual: bool, activation: str | None) -> str:
-    return f"{PREFIX}.{family}" + ("_add" if residual else "") + (f"_{activation}" if activation else "")
+def entry_name(family: str, residual: bool, activation: str | None, affine: bool = False) -> str:
+    return (f"{PREFIX}.{family}" + ("_add" if residual else "") + (f"_{activation}" if activation else "")
+            + ("_" + AFFINE if affine else ""))
 
 
-def table(rejections: dict | None = None) -> list[FusionPattern]:
-    """The ordered pattern table. ``rejections`` (optional) collects why a match was refused."""
+def table(rejections: dict | None = None, int8: bool = False) -> list[FusionPattern]:
+    """The ordered pattern table. ``rejections`` (optional) collects why a match was refused. ``int8``: the
+    table of a model being quantized, without the entries no INT8 kernel computes (a scale and shift after
+    the activation): its partitions are the units calibration observes and the INT8 kernels replace."""
     patterns = []
     for family in PATTERN_FAMILIES:
-        for residual, act in _entries(family):
+        for residual, act, affine in _entries(family, not int8):
             check = functools.partial(check_fused, family=family, rejections=rejections)
+            name = entry_name(family, residual, act, affine)
             # A residual entry is two patterns under one name, one per add operand order.
             for residual_first in ((False, True) if residual else (False,)):
-                pattern, annotations = make_fused_pattern(family, residual, act, residual_first)
-                patterns.append(FusionPattern(entry_name(family, residual, act), pattern, annotations, check))
+                pattern, annotations = make_fused_pattern(family, residual, act, residual_first, affine)
+                patterns.append(FusionPattern(name, pattern, annotations, check))
     return patterns
 
 
-def names() -> list[str]:
-    """Pattern names in priority order."""
-    return [entry_name(f, r, a) for f in PATTERN_FAMILIES for r, a in _entries(f)]
+def names(int8: bool = False) -> list[str]:
+    """Pattern names in priority order (``int8``: see :func:`table`)."""
+    return [entry_name(f, *entry) for f in PATTERN_FAMILIES for entry in _entries(f, not int8)]

@@ -10,6 +10,8 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from tvmfuse.schedules.families import ACTIVATIONS, FAMILIES
 
+AFFINE = "affine"  # the name suffix of an entry whose activation is followed by a constant scale and shift
+
 
 def make_anchor_pattern(family: str) -> tuple[DFPattern, dict]:
     """conv2d (also depthwise: the checks tell them apart) or dense, with a constant weight."""
@@ -85,13 +87,24 @@ def _hardsigmoid(out: DFPattern) -> DFPattern:
     return is_op("relax.clip")(shifted, wildcard(), wildcard())
 
 
+def with_affine(out: DFPattern, annotations: dict) -> DFPattern:
+    """``out * scale + shift`` with constant scale and shift, either operand order (Paddle's learnable affine
+    block after an activation, PP-LCNetV3)."""
+    scale, shift = is_const(), is_const()
+    annotations["scale"], annotations["shift"] = scale, shift
+    scaled = is_op("relax.multiply")(out, scale) | is_op("relax.multiply")(scale, out)
+    return is_op("relax.add")(scaled, shift) | is_op("relax.add")(shift, scaled)
+
+
 def make_fused_pattern(family: str, residual: bool, activation: str | None,
-                       residual_first: bool = False) -> tuple[DFPattern, dict]:
-    """anchor (+bias) (+residual add, in the given operand order) (+activation)."""
+                       residual_first: bool = False, affine: bool = False) -> tuple[DFPattern, dict]:
+    """anchor (+bias) (+residual add, in the given operand order) (+activation (+constant scale and shift))."""
     out, annotations = make_anchor_pattern(family)
     out = with_bias(out, annotations)
     if residual:
         out = with_residual(out, annotations, residual_first)
     if activation is not None:
         out = with_activation(out, activation)
+        if affine:
+            out = with_affine(out, annotations)
     return out, annotations

@@ -90,6 +90,22 @@ def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None =
         return _reject(ctx, f"intermediate {leak} is also used outside the group", rejections)
     if "residual" in ctx.annotated_expr and not _check_residual(ctx, rejections):
         return False
+    if "scale" in ctx.annotated_expr and not _check_affine(ctx, rejections):
+        return False
+    return True
+
+
+def _check_affine(ctx: PatternCheckContext, rejections) -> bool:
+    """A scale and shift after the activation: float constants that broadcast into the anchor's output shape
+    without widening it (the kernel writes the anchor's shape)."""
+    out = static_shape(ctx.annotated_expr["root"])
+    for role in ("scale", "shift"):
+        const = ctx.annotated_expr[role]
+        shape = static_shape(const)
+        if const.ty.dtype != ctx.matched_expr.ty.dtype or shape is None or out is None or len(shape) > len(out) \
+                or any(d not in (1, o) for d, o in zip(reversed(shape), reversed(out))):
+            return _reject(ctx, f"the {role} after the activation, {shape} {const.ty.dtype}, does not broadcast "
+                                f"into the conv or dense output {out} {ctx.matched_expr.ty.dtype}", rejections)
     return True
 
 
