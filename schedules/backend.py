@@ -40,6 +40,9 @@ class Backend:
         Whether its INT8 kernels take the weights a family packs for AVX512-VNNI (``Int8.vnni_pack``).
     applies_tuning_logs : bool
         Whether compile applies records from ``tuning_logs/<target>/``.
+    fused_recurrence : bool
+        Whether LSTM/GRU directions import as the whole-sequence kernels of :mod:`.recurrence` (serial CPU
+        loops) instead of unrolled steps.
     tensor_intrin : tuple of str
         The ``tvm.s_tir.tensor_intrin`` modules tuning workers need for it.
     """
@@ -49,6 +52,7 @@ class Backend:
     int8_kernels = False
     int8_vnni = False
     applies_tuning_logs = False
+    fused_recurrence = False
     tensor_intrin: tuple = ()
 
     def __init__(self, spec):

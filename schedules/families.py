@@ -190,11 +190,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            anchor_check=_dense_operands, flops=_dense_flops),
 )}
 
-# Kernels that are not a family's: layout transforms and pools of blocked activations at partition borders.
-# Their one fixed schedule is all there is to them (never tuning tasks).
+# Kernels that are not a family's: layout transforms and pools of blocked activations at partition borders,
+# and the whole-sequence LSTM/GRU kernels (:mod:`.recurrence`, written scheduled). Their one fixed schedule is
+# all there is to them (never tuning tasks).
 LAYOUT_TRANSFORM = Kernel("layout_transform", {"x86": "layout"})
 POOL_NCHWC = Kernel("pool2d_nchwc", {"x86": "pool"})
-FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC)}
+RECURRENCE = Kernel("recurrence")
+FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC, RECURRENCE)}
 
 ANCHOR_OPS = tuple(dict.fromkeys(f.anchor_op for f in FAMILIES.values()))
 PATTERN_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.pattern == f.name)

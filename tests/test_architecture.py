@@ -51,8 +51,9 @@ def test_anchor_ops_are_listed_once():
         if path.name == "families.py":
             continue
         for op in anchors:
-            # fold_bn matches the conv2d that a batch-norm follows: an op pattern, not the anchor list.
-            if op in text and not (path.name == "fold_bn.py" and op == '"relax.nn.conv2d"'):
+            # fold_bn and fold_scale match the conv2d that a batch-norm or a constant scale follows: op
+            # patterns, not the anchor list.
+            if op in text and not (path.name in ("fold_bn.py", "fold_scale.py") and op == '"relax.nn.conv2d"'):
                 pytest.fail(f"{path.relative_to(ROOT)} spells anchor op {op}: read families.ANCHOR_OPS")
 
 

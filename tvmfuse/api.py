@@ -170,7 +170,7 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes)
+        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
     return _compile_imported(imported, spec, steps, logs, layout=layout)
 
 
@@ -255,7 +255,7 @@ def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", ta
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked")
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes)
+        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
     quantizer.prepare(imported.inputs, imported.source)
     cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout)
     cm.quantization = quantizer.manifest_entry()

@@ -181,7 +181,7 @@ def partitions(model, target="x86-avx512", shapes=None) -> PartitionReport:
     from .passes.pipeline import PassRecord, run_graph_passes
 
     spec = targets.resolve(target)
-    imported = frontend.import_model(model, shapes)
+    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
     record = PassRecord()
     lowered = run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
     return build_report(record.partitioned, record.rejections, imported.source, spec.name, lowered)

@@ -89,6 +89,7 @@ class Backend(_Base):
     device = "cpu"
     int8_kernels = True
     applies_tuning_logs = True
+    fused_recurrence = True
     tensor_intrin = ("x86",)
 
     def __init__(self, spec):

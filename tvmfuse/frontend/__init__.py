@@ -31,8 +31,9 @@ class ImportedModel:
     outputs: list[TensorInfo]
 
 
-def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
-    """Load, fix shapes, constant-fold, unroll LSTM/GRU/RNN, normalize, express quantized ops with standard
+def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recurrence: bool = False):
+    """Load, fix shapes, constant-fold, unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel
+    per direction where the cell has one, for CPU targets), normalize, express quantized ops with standard
     ones (integer ops read as float become float ops), fold zero Pads into Convs.
 
     Returns ``(ModelProto, source, inputs, outputs)``, without TVM.
@@ -44,7 +45,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
         shapes = zoo.default_shapes(source[len("zoo:"):])
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
-    proto, _ = rewrite_recurrent_ops(proto, source)
+    proto, _ = rewrite_recurrent_ops(proto, source, fused_recurrence)
     proto, _ = normalize_nodes(proto, source)
     proto, _ = rewrite_integer_ops(proto)
     proto, _ = rewrite_quantized_ops(proto, source)
@@ -52,8 +53,10 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None):
     return proto, source, inputs, output_infos(proto)
 
 
-def import_model(model, shapes: Mapping[str, Sequence[int]] | None = None) -> ImportedModel:
-    """Load ``model`` (path, ModelProto or ``zoo:NAME``) and import it into Relax with static shapes."""
-    proto, source, inputs, outputs = prepare(model, shapes)
+def import_model(model, shapes: Mapping[str, Sequence[int]] | None = None,
+                 fused_recurrence: bool = False) -> ImportedModel:
+    """Load ``model`` (path, ModelProto or ``zoo:NAME``) and import it into Relax with static shapes
+    (``fused_recurrence``: see :func:`prepare`; pass the target backend's ``fused_recurrence``)."""
+    proto, source, inputs, outputs = prepare(model, shapes, fused_recurrence)
     mod = to_relax(proto, inputs, source)
     return ImportedModel(mod, proto, source, inputs, outputs)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import collections
 import warnings
+from unittest import mock
 
 import onnx
 
 from ..errors import TvmfuseError, UnsupportedOpError
 from ..tensors import TensorInfo
 from .qlinear import REWRITTEN_OP_TYPES
+from . import rnn_fused
 from .rnn import REWRITTEN_OP_TYPES as RECURRENT_OP_TYPES
 
 
@@ -33,6 +35,8 @@ def check_ops(model: onnx.ModelProto, source: str) -> None:
     bad: dict[str, list[str]] = collections.defaultdict(list)
     for i, node in enumerate(model.graph.node):
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        if (node.domain, node.op_type) == (rnn_fused.DOMAIN, rnn_fused.OP_TYPE):
+            continue  # written by the recurrent rewrite itself, converted in to_relax
         if node.domain not in ("", "ai.onnx") or node.op_type not in supported:
             bad[op].append(node.name or f"#{i}")
         elif node.op_type == "BatchNormalization" and _attr(node, "training_mode", 0):
@@ -45,12 +49,17 @@ def check_ops(model: onnx.ModelProto, source: str) -> None:
 
 
 def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo], source: str):
-    """Import the (shape-fixed, folded) model into a Relax IRModule."""
-    from tvm.relax.frontend.onnx import from_onnx
+    """Import the (shape-fixed, folded) model into a Relax IRModule. The whole-sequence recurrent nodes
+    (:mod:`.rnn_fused`) are converted by a converter added to TVM's table for the call."""
+    from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
 
     check_ops(model, source)
+    convert_map = onnx_frontend._get_convert_map  # noqa: SLF001 - the importer has no hook for extra ops
+    extra = {rnn_fused.OP_TYPE: rnn_fused.converter()} if any(
+        n.domain == rnn_fused.DOMAIN for n in model.graph.node) else {}
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), mock.patch.object(onnx_frontend, "_get_convert_map",
+                                                          lambda: {**convert_map(), **extra}):
             # The importer warns about every value_info without a shape; the shapes are fixed by now.
             warnings.simplefilter("ignore", UserWarning)
             return from_onnx(model, shape_dict={i.name: list(i.shape) for i in inputs},

@@ -30,6 +30,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
 from .graph import drop_unused_initializers, names_read
+from . import rnn_fused
 from .rnn_cells import Cell, Emitter, gru_step, lstm_step, rnn_step
 
 #: Op types (default domain) this module replaces; ``check_ops`` accepts them.
@@ -209,7 +210,7 @@ def _initial_state(e: Emitter, node: onnx.NodeProto, index: int, layout: int, d:
     return e.op("Gather", [name, e.index(d)], f"{what}{d}", axis=layout)
 
 
-def _rewrite(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _rewrite(rw: _Rewriter, node: onnx.NodeProto, fused: bool) -> list[onnx.NodeProto]:
     op, attrs = node.op_type, _attrs(node)
     direction = attrs.get("direction", b"forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
@@ -240,6 +241,8 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
             bias = np.concatenate([bias[:, :2 * hidden], b[:, :width][:, 2 * hidden:]], axis=1)
         xw = e.op("Add", [xw, e.const("bias", bias.reshape(-1))], "xW_b")
 
+    if fused and all(rnn_fused.fusable(op, attrs, acts[d], None if p is None else p[d]) for d in range(dirs)):
+        return _fused(e, node, layout, direction, dirs, xw, seq, batch, r, b, lbr)
     hs: list[list[str]] = []  # hs[d][t]: H_t of direction d, in time order
     last_h, last_c = [], []
     for d in range(dirs):
@@ -275,6 +278,30 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     return e.nodes
 
 
+def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, dirs: int, xw: str, seq: int,
+           batch: int, r: np.ndarray, b: np.ndarray | None, lbr: bool) -> list[onnx.NodeProto]:
+    """Each direction as one whole-sequence kernel (:mod:`.rnn_fused`), then ONNX's outputs."""
+    hidden = r.shape[-1]
+    ys, last_h, last_c = [], [], []
+    for d in range(dirs):
+        tag = ("fw", "bw")[d] if dirs == 2 else ("fw" if direction == "forward" else "bw")
+        h0 = _initial_state(e, node, _INITIAL_H, layout, d, f"{tag}/h")
+        c0 = _initial_state(e, node, _INITIAL_C, layout, d, f"{tag}/c") if node.op_type == "LSTM" else None
+        rb_h = b[d][5 * hidden:] if lbr and b is not None else None
+        y, h, c = rnn_fused.emit_direction(e, node.op_type, xw, d, dirs, seq, batch, r[d], rb_h, h0, c0,
+                                           direction == "reverse" or d == 1, lbr, tag)
+        ys.append(y)
+        last_h.append(h)
+        last_c.append(c)
+    outputs = list(node.output) + [""] * 3
+    if outputs[0]:
+        rnn_fused.stack_sequences(e, ys, layout, seq, batch, hidden, outputs[0])
+    for name, states, what in ((outputs[1], last_h, "Y_h"), (outputs[2], last_c, "Y_c")):
+        if name:
+            _stack(e, states, layout, [batch, dirs, hidden] if layout else [dirs, batch, hidden], what, name)
+    return e.nodes
+
+
 def _cell(e: Emitter, node: onnx.NodeProto, attrs: dict, acts: tuple[str, ...], tag: str, r: np.ndarray,
           b: np.ndarray | None, p: np.ndarray | None, lbr: bool) -> Cell:
     """One direction's constants: R^T (split for GRU), Rb_h, peepholes."""
@@ -299,8 +326,10 @@ def _stack(e: Emitter, states: list[str], layout: int, shape: list[int], what: s
     e.reshape(joined, shape, what, out=out)
 
 
-def rewrite_recurrent_ops(model: onnx.ModelProto, source: str = "<ModelProto>") -> tuple[onnx.ModelProto, int]:
-    """Replace LSTM, GRU and RNN nodes by their unrolled equivalent in basic ops (in place).
+def rewrite_recurrent_ops(model: onnx.ModelProto, source: str = "<ModelProto>",
+                          fused: bool = False) -> tuple[onnx.ModelProto, int]:
+    """Replace LSTM, GRU and RNN nodes by their unrolled equivalent in basic ops (in place); with ``fused``,
+    the directions that have one by a whole-sequence kernel node each (:mod:`.rnn_fused`).
 
     Run it after the input shapes are fixed and constants folded: the sequence length and batch size
     must be static, and the weights constant.
@@ -331,7 +360,7 @@ def rewrite_recurrent_ops(model: onnx.ModelProto, source: str = "<ModelProto>") 
     nodes, replaced, read = [], 0, set()
     for node in graph.node:
         if node.op_type in REWRITTEN_OP_TYPES and node.domain in ("", "ai.onnx"):
-            nodes.extend(_rewrite(rw, node))
+            nodes.extend(_rewrite(rw, node, fused))
             read.update(node.input)
             replaced += 1
         else:
@@ -339,6 +368,9 @@ def rewrite_recurrent_ops(model: onnx.ModelProto, source: str = "<ModelProto>") 
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(rw.new_initializers)
+    if any(n.domain == rnn_fused.DOMAIN for n in nodes) and \
+            not any(o.domain == rnn_fused.DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(rnn_fused.DOMAIN, 1))
     _drop_unused_constants(graph, read)
     drop_unused_initializers(graph, read)
     return model, replaced

@@ -73,7 +73,7 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    imported = frontend.import_model(model, shapes)
+    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
     target = spec.tvm_target()
     mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord()), spec, target)
     tasks = []

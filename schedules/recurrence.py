@@ -1,0 +1,162 @@
+"""Whole-sequence LSTM and GRU kernels (CPU): every time step of one direction in one kernel.
+
+Unrolled into basic ops, a recurrent layer costs a few kernels per time step (the recurrent MatMul, the
+gates, the cell state, the hidden state), each a VM call with its own output allocation: CRNN's two
+31-step bidirectional layers made 1,274 calls per inference, more time in the calls than in the
+arithmetic (``[1, 48] x [48, 192]`` per step). Here one kernel runs a direction's steps in order,
+the state in a scratch buffer. The input projection of all steps stays one MatMul before it (a tvmfuse
+dense kernel); the kernel reads its rows, ``x[t]`` of shape ``[batch, gates * hidden]`` with the biases
+added, in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h).
+
+Per step and batch row: the gates ``x[t] + h @ R^T`` (``R^T`` is ``[hidden, gates * hidden]``, rows read
+contiguously, ``lanes`` outputs a vector), then the cell in vectors of ``lanes`` hidden units. The sigmoid
+and tanh use :func:`fast_exp` (TVM's ``fast_exp`` polynomial, 1.5e-7 relative error): ``tanh(x) =
+2 sigmoid(2x) - 1``. Only the ONNX default activations are computed here, without clip, peepholes or
+``input_forget``; other cells stay unrolled (:mod:`tvmfuse.frontend.rnn`).
+
+The kernels carry ``tirx.is_scheduled``: nothing reschedules them. They are CPU kernels (serial loops, no
+thread binding).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from .backend import SCHEDULED_BY
+
+F32 = "float32"
+RULE = "tvmfuse.recurrence"
+
+
+def _c(value: float):
+    return tirx.const(value, F32)
+
+
+def fast_exp(x):
+    """``exp(x)`` as TVM's ``topi.fast_exp`` computes it (clamped to float32's range, 2^n times a degree-7
+    polynomial of the remainder), as one expression with its intermediates let-bound."""
+    xc = tirx.Var("xc", F32)
+    n = tirx.Var("n", F32)
+    f = tirx.Var("f", F32)
+    y = _c(1.9875691500e-4)
+    for p in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        y = y * f + _c(p)
+    y = y * f * f + f + _c(1.0)
+    two_n = tirx.reinterpret(F32, tirx.shift_left(tirx.Cast("int32", n + _c(127.0)), tirx.const(23, "int32")))
+    body = tirx.Let(f, xc - n * _c(0.6931471805599453), two_n * y)
+    body = tirx.Let(n, tirx.floor(xc * _c(1.44269504088896341) + _c(0.5)), body)
+    return tirx.Let(xc, tirx.max(tirx.min(x, _c(88.3762626647950)), _c(-88.3762626647949)), body)
+
+
+def sigmoid(x):
+    return _c(1.0) / (_c(1.0) + fast_exp(-x))
+
+
+def tanh(x):
+    return _c(2.0) * sigmoid(_c(2.0) * x) - _c(1.0)
+
+
+def lanes_for(hidden: int) -> int:
+    """The vector width of the gate and cell loops: the widest of 16, 8, 4 dividing ``hidden`` (else 1)."""
+    return next((v for v in (16, 8, 4) if hidden % v == 0), 1)
+
+
+def _finish(func) -> tirx.PrimFunc:
+    return func.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True, SCHEDULED_BY: RULE,
+                            "tvmfuse.family": "recurrence"})
+
+
+def lstm_kernel(seq: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:
+    """``(x [seq, batch, 4H], rt [H, 4H], h0 [batch, H], c0 [batch, H]) -> (y [seq, batch, H], c [batch, H])``:
+    ``y[t]`` is H_t in time order (``reverse`` runs t from the last step), ``c`` the last cell state."""
+    v, gh = lanes_for(hidden), 4 * hidden
+    jo_n, ho_n = gh // v, hidden // v
+
+    def at(s):
+        return seq - 1 - s if reverse else s
+
+    @T.prim_func(private=True)
+    def kernel(x: T.Buffer((seq, batch, gh), F32), rt: T.Buffer((hidden, gh), F32),
+               h0: T.Buffer((batch, hidden), F32), c0: T.Buffer((batch, hidden), F32),
+               y: T.Buffer((seq, batch, hidden), F32), c: T.Buffer((batch, hidden), F32)):
+        gates = T.alloc_buffer((gh,), F32)
+        h = T.alloc_buffer((batch, hidden), F32)
+        for b, j in T.grid(batch, hidden):
+            h[b, j] = h0[b, j]
+            c[b, j] = c0[b, j]
+        for s, b in T.grid(seq, batch):
+            for jo in range(jo_n):
+                for ji in T.vectorized(v):
+                    gates[jo * v + ji] = x[at(s), b, jo * v + ji]
+            for k, jo in T.grid(hidden, jo_n):
+                for ji in T.vectorized(v):
+                    gates[jo * v + ji] = gates[jo * v + ji] + h[b, k] * rt[k, jo * v + ji]
+            for jo in range(ho_n):
+                for ji in T.vectorized(v):
+                    c[b, jo * v + ji] = (sigmoid(gates[2 * hidden + jo * v + ji]) * c[b, jo * v + ji]
+                                         + sigmoid(gates[jo * v + ji]) * tanh(gates[3 * hidden + jo * v + ji]))
+                    h[b, jo * v + ji] = sigmoid(gates[hidden + jo * v + ji]) * tanh(c[b, jo * v + ji])
+                    y[at(s), b, jo * v + ji] = h[b, jo * v + ji]
+
+    return _finish(kernel)
+
+
+def gru_kernel(seq: int, batch: int, hidden: int, reverse: bool, linear_before_reset: bool) -> tirx.PrimFunc:
+    """``(x [seq, batch, 3H], rt [H, 3H], h0 [batch, H], rb_h [H]) -> y [seq, batch, H]`` (H_t in time order).
+
+    ``linear_before_reset`` 0: ``h~ = tanh(x_h + (r * H) @ R_h^T)`` (``Rb_h`` is in ``x``); 1: ``h~ = tanh(x_h
+    + r * (H @ R_h^T + Rb_h))``. Then ``H' = (1 - z) h~ + z H``."""
+    v, zr = lanes_for(hidden), 2 * hidden
+    ho_n = hidden // v
+
+    def at(s):
+        return seq - 1 - s if reverse else s
+
+    @T.prim_func(private=True)
+    def kernel(x: T.Buffer((seq, batch, 3 * hidden), F32), rt: T.Buffer((hidden, 3 * hidden), F32),
+               h0: T.Buffer((batch, hidden), F32), rb: T.Buffer((hidden,), F32),
+               y: T.Buffer((seq, batch, hidden), F32)):
+        gates = T.alloc_buffer((3 * hidden,), F32)  # h @ R^T: z, r, then h (only with linear_before_reset)
+        rh = T.alloc_buffer((hidden,), F32)          # r * H (linear_before_reset 0)
+        h = T.alloc_buffer((batch, hidden), F32)
+        for b, j in T.grid(batch, hidden):
+            h[b, j] = h0[b, j]
+        for s, b in T.grid(seq, batch):
+            for jo in range(3 * ho_n if linear_before_reset else 2 * ho_n):
+                for ji in T.vectorized(v):
+                    gates[jo * v + ji] = T.float32(0)
+            for k, jo in T.grid(hidden, 3 * ho_n if linear_before_reset else 2 * ho_n):
+                for ji in T.vectorized(v):
+                    gates[jo * v + ji] = gates[jo * v + ji] + h[b, k] * rt[k, jo * v + ji]
+            if not linear_before_reset:
+                for jo in range(ho_n):
+                    for ji in T.vectorized(v):
+                        rh[jo * v + ji] = sigmoid(x[at(s), b, hidden + jo * v + ji]
+                                                  + gates[hidden + jo * v + ji]) * h[b, jo * v + ji]
+                for jo in range(ho_n):
+                    for ji in T.vectorized(v):
+                        gates[zr + jo * v + ji] = x[at(s), b, zr + jo * v + ji]
+                for k, jo in T.grid(hidden, ho_n):
+                    for ji in T.vectorized(v):
+                        gates[zr + jo * v + ji] = gates[zr + jo * v + ji] + rh[k] * rt[k, zr + jo * v + ji]
+            for jo in range(ho_n):
+                for ji in T.vectorized(v):
+                    h[b, jo * v + ji] = _gru_state(x, gates, rb, h, at(s), b, jo * v + ji, hidden,
+                                                   linear_before_reset)
+                    y[at(s), b, jo * v + ji] = h[b, jo * v + ji]
+
+    return _finish(kernel)
+
+
+def _gru_state(x, gates, rb, h, t, b, j, hidden: int, linear_before_reset: bool):
+    """``(1 - z) h~ + z H`` of hidden unit ``j`` (``gates`` holds ``H @ R^T``, or ``x_h + (r H) @ R_h^T`` in
+    its h part with linear_before_reset 0)."""
+    z = sigmoid(x[t, b, j] + gates[j])
+    if linear_before_reset:
+        r = sigmoid(x[t, b, hidden + j] + gates[hidden + j])
+        candidate = tanh(x[t, b, 2 * hidden + j] + r * (gates[2 * hidden + j] + rb[j]))
+    else:
+        candidate = tanh(gates[2 * hidden + j])
+    zv = tirx.Var("z", F32)  # z is read twice: let-bound, so its exponential is not defined twice
+    return tirx.Let(zv, z, (_c(1.0) - zv) * candidate + zv * h[b, j])

@@ -1,0 +1,180 @@
+"""Whole-sequence LSTM and GRU kernels (CPU targets): one kernel per direction instead of the unrolled steps;
+numbers against onnxruntime, which variants stay unrolled, and the kernels alone against numpy."""
+
+import numpy as np
+import pytest
+import tvm
+
+import tvmfuse
+from tvmfuse import frontend, targets
+from tvmfuse.frontend import rnn_fused
+from tvmfuse.schedules import recurrence
+
+from helpers import HOST, ort_run
+from test_rnn import feeds, recurrent_model
+
+
+def _expected(layout, **kwargs):
+    """onnxruntime's outputs for ``recurrent_model(layout=layout, **kwargs)`` (layout 1: layout 0 on transposed
+    tensors, which onnxruntime lacks) and the model."""
+    model = recurrent_model(layout=layout, **kwargs)
+    inputs = feeds(model)
+    if not layout:
+        return model, inputs, ort_run(model, inputs)
+    outputs = ort_run(recurrent_model(**kwargs), {n: v.transpose(1, 0, 2) for n, v in inputs.items()})
+    return model, inputs, [v.transpose(2, 0, 1, 3) if v.ndim == 4 else v.transpose(1, 0, 2) for v in outputs]
+
+
+def _recurrent_kernels(cm) -> list[str]:
+    return sorted(gv.name_hint for gv, f in cm.lowered.functions_items()
+                  if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and f.attrs.get("tvmfuse.family") == "recurrence")
+
+
+CASES = [
+    ("LSTM", 0, {"direction": "forward"}),
+    ("LSTM", 0, {"direction": "reverse", "bias": False}),
+    ("LSTM", 0, {"direction": "bidirectional", "initial_h": True, "initial_c": True}),
+    ("LSTM", 0, {"direction": "bidirectional", "initial_c": True, "outputs": ("", "Y_h", "Y_c")}),
+    ("LSTM", 0, {"direction": "forward", "seq": 1, "batch": 3, "outputs": ("Y", "", "Y_c")}),
+    ("LSTM", 1, {"direction": "bidirectional", "initial_h": True}),
+    ("LSTM", 0, {"direction": "forward", "hidden": 48, "inp": 16, "seq": 9}),
+    ("GRU", 0, {"direction": "forward"}),
+    ("GRU", 0, {"direction": "bidirectional", "initial_h": True}),
+    ("GRU", 0, {"direction": "reverse", "linear_before_reset": 1, "initial_h": True}),
+    ("GRU", 0, {"direction": "bidirectional", "linear_before_reset": 1, "bias": False}),
+    ("GRU", 1, {"direction": "bidirectional", "linear_before_reset": 1, "outputs": ("", "Y_h")}),
+    ("GRU", 0, {"direction": "forward", "hidden": 12, "batch": 1}),
+]
+
+
+@pytest.mark.parametrize("op,layout,attrs", CASES, ids=[f"{c[0]}-l{c[1]}-{i}" for i, c in enumerate(CASES)])
+def test_fused_directions_match_onnxruntime(op, layout, attrs):
+    model, inputs, expected = _expected(layout, op=op, **attrs)
+    cm = tvmfuse.compile(model, target=HOST)
+    dirs = 2 if attrs["direction"] == "bidirectional" else 1
+    assert len(_recurrent_kernels(cm)) == dirs
+    got = cm.run(inputs)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("LSTM", {"peepholes": True}),
+    ("LSTM", {"clip": 1.5}),
+    ("LSTM", {"input_forget": 1}),
+    ("LSTM", {"activations": ["Sigmoid", "Relu", "Tanh"] * 2}),
+    ("GRU", {"activations": ["Sigmoid", "Relu"] * 2}),
+    ("RNN", {}),
+])
+def test_other_cells_stay_unrolled(op, attrs):
+    model = recurrent_model(op, direction="bidirectional", **attrs)
+    inputs = feeds(model)
+    cm = tvmfuse.compile(model, target=HOST)
+    assert _recurrent_kernels(cm) == []
+    for g, e in zip(cm.run(inputs), ort_run(model, inputs)):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_only_cpu_targets_fuse():
+    """The fused node exists for CPU targets only: CUDA's import unrolls (the kernel has no thread binding)."""
+    model = recurrent_model("LSTM", direction="bidirectional")
+    cpu, _, _, _ = frontend.prepare(model, fused_recurrence=True)
+    cuda, _, _, _ = frontend.prepare(model, fused_recurrence=False)
+    assert [n.op_type for n in cpu.graph.node if n.domain == rnn_fused.DOMAIN] == [rnn_fused.OP_TYPE] * 2
+    assert not [n for n in cuda.graph.node if n.domain == rnn_fused.DOMAIN]
+    assert not targets.resolve("cuda-sm90").backend().fused_recurrence
+    assert targets.resolve(HOST).backend().fused_recurrence
+
+
+def test_a_stacked_model_has_one_kernel_per_direction():
+    """CRNN-like: a bidirectional LSTM feeding a bidirectional GRU compiles to 4 recurrent kernels, and far
+    fewer kernel calls than the unrolled steps."""
+    from tvmfuse import zoo
+
+    cm = tvmfuse.compile(zoo.get("crnn"), target=HOST, shapes=zoo.default_shapes("crnn"))
+    assert len(_recurrent_kernels(cm)) == 4
+    calls = cm.lowered["main"].script().count("cls.")
+    assert calls < 80, calls
+
+
+# ----------------------------------------------------------------------------------------- the kernels alone
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _run(func, args, outs):
+    lib = tvm.tirx.build(func.with_attr("global_symbol", "k"), target=targets.resolve(HOST).tvm_target())
+    bufs = [tvm.runtime.tensor(np.zeros(s, "float32")) for s in outs]
+    lib["k"](*[tvm.runtime.tensor(a) for a in args], *bufs)
+    return [b.numpy() for b in bufs]
+
+
+@pytest.mark.parametrize("hidden", [6, 8, 48])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_lstm_kernel_against_numpy(hidden, reverse):
+    rng = np.random.default_rng(hidden)
+    seq, batch = 5, 2
+    x, rt = rng.standard_normal((seq, batch, 4 * hidden)), rng.standard_normal((hidden, 4 * hidden)) * 0.5
+    h, c = rng.standard_normal((batch, hidden)), rng.standard_normal((batch, hidden))
+    args = [a.astype("float32") for a in (x, rt, h, c)]
+    y, c_out = _run(recurrence.lstm_kernel(seq, batch, hidden, reverse), args, [(seq, batch, hidden), (batch, hidden)])
+    expected = np.zeros((seq, batch, hidden))
+    for t in (reversed(range(seq)) if reverse else range(seq)):
+        g = x[t] + h @ rt
+        i, o, f, cand = (_sigmoid(g[:, k * hidden:(k + 1) * hidden]) for k in range(4))
+        cand = np.tanh(g[:, 3 * hidden:])
+        c = f * c + i * cand
+        h = o * np.tanh(c)
+        expected[t] = h
+    np.testing.assert_allclose(y, expected, atol=2e-6)
+    np.testing.assert_allclose(c_out, c, atol=2e-6)
+
+
+@pytest.mark.parametrize("lbr", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gru_kernel_against_numpy(lbr, reverse):
+    rng = np.random.default_rng(int(lbr))
+    seq, batch, hidden = 4, 3, 8
+    x, rt = rng.standard_normal((seq, batch, 3 * hidden)), rng.standard_normal((hidden, 3 * hidden)) * 0.5
+    h, rb = rng.standard_normal((batch, hidden)), rng.standard_normal(hidden)
+    args = [a.astype("float32") for a in (x, rt, h, rb)]
+    (y,) = _run(recurrence.gru_kernel(seq, batch, hidden, reverse, lbr), args, [(seq, batch, hidden)])
+    expected = np.zeros((seq, batch, hidden))
+    for t in (reversed(range(seq)) if reverse else range(seq)):
+        g = h @ rt
+        z = _sigmoid(x[t, :, :hidden] + g[:, :hidden])
+        r = _sigmoid(x[t, :, hidden:2 * hidden] + g[:, hidden:2 * hidden])
+        if lbr:
+            cand = np.tanh(x[t, :, 2 * hidden:] + r * (g[:, 2 * hidden:] + rb))
+        else:
+            cand = np.tanh(x[t, :, 2 * hidden:] + (r * h) @ rt[:, 2 * hidden:])
+        h = (1 - z) * cand + z * h
+        expected[t] = h
+    np.testing.assert_allclose(y, expected, atol=2e-6)
+
+
+def test_fast_exp_accuracy():
+    """The kernels' exponential (TVM's fast_exp polynomial) over [-80, 80], relative to float64."""
+    from tvm import te
+
+    xs = np.linspace(-80, 80, 4096).astype("float32")
+    a = te.placeholder((xs.size,), "float32", name="a")
+    out = te.compute(a.shape, lambda i: recurrence.fast_exp(a[i]), name="e")
+    func = te.create_prim_func([a, out]).with_attr("global_symbol", "k")
+    lib = tvm.tirx.build(func, target=targets.resolve(HOST).tvm_target())
+    got = tvm.runtime.tensor(np.zeros_like(xs))
+    lib["k"](tvm.runtime.tensor(xs), got)
+    rel = np.abs(got.numpy() / np.exp(xs.astype(np.float64)) - 1)
+    assert rel.max() < 5e-7, rel.max()
+
+
+def test_recurrent_kernels_are_not_tuning_tasks():
+    """Written scheduled (serial steps, nothing to search): ``tvmfuse tune`` leaves them out."""
+    from tvmfuse.tune import tuner
+
+    model = recurrent_model("LSTM", direction="bidirectional", hidden=16, inp=8)
+    names = [t.name for t in tuner.extract_tasks(model, targets.resolve(HOST))]
+    assert names and not [n for n in names if "lstm" in n], names
