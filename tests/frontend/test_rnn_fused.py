@@ -95,8 +95,8 @@ def test_a_stacked_model_has_one_kernel_per_direction():
 
     cm = tvmfuse.compile(zoo.get("crnn"), target=HOST, shapes=zoo.default_shapes("crnn"))
     assert len(_recurrent_kernels(cm)) == 4
-    calls = cm.lowered["main"].script().count("cls.")
-    assert calls < 80, calls
+    outputs = cm.lowered["main"].script().count("R.vm.alloc_tensor(")  # one per kernel output
+    assert 10 < outputs < 60, outputs  # unrolled, each of the 124 steps allocated 3-4
 
 
 # ----------------------------------------------------------------------------------------- the kernels alone
