@@ -4,6 +4,8 @@ log's "default kept" record replays this schedule."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -184,6 +186,20 @@ def test_small_or_odd_kernels_stay_serial_or_scalar():
     odd = te.placeholder((3, 101, 97), name="odd")  # no vector width divides 29391
     kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([odd, topi.sigmoid(odd)])))
     assert ForKind.PARALLEL in kinds and ForKind.VECTORIZED not in kinds
+
+
+def test_long_row_no_vector_divides_takes_whole_vectors_and_a_scalar_tail():
+    """A padded dense output sliced back to its 389 columns (a prime): whole vectors over the first 384, the
+    last 5 in a scalar loop, rows in parallel; before, 1-lane (389 is prime) or 5-lane (18385) vectors."""
+    a = te.placeholder((40, 400), name="a")
+    out = topi.reshape(topi.strided_slice(a, [0, 0], [40, 389]), (1, 40, 389))
+    s = _same_as_unscheduled(te.create_prim_func([a, out]))
+    script = s.script()  # the partitioned loops nest under blocks of their own: read the loops from the text
+    assert re.findall(r"T\.vectorized\((\d+)\)", script) == [str(LANES)]
+    assert script.count("T.parallel(") == 1 and "range(384, 389)" in script.replace("T.int64(", "(")
+    short = te.placeholder((40, 100), name="short")  # under 8 vectors a row: left to the partial vectors
+    kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([short, topi.exp(short)])))
+    assert kinds.count(ForKind.VECTORIZED) == 1
 
 
 def _model():
