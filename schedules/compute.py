@@ -316,19 +316,20 @@ def group_input_block(anchor, block: int | None) -> bool:
     return (int(anchor.args[0].ty.shape[1]) // int(anchor.attrs.groups)) % block == 0
 
 
-def _winograd_pays(call) -> bool:
+def _winograd_pays(call, lanes: int | None) -> bool:
     a = call.attrs
     weight = _ints(call.args[1].ty.shape)
     floats = all(str(t.dtype) == "float32" for t in (call.ty, call.args[0].ty, call.args[1].ty))
     return floats and str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and winograd.pays(
-        weight[1], weight[0], weight[2:], _ints(a.strides), _ints(a.dilation), _ints(a.padding), int(a.groups))
+        weight[1], weight[0], weight[2:], _ints(a.strides), _ints(a.dilation), _ints(a.padding), int(a.groups),
+        lanes)
 
 
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
     data, weight = param_index(fn, anchor.args[0]), param_index(fn, anchor.args[1])
     if families.family_of(anchor).name in ("conv2d", "group_conv2d"):
-        kind = "winograd" if data in blocks and _winograd_pays(anchor) else "conv"
+        kind = "winograd" if data in blocks and _winograd_pays(anchor, lanes) else "conv"
         packing = (kind, blocks.get(data, 1), out_block)
     else:
         if blocks.get(data) != out_block:

@@ -30,15 +30,26 @@ def matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _cook_toom_convolution(_interpolation_points(ALPHA), TILE, 3)
 
 
-def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int) -> bool:
+def min_channels(lanes: int | None) -> int:
+    """The fewest input and output channels for which Winograd pays, by the float32 vector width."""
+    return 64 if lanes is not None and lanes >= 16 else 128
+
+
+def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int,
+         lanes: int | None = None) -> bool:
     """Whether a conv2d runs as Winograd F(2x2, 3x3): 3x3, stride 1, no dilation, padding 1, groups 1, and
-    at least 128 input and output channels. Measured against the direct blocked kernel (AVX2, 2 threads,
-    kernel alone, ``bench/x86_kernels.py``): 256ch at 14x14 0.69 ms against 1.42; 512ch at 7x7 0.89 against
-    1.44; 128ch at 28x28 0.79 against 1.23; 64ch at 56x56 even (1.22 against 1.24): with few channels the
-    transforms cost what the products save, so those stay direct.
-    In ResNet-50 (with the shipped logs) this took the model from 1.06x onnxruntime to 0.95-0.99x."""
+    at least :func:`min_channels` input and output channels.
+
+    AVX2 (8 lanes), against the direct blocked kernel (2 threads, kernel alone, ``bench/x86_kernels.py``):
+    256ch at 14x14 0.69 ms against 1.42; 512ch at 7x7 0.89 against 1.44; 128ch at 28x28 0.79 against 1.23;
+    64ch at 56x56 even (1.22 against 1.24): with few channels the transforms cost what the products save.
+    In ResNet-50 (with the shipped logs) this took the model from 1.06x onnxruntime to 0.95-0.99x.
+    AVX-512 (16 lanes, Zen 4; whole models, interleaved A/B in one process): from 64 channels it pays too,
+    where the direct kernel already runs at the FMA peak: yolov8n 12.97 -> 11.86 ms, resnet18 13.88 -> 12.96,
+    unet 7.29 -> 6.92; from 32 channels it did not (yolov8n even, unet 3% slower)."""
     return (list(kernel) == [3, 3] and list(strides) == [1, 1] and list(dilation) == [1, 1]
-            and list(padding) == [1, 1, 1, 1] and groups == 1 and min(in_channels, out_channels) >= 128)
+            and list(padding) == [1, 1, 1, 1] and groups == 1
+            and min(in_channels, out_channels) >= min_channels(lanes))
 
 
 def pack_weight(weight: np.ndarray, in_block: int, out_block: int) -> np.ndarray:

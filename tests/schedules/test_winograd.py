@@ -29,16 +29,17 @@ def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host():
-    model, feeds = _model(256, 256, 6, 3, 1, 1, seed=1)
+@pytest.mark.parametrize("channels", [256, 64])  # from 64 channels with 16-lane vectors (winograd.min_channels)
+def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host(channels):
+    model, feeds = _model(channels, channels, 6, 3, 1, 1, seed=1)
     got, kernel = _run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
     assert str(kernel.attrs["tvmfuse.layout"]).startswith("NCHW16c, weight Winograd")
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("cin,cout,k,stride,pad,dilation", [
-    (64, 256, 3, 1, 1, 1),  # too few input channels: the transforms cost what the products save
-    (256, 64, 3, 1, 1, 1),  # too few output channels
+    (32, 256, 3, 1, 1, 1),  # too few input channels: the transforms cost what the products save
+    (256, 32, 3, 1, 1, 1),  # too few output channels
     (256, 256, 3, 2, 1, 1),  # stride 2
     (256, 256, 3, 1, 0, 1),  # no padding
     (256, 256, 3, 1, 2, 2),  # dilation
@@ -48,6 +49,13 @@ def test_direct_conv_where_winograd_does_not_apply_or_pay(cin, cout, k, stride, 
     model, feeds = _model(cin, cout, 6, k, stride, pad, dilation)
     _, kernel = _run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_nchwc"
+
+
+def test_the_channel_threshold_follows_the_vector_width():
+    args = ([3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1)
+    assert winograd.pays(64, 64, *args, lanes=16) and not winograd.pays(64, 64, *args, lanes=8)
+    assert winograd.pays(128, 128, *args, lanes=8) and not winograd.pays(32, 64, *args, lanes=16)
+    assert not winograd.pays(64, 64, *args)  # no vector width given: the AVX2 threshold
 
 
 def test_a_whole_model_with_batch_two_matches_onnxruntime():
