@@ -1,6 +1,7 @@
-"""Ops carried in the blocked layout between blocked kernels (LowerPartitions): a channel Concat and
-elementwise ops (squeeze-and-excitation's ``x * scale``, adds, activations) run on NCHW[b]c, so no
-``to_plain`` / ``to_blocked`` pair surrounds them; every model still matches onnxruntime."""
+"""Ops carried in the blocked layout between blocked kernels (LowerPartitions): a channel Concat, a channel
+Split at block boundaries, Resize and elementwise ops (squeeze-and-excitation's ``x * scale``, adds,
+activations) run on NCHW[b]c, so no ``to_plain`` / ``to_blocked`` pair surrounds them; every model still
+matches onnxruntime."""
 
 from __future__ import annotations
 
@@ -89,5 +90,43 @@ def test_activation_and_add_between_blocked_kernels():
     a = _conv(g, "x", 16, act=None)
     _conv(g, L.unary(g, "Sigmoid", g.add(a, _conv(g, a, 16, act=None))), 16)
     model = g.build("add_sigmoid")
+    assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}
+    _matches(model)
+
+
+def _c2f(sizes=(16, 16)):
+    """YOLOv8's C2f: a conv's output split in channels, a conv on the second part, everything concatenated
+    and mixed by a 1x1 conv."""
+    g = _net()
+    a = _conv(g, "x", sum(sizes))
+    parts = L.split(g, a, list(sizes), axis=1, name="split")
+    b = _conv(g, parts[-1], sizes[-1])
+    _conv(g, L.concat(g, parts + [b], axis=1), 16, k=1)
+    return g.build("c2f")
+
+
+def test_channel_split_at_block_boundaries_stays_blocked():
+    model = _c2f()
+    assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}  # only the output's
+    _matches(model)
+
+
+def test_split_inside_a_block_stays_plain():
+    model = _c2f((8, 24))  # 8 channels: inside a 16-channel block (and AVX2's 8: the 24 part is 3 blocks)
+    counts = transforms(model, SPEC)
+    if SPEC.vector_bits() >= 512:
+        assert counts["to_plain"] >= 2
+    _matches(model)
+
+
+@pytest.mark.parametrize("mode,ctm", [("nearest", "asymmetric"), ("linear", "half_pixel"),
+                                      ("linear", "align_corners")])
+def test_resize_of_a_blocked_map_stays_blocked(mode, ctm):
+    """A detector neck's upsampling between convs: resized in the blocked layout, every method per channel."""
+    g = _net()
+    a = _conv(g, "x", 16)
+    up = L.resize(g, a, "up", mode, ctm, scales=[1, 1, 2, 2])
+    _conv(g, L.concat(g, [up, _conv(g, up, 16)], axis=1), 16, k=1)
+    model = g.build("neck")
     assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}
     _matches(model)

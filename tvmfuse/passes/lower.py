@@ -96,6 +96,7 @@ class _Lower(relax.PyExprMutator):
         self.mod_, self.spec, self.record = mod, spec, record
         self.lanes = spec.backend().vector_lanes() if blocked and spec is not None else None
         self.blocked_of = {}  # plain NCHW var -> the NCHW[b]c var it was made from (or made into)
+        self.blocked_parts = {}  # a plain channel split's tuple var -> the same split of the blocked tensor
 
     def _partition(self, call):
         if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar):
@@ -267,10 +268,61 @@ class _Lower(relax.PyExprMutator):
         self._bind_blocked(binding.var, out, call.ty.shape)
         return True
 
+    def _blocked_split(self, binding) -> bool:
+        """A channel split of a blocked activation at block boundaries (YOLOv8's C2f: a conv's output halved):
+        split blocked too. The plain split stays bound to the original variable (dead code when nothing reads
+        it); each part read by a ``TupleGetItem`` is blocked (:meth:`_blocked_part`), so the concat and convs
+        after it need neither a ``to_plain`` before the split nor a ``to_blocked`` after it (True)."""
+        call = binding.value
+        if _op_name(call) != "relax.split" or call.args[0] not in self.blocked_of or len(call.args[0].ty.shape) != 4 \
+                or int(call.attrs.axis) % 4 != 1:
+            return False
+        blocked = self.blocked_of[call.args[0]]
+        block, channels = int(blocked.ty.shape[4]), int(call.args[0].ty.shape[1])
+        sections = call.attrs.indices_or_sections
+        if isinstance(sections, (int, tvm.tirx.IntImm)):
+            cuts = [channels // int(sections) * k for k in range(1, int(sections))]
+        else:
+            cuts = [int(i) for i in sections]
+        if any(c % block for c in cuts) or channels % block:
+            return False
+        parts = self.builder_.emit(relax.op.split(blocked, [c // block for c in cuts], axis=1))
+        self._bind(binding.var, call)
+        self.blocked_parts[binding.var] = parts
+        return True
+
+    def _blocked_resize(self, binding) -> bool:
+        """A resize (``R.image.resize2d``, NCHW) of a blocked activation: the same resize in the blocked layout
+        (TVM's ``NCHW[b]c`` layout of the op; every method works per channel), so the upsampling of a detector's
+        neck needs no ``to_plain`` before it nor ``to_blocked`` after it (True)."""
+        call = binding.value
+        if _op_name(call) != "relax.image.resize2d" or call.args[0] not in self.blocked_of \
+                or str(call.attrs.layout) != "NCHW":
+            return False
+        blocked = self.blocked_of[call.args[0]]
+        a = call.attrs
+        out = self.builder_.emit(relax.op.image.resize2d(
+            blocked, call.args[1], [float(v) for v in a.roi], f"NCHW{int(blocked.ty.shape[4])}c", str(a.method),
+            str(a.coordinate_transformation_mode), str(a.rounding_method), float(a.cubic_alpha),
+            int(a.cubic_exclude), float(a.extrapolation_value), a.out_dtype))
+        self._bind_blocked(binding.var, out, call.ty.shape)
+        return True
+
+    def _blocked_part(self, binding) -> bool:
+        """``TupleGetItem`` of a split computed blocked: the part's blocked value beside its plain one (True)."""
+        get = binding.value
+        if not isinstance(get, relax.TupleGetItem) or get.tuple_value not in self.blocked_parts:
+            return False
+        part = self.builder_.emit(relax.TupleGetItem(self.blocked_parts[get.tuple_value], get.index))
+        self._bind(binding.var, get)
+        self.blocked_of[binding.var] = part
+        return True
+
     def visit_var_binding_(self, binding):
         if self.lanes is not None and (self._blocked_pool(binding) or self._blocked_mean(binding)
                                        or self._blocked_concat(binding) or self._blocked_elementwise(binding)
-                                       or self._blocked_depth_to_space(binding)):
+                                       or self._blocked_depth_to_space(binding) or self._blocked_split(binding)
+                                       or self._blocked_part(binding) or self._blocked_resize(binding)):
             return None
         fn = self._partition(binding.value)
         if fn is None:
