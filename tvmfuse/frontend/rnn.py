@@ -1,4 +1,6 @@
-"""Unroll ONNX's recurrent ops (LSTM, GRU, RNN) into basic ops TVM's importer handles (an ONNX-graph rewrite).
+"""Unroll ONNX's recurrent ops (LSTM, GRU, RNN) into basic ops TVM's importer handles (an ONNX-graph rewrite),
+or, with ``fused`` (CPU targets), write each direction of the cells that have one as a whole-sequence kernel
+node (:mod:`.rnn_fused`) after the same input projection.
 
 TVM 0.27's ONNX importer has no converter for LSTM, GRU or RNN. Before import, each such node (default
 domain, top-level graph) is replaced here by a subgraph unrolled over the time steps, which needs a static
