@@ -45,12 +45,6 @@ def _stem_concat(second_channels=16):
     return g.build("stem_concat")
 
 
-def test_channel_concat_of_blocked_maps_stays_blocked():
-    model = _stem_concat()
-    assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}  # only the output's
-    _matches(model)
-
-
 def test_concat_with_a_part_of_no_whole_blocks_stays_plain():
     model = _stem_concat(second_channels=12)  # 12 channels: no 8- or 16-channel block divides them
     assert transforms(model, SPEC)["to_plain"] >= 2
@@ -105,8 +99,9 @@ def _c2f(sizes=(16, 16)):
     return g.build("c2f")
 
 
-def test_channel_split_at_block_boundaries_stays_blocked():
-    model = _c2f()
+@pytest.mark.parametrize("make", [_stem_concat, _c2f], ids=["concat", "split_and_concat"])
+def test_channel_concat_and_split_of_blocked_maps_stay_blocked(make):
+    model = make()
     assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 1, "nchwc": 3}  # only the output's
     _matches(model)
 

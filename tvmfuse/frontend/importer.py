@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import warnings
 from unittest import mock
 
@@ -54,12 +55,13 @@ def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo], source: str):
     from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
 
     check_ops(model, source)
-    convert_map = onnx_frontend._get_convert_map  # noqa: SLF001 - the importer has no hook for extra ops
-    extra = {rnn_fused.OP_TYPE: rnn_fused.converter()} if any(
-        n.domain == rnn_fused.DOMAIN for n in model.graph.node) else {}
+    # The importer has no hook for extra ops and rebuilds its table per node: patch it only when needed.
+    extra = contextlib.nullcontext()
+    if any(n.domain == rnn_fused.DOMAIN for n in model.graph.node):
+        table = {**onnx_frontend._get_convert_map(), rnn_fused.OP_TYPE: rnn_fused.converter()}  # noqa: SLF001
+        extra = mock.patch.object(onnx_frontend, "_get_convert_map", lambda: table)
     try:
-        with warnings.catch_warnings(), mock.patch.object(onnx_frontend, "_get_convert_map",
-                                                          lambda: {**convert_map(), **extra}):
+        with warnings.catch_warnings(), extra:
             # The importer warns about every value_info without a shape; the shapes are fixed by now.
             warnings.simplefilter("ignore", UserWarning)
             return from_onnx(model, shape_dict={i.name: list(i.shape) for i in inputs},

@@ -248,7 +248,7 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto, fused: bool) -> list[onnx.Node
     hs: list[list[str]] = []  # hs[d][t]: H_t of direction d, in time order
     last_h, last_c = [], []
     for d in range(dirs):
-        tag = ("fw", "bw")[d] if dirs == 2 else ("fw" if direction == "forward" else "bw")
+        tag = _tag(d, dirs, direction)
         cell = _cell(e, node, attrs, acts[d], tag, r[d], None if b is None else b[d], None if p is None else p[d],
                      lbr)
         h = _initial_state(e, node, _INITIAL_H, layout, d, f"{tag}/h")
@@ -269,15 +269,27 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto, fused: bool) -> list[onnx.Node
         last_h.append(h)
         last_c.append(c)
 
-    outputs = list(node.output) + [""] * 3
-    if outputs[0]:
+    if node.output and node.output[0]:
         order = [hs[d][t] for t in range(seq) for d in range(dirs)]
         shape = [batch, seq, dirs, hidden] if layout else [seq, dirs, batch, hidden]
-        _stack(e, order, layout, shape, "Y", outputs[0])
+        _stack(e, order, layout, shape, "Y", node.output[0])
+    _last_states(e, node, last_h, last_c, layout, batch, hidden)
+    return e.nodes
+
+
+def _tag(d: int, dirs: int, direction: str) -> str:
+    """Direction ``d``'s name in new nodes' names: ``fw`` or ``bw``."""
+    return ("fw", "bw")[d] if dirs == 2 else ("fw" if direction == "forward" else "bw")
+
+
+def _last_states(e: Emitter, node: onnx.NodeProto, last_h: list, last_c: list, layout: int, batch: int,
+                 hidden: int) -> None:
+    """ONNX's Y_h and Y_c (those the node names) from each direction's last ``[B, H]`` states."""
+    outputs = list(node.output) + [""] * 3
+    shape = [batch, len(last_h), hidden] if layout else [len(last_h), batch, hidden]
     for name, states, what in ((outputs[1], last_h, "Y_h"), (outputs[2], last_c, "Y_c")):
         if name:
-            _stack(e, states, layout, [batch, dirs, hidden] if layout else [dirs, batch, hidden], what, name)
-    return e.nodes
+            _stack(e, states, layout, shape, what, name)
 
 
 def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, dirs: int, xw: str, seq: int,
@@ -286,7 +298,7 @@ def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, dirs: 
     hidden = r.shape[-1]
     ys, last_h, last_c = [], [], []
     for d in range(dirs):
-        tag = ("fw", "bw")[d] if dirs == 2 else ("fw" if direction == "forward" else "bw")
+        tag = _tag(d, dirs, direction)
         h0 = _initial_state(e, node, _INITIAL_H, layout, d, f"{tag}/h")
         c0 = _initial_state(e, node, _INITIAL_C, layout, d, f"{tag}/c") if node.op_type == "LSTM" else None
         rb_h = b[d][5 * hidden:] if lbr and b is not None else None
@@ -295,12 +307,9 @@ def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, dirs: 
         ys.append(y)
         last_h.append(h)
         last_c.append(c)
-    outputs = list(node.output) + [""] * 3
-    if outputs[0]:
-        rnn_fused.stack_sequences(e, ys, layout, seq, batch, hidden, outputs[0])
-    for name, states, what in ((outputs[1], last_h, "Y_h"), (outputs[2], last_c, "Y_c")):
-        if name:
-            _stack(e, states, layout, [batch, dirs, hidden] if layout else [dirs, batch, hidden], what, name)
+    if node.output and node.output[0]:
+        rnn_fused.stack_sequences(e, ys, layout, seq, batch, hidden, node.output[0])
+    _last_states(e, node, last_h, last_c, layout, batch, hidden)
     return e.nodes
 
 

@@ -37,21 +37,31 @@ def _rewrite(matched, m, conv_p, weight_p, bias_p, bn_p, stats_p):
         beta = np.zeros_like(beta)
     scale = gamma / np.sqrt(var + float(bn_attrs.epsilon))
     weight = const_array(m[weight_p]).astype("float64")
-    out_channels = weight.shape[0]
-    bias = np.zeros(out_channels)
-    if bias_p in m:
-        b = const_array(m[bias_p])
-        # Only a per-channel constant is a bias: numpy broadcasting aligns a (C,) constant with W, not C.
-        b4 = b.reshape((1,) * (4 - b.ndim) + b.shape) if b.ndim <= 4 else b
-        if b4.ndim != 4 or b4.shape[0] != 1 or b4.shape[2:] != (1, 1) or b4.shape[1] not in (1, out_channels):
-            return matched
-        bias = np.broadcast_to(b4.reshape(-1), (out_channels,)).astype("float64")
+    bias = per_channel(const_array(m[bias_p]), weight.shape[0]) if bias_p in m else np.zeros(weight.shape[0])
+    if bias is None:
+        return matched
+    return scaled_conv(conv, weight, scale, (bias - mean) * scale + beta)
+
+
+def per_channel(value: np.ndarray | None, channels: int) -> np.ndarray | None:
+    """``value`` as one float64 per output channel of an NCHW tensor, or None when it broadcasts otherwise:
+    a ``(C,)`` constant broadcasts along W, not the channels."""
+    if value is None or value.ndim > 4:
+        return None
+    v4 = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    if v4.shape[0] != 1 or v4.shape[2:] != (1, 1) or v4.shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(v4.reshape(-1), (channels,)).astype("float64")
+
+
+def scaled_conv(conv, weight: np.ndarray, scale: np.ndarray, bias: np.ndarray):
+    """``conv`` with its OIHW ``weight`` scaled per output channel, then ``+ bias`` (one per output channel)."""
+    a, channels = conv.attrs, weight.shape[0]
     new_w = (weight * scale.reshape(-1, 1, 1, 1)).astype("float32")
-    new_b = ((bias - mean) * scale + beta).astype("float32").reshape(1, out_channels, 1, 1)
     new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(new_w), strides=a.strides, padding=a.padding,
                                   dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
                                   kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype)
-    return relax.op.add(new_conv, relax.const(new_b))
+    return relax.op.add(new_conv, relax.const(bias.astype("float32").reshape(1, channels, 1, 1)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldBatchNorm")

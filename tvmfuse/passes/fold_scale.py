@@ -20,17 +20,8 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .utils import bindings_of, const_array
-
-
-def per_channel(value: np.ndarray | None, channels: int) -> np.ndarray | None:
-    """``value`` as one float64 per output channel of an NCHW tensor, or None when it broadcasts otherwise."""
-    if value is None or value.ndim > 4:
-        return None
-    v4 = value.reshape((1,) * (4 - value.ndim) + value.shape)
-    if v4.shape[0] != 1 or v4.shape[2:] != (1, 1) or v4.shape[1] not in (1, channels):
-        return None
-    return np.broadcast_to(v4.reshape(-1), (channels,)).astype("float64")
+from .fold_bn import per_channel, scaled_conv
+from .utils import bindings_of, const_array, users_of
 
 
 def _pattern(shifted: bool):
@@ -46,14 +37,8 @@ def _pattern(shifted: bool):
 
 def _uses(func) -> tuple[dict, dict]:
     """Each bound call's variable (by object) and how many bindings (and the result) read each variable."""
-    var_of, uses = {}, {}
-    for binding in bindings_of(func):
-        var_of[binding.value] = binding.var
-        for v in relax.analysis.free_vars(binding.value):
-            uses[v] = uses.get(v, 0) + 1
-    for v in relax.analysis.free_vars(func.body.body):
-        uses[v] = uses.get(v, 0) + 1
-    return var_of, uses
+    var_of = {binding.value: binding.var for binding in bindings_of(func)}
+    return var_of, {var: len(readers) for var, readers in users_of(func).items()}
 
 
 def _single_use(exprs, var_of: dict, uses: dict) -> bool:
@@ -79,12 +64,7 @@ def _rewrite(matched, m, var_of, uses, conv_p, biased_p, scaled_p, weight_p, bia
     shift = per_channel(const_array(m[shift_p]), channels) if shift_p in m else np.zeros(channels)
     if scale is None or bias is None or shift is None:
         return matched
-    new_w = (weight * scale.reshape(-1, 1, 1, 1)).astype("float32")
-    new_b = (bias * scale + shift).astype("float32").reshape(1, channels, 1, 1)
-    new_conv = relax.op.nn.conv2d(conv.args[0], relax.const(new_w), strides=a.strides, padding=a.padding,
-                                  dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
-                                  kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype)
-    return relax.op.add(new_conv, relax.const(new_b))
+    return scaled_conv(conv, weight, scale, bias * scale + shift)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldScaleShift")

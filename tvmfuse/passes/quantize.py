@@ -41,7 +41,7 @@ from .int8_kernels import (blocked_kernel, data_layout, has_vnni, int8_constants
                            relayout)
 from .int8_partition import Int8Partition, analyze
 from .partition import is_partition
-from .utils import bindings_of, emit_like
+from .utils import bindings_of, emit_like, users_of
 
 
 class QuantizeWarning(UserWarning):
@@ -62,17 +62,6 @@ class _Site:
     dequantize: bool = False  # uint8 output that FP32 consumers also read
     out_layout: str = "NCHW"  # of an INT8 site's output: "NCHW" or int8.BLOCKED_LAYOUT (uint8 codes)
 
-
-
-def _users(func) -> dict:
-    """Var -> the vars of the bindings that read it; None stands for the function's result."""
-    users: dict = {}
-    for binding in bindings_of(func):
-        for var in relax.analysis.free_vars(binding.value):
-            users.setdefault(var, []).append(binding.var)
-    for var in relax.analysis.free_vars(func.body.body):
-        users.setdefault(var, []).append(None)
-    return users
 
 
 def _key_of(keys: dict, var) -> str:
@@ -291,7 +280,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
             for site in sites:
                 site.part, site.reason = None, f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})"
         _check_constants(sites, table, keys)
-        users = _users(mod["main"])
+        users = users_of(mod["main"])
         pools = _uint8_pools(mod, sites, users)
         _choose_outputs(sites, users, pools)
         if blocked:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from tvm import relax
 
 # A PrimFunc's relax op_pattern: AnnotateTIROpPattern leaves a func with op_pattern set alone, and kOpaque
 # keeps FuseOps from merging neighbours into the kernel (its epilogue is already inside).
@@ -20,6 +21,17 @@ def const_array(expr) -> np.ndarray | None:
 def bindings_of(func) -> list:
     """Every binding of a Relax function's body, block after block."""
     return [binding for block in func.body.blocks for binding in block.bindings]
+
+
+def users_of(func) -> dict:
+    """Var -> the vars of the bindings that read it; None stands for the function's result."""
+    users: dict = {}
+    for binding in bindings_of(func):
+        for var in relax.analysis.free_vars(binding.value):
+            users.setdefault(var, []).append(binding.var)
+    for var in relax.analysis.free_vars(func.body.body):
+        users.setdefault(var, []).append(None)
+    return users
 
 
 def rewrite_functions(mod, mutator_class):
