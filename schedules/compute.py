@@ -13,6 +13,7 @@ import tvm
 from tvm import relax, te, topi
 
 from . import blocked, families, winograd
+from .activations import fast_sigmoid, gelu, gelu_tanh
 from .blocked import out_size
 
 # Block names of the anchor stage, per family (the schedules look them up by name).
@@ -185,34 +186,6 @@ def _leakyrelu(call, x):
     return topi.nn.leaky_relu(x, float(call.attrs.alpha))
 
 
-def _square(x):
-    return topi.multiply(x, x)
-
-
-def legalize_power(bb, call):
-    """``relax.power`` legalized with ``x ** 2`` as ``x * x`` (exact: both are the correctly rounded square),
-    other powers by TVM's own rule. On CUDA TVM computes every power with ``__powf`` (``exp2(y * log2(x))``),
-    NaN for a negative base: the variance of an ONNX-exported LayerNorm (``Pow(x - mean, 2)``). On x86 it
-    calls libm's scalar ``powf`` per element; the multiply is a vector op (still a kernel of its own: FuseOps
-    does not fuse it into the mean that reads it)."""
-    import tvm
-
-    exponent = call.args[1]
-    if isinstance(exponent, tvm.ir.expr.Constant) and exponent.value.numpy().size == 1 and \
-            float(exponent.value.numpy().reshape(())) == 2.0:
-        return bb.call_te(_square, call.args[0], primfunc_name_hint="square")
-    return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)
-
-
-def fast_sigmoid(x):
-    """``1 / (1 + fast_exp(-x))``. TVM's sigmoid calls libm's scalar ``expf`` per element (YOLOv8n's SiLU
-    convs spent more time in it than in their multiply-adds); ``fast_exp`` is a vectorizable polynomial.
-    Measured over 2**20 points in [-100, 100] against float64: 8.9e-8 max absolute error, as TVM's
-    sigmoid; 11x faster on Zen 4 (1,736 -> 151 us)."""
-    one = tvm.tirx.const(1.0, x.dtype)
-    return topi.divide(one, topi.add(one, topi.fast_exp(topi.negative(x))))
-
-
 # Stage names of :func:`softmax` (its schedules look them up).
 SOFTMAX_STAGES = ("softmax_max", "T_fast_exp", "softmax_sum", "softmax_recip", "softmax_norm")
 
@@ -254,6 +227,9 @@ TE_OPS = {
     # TVM's erf is a scalar libm call per element; fast_erf is a vectorizable rational polynomial (float32:
     # at most 4.2e-7 absolute error over [-6, 6], measured against scipy's erf in float64; exact beyond).
     "relax.erf": lambda call, x: topi.fast_erf(x),
+    "relax.tanh": lambda call, x: topi.fast_tanh(x),
+    "relax.nn.gelu": lambda call, x: gelu(x),
+    "relax.nn.gelu_tanh": lambda call, x: gelu_tanh(x),
 }
 
 

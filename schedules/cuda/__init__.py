@@ -111,12 +111,12 @@ class Backend(_Base):
         from tvm import relax
         from tvm.relax.backend.cuda import pipeline as cuda
 
-        from .. import compute
+        from .. import activations
 
         passes = cuda.legalize_passes(target)
         assert type(passes[-1]).__name__ == "ApplyDefaultSchedule", passes[-1]
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
-        legalize = relax.transform.LegalizeOps(customize_legalize_map={"relax.power": compute.legalize_power})
+        legalize = relax.transform.LegalizeOps(customize_legalize_map={"relax.power": activations.legalize_power})
         return cuda.library_dispatch_passes(target) + [legalize] + passes[1:-1]
 
     def relax_pipeline(self, target, scheduling: list):

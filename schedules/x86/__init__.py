@@ -117,28 +117,33 @@ class Backend(_Base):
         return sch.trace if sch is not None else super().default_trace(mod)
 
     def legalize_passes(self, target) -> list:
-        """TVM's generic CPU legalization, with Sigmoid computed by ``compute.fast_sigmoid``, Softmax by
-        ``compute.softmax`` (``fast_exp``, scheduled a row at a time by :mod:`.softmax`) and Erf by
-        ``topi.fast_erf`` (as partition epilogues compute it): TVM's softmax calls libm's scalar ``expf`` per
-        element (0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms); ``fast_exp`` is a vectorizable
-        polynomial, at most 4.1e-6 relative error over [-87, 88] (measured against float64 ``exp``). TVM's
-        erf is libm's scalar ``erff`` too: ConvNeXt-T's GELUs outside its dense kernels took 4.4 ns per element
-        (0.57 ms for a 1024 x 128 map). ``x ** 2`` is ``x * x`` (:func:`compute.legalize_power`), not libm's
-        ``powf`` per element."""
+        """TVM's generic CPU legalization, with Sigmoid, Erf, Tanh, GELU (both forms) and ``x ** 2`` computed as
+        partition epilogues compute them (:mod:`..activations`: vectorizable polynomials where TVM's rules call
+        libm's scalar ``expf`` / ``erff`` / ``tanhf`` / ``powf`` per element; ConvNeXt-T's GELUs outside its
+        dense kernels took 4.4 ns per element with ``erff``, 0.57 ms for a 1024 x 128 map) and Softmax by
+        ``compute.softmax`` (``fast_exp``, scheduled a row at a time by :mod:`.softmax`: TVM's took 0.5 GFLOP/s
+        on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms). ``fast_exp`` is at most 4.1e-6 relative error over
+        [-87, 88] (measured against float64 ``exp``)."""
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
-        from .. import compute
+        from .. import activations, compute
 
         def legalize_softmax(bb, call):
             return bb.call_te(compute.softmax, call.args[0], axis=int(call.attrs.axis))
 
+        def unary(fn, name):
+            return lambda bb, call: bb.call_te(fn, call.args[0], primfunc_name_hint=name)
+
         passes = generic.legalize_passes(target)
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
         custom = {"relax.nn.softmax": legalize_softmax,
-                  "relax.sigmoid": lambda bb, call: bb.call_te(compute.fast_sigmoid, call.args[0]),
+                  "relax.sigmoid": lambda bb, call: bb.call_te(activations.fast_sigmoid, call.args[0]),
                   "relax.erf": lambda bb, call: bb.call_te(topi.fast_erf, call.args[0]),
-                  "relax.power": compute.legalize_power}
+                  "relax.tanh": unary(topi.fast_tanh, "tanh"),
+                  "relax.nn.gelu": unary(activations.gelu, "gelu"),
+                  "relax.nn.gelu_tanh": unary(activations.gelu_tanh, "gelu_tanh"),
+                  "relax.power": activations.legalize_power}
         return generic.library_dispatch_passes(target) + [
             relax.transform.LegalizeOps(customize_legalize_map=custom)] + passes[1:]
 

@@ -30,7 +30,7 @@ _RESHAPE = tvm.ir.Op.get("relax.reshape")
 # and activation): their other operands must be scalars or per-column constants.
 _ELEMENTWISE = {tvm.ir.Op.get(n) for n in (
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.erf", "relax.sigmoid", "relax.tanh",
-    "relax.nn.relu", "relax.nn.gelu", "relax.nn.silu", "relax.clip", "relax.nn.leakyrelu")}
+    "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.clip", "relax.nn.leakyrelu")}
 
 
 @relax.expr_functor.mutator

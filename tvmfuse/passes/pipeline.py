@@ -32,7 +32,7 @@ class PassRecord:
 
 
 def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None, blocked: bool = True) -> list:
-    """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, flatten N-D x constant matmuls to
+    """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, make a spelt-out tanh GELU one op, flatten N-D x constant matmuls to
     2-D, pad dense weights whose column count has no vector-wide divisor, turn transposed convs into stride-1
     phase convs + depth-to-space, merge narrow conv groups, fold batch-norm and constant scales and shifts into
     convs: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
@@ -44,6 +44,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     from .pad_dense import PadDenseColumns
     from .fold_bn import FoldBatchNorm
     from .fold_scale import FoldScaleShift
+    from .gelu import FuseGeluTanh
     from .qdq import FuseQDQ
     from .regroup_conv import RegroupConv
 
@@ -51,7 +52,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
-    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FlattenMatmul,
+    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh, FlattenMatmul,
             PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
             relax.transform.FoldConstant()]
 

@@ -65,13 +65,15 @@ def with_activation(out: DFPattern, kind: str) -> DFPattern:
                 | is_op("relax.multiply")(out, gate) | is_op("relax.multiply")(gate, out))
     if kind == "hardsigmoid":
         return _hardsigmoid(out)
-    if kind == "gelu":  # x * 0.5 * (1 + erf(x / sqrt(2))), in the orders exporters write it
+    if kind == "gelu":  # the ops (ONNX Gelu, both forms; the tanh form's spellings become one in
+        # passes.gelu), or x * 0.5 * (1 + erf(x / sqrt(2))) spelt out, in the orders exporters write it
+        op = is_op("relax.nn.gelu")(out) | is_op("relax.nn.gelu_tanh")(out)
         scaled = is_op("relax.divide")(out, is_const()) | is_op("relax.multiply")(out, is_const())
         erf = is_op("relax.erf")(scaled)
         one_plus = is_op("relax.add")(erf, is_const()) | is_op("relax.add")(is_const(), erf)
         product = is_op("relax.multiply")(out, one_plus) | is_op("relax.multiply")(one_plus, out)
         half = is_op("relax.multiply")(out, is_const())
-        return (is_op("relax.multiply")(product, is_const()) | is_op("relax.multiply")(is_const(), product)
+        return (op | is_op("relax.multiply")(product, is_const()) | is_op("relax.multiply")(is_const(), product)
                 | is_op("relax.divide")(product, is_const()) | is_op("relax.multiply")(half, one_plus)
                 | is_op("relax.multiply")(one_plus, half))
     if kind == "silu":
