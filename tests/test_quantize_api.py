@@ -22,8 +22,8 @@ from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError
 
 from helpers import HOST
-from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, inverted_residual,
-                              residual_block, spelt_hardswish, two_outputs)
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
+                              inverted_residual, residual_block, spelt_hardswish, two_outputs)
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -154,12 +154,24 @@ def test_x86_avx512_build_calibrates_here_and_uses_vnni():
 
 
 def test_nothing_quantizable_compiles_exactly_as_fp32():
-    model = conv_sigmoid()
-    batches = _random_batches((1, 3, 6, 6), 2, 6)
-    with pytest.warns(QuantizeWarning, match="epilogue sigmoid has no INT8 kernel"):
+    model = grouped_conv_sigmoid()
+    batches = _random_batches((1, 4, 6, 6), 2, 6)
+    with pytest.warns(QuantizeWarning, match=r"grouped conv2d \(groups=2\) has no INT8 kernel"):
         cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
     assert cm.quantization["int8_partitions"] == 0 and cm.quantization["quantize_ops"] == 0
     np.testing.assert_array_equal(cm.run(batches[0])[0], tvmfuse.compile(model, target=HOST).run(batches[0])[0])
+
+
+def test_conv_silu_quantizes_the_conv_and_stays_near_fp32():
+    """YOLO's conv + SiLU: both convs INT8 (the SiLU between them in float), near the FP32 result."""
+    model = conv_silu_conv()
+    batches = _random_batches((1, 3, 8, 8), 4, 9)
+    cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
+    assert (cm.quantization["int8_partitions"], cm.quantization["fp32_partitions"]) == (2, 0)
+    fp32 = tvmfuse.compile(model, target=HOST)
+    for batch in batches[:2]:
+        want = fp32.run(batch)[0]
+        assert np.abs(cm.run(batch)[0] - want).max() <= 0.03 * np.abs(want).max()
 
 
 # ---- the command line ----

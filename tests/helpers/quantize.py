@@ -34,11 +34,12 @@ def conv_relu_conv():
                    conv(rng, "h", "y", 16, 8, "conv2")], [("x", [1, 3, 8, 8])], [("y", [1, 8, 8, 8])])
 
 
-def sandwich(activation: str = "Sigmoid"):
-    """conv+relu -> conv+``activation`` -> conv (Sigmoid: the middle partition has no INT8 kernel)."""
+def sandwich(activation: str = "Relu", group: int = 1):
+    """conv+relu -> conv+``activation`` -> conv; ``group`` 2 gives the middle conv no INT8 kernel."""
     rng = np.random.default_rng(1)
     return model([conv(rng, "x", "c1", 3, 8, "conv1"), (helper.make_node("Relu", ["c1"], ["h1"]), []),
-                   conv(rng, "h1", "c2", 8, 8, "conv2"), (helper.make_node(activation, ["c2"], ["h2"]), []),
+                   conv(rng, "h1", "c2", 8, 8, "conv2", group=group),
+                   (helper.make_node(activation, ["c2"], ["h2"]), []),
                    conv(rng, "h2", "y", 8, 4, "conv3")], [("x", [1, 3, 8, 8])], [("y", [1, 4, 8, 8])])
 
 
@@ -77,11 +78,19 @@ def residual_block(from_input: bool):
     return model(layers, [("x", [1, 8, 6, 6])], [("y", [1, 8, 6, 6])])
 
 
-def conv_sigmoid():
-    """conv + sigmoid: one partition, with an epilogue the INT8 kernels do not have."""
+def grouped_conv_sigmoid():
+    """grouped conv + sigmoid: one partition, a conv the INT8 kernels do not have."""
     rng = np.random.default_rng(4)
-    return model([conv(rng, "x", "c", 3, 4, "conv"), (helper.make_node("Sigmoid", ["c"], ["y"]), [])],
-                 [("x", [1, 3, 6, 6])], [("y", [1, 4, 6, 6])])
+    return model([conv(rng, "x", "c", 4, 4, "conv", group=2), (helper.make_node("Sigmoid", ["c"], ["y"]), [])],
+                 [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6])])
+
+
+def conv_silu_conv():
+    """conv + SiLU (``x * sigmoid(x)``, as YOLO exports it) -> conv: the SiLU has no INT8 epilogue."""
+    rng = np.random.default_rng(5)
+    return model([conv(rng, "x", "c1", 3, 16, "conv1"), (helper.make_node("Sigmoid", ["c1"], ["s"]), []),
+                  (helper.make_node("Mul", ["c1", "s"], ["h"]), []), conv(rng, "h", "y", 16, 8, "conv2")],
+                 [("x", [1, 3, 8, 8])], [("y", [1, 8, 8, 8])])
 
 
 def depthwise_s2(channels=96, size=16):

@@ -17,8 +17,8 @@ from tvm import relax
 
 from helpers import HOST
 from helpers import make_model
-from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_sigmoid, depthwise_s2, sandwich, spelt_hardswish,
-                              residual_block, two_outputs)
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
+                              residual_block, sandwich, spelt_hardswish, two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
@@ -31,7 +31,7 @@ SPEC = targets.resolve(HOST)
 def _partitioned(model):
     imported = frontend.import_model(model)
     record = PassRecord()
-    run_graph_passes(imported.mod, SPEC, SPEC.tvm_target(), record)
+    run_graph_passes(imported.mod, SPEC, SPEC.tvm_target(), record, int8=True)  # as quantize partitions
     return record.partitioned
 
 
@@ -119,16 +119,25 @@ def test_max_pool_read_by_an_fp32_consumer_stays_float():
 
 
 def test_fp32_partition_stays_fp32_with_borders_around_it():
-    mod, report = _quantize(sandwich("Sigmoid"))
-    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "partition:tvmfuse.conv2d_sigmoid",
+    mod, report = _quantize(sandwich("Relu", group=2))
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "partition:tvmfuse.conv2d_relu",
                            "relax.quantize", "int8_conv2d"]
     calls = _main_calls(mod)
     # Before the FP32 partition the INT8 kernel outputs float32 itself; after it the float result is quantized.
     assert str(calls[1][2].ty.dtype) == "float32" and calls[2][1].args[0].same_as(calls[1][2])
     assert calls[3][1].args[0].same_as(calls[2][2]) and _kernel_args(calls[4][1])[0].same_as(calls[3][2])
-    assert report["fp32_reasons"] == [{"partition": "tvmfuse.conv2d_sigmoid", "tensor": "lv#1",
-                                       "reason": "epilogue sigmoid has no INT8 kernel"}]
+    assert report["fp32_reasons"] == [{"partition": "tvmfuse.conv2d_relu", "tensor": "lv1",
+                                       "reason": "grouped conv2d (groups=2) has no INT8 kernel"}]
     assert (report["int8_partitions"], report["quantize_ops"], report["dequantize_ops"]) == (2, 2, 0)
+
+
+def test_an_activation_without_int8_epilogue_follows_its_int8_conv():
+    """SiLU has no INT8 epilogue: the INT8 table leaves it out of the conv's partition, so the conv is an INT8
+    kernel with a float32 output, the SiLU runs on it, and the next conv reads it quantized."""
+    mod, report = _quantize(conv_silu_conv())
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.sigmoid", "relax.multiply", "relax.quantize",
+                           "int8_conv2d"]
+    assert (report["int8_partitions"], report["fp32_partitions"], report["quantize_ops"]) == (2, 0, 2)
 
 
 def test_mixed_consumers_get_uint8_plus_one_dequantize():
@@ -175,8 +184,8 @@ def test_missing_range_keeps_the_partition_fp32():
 @pytest.mark.parametrize("model, why", [
     (make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, 4])], [("y", [1, 4])]),
      "the model has no conv2d, depthwise conv2d or dense partition"),
-    (conv_sigmoid(),
-     r"none of its 1 partition\(s\) has an INT8 kernel \(tvmfuse.conv2d_sigmoid -> gv: epilogue sigmoid"),
+    (grouped_conv_sigmoid(),
+     r"none of its 1 partition\(s\) has an INT8 kernel \(tvmfuse.conv2d -> lv: grouped conv2d \(groups=2\)"),
 ])
 def test_nothing_quantizable_warns_and_leaves_the_module(model, why):
     mod = _partitioned(model)

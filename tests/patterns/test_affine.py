@@ -106,7 +106,7 @@ def test_intermediate_read_elsewhere_is_not_folded_twice():
 
 def test_table_puts_each_affine_entry_before_its_activation():
     names, int8_names = patterns.names(), patterns.names(int8=True)
-    assert [n for n in names if not n.endswith("_" + AFFINE)] == int8_names
+    assert not any(n.endswith("_" + AFFINE) for n in int8_names) and set(int8_names) < set(names)
     for family in ("depthwise_conv2d", "conv2d", "dense"):
         for act in ACTIVATIONS:
             plain = patterns.entry_name(family, False, act)

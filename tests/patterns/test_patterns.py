@@ -20,6 +20,7 @@ from tvmfuse import frontend, patterns, targets, zoo
 from tvmfuse.passes.lower import OPAQUE, LowerPartitions
 from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
+from tvmfuse.schedules.families import ACTIVATIONS
 
 from helpers import HOST, ort_run
 from helpers import make_model
@@ -67,15 +68,24 @@ EXPECTED_ORDER = [
 ]
 
 
+# The activations an INT8 epilogue applies: the INT8 table's only activation entries.
+INT8_ACTIVATIONS = ("relu", "clip", "hardswish")
+
+
 def test_priority_order_pinned():
-    """The INT8 table's order; the FP32 table adds ``*_affine`` entries (tests/patterns/test_affine.py)."""
-    assert patterns.names(int8=True) == EXPECTED_ORDER
+    """The FP32 table's order without its ``*_affine`` entries (tests/patterns/test_affine.py places those);
+    the INT8 table is the same order without the activations no INT8 epilogue applies."""
+    assert [n for n in patterns.names() if not n.endswith("_affine")] == EXPECTED_ORDER
+    int8 = [n for n in EXPECTED_ORDER if n.rsplit("_", 1)[-1] not in set(ACTIVATIONS) - set(INT8_ACTIVATIONS)]
+    assert patterns.names(int8=True) == int8
+    assert "tvmfuse.conv2d_silu" not in int8 and "tvmfuse.conv2d_add_relu" in int8 and "tvmfuse.dense" in int8
 
 
-def test_table_follows_names():
-    table = patterns.table(int8=True)
+@pytest.mark.parametrize("int8", [False, True])
+def test_table_follows_names(int8):
+    table = patterns.table(int8=int8)
     # first appearance: an entry may be split into several FusionPatterns (e.g. one per operand order)
-    assert list(dict.fromkeys(p.name for p in table)) == EXPECTED_ORDER
+    assert list(dict.fromkeys(p.name for p in table)) == patterns.names(int8=int8)
     assert all(p.check is not None for p in table)
 
 

@@ -5,7 +5,9 @@ Runs on the partitioned module (after ``Partition``, before ``LowerPartitions``)
 keyed like :func:`tvmfuse.quant.keys.observed_tensors`. A partition call becomes one ``call_tir`` to an
 INT8 kernel (:mod:`.int8_kernels`) when its anchor and epilogue have one (conv2d with groups = 1, depthwise
 conv2d, dense; bias, relu, clip, hardswish, residual add) and the table holds its input, output and residual tensors.
-Everything else stays FP32 and is lowered as usual.
+Everything else stays FP32 and is lowered as usual. An activation no INT8 epilogue applies (SiLU, GELU, ...)
+is not in the partition to begin with (the INT8 pattern table, :func:`tvmfuse.patterns.table`): it reads the
+INT8 kernel's float32 output.
 
 Borders, with every activation uint8 and quantized per tensor:
 

@@ -20,14 +20,22 @@ from .checks import check_fused
 PREFIX = "tvmfuse"
 
 
-def _entries(family: str, affine: bool = True):
+def _int8_activations() -> set:
+    """The activations some family's INT8 kernel applies in its epilogue."""
+    return {act for f in FAMILIES.values() if f.int8 is not None for act in f.int8.activations}
+
+
+def _entries(family: str, int8: bool = False):
     """(residual, activation, affine) variants of one family, longest first: an activation followed by a
-    constant scale and shift (``affine``) before the activation alone."""
+    constant scale and shift before the activation alone. ``int8``: only activations an INT8 kernel applies,
+    none followed by a scale and shift."""
     if FAMILIES[family].residual:
         yield True, "relu", False
         yield True, None, False
     for act in ACTIVATIONS:
-        if affine:
+        if int8 and act not in _int8_activations():
+            continue
+        if not int8:
             yield False, act, True
         yield False, act, False
     yield False, None, False
@@ -40,11 +48,14 @@ def entry_name(family: str, residual: bool, activation: str | None, affine: bool
 
 def table(rejections: dict | None = None, int8: bool = False) -> list[FusionPattern]:
     """The ordered pattern table. ``rejections`` (optional) collects why a match was refused. ``int8``: the
-    table of a model being quantized, without the entries no INT8 kernel computes (a scale and shift after
-    the activation): its partitions are the units calibration observes and the INT8 kernels replace."""
+    table of a model being quantized, without the entries no INT8 kernel computes (an activation no INT8
+    epilogue applies, such as SiLU, sigmoid or GELU; a scale and shift after the activation): its partitions
+    are the units calibration observes and the INT8 kernels replace. Such an activation then follows its
+    INT8 conv as an elementwise kernel of its own, which TVM fuses with the quantize of its INT8 readers, so
+    the conv is INT8 instead of the whole partition staying FP32 (YOLOv8n: 7 -> 64 INT8 partitions)."""
     patterns = []
     for family in PATTERN_FAMILIES:
-        for residual, act, affine in _entries(family, not int8):
+        for residual, act, affine in _entries(family, int8):
             check = functools.partial(check_fused, family=family, rejections=rejections)
             name = entry_name(family, residual, act, affine)
             # A residual entry is two patterns under one name, one per add operand order.
@@ -56,4 +67,4 @@ def table(rejections: dict | None = None, int8: bool = False) -> list[FusionPatt
 
 def names(int8: bool = False) -> list[str]:
     """Pattern names in priority order (``int8``: see :func:`table`)."""
-    return [entry_name(f, *entry) for f in PATTERN_FAMILIES for entry in _entries(f, not int8)]
+    return [entry_name(f, *entry) for f in PATTERN_FAMILIES for entry in _entries(f, int8)]
