@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tvmfuse import governor
-from tvmfuse.governor import IDLE_S, PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, WARM_CALLS, Governor
+from tvmfuse.governor import IDLE_S, PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, WARM_CALLS, WARM_S, Governor
 
 
 class Script:
@@ -86,6 +86,21 @@ def test_slow_calls_after_an_idle_gap_are_not_contention(script):
         walls = [0.0082, 0.0057, 0.0055, 0.0043] + [0.0025] * 5
         assert [script.call(gov, w) for w in walls] == [2] * len(walls)
     assert gov.switches == 0 and script.calls == []
+
+
+def test_short_slow_calls_after_an_idle_gap_are_not_contention_until_the_warm_up_time_passed(script):
+    """A small model (0.4 ms calls) wakes the cores for longer than WARM_CALLS calls: its first WARM_S of call
+    time says nothing; contention that lasts beyond it still counts."""
+    gov = make(script)
+    for _ in range(20):
+        script.wall += 0.2
+        walls = [0.0009] * 9 + [0.0004] * 4  # 8.1 ms slow, then quiet: a benchmark block of a 0.4 ms model
+        assert [script.call(gov, w) for w in walls] == [2] * len(walls)
+    assert gov.switches == 0 and script.calls == []
+    script.wall += 0.2
+    warm = int(WARM_S / 0.0011)  # calls whose time adds up to at most WARM_S
+    ran = [script.call(gov, 0.0011) for _ in range(warm + SLOW_CALLS + 1)]
+    assert ran == [2] * (warm + SLOW_CALLS) + [1] and gov.switches == 1
 
 
 def test_contention_after_an_idle_gap_still_moves_to_one_thread(script):

@@ -22,9 +22,11 @@ Calls right after the model sat idle (``IDLE_S`` since the last call ended) are 
 the pool's threads and the cores are asleep then, and on the KVM guests we measure on the first 3-4 calls
 after a 0.2 s pause ran 1.7-3.3x slower than steady state (ConvNeXt: 4.07, 2.83, 2.73, 2.14, then 1.22 ms).
 Counted, they moved every benchmark block of ``bench/real_models.py`` to one thread (convnext_tiny 1.96 ms
-against 1.23-1.36 with the pool). So the first ``WARM_CALLS`` calls after an idle gap only count the time
-spent. The cost: a server whose every request is an idle gap plus fewer than ``WARM_CALLS`` calls is never
-moved to one thread under contention.
+against 1.23-1.36 with the pool). So the first calls after an idle gap only count the time spent: at least
+``WARM_CALLS`` of them and at least ``WARM_S`` of call time (the wake-up is time, not calls: ConvNeXt's took
+11.8 ms; five 0.4 ms calls of a small classifier were not enough, and its INT8 build was moved to one thread
+for a whole benchmark, 0.55 against 0.38 ms with the pool). The cost: a server whose every request is an
+idle gap plus fewer calls than that is never moved to one thread under contention.
 
 ``TVMFUSE_THREADS=fixed`` turns it off (every call uses the whole pool, TVM's behaviour).
 """
@@ -45,7 +47,8 @@ WIN = 0.9  # the probe's fastest call must beat the one-thread median by this fa
 PROBE_SHARE = 0.03
 MIN_HOLD_S, MAX_HOLD_S = 0.05, 10.0
 IDLE_S = 0.01  # a gap this long between calls lets the pool's threads (and the vCPUs) fall asleep
-WARM_CALLS = 5  # calls after such a gap that say nothing about contention
+WARM_CALLS = 5  # calls after such a gap that say nothing about contention ...
+WARM_S = 0.012  # ... nor does this much call time after it
 
 _pool = threading.local()  # .threads: what this OS thread's TVM pool is configured to (shared by its models)
 
@@ -71,6 +74,7 @@ class Governor:
         self._probe_at = 0.0  # ... when the next probe may start
         self._last_end: float | None = None  # clock at the end of the last call
         self._warming = 0  # calls left that follow an idle gap
+        self._warm_until = 0.0  # ... and the call time (``_spent``) until which they say nothing
 
     @property
     def threads(self) -> int:
@@ -98,7 +102,7 @@ class Governor:
         self._set(1 if self.single and self._probe is None else self.full)
         now = self._clock()
         if self._last_end is not None and now - self._last_end > IDLE_S:
-            self._warming = WARM_CALLS
+            self._warming, self._warm_until = WARM_CALLS, self._spent + WARM_S
         return now
 
     def done(self, started: float) -> None:
@@ -108,8 +112,8 @@ class Governor:
         if wall <= 0:
             return
         self._spent += wall
-        if self._warming:
-            self._warming -= 1
+        if self._warming or self._spent <= self._warm_until:
+            self._warming = max(0, self._warming - 1)
             return
         if not self.single:
             single_known = self._fastest_single != float("inf")
