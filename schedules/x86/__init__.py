@@ -16,7 +16,7 @@ from .. import families
 from ..backend import Backend as _Base
 from ..backend import kernel_of
 from ..common import block_names, lanes
-from . import conv2d, dense, fused, generic, softmax
+from . import conv2d, dense, fused, generic, layer_norm, softmax
 
 NAME = "x86"
 # kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
@@ -68,7 +68,8 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     for a MetaSchedule template gets the template's default: the mark is dropped first.
     """
     if kernel is None:
-        return softmax.scheduled(func, lanes(vector_bits)) or generic.scheduled(func, lanes(vector_bits))
+        vector = lanes(vector_bits)
+        return softmax.scheduled(func, vector) or layer_norm.scheduled(func, vector) or generic.scheduled(func, vector)
     sch = _unmarked(func)
     if _rule(sch, kernel, vector_bits, vnni):
         return sch
@@ -120,14 +121,15 @@ class Backend(_Base):
         """TVM's generic CPU legalization, with Sigmoid, Erf, Tanh, GELU (both forms) and ``x ** 2`` computed as
         partition epilogues compute them (:mod:`..activations`: vectorizable polynomials where TVM's rules call
         libm's scalar ``expf`` / ``erff`` / ``tanhf`` / ``powf`` per element; ConvNeXt-T's GELUs outside its
-        dense kernels took 4.4 ns per element with ``erff``, 0.57 ms for a 1024 x 128 map) and Softmax by
-        ``compute.softmax`` (``fast_exp``, scheduled a row at a time by :mod:`.softmax`: TVM's took 0.5 GFLOP/s
-        on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms). ``fast_exp`` is at most 4.1e-6 relative error over
-        [-87, 88] (measured against float64 ``exp``)."""
+        dense kernels took 4.4 ns per element with ``erff``, 0.57 ms for a 1024 x 128 map), Softmax by
+        ``compute.softmax`` (``fast_exp``, at most 4.1e-6 relative error over [-87, 88]; scheduled a row at a
+        time by :mod:`.softmax`: TVM's took 0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms) and
+        LayerNorm over the last axis by :func:`..layer_norm.layer_norm` (a row at a time, :mod:`.layer_norm`)."""
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
         from .. import activations, compute
+        from .. import layer_norm as layer_norm_compute
 
         def legalize_softmax(bb, call):
             return bb.call_te(compute.softmax, call.args[0], axis=int(call.attrs.axis))
@@ -143,7 +145,8 @@ class Backend(_Base):
                   "relax.tanh": unary(topi.fast_tanh, "tanh"),
                   "relax.nn.gelu": unary(activations.gelu, "gelu"),
                   "relax.nn.gelu_tanh": unary(activations.gelu_tanh, "gelu_tanh"),
-                  "relax.power": activations.legalize_power}
+                  "relax.power": activations.legalize_power,
+                  "relax.nn.layer_norm": layer_norm_compute.legalize}
         return generic.library_dispatch_passes(target) + [
             relax.transform.LegalizeOps(customize_legalize_map=custom)] + passes[1:]
 

@@ -1,0 +1,52 @@
+"""LayerNorm over the last axis as one kernel of row stages (the x86 rule is :mod:`.x86.layer_norm`).
+
+``relax.nn.layer_norm`` (ONNX ``LayerNormalization``, and the spelt-out form that
+:mod:`tvmfuse.passes.layer_norm` turns into it) is legalized here on CPU targets: per row, the sum, then the
+sum of squared deviations from the mean (two passes over a row that stays in cache: the variance of
+``x - mean``, not ``E[x^2] - mean^2``, which cancels catastrophically for rows far from zero), one reciprocal
+square root, then ``(x - mean) * rstd * gamma + beta``. TVM's own rule computes both moments in one tuple
+reduction, which its schedules cannot vectorize, and a spelt-out LayerNorm was three kernels and five passes.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te
+
+# Stage names (the x86 rule looks them up).
+LAYER_NORM_STAGES = ("ln_sum", "ln_delta", "ln_sqsum", "ln_rstd", "ln_norm")
+SUM, DELTA, SQSUM, RSTD, NORM = LAYER_NORM_STAGES
+
+
+def last_axis(call) -> bool:
+    """Whether a ``relax.nn.layer_norm`` call normalizes a float32 tensor over its last axis alone, with 1-D
+    gamma and beta (what :func:`layer_norm` computes)."""
+    x, gamma, beta = call.args
+    rank = len(x.ty.shape)
+    axes = [int(a) % rank for a in call.attrs.axes]
+    return (axes == [rank - 1] and rank >= 2 and str(x.ty.dtype) == "float32"
+            and all(len(t.ty.shape) == 1 and str(t.ty.dtype) == "float32" for t in (gamma, beta)))
+
+
+def layer_norm(x, gamma, beta, epsilon: float):
+    """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` over the last axis of ``x``."""
+    *outer, width = x.shape
+    dtype = x.dtype
+    inverse = tvm.tirx.const(1.0 / int(width), dtype)
+    k = te.reduce_axis((0, width), name="k")
+    total = te.compute(outer, lambda *o: te.sum(x[o + (k,)], axis=k), name=SUM)
+    delta = te.compute(x.shape, lambda *i: x[i] - total[i[:-1]] * inverse, name=DELTA)
+    k2 = te.reduce_axis((0, width), name="k2")
+    squares = te.compute(outer, lambda *o: te.sum(delta[o + (k2,)] * delta[o + (k2,)], axis=k2), name=SQSUM)
+    rstd = te.compute(outer, lambda *o: tvm.tirx.const(1.0, dtype) / te.sqrt(
+        squares[o] * inverse + tvm.tirx.const(epsilon, dtype)), name=RSTD)
+    return te.compute(x.shape, lambda *i: delta[i] * rstd[i[:-1]] * gamma[i[-1]] + beta[i[-1]], name=NORM,
+                      attrs={"axis": len(x.shape) - 1})
+
+
+def legalize(bb, call):
+    """``relax.nn.layer_norm`` legalized by :func:`layer_norm` where it fits (:func:`last_axis`), else by
+    TVM's own rule."""
+    if not last_axis(call):
+        return tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")(bb, call)
+    return bb.call_te(layer_norm, *call.args, epsilon=float(call.attrs.epsilon), primfunc_name_hint="layer_norm")
