@@ -261,3 +261,33 @@ def test_default_kept_record_replays_the_generic_schedule():
 def test_concat_of_odd_shapes(shape, axis):
     a, b = te.placeholder(shape, name="a"), te.placeholder(shape, name="b")
     _same_as_unscheduled(te.create_prim_func([a, b, topi.concatenate([a, b], axis)]), seed=3)
+
+
+def _quantize_dequantize(x, scale: float):
+    """A simulated QDQ step as TVM lowers it: 9 expression nodes per step."""
+    codes = topi.cast(topi.clip(topi.round(topi.divide(x, scale)) + 3.0, 0.0, 255.0), "uint8")
+    return topi.multiply(topi.subtract(topi.cast(codes, "float32"), 3.0), scale)
+
+
+def _stages(func) -> int:
+    sch = tvm.s_tir.Schedule(func)
+    return len(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def test_costly_concat_parts_are_stored_cheap_ones_inlined():
+    """Parts of a concatenate that take many expression nodes (a QDQ-simulated chain) are stored each over its
+    own extent; inlined, every output element would compute every part (``if_then_else`` in vectors). A
+    part that is a copy or one multiply stays inlined."""
+    parts = [te.placeholder((1, 16, 16, 16), name=f"p{i}") for i in range(4)]
+    heavy = []
+    for i, p in enumerate(parts):
+        x = p
+        for step in range(4):  # no add after a multiply: an FMA would round differently scheduled or not
+            x = _quantize_dequantize(x, 0.05 * (i + 1) + 0.01 * step)
+        heavy.append(x)
+    s = _same_as_unscheduled(te.create_prim_func(parts + [topi.concatenate(heavy, axis=1)]))
+    assert _stages(s) == 5  # the four parts, then the concatenate
+    assert sum(k == ForKind.PARALLEL for k in _loop_kinds(s)) >= 4
+    cheap = [parts[0], topi.multiply(parts[1], 2.0)]
+    s = _same_as_unscheduled(te.create_prim_func(parts[:2] + [topi.concatenate(cheap, axis=1)]))
+    assert _stages(s) == 1
