@@ -15,7 +15,7 @@ from tvm import s_tir, tirx
 from ..common import block_names
 from ..layer_norm import DELTA, LAYER_NORM_STAGES, NORM, RSTD, SQSUM, SUM
 from .generic import PARALLEL_MIN, row_lanes
-from .softmax import _reduce_row, _vectorize_row
+from .softmax import _reduce_row, _vectorize_row, inline_consumers
 
 
 def _fits(sch: s_tir.Schedule) -> bool:
@@ -34,8 +34,7 @@ def _inline_neighbours(sch: s_tir.Schedule) -> bool:
         for name in names[:names.index(NORM)]:
             if name not in (SUM, SQSUM, RSTD):
                 sch.compute_inline(sch.get_sblock(name))
-        for name in names[names.index(NORM) + 1:]:
-            sch.reverse_compute_inline(sch.get_sblock(name))
+        inline_consumers(sch, names[names.index(NORM) + 1:])
     except s_tir.ScheduleError:
         return False
     return True

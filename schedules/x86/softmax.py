@@ -44,12 +44,22 @@ def _inline_neighbours(sch: s_tir.Schedule) -> bool:
                 sch.compute_inline(sch.get_sblock(name))
             except s_tir.ScheduleError:
                 return False
-    for name in after:
-        try:
-            sch.reverse_compute_inline(sch.get_sblock(name))
-        except s_tir.ScheduleError:
-            return False
+    try:
+        inline_consumers(sch, after)
+    except s_tir.ScheduleError:
+        return False
     return True
+
+
+def inline_consumers(sch: s_tir.Schedule, after: list[str]) -> None:
+    """The elementwise stages after a row kernel's output (named ``after``, in order) folded into it: each
+    into the next, then the last into the output. One by one into the output instead, a stage that reads
+    the output besides the first one (``x * (1 + erf(x / sqrt 2))``) would be left reading a buffer that no
+    longer exists. Raises ``ScheduleError`` when a stage cannot be."""
+    for name in after[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    if after:
+        sch.reverse_compute_inline(sch.get_sblock(after[-1]))
 
 
 def _vectorize_row(sch: s_tir.Schedule, loop, lanes: int):

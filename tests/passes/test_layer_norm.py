@@ -131,3 +131,20 @@ def test_other_axes_stay_as_written_and_right(model):
     x = _feeds(model)
     np.testing.assert_allclose(tvmfuse.compile(model, target=HOST).run(x)[0], ort_run(model, x)[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_after_the_norm_is_folded_into_the_row_kernel():
+    """LayerNorm then GELU (erf, spelt out: the norm's output read twice), outside any partition: TVM fuses
+    them into one kernel, and the row rule folds the GELU into the output."""
+    model = layer_normalization()
+    inits = [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)]
+    model.graph.node[0].output[0] = "ln"
+    model.graph.node.extend([helper.make_node("Div", ["ln", "sqrt2"], ["q"]), helper.make_node("Erf", ["q"], ["e"]),
+                             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["ln", "e1"], ["le"]),
+                             helper.make_node("Mul", ["le", "half"], ["y"])])
+    model.graph.initializer.extend(inits)
+    cm = tvmfuse.compile(model, target=HOST)
+    kernels = _kernels(cm)
+    assert len(kernels) == 1 and "ln_norm" in cm.lowered[kernels[0]].script()
+    x = _feeds(model)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
