@@ -20,28 +20,24 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .utils import const_array
+from .utils import commuted, const_array
 
 BETA, KAPPA = math.sqrt(2.0 / math.pi), 0.044715
 _RTOL = 2e-6
-
-
-def _either(op: str, a, b):
-    return is_op(op)(a, b) | is_op(op)(b, a)
 
 
 def _pattern():
     """The pattern and its constants, each paired with the value it must hold."""
     x = wildcard()
     kappa, beta, beta_x, kappa_beta, three, one, half, two = (is_const() for _ in range(8))
-    cube = (_either("relax.multiply", x, _either("relax.multiply", x, x))
+    cube = (commuted("relax.multiply", x, commuted("relax.multiply", x, x))
             | is_op("relax.power")(x, three))
-    inner = _either("relax.multiply", beta, _either("relax.add", x, _either("relax.multiply", kappa, cube)))
-    fast = _either("relax.add", _either("relax.multiply", beta_x, x), _either("relax.multiply", kappa_beta, cube))
-    one_plus = _either("relax.add", is_op("relax.tanh")(inner | fast), one)
-    product = _either("relax.multiply", x, one_plus)
-    root = (_either("relax.multiply", product, half) | is_op("relax.divide")(product, two)
-            | _either("relax.multiply", _either("relax.multiply", x, half), one_plus))
+    inner = commuted("relax.multiply", beta, commuted("relax.add", x, commuted("relax.multiply", kappa, cube)))
+    fast = commuted("relax.add", commuted("relax.multiply", beta_x, x), commuted("relax.multiply", kappa_beta, cube))
+    one_plus = commuted("relax.add", is_op("relax.tanh")(inner | fast), one)
+    product = commuted("relax.multiply", x, one_plus)
+    root = (commuted("relax.multiply", product, half) | is_op("relax.divide")(product, two)
+            | commuted("relax.multiply", commuted("relax.multiply", x, half), one_plus))
     values = {kappa: KAPPA, beta: BETA, beta_x: BETA, kappa_beta: KAPPA * BETA, three: 3.0, one: 1.0,
               half: 0.5, two: 2.0}
     return root, x, values

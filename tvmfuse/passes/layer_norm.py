@@ -6,7 +6,7 @@ kernels that pass over the tensor five times; as one op the CPU backends compute
 (``schedules/layer_norm.py``).
 
 Matched: both means over the last axis alone with ``keepdims``, the square as ``Pow(d, 2)`` or ``d * d``,
-``eps`` a one-element constant, the division by the root (or a multiply by its reciprocal), then optional
+``eps`` a one-element constant, the division by the root, then optional
 ``* gamma`` and ``+ beta`` whose constants hold one value per element of the last axis (or one value). Every
 operand order is matched. float32 only.
 """
@@ -18,11 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .utils import const_array
-
-
-def _either(op: str, a, b):
-    return is_op(op)(a, b) | is_op(op)(b, a)
+from .utils import commuted, const_array
 
 
 def _pattern(scaled: bool, shifted: bool):
@@ -31,12 +27,12 @@ def _pattern(scaled: bool, shifted: bool):
     delta = is_op("relax.subtract")(x, mean)
     square = is_op("relax.power")(delta, two) | is_op("relax.multiply")(delta, delta)
     variance = is_op("relax.mean")(square)
-    root = is_op("relax.sqrt")(_either("relax.add", variance, eps))
+    root = is_op("relax.sqrt")(commuted("relax.add", variance, eps))
     out = is_op("relax.divide")(delta, root)
     if scaled:
-        out = _either("relax.multiply", out, gamma)
+        out = commuted("relax.multiply", out, gamma)
     if shifted:
-        out = _either("relax.add", out, beta)
+        out = commuted("relax.add", out, beta)
     return out, {"x": x, "mean": mean, "variance": variance, "two": two, "eps": eps, "gamma": gamma, "beta": beta}
 
 

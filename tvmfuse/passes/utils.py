@@ -18,6 +18,13 @@ def const_array(expr) -> np.ndarray | None:
     return None
 
 
+def commuted(op: str, a, b):
+    """The DPL pattern ``op(a, b)`` in either operand order (for commutative ops)."""
+    from tvm.relax.dpl import is_op
+
+    return is_op(op)(a, b) | is_op(op)(b, a)
+
+
 def bindings_of(func) -> list:
     """Every binding of a Relax function's body, block after block."""
     return [binding for block in func.body.blocks for binding in block.bindings]
