@@ -3,7 +3,7 @@ partitions, instead of TVM's rules that call libm's scalar ``expf`` / ``erff`` /
 element.
 
 Each error bound is measured against float64 (``tests/schedules/test_fast_sigmoid.py``,
-``tests/schedules/test_gelu.py``).
+``tests/patterns/test_gelu.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from tvm import topi
 SQRT_HALF = math.sqrt(0.5)
 # GELU's tanh form: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
 TANH_BETA, TANH_KAPPA = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _const(x, value: float):
+    return tvm.tirx.const(value, x.dtype)
 
 
 def _square(x):
@@ -42,10 +46,6 @@ def fast_sigmoid(x):
     sigmoid; 11x faster on Zen 4 (1,736 -> 151 us)."""
     one = _const(x, 1.0)
     return topi.divide(one, topi.add(one, topi.fast_exp(topi.negative(x))))
-
-
-def _const(x, value: float):
-    return tvm.tirx.const(value, x.dtype)
 
 
 def _half_x_times_one_plus(x, t):

@@ -14,7 +14,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .utils import const_array
+from .utils import const_array, float_scalar
 
 _NAME = re.compile(r"^(maximum|minimum)\d*$")
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -31,8 +31,7 @@ class _ClipRewriter(relax.PyExprMutator):
             return None
         m = _NAME.match(callee.name_hint)
         value = self._const(args.fields[1])  # maybe a guard folded above, bound to a var
-        bound = float(value.reshape(())) if value is not None and value.size == 1 and value.dtype.kind == "f" \
-            else None
+        bound = float_scalar(value)
         if m is None or bound is None:
             return None
         return m.group(1), args.fields[0], bound

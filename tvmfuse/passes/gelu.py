@@ -13,16 +13,15 @@ The constants are checked, not assumed: the rewrite changes nothing a float32 mo
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .utils import commuted, const_array
+from tvmfuse.schedules.activations import TANH_BETA, TANH_KAPPA
 
-BETA, KAPPA = math.sqrt(2.0 / math.pi), 0.044715
+from .utils import commuted, const_array, float_scalar
+
 _RTOL = 2e-6
 
 
@@ -38,16 +37,9 @@ def _pattern():
     product = commuted("relax.multiply", x, one_plus)
     root = (commuted("relax.multiply", product, half) | is_op("relax.divide")(product, two)
             | commuted("relax.multiply", commuted("relax.multiply", x, half), one_plus))
-    values = {kappa: KAPPA, beta: BETA, beta_x: BETA, kappa_beta: KAPPA * BETA, three: 3.0, one: 1.0,
-              half: 0.5, two: 2.0}
+    values = {kappa: TANH_KAPPA, beta: TANH_BETA, beta_x: TANH_BETA, kappa_beta: TANH_KAPPA * TANH_BETA,
+              three: 3.0, one: 1.0, half: 0.5, two: 2.0}
     return root, x, values
-
-
-def _scalar(expr) -> float | None:
-    value = const_array(expr)
-    if value is None or value.size != 1 or value.dtype.kind != "f":
-        return None
-    return float(value.reshape(()))
 
 
 def _rewrite(matched, m, x, values):
@@ -55,7 +47,7 @@ def _rewrite(matched, m, x, values):
         return matched
     for pattern, exact in values.items():
         if pattern in m:
-            got = _scalar(m[pattern])
+            got = float_scalar(const_array(m[pattern]))
             if got is None or not np.isclose(got, exact, rtol=_RTOL, atol=0.0):
                 return matched
     return relax.op.nn.gelu_tanh(m[x])

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from .utils import commuted, const_array
+from .utils import commuted, const_array, float_scalar
 
 
 def _pattern(scaled: bool, shifted: bool):
@@ -57,18 +57,16 @@ def _rewrite(matched, m, parts: dict):
     rank, width = len(shape), int(shape[-1])
     if not all(_last_axis_mean(m[parts[k]], rank) for k in ("mean", "variance")):
         return matched
-    square = m[parts["two"]] if parts["two"] in m else None
-    if square is not None and not np.array_equal(const_array(square).reshape(-1), [2.0]):
+    if parts["two"] in m and not np.array_equal(const_array(m[parts["two"]]).reshape(-1), [2.0]):
         return matched
-    eps = const_array(m[parts["eps"]])
-    if eps is None or eps.size != 1 or not 0 <= float(eps.reshape(())) < 1:
+    eps = float_scalar(const_array(m[parts["eps"]]))
+    if eps is None or not 0 <= eps < 1:
         return matched
     gamma = _per_column(const_array(m[parts["gamma"]]), width) if parts["gamma"] in m else np.ones(width, np.float32)
     beta = _per_column(const_array(m[parts["beta"]]), width) if parts["beta"] in m else np.zeros(width, np.float32)
     if gamma is None or beta is None:
         return matched
-    return relax.op.nn.layer_norm(x, relax.const(gamma), relax.const(beta), axes=[-1],
-                                  epsilon=float(eps.reshape(())))
+    return relax.op.nn.layer_norm(x, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=eps)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseLayerNorm")

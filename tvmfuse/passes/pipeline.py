@@ -35,7 +35,8 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, make a spelt-out tanh GELU and a spelt-out
     LayerNorm one op each, flatten N-D x constant matmuls to 2-D, pad dense weights whose column count has no
     vector-wide divisor, turn transposed convs into stride-1 phase convs + depth-to-space, merge narrow conv
-    groups, fold batch-norm and constant scales and shifts into convs: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    groups, fold batch-norm and constant scales and shifts into convs: the shapes the patterns expect.
+    ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
@@ -53,8 +54,8 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
-    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh, FuseLayerNorm,
-            FlattenMatmul,
+    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh,
+            FuseLayerNorm, FlattenMatmul,
             PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
             relax.transform.FoldConstant()]
 

@@ -18,6 +18,13 @@ def const_array(expr) -> np.ndarray | None:
     return None
 
 
+def float_scalar(value: np.ndarray | None) -> float | None:
+    """The value of a one-element float array (a scalar constant's), or None for anything else."""
+    if value is None or value.size != 1 or value.dtype.kind != "f":
+        return None
+    return float(value.reshape(()))
+
+
 def commuted(op: str, a, b):
     """The DPL pattern ``op(a, b)`` in either operand order (for commutative ops)."""
     from tvm.relax.dpl import is_op

@@ -32,8 +32,9 @@ def _entries(family: str, int8: bool = False):
     if FAMILIES[family].residual:
         yield True, "relu", False
         yield True, None, False
+    allowed = _int8_activations() if int8 else ACTIVATIONS
     for act in ACTIVATIONS:
-        if int8 and act not in _int8_activations():
+        if act not in allowed:
             continue
         if not int8:
             yield False, act, True
