@@ -1,7 +1,8 @@
 """TE computes shared by all targets: a partition's Relax body interpreted op by op into one TE graph.
 
-The anchor (conv2d, depthwise conv2d, dense) comes from ``topi.nn``; the epilogue ops (bias, residual add,
-activations) become elementwise stages that the schedules inline into the anchor's output loop.
+The anchor's compute comes from its family (conv2d, depthwise conv2d and dense from ``topi.nn`` or here,
+batched matmul from :mod:`.batch_matmul`); the epilogue ops (bias, residual add, activations) become
+elementwise stages that the schedules inline into the anchor's output loop.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .blocked import out_size
 
 # Block names of the anchor stage, per family (the schedules look them up by name).
 ANCHOR_BLOCK = {"conv2d": "conv2d_nchw", "group_conv2d": "group_conv2d_nchw",
-                "depthwise_conv2d": "DepthwiseConv2d", "dense": "T_matmul_NN"}
+                "depthwise_conv2d": "DepthwiseConv2d", "dense": "T_matmul_NN", "batch_matmul": "T_batch_matmul"}
 # The even/odd column split of a stride-2 depthwise kernel's padded input.
 PHASE_SPLIT = "PhaseSplit"
 
@@ -214,7 +215,8 @@ def softmax(x, axis: int = -1):
     return te.compute(x.shape, lambda *i: exp[i] * recip[rest(i)], name="softmax_norm", attrs={"axis": axis})
 
 
-# The epilogue ops a partition may hold after its anchor (the anchor's compute comes from its family).
+# The ops a partition may hold beside its anchor (whose compute comes from its family): its epilogue, and the
+# permute_dims a batched matmul reads its second operand through.
 TE_OPS = {
     "relax.add": lambda call, a, b: topi.add(a, b),
     "relax.subtract": lambda call, a, b: topi.subtract(a, b),
@@ -230,6 +232,8 @@ TE_OPS = {
     "relax.tanh": lambda call, x: topi.fast_tanh(x),
     "relax.nn.gelu": lambda call, x: gelu(x),
     "relax.nn.gelu_tanh": lambda call, x: gelu_tanh(x),
+    # a batched matmul's operand read transposed (its stage is named batch_matmul.TRANSPOSE)
+    "relax.permute_dims": lambda call, x: topi.transpose(x, None if call.attrs.axes is None else _ints(call.attrs.axes)),
 }
 
 

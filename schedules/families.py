@@ -1,6 +1,7 @@
 """The op-family registry: every family tvmfuse fuses, as data in one place.
 
-A family is what a partition is anchored on (conv2d, grouped conv2d, depthwise conv2d, dense). Its entry
+A family is what a partition is anchored on (conv2d, grouped conv2d, depthwise conv2d, dense, batched
+matmul). Its entry
 says which Relax op anchors it and what the anchor must satisfy, which pattern-table entries match it and
 which epilogues they take, its TE computes (FP32 NCHW, FP32 blocked NCHW[b]c, INT8), and the kernels it
 lowers to with, per backend, the rule module that schedules each (``schedules/<backend>/<module>.py``; the
@@ -85,6 +86,8 @@ class Family:
     kernels : tuple of Kernel
     anchor_check : callable or None
         anchor call -> why the family's kernels cannot compute it (None: they can).
+    activations : tuple of str
+        The epilogue activations its pattern entries take (each of :data:`ACTIVATIONS`, or none).
     flops : callable
         anchor call -> 2 x its multiply-adds (reports, rooflines).
     """
@@ -99,6 +102,7 @@ class Family:
     kernels: tuple = ()
     anchor_check: Callable | None = None
     flops: Callable | None = None  # anchor call -> 2 x its multiply-adds
+    activations: tuple = ACTIVATIONS
 
     def fp32_compute(self) -> Callable:
         return resolve(self.compute)
@@ -133,6 +137,20 @@ def _dense_operands(call) -> str | None:
     return None
 
 
+def _batch_operands(call) -> str | None:
+    shapes = [static_shape(arg) for arg in call.args[:2]]
+    if any(shape is None or len(shape) < 2 for shape in shapes):
+        return f"matmul of shapes {shapes[0]} x {shapes[1]}: a batched matmul needs static operands of rank >= 2"
+    return None
+
+
+def is_dense(call) -> bool:
+    """A matmul of the dense family: 2-D times 2-D (its pattern also wants the weight constant; a 2-D product
+    of two activations stays on TVM's path). Either operand of higher rank: ``batch_matmul``. Decided by rank
+    alone, so a partition's anchor, whose weight is a parameter, gets the family its match had."""
+    return len(static_shape(call.args[0]) or ()) == 2 and len(static_shape(call.args[1]) or ()) == 2
+
+
 def depthwise_multiplier(call) -> int:
     """Output channels per input channel of a depthwise conv2d call (1: one filter per channel)."""
     return int(call.args[1].ty.shape[0]) // int(call.args[0].ty.shape[1])
@@ -151,7 +169,7 @@ def _conv_flops(call) -> int:
     return 2 * math.prod(out) * math.prod(weight[1:])
 
 
-def _dense_flops(call) -> int:
+def _matmul_flops(call) -> int:
     return 2 * math.prod(static_shape(call) or ()) * (static_shape(call.args[0]) or (0,))[-1]
 
 
@@ -187,7 +205,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("dense", "relax.matmul", "dense", residual=False, compute="compute.dense",
            int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k"),
            kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
-           anchor_check=_dense_operands, flops=_dense_flops),
+           anchor_check=_dense_operands, flops=_matmul_flops),
+    # An operand of rank > 2: attention's products of two activations, or a 3-D constant; FP32, no INT8.
+    Family("batch_matmul", "relax.matmul", "batch_matmul", residual=False, compute="batch_matmul.batch_matmul",
+           kernels=(Kernel("batch_matmul", {"x86": "batch_matmul", "cuda": "batch_matmul"}),),
+           anchor_check=_batch_operands, flops=_matmul_flops, activations=()),
 )}
 
 # Kernels that are not a family's: layout transforms and pools of blocked activations at partition borders,
@@ -212,10 +234,11 @@ def family_of(call) -> Family:
     """The family of an anchor call: the one place that decides it.
 
     conv2d with groups = 1 is ``conv2d``; groups = input channels with one input channel per group is
-    ``depthwise_conv2d`` (any channel multiplier); other groupings are ``group_conv2d``; matmul is ``dense``.
+    ``depthwise_conv2d`` (any channel multiplier); other groupings are ``group_conv2d``; matmul is ``dense``
+    when both operands are 2-D, else ``batch_matmul`` (:func:`is_dense`).
     """
     if call.op.name == "relax.matmul":
-        return FAMILIES["dense"]
+        return FAMILIES["dense" if is_dense(call) else "batch_matmul"]
     groups = int(call.attrs.groups)
     if groups == 1:
         return FAMILIES["conv2d"]

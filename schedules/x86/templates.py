@@ -18,7 +18,7 @@ from tvm import s_tir, tirx
 
 from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
-from . import conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc
+from . import batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc
 
 PREFIX = "tvmfuse.x86."
 
@@ -88,6 +88,17 @@ def _dense_config(sch, block, lanes: int) -> dense.Config:
     return dense.Config(n_block, k_unroll, m_block)
 
 
+def _batch_matmul_config(sch, block, lanes: int) -> dense.Config:
+    """Rows per register tile and K unrolling of one batch's product; its columns as the rule fixes them."""
+    m, n, k = _extents(sch, block)[-3:]
+    base = batch_matmul.default_config(n, k, lanes, m)
+    vectors = -(-base.n_block // (dividing_vector(base.n_block, lanes) or base.n_block))
+    budget = max(1, dense.accumulators(lanes) // vectors)
+    m_block = _pick(sch, _divisors(m, budget), base.m_block)
+    k_unroll = _pick(sch, [u for u in (1, 2, 4, 8) if k % u == 0], base.k_unroll)
+    return dense.Config(base.n_block, k_unroll, m_block)
+
+
 def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     _, out_blocks, oh, ow, _, _, _, _, in_block = _extents(sch, block)
     base = conv2d_nchwc.default_config(out_blocks, ow, lanes)
@@ -119,6 +130,7 @@ def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
 
 
 CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
+           "batch_matmul": _batch_matmul_config,
            "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
            "depthwise_conv2d_nchwc": _depthwise_nchwc_config, "group_conv2d_nchwc": _conv2d_nchwc_config}
 # kernel -> the rule module its template applies (the registry's x86 rule): the kernels with a config here.

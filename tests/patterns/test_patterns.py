@@ -65,6 +65,7 @@ EXPECTED_ORDER = [
     "tvmfuse.dense_silu",
     "tvmfuse.dense_sigmoid",
     "tvmfuse.dense",
+    "tvmfuse.batch_matmul",  # no epilogue activations (attention products)
 ]
 
 
@@ -240,13 +241,18 @@ def test_matmul_nonconst_weight_not_partitioned_and_runs():
     np.testing.assert_allclose(cm.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_matmul_3d_weight_rejected_with_reason():
-    """A batched constant weight is not a dense (3-D data x 2-D weight is: FlattenMatmul makes it 2-D)."""
+def test_matmul_3d_weight_is_batched_and_a_vector_operand_rejected_with_reason():
+    """A batched constant weight is not a dense (3-D data x 2-D weight is: FlattenMatmul makes it 2-D) but a
+    batched matmul; a 1-D operand is neither family's, and the rejection says why."""
     model = make_model([helper.make_node("MatMul", ["x", "W"], ["y"])], [("x", [2, 3, 10])], [("y", None)],
                        [_w("W", (2, 10, 6))])
-    part, rejections = _partition(_canonical(model))
+    part, _ = _partition(_canonical(model))
+    assert composite_calls(part) == {"tvmfuse.batch_matmul": 1}
+    vector = make_model([helper.make_node("MatMul", ["x", "W"], ["y"])], [("x", [10])], [("y", None)],
+                        [_w("W", (2, 10, 6))])
+    part, rejections = _partition(_canonical(vector))
     assert composite_calls(part) == {}
-    assert any("2-D" in r for r in rejections.values()), rejections
+    assert any("rank >= 2" in r for r in rejections.values()), rejections
 
 
 # --------------------------------------------------------------------------------- before / expected

@@ -34,7 +34,7 @@ def test_annotate_marks_the_anchor_only_for_known_families():
 
 def test_register_is_explicit_and_names_cpu_rules():
     names = templates.register(HOST.vector_bits())
-    families = ("conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "conv2d_winograd", "depthwise_conv2d_nchwc",
+    families = ("conv2d", "depthwise_conv2d", "dense", "batch_matmul", "conv2d_nchwc", "conv2d_winograd", "depthwise_conv2d_nchwc",
                 "group_conv2d_nchwc")
     assert names == [f"s_tir.meta_schedule.cpu.tvmfuse.x86.{f}" for f in families]
     assert all(tvm.get_global_func(n, allow_missing=True) is not None for n in names)
@@ -68,6 +68,28 @@ def test_dense_template_keeps_the_packed_panel_and_its_trace_serializes(m, k, n,
     assert [i.kind.name for i in out.trace.insts].count("SampleCategorical") == 2  # rows, K unrolling
     assert "FloorDiv" not in str(out.trace.as_python())
     tvm.ir.assert_structural_equal(out.mod["main"], dense.apply(func, 16))
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_batch_matmul_template_default_is_the_rule_and_its_trace_serializes(transposed):
+    # Rows and K unrolling are the knobs; the first decisions give the rule's kernel (K^T packed or not).
+    from tvm import topi
+
+    from tvmfuse.schedules import batch_matmul as compute
+    from tvmfuse.schedules.x86 import batch_matmul as rule
+
+    call = type("Call", (), {"ty": type("Ty", (), {"shape": (1, 8, 40, 40)})()})()
+    q, k = te.placeholder((1, 8, 40, 15), name="p0"), te.placeholder((1, 8, 40, 15), name="p1")
+    b = topi.transpose(k, [0, 1, 3, 2]) if transposed else te.placeholder((1, 8, 15, 40), name="p1")
+    func = te.create_prim_func([q, k if transposed else b, compute.batch_matmul(call, q, b, 16)])
+    sch = s_tir.Schedule(templates.annotate(func, "batch_matmul"))
+    (out,) = templates.template("batch_matmul", 16)(sch, sch.get_sblock(compute.ANCHOR))
+    assert [i.kind.name for i in out.trace.insts].count("SampleCategorical") == 2
+    assert "FloorDiv" not in str(out.trace.as_python())
+    expected = s_tir.Schedule(func)
+    assert rule.schedule(expected, 16)
+    tvm.ir.assert_structural_equal(out.mod["main"], expected.mod["main"])
+    assert templates.space_size(tvm.IRModule({"main": templates.annotate(func, "batch_matmul")}), 512) > 1
 
 
 @pytest.mark.slow

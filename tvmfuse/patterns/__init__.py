@@ -1,9 +1,10 @@
 """The fusion pattern table: data in one place, in priority order.
 
 Priority (earlier wins, as ``FuseOpsByPattern`` wants): per anchor family (depthwise conv2d, conv2d,
-dense), the longest epilogue first: residual add + relu, residual add, then each activation (followed by
-a constant scale and shift, then alone), then the anchor alone. The bias is optional in every entry; residual entries come as two patterns (one per add
-operand order) under one name. ``tests/patterns/test_patterns.py`` pins this order.
+dense, batched matmul), the longest epilogue first: residual add + relu, residual add, then each activation
+the family takes (followed by a constant scale and shift, then alone), then the anchor alone. The bias is
+optional in every entry; residual entries come as two patterns (one per add operand order) under one name.
+``tests/patterns/test_patterns.py`` pins this order.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _entries(family: str, int8: bool = False):
         yield True, None, False
     allowed = _int8_activations() if int8 else ACTIVATIONS
     for act in ACTIVATIONS:
-        if act not in allowed:
+        if act not in allowed or act not in FAMILIES[family].activations:
             continue
         if not int8:
             yield False, act, True

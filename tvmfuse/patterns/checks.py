@@ -78,11 +78,11 @@ def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None =
     dtype = root.ty.dtype
     if dtype not in SUPPORTED_DTYPES or any(a.ty.dtype != dtype for a in root.args):
         return _reject(ctx, f"dtype {dtype} not supported by the {family} kernels", rejections)
+    if family_of(root).pattern != family:
+        return False  # another family's entry takes it (and says why it refuses, if it does)
     why = FAMILIES[family].anchor_check(root)
     if why is not None:
         return _reject(ctx, why, rejections)
-    if family_of(root).pattern != family:
-        return False  # another family's entry takes it
     if "residual" in ctx.annotated_expr and is_constant(ctx.annotated_expr["residual"]):
         return False  # a constant added to the output is a bias: the non-residual entries take it
     leak = _leaks(ctx)
