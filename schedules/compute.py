@@ -15,6 +15,7 @@ from tvm import relax, te, topi
 
 from . import blocked, families, winograd
 from .activations import fast_sigmoid, gelu, gelu_tanh
+from .channel_scale import prologue, scaled_weight
 from .blocked import out_size
 
 # Block names of the anchor stage, per family (the schedules look them up by name).
@@ -272,6 +273,13 @@ def param_index(fn: relax.Function, var) -> int | None:
     return found[0] if found else None
 
 
+def data_param(fn: relax.Function, anchor) -> int | None:
+    """The parameter index of the anchor's data: its own parameter, or ``x`` of a channel-scale prologue."""
+    index = param_index(fn, anchor.args[0])
+    found = prologue(fn, anchor) if index is None else None
+    return found[1] if found else index
+
+
 def blockable(fn: relax.Function, lanes: int) -> bool:
     """Whether the partition can run in NCHW[b]c (:mod:`blocked`): a family with a blocked compute (conv2d,
     multiplier-1 depthwise conv2d) and a parameter weight, whose output channels have a block."""
@@ -296,7 +304,7 @@ def group_input_block(anchor, block: int | None) -> bool:
     return (int(anchor.args[0].ty.shape[1]) // int(anchor.attrs.groups)) % block == 0
 
 
-def _winograd_pays(call, lanes: int | None) -> bool:
+def winograd_pays(call, lanes: int | None) -> bool:
     a = call.attrs
     weight = _ints(call.args[1].ty.shape)
     floats = all(str(t.dtype) == "float32" for t in (call.ty, call.args[0].ty, call.args[1].ty))
@@ -307,9 +315,9 @@ def _winograd_pays(call, lanes: int | None) -> bool:
 
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
-    data, weight = param_index(fn, anchor.args[0]), param_index(fn, anchor.args[1])
+    data, weight = data_param(fn, anchor), param_index(fn, anchor.args[1])
     if families.family_of(anchor).name in ("conv2d", "group_conv2d"):
-        kind = "winograd" if data in blocks and _winograd_pays(anchor, lanes) else "conv"
+        kind = "winograd" if data in blocks and winograd_pays(anchor, lanes) else "conv"
         packing = (kind, blocks.get(data, 1), out_block)
     else:
         if blocks.get(data) != out_block:
@@ -367,6 +375,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
         env[p] = t
         inputs.append(t)
     ops = []
+    scaled = prologue(fn, anchor) if blocks is not None and anchor is not None else None
     for block in fn.body.blocks:
         for binding in block.bindings:
             call = binding.value
@@ -375,7 +384,12 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
             if compute is None:
                 raise NotImplementedError(f"no TE compute for {name} in partition")
             args = [env[a] for a in call.args if isinstance(a, relax.Var)]
-            env[binding.var] = compute(call, *args)
+            if scaled is not None and binding.var.same_as(scaled[0]):
+                env[binding.var] = env[fn.params[scaled[1]]]  # the conv reads x; its weight takes the scale
+            elif scaled is not None and call.same_as(anchor):
+                env[binding.var] = compute(call, args[0], scaled_weight(args[1], env[fn.params[scaled[2]]]))
+            else:
+                env[binding.var] = compute(call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
     kernel = _kernel_name(family, layout) if family is not None else "unknown"
     return PartitionCompute(inputs, env[fn.body.body], kernel, ops, layout)

@@ -18,6 +18,7 @@ from tvm import s_tir, tirx
 
 from ..blocked import CONV_ANCHOR, SUBSAMPLE
 from ..common import anchor_loops, block_names, inline_epilogue, register_tile, vectorize_tile
+from ..channel_scale import SCALED_WEIGHT
 
 ANCHOR = CONV_ANCHOR
 
@@ -96,4 +97,8 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
             loops = sch.get_loops(sch.get_sblock(name))
             sch.parallel(sch.fuse(*loops[:3]))
             sch.vectorize(loops[-1])
+    if SCALED_WEIGHT in block_names(sch):  # a squeeze-and-excitation scale applied to the weight, once per call
+        loops = sch.get_loops(sch.get_sblock(SCALED_WEIGHT))
+        sch.parallel(sch.fuse(*loops[:2]))
+        sch.vectorize(loops[-1])
     return True

@@ -13,9 +13,11 @@ from tvm import relax
 from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, depth_to_space, pool2d, spatial_mean,
                                        to_blocked, to_plain)
 from tvmfuse.schedules import families
-from tvmfuse.schedules.compute import anchor_call, blockable, group_input_block, param_index, partition_compute
+from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, param_index,
+                                       partition_compute, winograd_pays)
 
 from ..targets import TargetSpec
+from .channel_scale import channel_scale, use_counts, with_prologue
 from .conv_transpose import DEPTH_TO_SPACE_AXES
 from .layout import POOL_FAMILY, transform_call
 from .partition import is_partition
@@ -97,6 +99,8 @@ class _Lower(relax.PyExprMutator):
         self.lanes = spec.backend().vector_lanes() if blocked and spec is not None else None
         self.blocked_of = {}  # plain NCHW var -> the NCHW[b]c var it was made from (or made into)
         self.blocked_parts = {}  # a plain channel split's tuple var -> the same split of the blocked tensor
+        self.scaled = {}  # plain var of a blocked x * [1, C, 1, 1] scale -> (x, scale), both plain
+        self.uses = {}  # var -> how often the function being lowered reads it (see _fold_channel_scale)
 
     def _partition(self, call):
         if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar):
@@ -131,7 +135,7 @@ class _Lower(relax.PyExprMutator):
         """(args, blocks): activations passed NCHW[b]c where the kernel benefits; a conv2d reads a plain
         input directly (the stem), depthwise inputs and residuals are blocked (transformed if they are not)."""
         anchor = anchor_call(fn)
-        data = param_index(fn, anchor.args[0])
+        data = data_param(fn, anchor)
         depthwise = families.family_of(anchor).name == "depthwise_conv2d"
         args, blocks = list(args), {}
         for i, arg in enumerate(args):
@@ -243,7 +247,34 @@ class _Lower(relax.PyExprMutator):
             return False
         out = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
         self._bind_blocked(binding.var, out, shape)
+        scale = channel_scale(call, base)
+        if scale is not None:
+            self.scaled[binding.var] = (base, scale)
         return True
+
+    def _fold_channel_scale(self, fn, args):
+        """``(fn, args)`` of a conv2d partition whose data is a squeeze-and-excitation product read by nothing
+        else, with the product moved into the kernel (``channel_scale.with_prologue``: ``x`` in the data's
+        place, the scale appended, both blocked like the product was; the kernel scales its weight, see
+        ``schedules/channel_scale.py``); as given otherwise: Winograd kernels (weights transformed at compile
+        time), and weights with more values per input channel than the map has pixels."""
+        anchor = anchor_call(fn)
+        index = param_index(fn, anchor.args[0])
+        if index is None or families.family_of(anchor).name != "conv2d" or winograd_pays(anchor, self.lanes):
+            return fn, args
+        product = args[index]
+        if product not in self.scaled or self.uses.get(product, 0) != 1 or use_counts(fn)[fn.params[index]] != 1:
+            return fn, args  # the product read elsewhere too (outside the partition, or inside: a residual)
+        base, scale = self.scaled[product]
+        out_channels, _, kh, kw = (int(d) for d in anchor.args[1].ty.shape)
+        if out_channels * kh * kw > int(base.ty.shape[2]) * int(base.ty.shape[3]):
+            return fn, args  # scaling the weight would multiply more values than scaling the data does
+        block = int(self.blocked_of[base].ty.shape[4])
+        scale_block = self.blocked_of[scale].ty.shape[4] if scale in self.blocked_of else block_for(
+            int(scale.ty.shape[1]), self.lanes)
+        if scale_block is None or int(scale_block) != block:
+            return fn, args
+        return with_prologue(fn, index), args[:index] + [base] + args[index + 1:] + [scale]
 
     def _blocked_depth_to_space(self, binding) -> bool:
         """The depth-to-space ``TransposeConvToConv`` writes after a phase conv (reshape to ``[N, groups, sh,
@@ -331,6 +362,7 @@ class _Lower(relax.PyExprMutator):
         if self.lanes is None or not blockable(fn, self.lanes):
             gv, args, _ = self._kernel(fn, args)
             return self._bind(binding.var, relax.call_tir(gv, args, fn.ret_ty))
+        fn, args = self._fold_channel_scale(fn, args)
         args, blocks = self._blocked_args(fn, args)
         gv, args, layout = self._kernel(fn, args, blocks)
         shape = blocked_shape(fn.ret_ty.shape, layout.out_block)
@@ -352,6 +384,7 @@ def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None, 
         lower = _Lower(mod, spec, record, blocked)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not is_partition(func):
+                lower.uses = use_counts(func)
                 lower.builder_.update_func(gv, lower.visit_expr(func))
         return relax.transform.DeadCodeElimination()(lower.builder_.get())
 
