@@ -16,18 +16,17 @@ from tvmfuse.schedules.channel_scale import SCALED_WEIGHT
 from helpers import HOST, make_model, ort_run
 
 RNG = np.random.default_rng(9)
-CHANNELS = 16
 
 
 def _w(name, shape):
     return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
 
 
-def se_block(size=8, out_channels=8, kernel=1, second_reader=False):
-    """conv 3->16 (relu) -> SE (global mean, 1x1 16->4 relu, 1x1 4->16 hard-sigmoid) -> x * gate -> conv."""
+def se_block(size=8, out_channels=8, kernel=1, second_reader=False, channels=16, stride=1):
+    """conv 3->C (relu) -> SE (global mean, 1x1 C->4 relu, 1x1 4->C hard-sigmoid) -> x * gate -> conv."""
     pad = kernel // 2
-    inits = [_w("w0", (CHANNELS, 3, 3, 3)), _w("b0", (CHANNELS,)), _w("w1", (4, CHANNELS, 1, 1)), _w("b1", (4,)),
-             _w("w2", (CHANNELS, 4, 1, 1)), _w("b2", (CHANNELS,)), _w("w3", (out_channels, CHANNELS, kernel, kernel)),
+    inits = [_w("w0", (channels, 3, 3, 3)), _w("b0", (channels,)), _w("w1", (4, channels, 1, 1)), _w("b1", (4,)),
+             _w("w2", (channels, 4, 1, 1)), _w("b2", (channels,)), _w("w3", (out_channels, channels, kernel, kernel)),
              _w("b3", (out_channels,))]
     nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c0"], ["a0"]),
@@ -37,7 +36,7 @@ def se_block(size=8, out_channels=8, kernel=1, second_reader=False):
              helper.make_node("HardSigmoid", ["c2"], ["gate"], alpha=0.2, beta=0.5),
              helper.make_node("Mul", ["a0", "gate"], ["p"]),
              helper.make_node("Conv", ["p", "w3", "b3"], ["y" if not second_reader else "c3"],
-                              pads=[pad] * 4)]
+                              pads=[pad] * 4, strides=[stride] * 2)]
     outputs = [("y", None)]
     if second_reader:  # the product is also the model's second output
         nodes.append(helper.make_node("Relu", ["c3"], ["y"]))
@@ -59,9 +58,11 @@ def _check(model, size):
     return cm, x
 
 
-@pytest.mark.parametrize("kernel,size", [(1, 8), (3, 16)])
-def test_the_product_becomes_the_consuming_convs_weight_scale(kernel, size):
-    model = se_block(size=size, kernel=kernel)
+@pytest.mark.parametrize("kernel,size,channels,stride", [(1, 8, 16, 1), (3, 16, 16, 1), (3, 16, 24, 2)],
+                         ids=["1x1", "3x3", "24_channels_stride_2"])
+def test_the_product_becomes_the_consuming_convs_weight_scale(kernel, size, channels, stride):
+    """24 channels: blocks of 8 on a 16-lane target (a whole vector does not divide them)."""
+    model = se_block(size=size, kernel=kernel, channels=channels, stride=stride)
     cm, x = _check(model, size)
     scripts = _scripts(cm)
     scaled = [name for name, text in scripts.items() if SCALED_WEIGHT in text]
