@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tvm import s_tir
 
+from .int8_epilogue import TABLE_STAGE
+
 
 def block_names(sch: s_tir.Schedule) -> list[str]:
     """Names of the root's child blocks, in program order."""
@@ -14,10 +16,12 @@ def inline_epilogue(sch: s_tir.Schedule, anchor: str):
     """Inline every stage after ``anchor`` but the last into its consumer; return the last stage (or None).
 
     Bias, folded batch-norm, residual add and activation then form one elementwise stage that the rules
-    place inside the anchor's output tile, reading the accumulator before the single store.
+    place inside the anchor's output tile, reading the accumulator before the single store. An INT8 kernel's
+    table lookup (``int8_epilogue.TABLE_STAGE``) stays a stage after it, for the backend to place
+    (``x86.int8_table``).
     """
     names = block_names(sch)
-    after = names[names.index(anchor) + 1:]
+    after = [n for n in names[names.index(anchor) + 1:] if n != TABLE_STAGE]
     for name in after[:-1]:
         sch.compute_inline(sch.get_sblock(name))
     return sch.get_sblock(after[-1]) if after else None

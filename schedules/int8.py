@@ -42,8 +42,8 @@ from __future__ import annotations
 from tvm import te, tirx
 
 # Re-exported: the epilogue's types and names are part of this module's interface.
-from .int8_epilogue import (EPILOGUE, OUT_DTYPES, QUANT_RANGE, Epilogue, HardSwish, Int8KernelError,  # noqa: F401
-                            Residual, _epilogue_stage)
+from .int8_epilogue import (EPILOGUE, OUT_DTYPES, QUANT_RANGE, TABLE_SIZE, Epilogue, HardSwish,  # noqa: F401
+                            Int8KernelError, Residual, _epilogue_stage, check_table)
 
 BLOCK_O = 16  # output channels per VNNI step (int32 lanes of one zmm register)
 BLOCK_I = 4  # input channels summed by one VNNI product
@@ -66,9 +66,11 @@ def _check_vector(kernel: str, name: str, t, length: int, dtype: str) -> None:
            f"{name} must be [{length}] {dtype}, got {_shape(t)} {t.dtype}")
 
 
-def _check_epilogue(kernel: str, bias, multiplier, residual, epilogue: Epilogue, out_shape: list[int]) -> None:
+def _check_epilogue(kernel: str, bias, multiplier, residual, epilogue: Epilogue, out_shape: list[int],
+                    table=None) -> None:
     """Bias and multiplier hold one value per output channel: ``C`` of NCHW, ``C/16 * 16`` (the padded
-    channels included) of NCHW16c; a residual has the output's shape."""
+    channels included) of NCHW16c; a residual has the output's shape; a table goes with ``epilogue.table``."""
+    check_table(kernel, table, epilogue)
     channels = out_shape[1] * (out_shape[4] if len(out_shape) == 5 else 1)
     _check_vector(kernel, "bias", bias, channels, "int32")
     _check_vector(kernel, "multiplier", multiplier, channels, "float32")
@@ -160,7 +162,7 @@ def _geometry(kernel: str, data, kh: int, kw: int, strides, padding, dilation):
 
 def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channels: int, strides=1, padding=0,
                    dilation=1, input_zero_point: int = 0, epilogue: Epilogue = Epilogue(),
-                   out_layout: str = "NCHW") -> te.Tensor:
+                   out_layout: str = "NCHW", table=None) -> te.Tensor:
     """INT8 conv2d (groups = 1) with the requantize epilogue.
 
     Parameters
@@ -186,6 +188,8 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     out_layout : str
         ``"NCHW"``, or ``"NCHW16c"``: the output is ``[N, ceil(O/16), OH, OW, 16]`` and bias and multiplier
         are padded to ``ceil(O/16) * 16`` channels.
+    table : te.Tensor, optional
+        ``[256]`` output codes, with ``epilogue.table``: the code each requantized value is replaced by.
 
     Returns
     -------
@@ -205,7 +209,7 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     _check(o_blocks == -(-out_channels // BLOCK_O), name,
            f"weight has {o_blocks} blocks of 16 output channels for out_channels={out_channels}")
     out_shape = out_shape_of(n, out_channels, out_h, out_w, out_layout)
-    _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape)
+    _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape, table)
     top, left = pad[0], pad[1]
 
     def pack_index(b, cb, y, x, ci):
@@ -226,19 +230,20 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
             * weight[ob, rcb, ry, rx, oi, rci].astype("int32"), axis=[rcb, ry, rx, rci]),
         name=ANCHOR["conv2d"])
     if out_layout != "NCHW":
-        return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
+        return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
     return _epilogue_stage(lambda b, o, y, x: acc[b, o // BLOCK_O, y, x, o % BLOCK_O], bias, multiplier,
-                           residual, epilogue, out_shape)
+                           residual, epilogue, out_shape, table)
 
 
 def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features: int,
-                  epilogue: Epilogue = Epilogue()) -> te.Tensor:
+                  epilogue: Epilogue = Epilogue(), table=None) -> te.Tensor:
     """INT8 dense ``y[M, N] = x[M, K] . w[N, K]^T`` with the requantize epilogue.
 
     ``data`` ``[M, K]`` uint8, ``weight`` ``[ceil(N/16), ceil(K/4), 16, 4]`` int8 (``int8_ref.pack_dense_weight``),
     ``bias`` ``[N]`` int32 (zero point folded in), ``multiplier`` ``[N]`` float32, ``residual`` ``[M, N]``;
-    ``out_features`` is N. A K that is not a multiple of 4 is padded (``data_pad``) with zeros, which the
-    zero weights of the padding ignore. Returns ``[M, N]`` in ``epilogue.out_dtype``.
+    ``out_features`` is N; ``table`` as for :func:`conv2d_compute`. A K that is not a multiple of 4 is padded
+    (``data_pad``) with zeros, which the zero weights of the padding ignore. Returns ``[M, N]`` in
+    ``epilogue.out_dtype``.
     """
     name = "INT8 dense"
     _check(str(data.dtype) == "uint8" and len(data.shape) == 2, name, f"data must be 2-D uint8, got {_shape(data)} {data.dtype}")
@@ -251,7 +256,7 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
     _check(n_blocks == -(-out_features // BLOCK_O), name,
            f"weight has {n_blocks} blocks of 16 outputs for out_features={out_features}")
     out_shape = [m, out_features]
-    _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape)
+    _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape, table)
     if k % BLOCK_I:
         data = _padded(data, [m, k_blocks * BLOCK_I], lambda i, j: (j < k, (i, j)), 0, PAD["dense"])
     rk = te.reduce_axis((0, k_blocks * BLOCK_I), "rk")
@@ -260,7 +265,7 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
         lambda i, j: te.sum(data[i, rk].astype("int32")
                             * weight[j // BLOCK_O, rk // BLOCK_I, j % BLOCK_O, rk % BLOCK_I].astype("int32"), axis=rk),
         name=ANCHOR["dense"])
-    return _epilogue_stage(lambda i, j: acc[i, j], bias, multiplier, residual, epilogue, out_shape)
+    return _epilogue_stage(lambda i, j: acc[i, j], bias, multiplier, residual, epilogue, out_shape, table)
 
 
 def prim_func(tensors: list) -> tirx.PrimFunc:
@@ -277,6 +282,7 @@ def conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: in
 
 
 def dense_kernel(data, weight, bias, multiplier, residual=None, *, channels: int, input_zero_point: int = 0,
-                 epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
+                 epilogue: Epilogue = Epilogue(), table=None, **conv) -> te.Tensor:
     del input_zero_point, conv  # folded into the bias; a dense has no window
-    return dense_compute(data, weight, bias, multiplier, residual, out_features=channels, epilogue=epilogue)
+    return dense_compute(data, weight, bias, multiplier, residual, out_features=channels, epilogue=epilogue,
+                         table=table)

@@ -68,7 +68,7 @@ def unpack_weight_vnni(packed: np.ndarray, channels: int, kw: int) -> np.ndarray
 def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
                              input_zero_point: int = 0, epilogue: Epilogue = Epilogue(),
                              out_layout: str | None = None, channels: int | None = None,
-                             kernel_width: int | None = None) -> te.Tensor:
+                             kernel_width: int | None = None, table=None) -> te.Tensor:
     """INT8 depthwise conv2d with the requantize epilogue.
 
     ``data`` uint8 NCHW (the NCHW kernel, ``weight`` int8 ``[C, 1, kh, kw]``) or NCHW16c (the NCHW16c
@@ -109,7 +109,7 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
            f"{channels} channels do not fit data of shape {_shape(data)}")
     out_shape = out_shape_of(n, channels, out_h, out_w, layout)
     _check(blocked or layout == "NCHW", NAME, "an NCHW16c output needs the NCHW16c weight")
-    _check_epilogue(NAME, bias, multiplier, residual, epilogue, out_shape)
+    _check_epilogue(NAME, bias, multiplier, residual, epilogue, out_shape, table)
     top, left = pad[0], pad[1]
     rows, cols = h + pad[0] + pad[2], w + pad[1] + pad[3]
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
@@ -122,7 +122,7 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
             lambda b, ch, y, x: te.sum(padded[b, ch, y * sh + ry * dh, x * sw + rx * dw].astype("int32")
                                        * weight[ch, 0, ry, rx].astype("int32"), axis=[ry, rx]),
             name=ANCHOR["depthwise_conv2d"])
-        return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
+        return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
 
     def pad_index(b, cb, y, x, ci):
         valid = tirx.all(y >= top, y < h + top, x >= left, x < w + left)
@@ -145,8 +145,8 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         name=ANCHOR["depthwise_conv2d"])
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
-                               residual, epilogue, out_shape)
-    return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape)
+                               residual, epilogue, out_shape, table)
+    return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
 
 
 def depthwise_conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int,

@@ -12,6 +12,8 @@ from tvm import te, tirx
 from tvmfuse.errors import TvmfuseError
 
 EPILOGUE = "requantize"
+TABLE_STAGE = "table_lookup"  # after EPILOGUE (which then writes int32 codes) when the epilogue has a table
+TABLE_SIZE = 256  # codes of a uint8/int8 value: a table entry per code
 QUANT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 OUT_DTYPES = ("uint8", "int8", "float32")
 
@@ -70,10 +72,15 @@ class Epilogue:
     clip_max: float | None = None
     residual: Residual | None = None
     hardswish: HardSwish | None = None  # applied to the real value before the output's rounding and clip
+    # The code computed as above (zero point, clip) is looked up in a 256-entry table of output codes passed to
+    # the kernel (:data:`TABLE_SIZE`): an elementwise activation after the kernel, evaluated at compile time.
+    table: bool = False
 
     def __post_init__(self):
         if self.out_dtype not in OUT_DTYPES:
             raise Int8KernelError(f"INT8 epilogue: out_dtype must be one of {OUT_DTYPES}, got {self.out_dtype!r}")
+        if self.table and not self.quantized:
+            raise Int8KernelError("INT8 epilogue: a table of output codes needs a uint8/int8 output")
         qmin, qmax = QUANT_RANGE.get(self.out_dtype, (0, 0))
         if not qmin <= self.zero_point <= qmax:
             raise Int8KernelError(f"INT8 epilogue: zero point {self.zero_point} is outside {self.out_dtype}'s range "
@@ -120,7 +127,7 @@ class Epilogue:
 
 def _requantize(acc, scale, res, ep: Epilogue):
     """The epilogue of one element: ``acc`` int32 (bias included), ``scale`` float32, ``res`` the residual
-    code or None. Returns the output value in ``ep.out_dtype``."""
+    code or None. Returns the output value in ``ep.out_dtype``; with ``ep.table``, its table index (int32)."""
     if ep.residual is None:
         value, dtype = acc.astype("float32") * scale, "float32"
     else:
@@ -147,17 +154,35 @@ def _requantize(acc, scale, res, ep: Epilogue):
     if ep.quantized:
         # Through int32: LLVM scalarizes a direct float -> u8/s8 vector conversion (x86 has no such
         # instruction); float -> i32 -> i8 stays vectorized. Exact, the value is a clipped integer.
-        return value.astype("int32").astype(ep.out_dtype)
+        code = value.astype("int32")
+        return code - QUANT_RANGE[ep.out_dtype][0] if ep.table else code.astype(ep.out_dtype)
     return value
 
 
-def _epilogue_stage(acc_at, bias, multiplier, residual, ep: Epilogue, out_shape: list[int]):
+def table_index(codes: np.ndarray, out_dtype: str) -> np.ndarray:
+    """The table entry of each code (uint8: the code; int8: the code + 128)."""
+    return np.asarray(codes).astype(np.int32) - QUANT_RANGE[out_dtype][0]
+
+
+def check_table(kernel: str, table, ep: Epilogue) -> None:
+    """A table tensor is given exactly when ``ep.table``, and holds :data:`TABLE_SIZE` output codes."""
+    if (table is None) == ep.table:
+        raise Int8KernelError(f"{kernel}: a table tensor needs Epilogue.table, and vice versa")
+    if table is not None and ([int(d) for d in table.shape] != [TABLE_SIZE] or str(table.dtype) != ep.out_dtype):
+        raise Int8KernelError(f"{kernel}: table must be [{TABLE_SIZE}] {ep.out_dtype}, got "
+                              f"{[int(d) for d in table.shape]} {table.dtype}")
+
+
+def _epilogue_stage(acc_at, bias, multiplier, residual, ep: Epilogue, out_shape: list[int], table=None):
     """The ``requantize`` stage: ``acc_at(*index)`` reads the accumulator of one output element. A 5-D
-    ``out_shape`` is NCHW16c: the channel of ``(b, cb, y, x, ci)`` is ``cb * 16 + ci``."""
+    ``out_shape`` is NCHW16c: the channel of ``(b, cb, y, x, ci)`` is ``cb * 16 + ci``. With ``ep.table`` it
+    writes table indices and a :data:`TABLE_STAGE` stage looks them up in ``table`` (a stage of its own, so that
+    a backend can do the lookups a vector at a time)."""
 
     def body(*idx):
         channel = idx[1] * out_shape[4] + idx[4] if len(out_shape) == 5 else idx[1]
         res = residual[idx] if residual is not None else None
         return _requantize(acc_at(*idx) + bias[channel], multiplier[channel], res, ep)
 
-    return te.compute(out_shape, body, name=EPILOGUE)
+    codes = te.compute(out_shape, body, name=EPILOGUE)
+    return te.compute(out_shape, lambda *i: table[codes[i]], name=TABLE_STAGE) if ep.table else codes

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .int8 import BLOCK_I, BLOCK_O, Epilogue, Int8KernelError, _pair, _padding
+from .int8_epilogue import table_index
 
 WEIGHT_RANGE = (-127, 127)
 
@@ -88,8 +89,10 @@ def requant_multiplier(input_scale: float, weight_scales, output_scale: float | 
     return (m if output_scale is None else m / float(output_scale)).astype(np.float32)
 
 
-def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, residual: np.ndarray | None = None):
-    """The kernels' epilogue on an int accumulator (bias included, channels on axis 1), in numpy."""
+def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, residual: np.ndarray | None = None,
+               table: np.ndarray | None = None):
+    """The kernels' epilogue on an int accumulator (bias included, channels on axis 1), in numpy; ``table``:
+    the output codes of ``epilogue.table``."""
     shape = [1] * acc.ndim
     shape[1] = -1
     m = np.asarray(multiplier, np.float32).reshape(shape)
@@ -113,6 +116,8 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, resi
         value = np.maximum(value, value.dtype.type(lo))
     if hi is not None:
         value = np.minimum(value, value.dtype.type(hi))
+    if epilogue.table:
+        return np.asarray(table)[table_index(value, epilogue.out_dtype)].astype(epilogue.out_dtype)
     return value.astype(epilogue.out_dtype)
 
 
@@ -128,7 +133,7 @@ def _windows(x: np.ndarray, kh: int, kw: int, strides, padding, dilation, input_
 
 
 def conv2d_ref(x, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
-               input_zero_point: int = 0, epilogue: Epilogue = Epilogue()) -> np.ndarray:
+               input_zero_point: int = 0, epilogue: Epilogue = Epilogue(), table=None) -> np.ndarray:
     """Reference INT8 conv2d: ``x`` NCHW uint8, ``weight`` OIHW int8 (unpacked), ``bias`` the original int32
     bias (None for none, zero point *not* folded)."""
     weight = np.asarray(weight)
@@ -136,24 +141,24 @@ def conv2d_ref(x, weight, bias, multiplier, residual=None, *, strides=1, padding
     acc = np.tensordot(win, weight.astype(np.int64), axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
     if bias is not None:
         acc = acc + np.asarray(bias, np.int64).reshape(1, -1, 1, 1)
-    return requantize(acc, multiplier, epilogue, residual)
+    return requantize(acc, multiplier, epilogue, residual, table)
 
 
 def depthwise_conv2d_ref(x, weight, bias, multiplier, residual=None, *, strides=1, padding=0, dilation=1,
-                         input_zero_point: int = 0, epilogue: Epilogue = Epilogue()) -> np.ndarray:
+                         input_zero_point: int = 0, epilogue: Epilogue = Epilogue(), table=None) -> np.ndarray:
     """Reference INT8 depthwise conv2d: ``weight`` ``[C, 1, kh, kw]`` int8; otherwise as :func:`conv2d_ref`."""
     weight = np.asarray(weight)
     win = _windows(x, weight.shape[2], weight.shape[3], strides, padding, dilation, input_zero_point)
     acc = (win * weight[:, 0].astype(np.int64)[None, :, None, None]).sum(axis=(4, 5))
     if bias is not None:
         acc = acc + np.asarray(bias, np.int64).reshape(1, -1, 1, 1)
-    return requantize(acc, multiplier, epilogue, residual)
+    return requantize(acc, multiplier, epilogue, residual, table)
 
 
 def dense_ref(x, weight, bias, multiplier, residual=None, *, input_zero_point: int = 0,
-              epilogue: Epilogue = Epilogue()) -> np.ndarray:
+              epilogue: Epilogue = Epilogue(), table=None) -> np.ndarray:
     """Reference INT8 dense: ``x`` ``[M, K]`` uint8, ``weight`` ``[N, K]`` int8 (unpacked), original bias."""
     acc = (np.asarray(x).astype(np.int64) - int(input_zero_point)) @ np.asarray(weight).astype(np.int64).T
     if bias is not None:
         acc = acc + np.asarray(bias, np.int64).reshape(1, -1)
-    return requantize(acc, multiplier, epilogue, residual)
+    return requantize(acc, multiplier, epilogue, residual, table)

@@ -101,15 +101,15 @@ def _padded_read(block, pads: dict):
     return None
 
 
-def _substitute(expr, binding: dict):
-    """``expr`` with block vars replaced by their loop-var bindings (index arithmetic only)."""
+def substitute(expr, binding: dict):
+    """``expr`` with variables replaced by ``binding``'s values (index arithmetic only; ValueError else)."""
     if isinstance(expr, tirx.Var):
         return binding.get(expr, expr)
     if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
         return expr
     for kind in (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max):
         if isinstance(expr, kind):
-            return kind(_substitute(expr.a, binding), _substitute(expr.b, binding))
+            return kind(substitute(expr.a, binding), substitute(expr.b, binding))
     raise ValueError(f"unsupported index expression {type(expr).__name__}")
 
 
@@ -144,7 +144,7 @@ def _guard(loops: list, realize, load, bounds: dict):
     """``(loop, condition)``: the loop whose body the guard wraps, or None."""
     binding = {iv.var: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)}
     try:
-        indices = {axis: _substitute(load.indices[axis], binding) for axis in bounds}
+        indices = {axis: substitute(load.indices[axis], binding) for axis in bounds}
     except ValueError:
         return None
     used = set().union(*(_vars(index) for index in indices.values()))
@@ -188,25 +188,40 @@ def _vars(expr) -> set:
     return set().union(*(_vars(getattr(expr, f)) for f in ("a", "b") if hasattr(expr, f)))
 
 
-def _rebuild(s, guards: dict):
-    """``s`` with each guarded loop's body wrapped in its condition."""
+def rebuild_loops(s, replace):
+    """``s`` with each loop for which ``replace(loop)`` (called inner loops first) returns a statement replaced
+    by it; the rest rebuilt as it was."""
     if isinstance(s, tirx.SeqStmt):
-        return tirx.SeqStmt([_rebuild(x, guards) for x in s.seq])
+        return tirx.SeqStmt([rebuild_loops(x, replace) for x in s.seq])
     if isinstance(s, tirx.For):
-        body = _rebuild(s.body, guards)
-        if s in guards:
-            body = tirx.IfThenElse(guards[s], body, None)
-        return tirx.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step)
+        loop = tirx.For(s.loop_var, s.min, s.extent, s.kind, rebuild_loops(s.body, replace), s.thread_binding,
+                        s.annotations, s.step)
+        replaced = replace(loop)
+        return loop if replaced is None else replaced
     if isinstance(s, s_tir.SBlockRealize):
-        return s_tir.SBlockRealize(s.iter_values, s.predicate, _rebuild(s.block, guards))
+        return s_tir.SBlockRealize(s.iter_values, s.predicate, rebuild_loops(s.block, replace))
     if isinstance(s, s_tir.SBlock):
-        init = _rebuild(s.init, guards) if s.init is not None else None
-        return s_tir.SBlock(s.iter_vars, s.reads, s.writes, s.name_hint, _rebuild(s.body, guards), init,
+        init = rebuild_loops(s.init, replace) if s.init is not None else None
+        return s_tir.SBlock(s.iter_vars, s.reads, s.writes, s.name_hint, rebuild_loops(s.body, replace), init,
                             s.alloc_buffers, s.match_buffers, s.annotations)
     if isinstance(s, tirx.IfThenElse):
-        other = _rebuild(s.else_case, guards) if s.else_case is not None else None
-        return tirx.IfThenElse(s.condition, _rebuild(s.then_case, guards), other)
+        other = rebuild_loops(s.else_case, replace) if s.else_case is not None else None
+        return tirx.IfThenElse(s.condition, rebuild_loops(s.then_case, replace), other)
     return s
+
+
+def _guarded(guards: dict):
+    """A :func:`rebuild_loops` replacement wrapping each guarded loop's body in its condition."""
+    originals = {(g.loop_var, int(g.extent)): cond for g, cond in guards.items()}
+
+    def replace(loop):
+        cond = originals.get((loop.loop_var, int(loop.extent)))
+        if cond is None:
+            return None
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.IfThenElse(cond, loop.body, None),
+                        loop.thread_binding, loop.annotations, loop.step)
+
+    return replace
 
 
 def skip_padding_taps(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -231,7 +246,7 @@ def skip_padding_taps(func: tirx.PrimFunc) -> tirx.PrimFunc:
             visit(child, loops + [s] if isinstance(s, tirx.For) else loops)
 
     visit(func.body, [])
-    return func.with_body(_rebuild(func.body, guards)) if guards else func
+    return func.with_body(rebuild_loops(func.body, _guarded(guards))) if guards else func
 
 
 def SkipPaddingTaps() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming

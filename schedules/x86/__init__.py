@@ -16,7 +16,7 @@ from .. import families
 from ..backend import Backend as _Base
 from ..backend import kernel_of
 from ..common import block_names, lanes
-from . import conv2d, dense, fused, generic, layer_norm, softmax
+from . import conv2d, dense, fused, generic, int8_table, layer_norm, softmax
 
 NAME = "x86"
 # kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
@@ -61,25 +61,33 @@ def _rule(sch: s_tir.Schedule, kernel: str, vector_bits: int, vnni: bool) -> boo
     return module.schedule(sch, lanes(vector_bits))
 
 
-def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False):
+def _ruled(func: tirx.PrimFunc, kernel: str, vector_bits: int, vnni: bool) -> s_tir.Schedule | None:
+    """A fresh schedule of ``func`` with the kernel's rule applied; None when the rule does not fit."""
+    sch = _unmarked(func)
+    return sch if _rule(sch, kernel, vector_bits, vnni) else None
+
+
+def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False, vbmi: bool = False):
     """The schedule compile gives ``func`` (its trace replays it), or None when it stays as lowered.
 
     ``kernel`` is the ``tvmfuse.family`` attribute (None: a kernel of TVM's default path). A kernel marked
-    for a MetaSchedule template gets the template's default: the mark is dropped first.
+    for a MetaSchedule template gets the template's default: the mark is dropped first. ``vbmi``: an INT8
+    kernel's table lookups may use AVX512-VBMI (:mod:`.int8_table`).
     """
     if kernel is None:
         vector = lanes(vector_bits)
         return softmax.scheduled(func, vector) or layer_norm.scheduled(func, vector) or generic.scheduled(func, vector)
-    sch = _unmarked(func)
-    if _rule(sch, kernel, vector_bits, vnni):
-        return sch
+    sch = _ruled(func, kernel, vector_bits, vnni)
+    if sch is not None:
+        return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))
     sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind
     return sch if fused.schedule(sch, kernel) else None
 
 
-def schedule(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False) -> tirx.PrimFunc:
+def schedule(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False,
+             vbmi: bool = False) -> tirx.PrimFunc:
     """The best schedule tvmfuse has for ``func`` (unscheduled when none fits); see :func:`scheduled`."""
-    sch = scheduled(func, kernel, vector_bits, vnni)
+    sch = scheduled(func, kernel, vector_bits, vnni, vbmi)
     return sch.mod["main"] if sch is not None else func
 
 
@@ -96,7 +104,9 @@ class Backend(_Base):
     def __init__(self, spec):
         super().__init__(spec)
         self.vector_bits = spec.vector_bits()
-        self.vnni = "avx512vnni" in spec.features()
+        features = spec.features()
+        self.vnni = "avx512vnni" in features
+        self.vbmi = "avx512vbmi" in features
         self.int8_vnni = self.vnni
 
     def vector_lanes(self) -> int:
@@ -111,10 +121,10 @@ class Backend(_Base):
         return templates.annotate(func, kernel) or func
 
     def schedule(self, func):
-        return schedule(func, kernel_of(func), self.vector_bits, self.vnni)
+        return schedule(func, kernel_of(func), self.vector_bits, self.vnni, self.vbmi)
 
     def default_trace(self, mod):
-        sch = scheduled(mod["main"], kernel_of(mod["main"]), self.vector_bits, self.vnni)
+        sch = scheduled(mod["main"], kernel_of(mod["main"]), self.vector_bits, self.vnni, self.vbmi)
         return sch.trace if sch is not None else super().default_trace(mod)
 
     def legalize_passes(self, target) -> list:
@@ -155,8 +165,9 @@ class Backend(_Base):
         """The steps of padded convs that read only padding are skipped (:mod:`..padding_taps`): DeepLab's
         dilated ASPP convs ran 2.2x faster (4.0 -> 1.8 ms on Zen 4)."""
         from ..padding_taps import SkipPaddingTaps
+        from .intrin.table_vbmi import VectorTableLookups
 
-        return [SkipPaddingTaps()]
+        return [SkipPaddingTaps(), VectorTableLookups()]
 
     def relax_pipeline(self, target, scheduling: list):
         """TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with

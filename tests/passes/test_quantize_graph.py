@@ -21,6 +21,7 @@ from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, de
                               residual_block, sandwich, spelt_hardswish, two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
+from tvmfuse.passes.utils import bindings_of
 from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
 from tvmfuse.quant.keys import observed_tensors
 from tvmfuse.quant.table import CalibrationTable
@@ -91,7 +92,7 @@ def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
     assert mod["main"].body.body.same_as(last_var)  # the float output of the last kernel is the model output
     assert report == {"int8_partitions": 2, "fp32_partitions": 0, "fp32_reasons": [], "uint8_outputs": 1,
                       "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0, "uint8_pools": 0,
-                      "blocked_outputs": 0, "layout_transforms": 0}
+                      "blocked_outputs": 0, "layout_transforms": 0, "table_outputs": 0}
     # The kernels carry what the scheduler and reports read; weights are packed int8 constants.
     kernel = mod[first.args[0]]
     assert str(kernel.attrs["tvmfuse.family"]) == "int8_conv2d"
@@ -131,13 +132,27 @@ def test_fp32_partition_stays_fp32_with_borders_around_it():
     assert (report["int8_partitions"], report["quantize_ops"], report["dequantize_ops"]) == (2, 2, 0)
 
 
-def test_an_activation_without_int8_epilogue_follows_its_int8_conv():
-    """SiLU has no INT8 epilogue: the INT8 table leaves it out of the conv's partition, so the conv is an INT8
-    kernel with a float32 output, the SiLU runs on it, and the next conv reads it quantized."""
+def test_an_activation_without_int8_epilogue_is_its_int8_convs_output_table():
+    """SiLU has no INT8 epilogue: the INT8 table leaves it out of the conv's partition. Both its input and its
+    result are calibrated, so the conv's kernel requantizes to the input's codes and writes the SiLU's codes
+    from a 256-entry table: no float32 output, no SiLU kernel, no quantize before the next conv."""
     mod, report = _quantize(conv_silu_conv())
-    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.sigmoid", "relax.multiply", "relax.quantize",
-                           "int8_conv2d"]
-    assert (report["int8_partitions"], report["fp32_partitions"], report["quantize_ops"]) == (2, 0, 2)
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "int8_conv2d"]
+    first = _main_calls(mod)[1][1]
+    assert "sigmoid,multiply" in str(mod[first.args[0]].attrs["tvmfuse.ops"])
+    assert (report["int8_partitions"], report["table_outputs"], report["quantize_ops"]) == (2, 1, 1)
+
+
+def test_an_activation_whose_result_is_not_calibrated_follows_its_int8_conv():
+    """Without a range for the SiLU's result there is no table (and no INT8 reader): the conv writes float32
+    and the SiLU runs on it."""
+    mod = _partitioned(conv_silu_conv())
+    products = {b.var for b in bindings_of(mod["main"]) if getattr(b.value.op, "name", None) == "relax.multiply"}
+    silu = [key for key, var in observed_tensors(mod) if var in products]
+    assert len(silu) == 1
+    out, report = _quantize(conv_silu_conv(), drop=silu)
+    assert _kinds(out)[:4] == ["relax.quantize", "int8_conv2d", "relax.sigmoid", "relax.multiply"]
+    assert (report["int8_partitions"], report["table_outputs"]) == (1, 0)
 
 
 def test_mixed_consumers_get_uint8_plus_one_dequantize():

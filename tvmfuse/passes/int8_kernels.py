@@ -97,6 +97,16 @@ def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParam
 
 
 @dataclasses.dataclass(frozen=True)
+class OutputTable:
+    """Elementwise ops after an INT8 kernel as one table: ``codes[q]`` is the output code for the requantized
+    code ``q`` (:func:`tvmfuse.schedules.int8_epilogue.table_index`), ``ops`` their names (recorded on the
+    kernel)."""
+
+    codes: np.ndarray
+    ops: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Int8Constants:
     """What an INT8 kernel takes besides its activations, computed in numpy."""
 
@@ -185,7 +195,7 @@ def _padded(values: np.ndarray, length: int) -> np.ndarray:
 
 def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: QuantParams | None,
                      residual: QuantParams | None = None, out_layout: str = "NCHW",
-                     vnni: bool = False) -> tuple[tvm.tirx.PrimFunc, list]:
+                     vnni: bool = False, table: OutputTable | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
     """The INT8 kernel of ``part`` and its constant arguments.
 
     Parameters
@@ -201,14 +211,18 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
         ``"NCHW"``, or ``"NCHW16c"`` for a uint8/int8 output of a family with an NCHW16c kernel.
     vnni : bool
         The target has AVX512-VNNI: an NCHW16c kernel takes its family's ``vnni_pack`` weight where it fits.
+    table : OutputTable, optional
+        The elementwise ops after the partition as a table of output codes: the kernel requantizes to ``out``
+        (their input's parameters) and writes the table's entry for each code.
 
     Returns
     -------
     kernel : tvm.tirx.PrimFunc
-        Arguments ``(data, weight, bias, multiplier[, residual])``, output last; attrs ``tvmfuse.partition``,
-        ``tvmfuse.family`` (``int8_<family>``), ``tvmfuse.layout``, ``tvmfuse.ops``, ``op_pattern``.
+        Arguments ``(data, weight, bias, multiplier[, table][, residual])``, output last; attrs
+        ``tvmfuse.partition``, ``tvmfuse.family`` (``int8_<family>``), ``tvmfuse.layout``, ``tvmfuse.ops``,
+        ``op_pattern``.
     constants : list of relax.Constant
-        The packed int8 weight, the int32 bias, the float32 multipliers.
+        The packed int8 weight, the int32 bias, the float32 multipliers[, the table].
 
     Raises
     ------
@@ -219,6 +233,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     if blocked and not blocked_kernel(part):
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
     c = int8_constants(part, x, out, residual, blocked, vnni)
+    epilogue = dataclasses.replace(c.epilogue, table=True) if table is not None else c.epilogue
     channels = c.bias.shape[0]
     out_shape = kernel_out_shape(part, out_layout)
     bias, multiplier = c.bias, c.multiplier
@@ -228,6 +243,9 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
                te.placeholder(c.weight.shape, "int8", name="weight"),
                te.placeholder(bias.shape, "int32", name="bias"),
                te.placeholder(multiplier.shape, "float32", name="multiplier")]
+    codes = te.placeholder((int8.TABLE_SIZE,), out.dtype, name="table") if table is not None else None
+    if codes is not None:
+        tensors.append(codes)
     res = None
     if part.residual is not None:
         res = te.placeholder(out_shape, residual.dtype, name="residual")
@@ -237,12 +255,15 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     layout = {"out_layout": out_layout} if blocked else {}
     if c.kernel_width is not None:
         layout["kernel_width"] = c.kernel_width
+    if codes is not None:
+        layout["table"] = codes
     output = compute(*tensors[:4], res, channels=channels, input_zero_point=c.input_zero_point,
-                     epilogue=c.epilogue, **part.conv, **layout)
-    ops = part.ops + ["requantize" if out is not None else "dequantize"]
+                     epilogue=epilogue, **part.conv, **layout)
+    ops = part.ops + ["requantize" if out is not None else "dequantize"] + (list(table.ops) if table else [])
     described = family.int8.layout if not blocked else \
         f"{'NCHW16c' if len(data_shape) == 5 else 'NCHW'} -> {out_layout}, weight packed for {int8.BLOCKED_LAYOUT}"
     kernel = int8.prim_func(tensors + [output]).with_attrs({
         "tvmfuse.partition": part.composite, "tvmfuse.family": families.int8_kernel_name(family),
         "tvmfuse.layout": described, "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
-    return kernel, [relax.const(c.weight), relax.const(bias), relax.const(multiplier)]
+    constants = [relax.const(c.weight), relax.const(bias), relax.const(multiplier)]
+    return kernel, constants + ([relax.const(table.codes)] if table is not None else [])

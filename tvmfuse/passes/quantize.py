@@ -39,9 +39,10 @@ from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 from ..quant.keys import observed_tensors
 from ..quant.params import QuantParams, activation_params
 from ..targets import TargetSpec
-from .int8_kernels import (blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape, make_int8_kernel,
-                           relayout)
+from .int8_kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape,
+                           make_int8_kernel, relayout)
 from .int8_partition import Int8Partition, analyze
+from .int8_tables import Chain, find_chains, output_table
 from .partition import is_partition
 from .utils import bindings_of, emit_like, users_of
 
@@ -63,6 +64,13 @@ class _Site:
     out_dtype: str = "float32"  # of an INT8 site: "uint8" or "float32"
     dequantize: bool = False  # uint8 output that FP32 consumers also read
     out_layout: str = "NCHW"  # of an INT8 site's output: "NCHW" or int8.BLOCKED_LAYOUT (uint8 codes)
+    chain: Chain | None = None  # elementwise ops after the site that its kernel applies as a table
+    table: OutputTable | None = None
+
+    @property
+    def out_var(self):
+        """The var whose codes the kernel writes: the partition's result, or the end of its chain."""
+        return self.chain.end if self.chain is not None else self.var
 
 
 
@@ -113,6 +121,21 @@ def _uint8_pools(mod: tvm.IRModule, sites: list[_Site], users: dict) -> dict:
     return pools
 
 
+def _attach_tables(mod: tvm.IRModule, sites: list[_Site], users: dict, table, keys: dict) -> None:
+    """Give an INT8 site the elementwise chain after it (:mod:`.int8_tables`) when an INT8 site reads the
+    chain's result and calibration observed both ends: its kernel then writes the result's codes."""
+    int8 = {s.var: s for s in sites if s.part is not None}
+    for start, chain in find_chains(mod["main"], set(int8), users).items():
+        end_key = _key_of(keys, chain.end)
+        if end_key not in table or not any(r in int8 for r in users.get(chain.end, [])):
+            continue
+        site = int8[start]
+        codes = output_table(chain, activation_params(*table[site.key], dtype="uint8"),
+                             activation_params(*table[end_key], dtype="uint8"))
+        if codes is not None:
+            site.chain, site.table = chain, codes
+
+
 def _choose_outputs(sites: list[_Site], users: dict, pools: dict) -> None:
     """uint8 output for INT8 sites read by INT8 sites or uint8 pools (plus a dequantize if FP32 consumers read
     it too)."""
@@ -120,7 +143,7 @@ def _choose_outputs(sites: list[_Site], users: dict, pools: dict) -> None:
     for site in sites:
         if site.part is None:
             continue
-        readers = users.get(site.var, [])
+        readers = users.get(site.out_var, [])
         int8_readers = sum(1 for r in readers if r in int8_vars)
         site.out_dtype = "uint8" if int8_readers else "float32"
         site.dequantize = 0 < int8_readers < len(readers)
@@ -131,7 +154,8 @@ def _choose_layouts(sites: list[_Site], users: dict) -> None:
     codes stay blocked from kernel to kernel, and readers that need NCHW get one ``to_plain``."""
     blockable = {s.var for s in sites if s.part is not None and blocked_kernel(s.part)}
     for site in sites:
-        if site.var in blockable and site.out_dtype == "uint8" and any(r in blockable for r in users.get(site.var, [])):
+        if site.var in blockable and site.out_dtype == "uint8" and any(r in blockable
+                                                                       for r in users.get(site.out_var, [])):
             site.out_layout = BLOCKED_LAYOUT
 
 
@@ -150,6 +174,7 @@ class _Rewrite(relax.PyExprMutator):
         self.codes: dict = {}  # original var -> {layout: its uint8 codes in that layout}
         self.blocked = blocked
         self.quantize_ops = self.dequantize_ops = self.layout_transforms = 0
+        self.tabled = {v for site in sites if site.chain is not None for v in site.chain.vars}  # not emitted
 
     def qparams(self, var) -> QuantParams:
         var = self.pools.get(var, var)  # pooled codes keep their input's parameters
@@ -189,6 +214,8 @@ class _Rewrite(relax.PyExprMutator):
             codes = relax.Call(pool.op, [self._codes_of(self.pools[binding.var])], pool.attrs)
             self.codes[binding.var] = {"NCHW": self._emit_like(codes, binding.var, "_u8")}
             return
+        if binding.var in self.tabled:
+            return  # an op of a chain its INT8 kernel applies as a table
         site = self.sites.get(binding.var)
         if site is None:
             super().visit_var_binding_(binding)
@@ -198,7 +225,7 @@ class _Rewrite(relax.PyExprMutator):
         res = self.qparams(args[part.residual]) if part.residual is not None else None
         data = self._codes_of(args[part.data], data_layout(part, self.blocked))
         kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
-                                             site.out_layout, self.vnni)
+                                             site.out_layout, self.vnni, site.table)
         gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
         call_args = [data] + constants
         if part.residual is not None:
@@ -208,12 +235,13 @@ class _Rewrite(relax.PyExprMutator):
             self.set_var_remap(binding.var, self._emit_like(result, binding.var))
             return
         suffix = "_u8" if site.out_layout == "NCHW" else "_u8_nchw16c"
-        self.codes[binding.var] = {site.out_layout: self._emit_like(result, binding.var, suffix)}
+        var = site.out_var
+        self.codes[var] = {site.out_layout: self._emit_like(result, var, suffix)}
         if site.dequantize:
-            codes = self._codes_of(binding.var)
-            value = relax.op.dequantize(codes, relax.const(float(out.scale), "float32"),
-                                        relax.const(int(out.zero_point), "int32"), axis=0, out_dtype="float32")
-            self.set_var_remap(binding.var, self._emit_like(value, binding.var))
+            codes, p = self._codes_of(var), self.qparams(var)
+            value = relax.op.dequantize(codes, relax.const(float(p.scale), "float32"),
+                                        relax.const(int(p.zero_point), "int32"), axis=0, out_dtype="float32")
+            self.set_var_remap(var, self._emit_like(value, var))
             self.dequantize_ops += 1
 
 
@@ -237,7 +265,8 @@ def _summary(sites: list[_Site], quantize_ops: int, dequantize_ops: int, layout_
             "uint8_outputs": sum(s.out_dtype == "uint8" for s in int8_sites),
             "float32_outputs": sum(s.out_dtype == "float32" for s in int8_sites),
             "blocked_outputs": sum(s.out_layout != "NCHW" for s in int8_sites),
-            "quantize_ops": quantize_ops, "dequantize_ops": dequantize_ops, "layout_transforms": layout_transforms}
+            "quantize_ops": quantize_ops, "dequantize_ops": dequantize_ops, "layout_transforms": layout_transforms,
+            "table_outputs": sum(s.table is not None for s in int8_sites)}
 
 
 def _why_nothing(sites: list[_Site]) -> str:
@@ -283,6 +312,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
                 site.part, site.reason = None, f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})"
         _check_constants(sites, table, keys)
         users = users_of(mod["main"])
+        _attach_tables(mod, sites, users, table, keys)
         pools = _uint8_pools(mod, sites, users)
         _choose_outputs(sites, users, pools)
         if blocked:

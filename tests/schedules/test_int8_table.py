@@ -1,0 +1,78 @@
+"""INT8 kernels with an output table (``Epilogue.table``): the requantized code looked up in 256 output codes,
+bit-exact against ``int8_ref``, through the x86 backend's schedule: byte loads, or 16 lookups per two
+``vpermi2b`` on AVX512-VBMI (``schedules/x86/intrin/table_vbmi.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvmfuse import targets
+from tvmfuse.schedules import int8, int8_ref, x86
+from tvmfuse.schedules.x86.intrin.table_vbmi import MARK, rewrite_lookups
+
+from helpers import HOST
+
+AVX512 = targets.resolve("x86-avx512")
+HAS_VBMI = "avx512vbmi" in targets.resolve(HOST).features() and "avx512vnni" in targets.resolve(HOST).features()
+
+
+def _conv(c, o, size, kernel, vnni, vbmi, rng):
+    """A blocked INT8 conv with a table, scheduled as compile does, its arguments and the reference output."""
+    x = te.placeholder((1, c // 16, size, size, 16), "uint8", name="x")
+    weight = rng.integers(-127, 128, (o, c, kernel, kernel)).astype("int8")
+    packed = int8_ref.pack_conv2d_weight(weight)
+    tensors = [x, te.placeholder(packed.shape, "int8", name="w"), te.placeholder((o,), "int32", name="b"),
+               te.placeholder((o,), "float32", name="m"), te.placeholder((256,), "uint8", name="t")]
+    ep = dataclasses.replace(int8.Epilogue.make("uint8", 7, 0.05, "relu"), table=True)
+    out = int8.conv2d_compute(*tensors[:4], out_channels=o, padding=kernel // 2, input_zero_point=3, epilogue=ep,
+                              out_layout="NCHW16c", table=tensors[4])
+    func = x86.schedule(int8.prim_func(tensors + [out]), "int8_conv2d", 512 if vnni else 256, vnni, vbmi)
+    codes = rng.integers(0, 256, (1, c // 16, size, size, 16)).astype("uint8")
+    bias, mult = rng.integers(-3000, 3000, o).astype("int32"), (rng.random(o) * 0.002).astype("float32")
+    table = rng.permutation(256).astype("uint8")
+    plain = codes.transpose(0, 1, 4, 2, 3).reshape(1, c, size, size)
+    want = int8_ref.conv2d_ref(plain, weight, bias, mult, padding=kernel // 2, input_zero_point=3, epilogue=ep,
+                               table=table)
+    args = [codes, packed, int8_ref.fold_zero_point(bias, weight, 3), mult, table]
+    return rewrite_lookups(func), args, want, [int(d) for d in out.shape]
+
+
+def _run(func, args, out_shape, spec):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+    out = tvm.runtime.tensor(np.zeros(out_shape, "uint8"))
+    lib.mod["main"](*[tvm.runtime.tensor(a) for a in args], out)
+    got = out.numpy()
+    return got.transpose(0, 1, 4, 2, 3).reshape(1, -1, out_shape[2], out_shape[3]), lib
+
+
+@pytest.mark.parametrize("c,o,size,kernel", [(16, 32, 8, 1), (32, 48, 10, 3)])
+def test_the_table_with_byte_loads_is_bit_exact(c, o, size, kernel):
+    func, args, want, shape = _conv(c, o, size, kernel, False, False, np.random.default_rng(c))
+    assert MARK not in func.script()
+    got, _ = _run(func, args, shape, targets.resolve(HOST))
+    np.testing.assert_array_equal(got[:, :o], want)
+
+
+@pytest.mark.avx512
+@pytest.mark.skipif(not HAS_VBMI, reason="needs AVX512-VBMI and VNNI to run the vector lookups")
+@pytest.mark.parametrize("c,o,size,kernel", [(16, 32, 8, 1), (32, 48, 10, 3), (64, 64, 7, 3)])
+def test_the_vector_lookups_are_bit_exact(c, o, size, kernel):
+    func, args, want, shape = _conv(c, o, size, kernel, True, True, np.random.default_rng(o))
+    got, lib = _run(func, args, shape, AVX512)
+    np.testing.assert_array_equal(got[:, :o], want)
+    assert "vpermt2b" in lib.mod.inspect_source("asm") or "vpermi2b" in lib.mod.inspect_source("asm")
+
+
+def test_a_table_needs_a_quantized_output_and_its_tensor():
+    with pytest.raises(int8.Int8KernelError, match="needs a uint8/int8 output"):
+        int8.Epilogue("float32", table=True)
+    x = te.placeholder((1, 16, 4, 4), "uint8", name="x")
+    w = te.placeholder((1, 4, 1, 1, 16, 4), "int8", name="w")
+    b, m = te.placeholder((16,), "int32", name="b"), te.placeholder((16,), "float32", name="m")
+    with pytest.raises(int8.Int8KernelError, match="table tensor needs Epilogue.table"):
+        int8.conv2d_compute(x, w, b, m, out_channels=16, epilogue=int8.Epilogue("uint8", table=True))
