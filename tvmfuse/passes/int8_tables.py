@@ -40,8 +40,9 @@ def _gelu_tanh(x):
 # One-argument ops: the argument is the chain's value.
 _UNARY = {
     "relax.sigmoid": _sigmoid, "relax.tanh": np.tanh, "relax.exp": np.exp, "relax.negative": np.negative,
-    "relax.abs": np.abs, "relax.erf": lambda x: _erf(x).astype(np.float64), "relax.nn.relu": lambda x: np.maximum(x, 0.0),
-    "relax.nn.silu": lambda x: x * _sigmoid(x), "relax.nn.gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64)),
+    "relax.abs": np.abs, "relax.erf": lambda x: _erf(x).astype(np.float64),
+    "relax.nn.relu": lambda x: np.maximum(x, 0.0), "relax.nn.silu": lambda x: x * _sigmoid(x),
+    "relax.nn.gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64)),
     "relax.nn.gelu_tanh": _gelu_tanh,
 }
 # Two-operand ops: chain values or scalar constants, broadcast.

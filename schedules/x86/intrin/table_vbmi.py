@@ -48,7 +48,7 @@ def _rewrite(loop: tirx.For):
     if not (isinstance(store, tirx.BufferStore) and isinstance(store.value, TensorLoad)
             and len(store.value.indices) == 1 and isinstance(store.value.indices[0], TensorLoad)):
         return None
-    ramp = tirx.Ramp(tirx.const(0, str(loop.min.ty.dtype) if hasattr(loop.min, "ty") else "int32"), 1, LANES)
+    ramp = tirx.Ramp(tirx.const(0, str(loop.loop_var.ty.dtype)), 1, LANES)
     try:
         binding = {iv.var: substitute(value, {loop.loop_var: ramp})
                    for iv, value in zip(block.iter_vars, realize.iter_values)}
@@ -68,14 +68,18 @@ def rewrite_lookups(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every loop marked :data:`MARK` (16 lanes) a vector lookup; a marked loop whose body does
     not fit is vectorized as it is (a byte load per lane)."""
 
+    marked = []
+
     def replace(loop: tirx.For):
         if MARK not in loop.annotations:
             return None
+        marked.append(loop)
         vector = _rewrite(loop)
         return vector if vector is not None else tirx.For(loop.loop_var, loop.min, loop.extent,
                                                           tirx.ForKind.VECTORIZED, loop.body)
 
-    return func.with_body(rebuild_loops(func.body, replace))
+    body = rebuild_loops(func.body, replace)
+    return func.with_body(body) if marked else func
 
 
 def VectorTableLookups() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
