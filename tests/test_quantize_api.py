@@ -162,16 +162,19 @@ def test_nothing_quantizable_compiles_exactly_as_fp32():
     np.testing.assert_array_equal(cm.run(batches[0])[0], tvmfuse.compile(model, target=HOST).run(batches[0])[0])
 
 
-def test_conv_silu_quantizes_the_conv_and_stays_near_fp32():
-    """YOLO's conv + SiLU: both convs INT8 (the SiLU between them in float), near the FP32 result."""
-    model = conv_silu_conv()
+@pytest.mark.parametrize("silu_output", [False, True], ids=["silu_inside", "silu_also_an_output"])
+def test_conv_silu_quantizes_the_conv_and_stays_near_fp32(silu_output):
+    """YOLO's conv + SiLU: both convs INT8, the SiLU the first one's output table, near the FP32 result; the
+    SiLU's result as a model output too (dequantized from the table's codes) is near FP32 as well."""
+    model = conv_silu_conv(silu_output)
     batches = _random_batches((1, 3, 8, 8), 4, 9)
     cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
-    assert (cm.quantization["int8_partitions"], cm.quantization["fp32_partitions"]) == (2, 0)
+    q = cm.quantization
+    assert (q["int8_partitions"], q["fp32_partitions"], q["table_outputs"]) == (2, 0, 1)
     fp32 = tvmfuse.compile(model, target=HOST)
     for batch in batches[:2]:
-        want = fp32.run(batch)[0]
-        assert np.abs(cm.run(batch)[0] - want).max() <= 0.03 * np.abs(want).max()
+        for got, want in zip(cm.run(batch), fp32.run(batch)):
+            assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
 # ---- the command line ----

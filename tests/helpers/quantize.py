@@ -85,12 +85,14 @@ def grouped_conv_sigmoid():
                  [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6])])
 
 
-def conv_silu_conv():
-    """conv + SiLU (``x * sigmoid(x)``, as YOLO exports it) -> conv: the SiLU has no INT8 epilogue."""
+def conv_silu_conv(silu_output: bool = False):
+    """conv + SiLU (``x * sigmoid(x)``, as YOLO exports it) -> conv: the SiLU has no INT8 epilogue.
+    ``silu_output``: the SiLU's result is also a model output (an FP32 reader beside the INT8 conv)."""
     rng = np.random.default_rng(5)
+    outputs = [("y", [1, 8, 8, 8])] + ([("h", [1, 16, 8, 8])] if silu_output else [])
     return model([conv(rng, "x", "c1", 3, 16, "conv1"), (helper.make_node("Sigmoid", ["c1"], ["s"]), []),
                   (helper.make_node("Mul", ["c1", "s"], ["h"]), []), conv(rng, "h", "y", 16, 8, "conv2")],
-                 [("x", [1, 3, 8, 8])], [("y", [1, 8, 8, 8])])
+                 [("x", [1, 3, 8, 8])], outputs)
 
 
 def depthwise_s2(channels=96, size=16):

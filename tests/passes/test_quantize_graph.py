@@ -143,6 +143,17 @@ def test_an_activation_without_int8_epilogue_is_its_int8_convs_output_table():
     assert (report["int8_partitions"], report["table_outputs"], report["quantize_ops"]) == (2, 1, 1)
 
 
+def test_a_tabled_activation_read_as_a_model_output_too_is_dequantized_once():
+    mod, report = _quantize(conv_silu_conv(silu_output=True))
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.dequantize", "int8_conv2d"]
+    calls = _main_calls(mod)
+    codes = calls[1][2]
+    assert calls[2][1].args[0].same_as(codes) and _kernel_args(calls[3][1])[0].same_as(codes)
+    outputs = mod["main"].body.blocks[-1].bindings[-1].value
+    assert isinstance(outputs, relax.Tuple) and outputs.fields[1].same_as(calls[2][2])
+    assert (report["table_outputs"], report["dequantize_ops"]) == (1, 1)
+
+
 def test_an_activation_whose_result_is_not_calibrated_follows_its_int8_conv():
     """Without a range for the SiLU's result there is no table (and no INT8 reader): the conv writes float32
     and the SiLU runs on it."""

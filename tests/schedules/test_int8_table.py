@@ -12,7 +12,7 @@ import tvm
 from tvm import te
 
 from tvmfuse import targets
-from tvmfuse.schedules import int8, int8_ref, x86
+from tvmfuse.schedules import int8, int8_depthwise, int8_ref, x86
 from tvmfuse.schedules.x86.intrin.table_vbmi import MARK, rewrite_lookups
 
 from helpers import HOST
@@ -66,6 +66,64 @@ def test_the_vector_lookups_are_bit_exact(c, o, size, kernel):
     got, lib = _run(func, args, shape, AVX512)
     np.testing.assert_array_equal(got[:, :o], want)
     assert "vpermt2b" in lib.mod.inspect_source("asm") or "vpermi2b" in lib.mod.inspect_source("asm")
+
+
+def _depthwise(c, size, vnni, vbmi, rng):
+    """A blocked INT8 5x5 depthwise conv with a table (taps in fours with VNNI), as :func:`_conv`."""
+    x = te.placeholder((1, c // 16, size, size, 16), "uint8", name="x")
+    weight = rng.integers(-127, 128, (c, 1, 5, 5)).astype("int8")
+    packed = (int8_depthwise.pack_weight_vnni if vnni else int8_depthwise.pack_weight)(weight)
+    tensors = [x, te.placeholder(packed.shape, "int8", name="w"), te.placeholder((c,), "int32", name="b"),
+               te.placeholder((c,), "float32", name="m"), te.placeholder((256,), "uint8", name="t")]
+    ep = dataclasses.replace(int8.Epilogue.make("uint8", 5, 0.05, None), table=True)
+    out = int8_depthwise.depthwise_conv2d_compute(*tensors[:4], padding=2, input_zero_point=3, epilogue=ep,
+                                                  kernel_width=5 if vnni else None, table=tensors[4])
+    func = x86.schedule(int8.prim_func(tensors + [out]), "int8_depthwise_conv2d", 512 if vnni else 256, vnni, vbmi)
+    codes = rng.integers(0, 256, (1, c // 16, size, size, 16)).astype("uint8")
+    bias, mult = rng.integers(-3000, 3000, c).astype("int32"), (rng.random(c) * 0.004).astype("float32")
+    table = rng.permutation(256).astype("uint8")
+    plain = codes.transpose(0, 1, 4, 2, 3).reshape(1, c, size, size)
+    want = int8_ref.depthwise_conv2d_ref(plain, weight, bias, mult, padding=2, input_zero_point=3, epilogue=ep,
+                                         table=table)
+    args = [codes, packed, int8_ref.fold_zero_point(bias, weight, 3), mult, table]
+    return rewrite_lookups(func), args, want, [int(d) for d in out.shape]
+
+
+def test_a_depthwise_table_with_byte_loads_is_bit_exact():
+    func, args, want, shape = _depthwise(32, 9, False, False, np.random.default_rng(3))
+    got, _ = _run(func, args, shape, targets.resolve(HOST))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.avx512
+@pytest.mark.skipif(not HAS_VBMI, reason="needs AVX512-VBMI and VNNI to run the vector lookups")
+def test_a_depthwise_table_with_vector_lookups_is_bit_exact():
+    func, args, want, shape = _depthwise(32, 12, True, True, np.random.default_rng(4))
+    got, _ = _run(func, args, shape, AVX512)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_dense_table_is_bit_exact():
+    """A dense's output tile is not 16 contiguous lanes of one vector here: the lookups stay byte loads."""
+    rng = np.random.default_rng(6)
+    m, k, n = 3, 40, 24
+    weight = rng.integers(-127, 128, (n, k)).astype("int8")
+    packed = int8_ref.pack_dense_weight(weight)
+    tensors = [te.placeholder((m, k), "uint8", name="x"), te.placeholder(packed.shape, "int8", name="w"),
+               te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m"),
+               te.placeholder((256,), "uint8", name="t")]
+    ep = dataclasses.replace(int8.Epilogue.make("uint8", 11, 0.05, "relu"), table=True)
+    out = int8.dense_kernel(*tensors[:4], channels=n, epilogue=ep, table=tensors[4])
+    func = rewrite_lookups(x86.schedule(int8.prim_func(tensors + [out]), "int8_dense", 256, False, False))
+    x = rng.integers(0, 256, (m, k)).astype("uint8")
+    bias, mult = rng.integers(-3000, 3000, n).astype("int32"), (rng.random(n) * 0.002).astype("float32")
+    table = rng.permutation(256).astype("uint8")
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                      target=targets.resolve(HOST).tvm_target())
+    result = tvm.runtime.tensor(np.zeros((m, n), "uint8"))
+    lib.mod["main"](*[tvm.runtime.tensor(a) for a in (x, packed, bias, mult, table)], result)
+    want = int8_ref.dense_ref(x, weight, bias, mult, epilogue=ep, table=table)
+    np.testing.assert_array_equal(result.numpy(), want)
 
 
 def test_a_table_needs_a_quantized_output_and_its_tensor():
