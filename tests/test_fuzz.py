@@ -135,6 +135,14 @@ def test_ci_slice_matches_onnxruntime_in_both_layouts(seed):
     assert not failures, "\n".join(failures)
 
 
+def test_seed_287_a_concat_of_8_channel_blocks_read_by_a_16_channel_depthwise():
+    """Found by the campaign (seeds 0-300): a channel concat of a blocked 8-channel conv output and a plain
+    8-channel tensor is blocked by 8, and the 16-channel depthwise conv reading it (with it as its residual)
+    needs blocks of 16 on AVX-512; it was a compile error ("needs its input blocked like its output")."""
+    failures = [r.line() for r in check.check_model(graphs.random_cnn(287)) if not r.ok]
+    assert not failures, "\n".join(failures)
+
+
 # ----------------------------------------------------------------------------------------------- INT8
 
 

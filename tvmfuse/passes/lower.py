@@ -99,6 +99,7 @@ class _Lower(relax.PyExprMutator):
         self.lanes = spec.backend().vector_lanes() if blocked and spec is not None else None
         self.blocked_of = {}  # plain NCHW var -> the NCHW[b]c var it was made from (or made into)
         self.blocked_parts = {}  # a plain channel split's tuple var -> the same split of the blocked tensor
+        self.reblocked = {}  # (plain var, block) -> the var in that block, where blocked_of holds another
         self.scaled = {}  # plain var of a blocked x * [1, C, 1, 1] scale -> (x, scale), both plain
         self.uses = {}  # var -> how often the function being lowered reads it (see _fold_channel_scale)
 
@@ -119,16 +120,23 @@ class _Lower(relax.PyExprMutator):
     def _transform(self, compute, arg, out_shape, **kernel):
         return transform_call(self.builder_, compute, arg, out_shape, **kernel)
 
-    def _as_blocked(self, arg):
-        """``arg`` (a plain NCHW activation) in NCHW[b]c, transformed once; None when it has no block."""
-        if arg in self.blocked_of:
-            return self.blocked_of[arg]
-        block = block_for(int(arg.ty.shape[1]), self.lanes)
-        if block is None:
-            return None
+    def _as_blocked(self, arg, block: int | None = None):
+        """``arg`` (a plain NCHW activation) in NCHW[b]c, transformed once; None when it has no block.
+        ``block``: the block a kernel needs (default: the activation's own, :func:`block_for`); a tensor
+        already blocked otherwise (a channel concat of 8-channel parts read by a 16-channel kernel) is
+        transformed from its plain value again."""
+        have = self.blocked_of.get(arg)
+        block = block or block_for(int(arg.ty.shape[1]), self.lanes)
+        if have is not None and (block is None or int(have.ty.shape[4]) == block):
+            return have
+        if block is None or (arg, block) in self.reblocked:
+            return self.reblocked.get((arg, block))
         shape = blocked_shape(arg.ty.shape, block)
         var = self.builder_.emit(self._transform(lambda t: to_blocked(t, block), arg, shape))
-        self.blocked_of[arg] = var
+        if have is None:
+            self.blocked_of[arg] = var
+        else:
+            self.reblocked[(arg, block)] = var
         return var
 
     def _blocked_args(self, fn, args):
@@ -137,11 +145,12 @@ class _Lower(relax.PyExprMutator):
         anchor = anchor_call(fn)
         data = data_param(fn, anchor)
         depthwise = families.family_of(anchor).name == "depthwise_conv2d"
+        out_block = block_for(int(anchor.ty.shape[1]), self.lanes)  # a depthwise input's and a residual's too
         args, blocks = list(args), {}
         for i, arg in enumerate(args):
             if not _is_activation(arg):
                 continue
-            blocked = self.blocked_of.get(arg) if i == data and not depthwise else self._as_blocked(arg)
+            blocked = self.blocked_of.get(arg) if i == data and not depthwise else self._as_blocked(arg, out_block)
             if i == data and blocked is not None and not group_input_block(anchor, int(blocked.ty.shape[4])):
                 blocked = None  # a grouped conv whose groups the block would straddle reads the plain input
             if blocked is not None:
