@@ -125,10 +125,13 @@ def find_chains(func: relax.Function, starts: set, users: dict) -> dict:
     elementwise ops with one result (``users``: :func:`passes.utils.users_of` of ``func``)."""
     bindings = bindings_of(func)
     position = {b.var: i for i, b in enumerate(bindings)}
+    block_of = {b.var: n for n, block in enumerate(func.body.blocks) for b in block.bindings}
     chains = {}
     for start in starts:
         region, taken, idle = {start}, [], 0
         for binding in bindings[position[start] + 1:] if start in position else ():
+            if block_of[binding.var] != block_of[start]:
+                break  # the kernel's codes replace the chain where it was: one block
             if not any(isinstance(a, relax.Var) and a in region for a in relax.analysis.free_vars(binding.value)):
                 idle += 1
                 if idle > LOOKAHEAD:

@@ -146,11 +146,14 @@ class _Lower(relax.PyExprMutator):
         data = data_param(fn, anchor)
         depthwise = families.family_of(anchor).name == "depthwise_conv2d"
         out_block = block_for(int(anchor.ty.shape[1]), self.lanes)  # a depthwise input's and a residual's too
+        out_shape = [int(d) for d in anchor.ty.shape]
         args, blocks = list(args), {}
         for i, arg in enumerate(args):
             if not _is_activation(arg):
                 continue
-            blocked = self.blocked_of.get(arg) if i == data and not depthwise else self._as_blocked(arg, out_block)
+            like_out = (i == data and depthwise) or [int(d) for d in arg.ty.shape] == out_shape
+            blocked = self.blocked_of.get(arg) if i == data and not depthwise else \
+                self._as_blocked(arg, out_block if like_out else None)
             if i == data and blocked is not None and not group_input_block(anchor, int(blocked.ty.shape[4])):
                 blocked = None  # a grouped conv whose groups the block would straddle reads the plain input
             if blocked is not None:
