@@ -11,23 +11,11 @@ reference) carries the same prologue.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from tvm import relax
 
 from tvmfuse.schedules.channel_scale import SCALE_PARAM
 
 MULTIPLY = "relax.multiply"
-
-
-def use_counts(func: relax.Function) -> Counter:
-    """How often each variable is read in ``func`` (by its bindings and its result)."""
-    counts: Counter = Counter()
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            counts.update(relax.analysis.free_vars(binding.value))
-    counts.update(relax.analysis.free_vars(func.body.body))
-    return counts
 
 
 def channel_scale(call, base) -> object | None:

@@ -17,11 +17,11 @@ from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group
                                        partition_compute, winograd_pays)
 
 from ..targets import TargetSpec
-from .channel_scale import channel_scale, use_counts, with_prologue
+from .channel_scale import channel_scale, with_prologue
 from .conv_transpose import DEPTH_TO_SPACE_AXES
 from .layout import POOL_FAMILY, transform_call
 from .partition import is_partition
-from .utils import OPAQUE, const_array
+from .utils import OPAQUE, const_array, users_of
 
 
 POOLS = {"relax.nn.max_pool2d": "max", "relax.nn.avg_pool2d": "avg"}
@@ -101,7 +101,7 @@ class _Lower(relax.PyExprMutator):
         self.blocked_parts = {}  # a plain channel split's tuple var -> the same split of the blocked tensor
         self.reblocked = {}  # (plain var, block) -> the var in that block, where blocked_of holds another
         self.scaled = {}  # plain var of a blocked x * [1, C, 1, 1] scale -> (x, scale), both plain
-        self.uses = {}  # var -> how often the function being lowered reads it (see _fold_channel_scale)
+        self.users = {}  # var -> its readers in the function being lowered (see _fold_channel_scale)
 
     def _partition(self, call):
         if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar):
@@ -275,7 +275,8 @@ class _Lower(relax.PyExprMutator):
         if index is None or families.family_of(anchor).name != "conv2d" or winograd_pays(anchor, self.lanes):
             return fn, args
         product = args[index]
-        if product not in self.scaled or self.uses.get(product, 0) != 1 or use_counts(fn)[fn.params[index]] != 1:
+        if product not in self.scaled or len(self.users.get(product, [])) != 1 \
+                or len(users_of(fn)[fn.params[index]]) != 1:
             return fn, args  # the product read elsewhere too (outside the partition, or inside: a residual)
         base, scale = self.scaled[product]
         out_channels, _, kh, kw = (int(d) for d in anchor.args[1].ty.shape)
@@ -396,7 +397,7 @@ def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None, 
         lower = _Lower(mod, spec, record, blocked)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not is_partition(func):
-                lower.uses = use_counts(func)
+                lower.users = users_of(func)
                 lower.builder_.update_func(gv, lower.visit_expr(func))
         return relax.transform.DeadCodeElimination()(lower.builder_.get())
 
