@@ -28,7 +28,8 @@ def _tile(sch: s_tir.Schedule, block) -> int | None:
 
 
 def _vector_lookup(sch: s_tir.Schedule) -> bool:
-    """Place the lookup in the requantize stage's tile and tensorize it 16 at a time (True)."""
+    """Place the lookup in the requantize stage's tile, its 16-lane loop marked for the vector lookup (True);
+    False (``sch`` untouched) when the tile's innermost loop is not 16 wide."""
     codes, lookup = sch.get_sblock(EPILOGUE), sch.get_sblock(TABLE_STAGE)
     loops, depth = sch.get_loops(codes), _tile(sch, codes)
     if depth is None or depth == len(loops) - 1 or int(sch.get(loops[-1]).extent) != table_vbmi.LANES:

@@ -243,22 +243,20 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
                te.placeholder(c.weight.shape, "int8", name="weight"),
                te.placeholder(bias.shape, "int32", name="bias"),
                te.placeholder(multiplier.shape, "float32", name="multiplier")]
-    codes = te.placeholder((int8.TABLE_SIZE,), out.dtype, name="table") if table is not None else None
-    if codes is not None:
-        tensors.append(codes)
+    kwargs = {"out_layout": out_layout} if blocked else {}
+    if table is not None:
+        kwargs["table"] = te.placeholder((int8.TABLE_SIZE,), out.dtype, name="table")
+        tensors.append(kwargs["table"])
+    if c.kernel_width is not None:
+        kwargs["kernel_width"] = c.kernel_width
     res = None
     if part.residual is not None:
         res = te.placeholder(out_shape, residual.dtype, name="residual")
         tensors.append(res)
     family = families.FAMILIES[part.family]
     compute = families.resolve(family.int8.compute)
-    layout = {"out_layout": out_layout} if blocked else {}
-    if c.kernel_width is not None:
-        layout["kernel_width"] = c.kernel_width
-    if codes is not None:
-        layout["table"] = codes
     output = compute(*tensors[:4], res, channels=channels, input_zero_point=c.input_zero_point,
-                     epilogue=epilogue, **part.conv, **layout)
+                     epilogue=epilogue, **part.conv, **kwargs)
     ops = part.ops + ["requantize" if out is not None else "dequantize"] + (list(table.ops) if table else [])
     described = family.int8.layout if not blocked else \
         f"{'NCHW16c' if len(data_shape) == 5 else 'NCHW'} -> {out_layout}, weight packed for {int8.BLOCKED_LAYOUT}"

@@ -5,8 +5,8 @@ lane is a byte load and an insert (``vpinsrb``), which cost a 1x1 conv up to twi
 indices are narrowed to bytes and looked up in the table's four 64-byte rows by two ``vpermi2b`` (each a
 128-entry lookup: bit 6 of an index picks the row of the pair, bits 0-5 the byte) and a select on bit 7.
 
-:func:`VectorTableLookups` rewrites the loops :func:`mark` annotated (a scheduled kernel's 16-lane lookup
-loop) into that vector statement; it runs after scheduling, on every kernel.
+:func:`VectorTableLookups` rewrites the loops annotated :data:`MARK` (a scheduled kernel's 16-lane lookup loop,
+marked by :mod:`..int8_table`) into that vector statement; it runs after scheduling, on every kernel.
 """
 
 from __future__ import annotations
