@@ -20,9 +20,28 @@ def is_scheduled(func) -> bool:
 
 
 def kernel_of(func) -> str | None:
-    """A kernel's ``tvmfuse.family`` attribute (None: a kernel of TVM's default path)."""
+    """A kernel's ``tvmfuse.family`` attribute, else the row family whose mark one of its blocks carries
+    (``families.ROW_MARK``: fusion drops the attributes of a row kernel's function); None: a kernel of TVM's
+    default path."""
     kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
-    return str(kernel) if kernel is not None else None
+    return str(kernel) if kernel is not None else row_kernel_of(func)
+
+
+def row_kernel_of(func) -> str | None:
+    """The row family (``families.ROW_FAMILIES``) whose mark one top-level block of ``func`` carries, or
+    None (also for a function without blocks)."""
+    import tvm
+    from tvm import s_tir
+
+    from .families import ROW_MARK
+
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    except (tvm.error.TVMError, s_tir.ScheduleError):
+        return None
+    marks = [str(b.annotations[ROW_MARK]) for b in blocks if ROW_MARK in b.annotations]
+    return marks[0] if len(marks) == 1 else None
 
 
 class Backend:

@@ -192,11 +192,12 @@ def _leakyrelu(call, x):
 SOFTMAX_STAGES = ("softmax_max", "T_fast_exp", "softmax_sum", "softmax_recip", "softmax_norm")
 
 
-def softmax(x, axis: int = -1):
+def softmax(x, axis: int = -1, annotations: dict | None = None):
     """Softmax along ``axis`` with ``fast_exp`` (as ``topi.nn.fast_softmax``), each exponential computed once
     and stored (``T_fast_exp``) and each row scaled by one reciprocal of its sum (``softmax_recip``), so the
     schedules can keep a row in cache through its max, exp, sum and scale passes. topi's version divides per
-    element and, once its stages are inlined, computes every exponential twice (sum, then output)."""
+    element and, once its stages are inlined, computes every exponential twice (sum, then output). The output
+    stage carries the row-kernel mark (``families.ROW_MARK``) and ``annotations``."""
     axis = axis % len(x.shape)
 
     def row(indices, k):
@@ -213,7 +214,14 @@ def softmax(x, axis: int = -1):
     k2 = te.reduce_axis((0, x.shape[axis]), name="k")
     total = te.compute(reduced, lambda *i: te.sum(exp[row(i, k2)], axis=k2), name="softmax_sum")
     recip = te.compute(reduced, lambda *i: tvm.tirx.const(1.0, x.dtype) / total[i], name="softmax_recip")
-    return te.compute(x.shape, lambda *i: exp[i] * recip[rest(i)], name="softmax_norm", attrs={"axis": axis})
+    return te.compute(x.shape, lambda *i: exp[i] * recip[rest(i)], name="softmax_norm",
+                      attrs={"axis": axis, families.ROW_MARK: "softmax", **(annotations or {})})
+
+
+def legalize_softmax(bb, call, annotations: dict | None = None):
+    """``relax.nn.softmax`` computed by :func:`softmax` (the ``softmax`` row family's legalization)."""
+    return bb.call_te(softmax, call.args[0], axis=int(call.attrs.axis), annotations=annotations,
+                      primfunc_name_hint="softmax")
 
 
 # The ops a partition may hold beside its anchor (whose compute comes from its family): its epilogue, and the

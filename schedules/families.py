@@ -1,8 +1,8 @@
 """The op-family registry: every family tvmfuse fuses, as data in one place.
 
 A family is what a partition is anchored on (conv2d, grouped conv2d, depthwise conv2d, dense, batched
-matmul). Its entry
-says which Relax op anchors it and what the anchor must satisfy, which pattern-table entries match it and
+matmul), or an op computed a row at a time by a kernel of its own (:class:`RowFamily`: Softmax,
+LayerNorm). A partition family's entry says which Relax op anchors it and what the anchor must satisfy, which pattern-table entries match it and
 which epilogues they take, its TE computes (FP32 NCHW, FP32 blocked NCHW[b]c, INT8), and the kernels it
 lowers to with, per backend, the rule module that schedules each (``schedules/<backend>/<module>.py``; the
 backend's templates, e.g. ``schedules/x86/templates.py``, say which of them are also MetaSchedule templates).
@@ -220,9 +220,35 @@ POOL_NCHWC = Kernel("pool2d_nchwc", {"x86": "pool"})
 RECURRENCE = Kernel("recurrence")
 FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC, RECURRENCE)}
 
+
+@dataclasses.dataclass(frozen=True)
+class RowFamily:
+    """An op computed a row at a time (each row: all axes but the last; the rows in parallel) by a kernel of
+    its own, outside every partition: Softmax, LayerNorm.
+
+    The backend legalizes ``op`` with ``legalize`` (``"module.function"``: ``(bb, call, annotations) -> Relax
+    call``), whose output stage carries :data:`ROW_MARK` (the family's name) and ``annotations`` (a
+    template's ``schedule_rule``). TVM's fusion then folds elementwise neighbours into the kernel and drops
+    the function's attributes; the mark on the block is how the kernel is known after that
+    (``schedules.backend.kernel_of``).
+    """
+
+    name: str
+    op: str
+    legalize: str
+    kernel: Kernel
+
+
+ROW_MARK = "tvmfuse.row_kernel"
+ROW_FAMILIES: dict[str, RowFamily] = {f.name: f for f in (
+    RowFamily("softmax", "relax.nn.softmax", "compute.legalize_softmax", Kernel("softmax", {"x86": "softmax"})),
+    RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize", Kernel("layer_norm", {"x86": "layer_norm"})),
+)}
+
 ANCHOR_OPS = tuple(dict.fromkeys(f.anchor_op for f in FAMILIES.values()))
 PATTERN_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.pattern == f.name)
-KERNELS: dict[str, Kernel] = {k.name: k for f in FAMILIES.values() for k in f.kernels} | FIXED_KERNELS
+KERNELS: dict[str, Kernel] = ({k.name: k for f in FAMILIES.values() for k in f.kernels} | FIXED_KERNELS
+                              | {f.kernel.name: f.kernel for f in ROW_FAMILIES.values()})
 
 
 def is_anchor(call) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
+from . import families
+
 # Stage names (the x86 rule looks them up).
 LAYER_NORM_STAGES = ("ln_sum", "ln_delta", "ln_sqsum", "ln_rstd", "ln_norm")
 SUM, DELTA, SQSUM, RSTD, NORM = LAYER_NORM_STAGES
@@ -28,8 +30,9 @@ def last_axis(call) -> bool:
             and all(len(t.ty.shape) == 1 and str(t.ty.dtype) == "float32" for t in (gamma, beta)))
 
 
-def layer_norm(x, gamma, beta, epsilon: float):
-    """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` over the last axis of ``x``."""
+def layer_norm(x, gamma, beta, epsilon: float, annotations: dict | None = None):
+    """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` over the last axis of ``x``; the output stage
+    carries the row-kernel mark (``families.ROW_MARK``) and ``annotations``."""
     *outer, width = x.shape
     dtype = x.dtype
     inverse = tvm.tirx.const(1.0 / int(width), dtype)
@@ -41,12 +44,13 @@ def layer_norm(x, gamma, beta, epsilon: float):
     rstd = te.compute(outer, lambda *o: tvm.tirx.const(1.0, dtype) / te.sqrt(
         squares[o] * inverse + tvm.tirx.const(epsilon, dtype)), name=RSTD)
     return te.compute(x.shape, lambda *i: delta[i] * rstd[i[:-1]] * gamma[i[-1]] + beta[i[-1]], name=NORM,
-                      attrs={"axis": len(x.shape) - 1})
+                      attrs={"axis": len(x.shape) - 1, families.ROW_MARK: "layer_norm", **(annotations or {})})
 
 
-def legalize(bb, call):
+def legalize(bb, call, annotations: dict | None = None):
     """``relax.nn.layer_norm`` legalized by :func:`layer_norm` where it fits (:func:`last_axis`), else by
-    TVM's own rule."""
+    TVM's own rule (the ``layer_norm`` row family's legalization)."""
     if not last_axis(call):
         return tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")(bb, call)
-    return bb.call_te(layer_norm, *call.args, epsilon=float(call.attrs.epsilon), primfunc_name_hint="layer_norm")
+    return bb.call_te(layer_norm, *call.args, epsilon=float(call.attrs.epsilon), annotations=annotations,
+                      primfunc_name_hint="layer_norm")

@@ -16,7 +16,7 @@ from .. import families
 from ..backend import Backend as _Base
 from ..backend import kernel_of
 from ..common import block_names, lanes
-from . import conv2d, dense, fused, generic, int8_table, layer_norm, softmax
+from . import conv2d, dense, fused, generic, int8_table
 
 NAME = "x86"
 # kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
@@ -64,7 +64,12 @@ def _rule(sch: s_tir.Schedule, kernel: str, vector_bits: int, vnni: bool) -> boo
 def _ruled(func: tirx.PrimFunc, kernel: str, vector_bits: int, vnni: bool) -> s_tir.Schedule | None:
     """A fresh schedule of ``func`` with the kernel's rule applied; None when the rule does not fit."""
     sch = _unmarked(func)
-    return sch if _rule(sch, kernel, vector_bits, vnni) else None
+    try:
+        return sch if _rule(sch, kernel, vector_bits, vnni) else None
+    except s_tir.ScheduleError:  # a row rule that fails part-way (the others check before they change)
+        if kernel in families.ROW_FAMILIES:
+            return None
+        raise
 
 
 def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: bool = False, vbmi: bool = False):
@@ -75,11 +80,12 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     kernel's table lookups may use AVX512-VBMI (:mod:`.int8_table`).
     """
     if kernel is None:
-        vector = lanes(vector_bits)
-        return softmax.scheduled(func, vector) or layer_norm.scheduled(func, vector) or generic.scheduled(func, vector)
+        return generic.scheduled(func, lanes(vector_bits))
     sch = _ruled(func, kernel, vector_bits, vnni)
     if sch is not None:
         return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))
+    if kernel in families.ROW_FAMILIES:  # not a row along the last axis, or neighbours that do not inline
+        return generic.scheduled(_unmarked(func).mod["main"], lanes(vector_bits))
     sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind
     return sch if fused.schedule(sch, kernel) else None
 
@@ -134,29 +140,31 @@ class Backend(_Base):
         dense kernels took 4.4 ns per element with ``erff``, 0.57 ms for a 1024 x 128 map), Softmax by
         ``compute.softmax`` (``fast_exp``, at most 4.1e-6 relative error over [-87, 88]; scheduled a row at a
         time by :mod:`.softmax`: TVM's took 0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms) and
-        LayerNorm over the last axis by :func:`..layer_norm.layer_norm` (a row at a time, :mod:`.layer_norm`)."""
+        LayerNorm over the last axis by :func:`..layer_norm.layer_norm` (a row at a time, :mod:`.layer_norm`):
+        the row families of the registry (``families.ROW_FAMILIES``), their output stages marked for their
+        MetaSchedule templates."""
+        import functools
+
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
-        from .. import activations, compute
-        from .. import layer_norm as layer_norm_compute
-
-        def legalize_softmax(bb, call):
-            return bb.call_te(compute.softmax, call.args[0], axis=int(call.attrs.axis))
+        from .. import activations
+        from . import templates
 
         def unary(fn, name):
             return lambda bb, call: bb.call_te(fn, call.args[0], primfunc_name_hint=name)
 
         passes = generic.legalize_passes(target)
         assert isinstance(passes[0], type(relax.transform.LegalizeOps())), passes[0]
-        custom = {"relax.nn.softmax": legalize_softmax,
-                  "relax.sigmoid": lambda bb, call: bb.call_te(activations.fast_sigmoid, call.args[0]),
+        custom = {"relax.sigmoid": lambda bb, call: bb.call_te(activations.fast_sigmoid, call.args[0]),
                   "relax.erf": lambda bb, call: bb.call_te(topi.fast_erf, call.args[0]),
                   "relax.tanh": unary(topi.fast_tanh, "tanh"),
                   "relax.nn.gelu": unary(activations.gelu, "gelu"),
                   "relax.nn.gelu_tanh": unary(activations.gelu_tanh, "gelu_tanh"),
-                  "relax.power": activations.legalize_power,
-                  "relax.nn.layer_norm": layer_norm_compute.legalize}
+                  "relax.power": activations.legalize_power}
+        for row in families.ROW_FAMILIES.values():  # marked for their templates
+            custom[row.op] = functools.partial(families.resolve(row.legalize),
+                                               annotations=templates.marks(row.kernel.name))
         return generic.library_dispatch_passes(target) + [
             relax.transform.LegalizeOps(customize_legalize_map=custom)] + passes[1:]
 

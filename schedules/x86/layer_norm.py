@@ -14,15 +14,19 @@ from tvm import s_tir, tirx
 from ..layer_norm import LAYER_NORM_STAGES, NORM, RSTD, SQSUM, SUM
 from . import rows
 
+ANCHOR = NORM  # the block its template's mark is on (the legalization puts it there)
+Config = rows.Config
 
-def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False when the kernel is not this LayerNorm (``sch`` may then be
     partly changed: :func:`scheduled` starts afresh). The deviation (``ln_delta``) and other producers (a
-    bias add before the norm) are inlined into their readers."""
+    bias add before the norm) are inlined into their readers. ``config``: the row step (one vector by
+    default; the template samples it)."""
     if not rows.fits(sch, LAYER_NORM_STAGES, NORM) or not rows.inline_neighbours(sch, NORM, (SUM, SQSUM, RSTD)):
         return False
-    lanes, partials = rows.tile(sch, NORM, (SUM, SQSUM), (RSTD, SQSUM, SUM), vector_lanes)
-    if lanes is not None:
+    step, partials = rows.tile(sch, NORM, (SUM, SQSUM), (RSTD, SQSUM, SUM), vector_lanes, config)
+    if step is not None:
         for partial in partials.values():
             rows.vectorize_partial(sch, partial)
     return True

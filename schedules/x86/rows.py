@@ -9,12 +9,38 @@ their consumers, consumers into the output.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tvm import s_tir, tirx
 
 from ..common import block_names
 from .generic import PARALLEL_MIN, row_lanes
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A row kernel's knob: ``step``, the elements each step of its row loops takes (a whole number of row
+    vectors, :func:`steps`); each reduction keeps ``step`` partial results, so a step of several vectors
+    adds into independent accumulators instead of waiting on one. None: one vector (the default); the
+    template samples it."""
+
+    step: object = None
+
+
+def steps(width: int, vector_lanes: int) -> list[int]:
+    """The steps a row of ``width`` can take: 1, 2 or 4 of its vectors (:func:`generic.row_lanes`), each
+    dividing the row and at most half of it; [] when the row stays scalar (vectors under 4 lanes, or a row
+    under two of them)."""
+    lanes = row_lanes(width, vector_lanes)
+    if lanes < 4 or width < 2 * lanes:
+        return []
+    return [lanes * v for v in (1, 2, 4) if width % (lanes * v) == 0 and width >= 2 * lanes * v]
+
+
+def row_width(sch: s_tir.Schedule, norm: str) -> int:
+    """The extent of the row (the last axis) of the output stage ``norm``."""
+    return int(sch.get(sch.get_loops(sch.get_sblock(norm))[-1]).extent)
 
 
 def fits(sch: s_tir.Schedule, stages, norm: str) -> bool:
@@ -53,12 +79,12 @@ def inline_consumers(sch: s_tir.Schedule, after: list[str]) -> None:
         sch.reverse_compute_inline(sch.get_sblock(after[-1]))
 
 
-def vectorize_row(sch: s_tir.Schedule, loop, lanes: int):
+def vectorize_row(sch: s_tir.Schedule, loop, lanes):
     _, lane = sch.split(loop, [None, lanes])
     sch.vectorize(lane)
 
 
-def _reduce_row(sch: s_tir.Schedule, block, spatial: int, lanes: int):
+def _reduce_row(sch: s_tir.Schedule, block, spatial: int, lanes):
     """Split the row's reduction into ``lanes`` partial results (rfactor, before the stages move into the row
     loop: rfactor needs its block first in its loop nest); returns the partial block."""
     loop = sch.get_loops(block)[-1]
@@ -74,22 +100,23 @@ def vectorize_partial(sch: s_tir.Schedule, partial) -> None:
     sch.vectorize(lane)
 
 
-def tile(sch: s_tir.Schedule, norm: str, reductions, stages, vector_lanes: int) -> tuple[int | None, dict]:
-    """Lay out a row kernel whose neighbours are inlined: ``reductions`` (stage names) get vector partials
-    when the row takes whole vectors of 4 or more lanes, ``stages`` (innermost first) move under the fused
-    row loop with their partials, the rows run in parallel when there is enough work, and ``norm`` is
-    vectorized. Returns ``(lanes, partials)``: the row vector (None when the row stays scalar) and the
-    partial block of each reduction, for the caller to finish."""
+def tile(sch: s_tir.Schedule, norm: str, reductions, stages, vector_lanes: int,
+         config: Config | None = None) -> tuple[object, dict]:
+    """Lay out a row kernel whose neighbours are inlined: ``reductions`` (stage names) get partials of the
+    row step (``config.step``, else one vector; :func:`steps`) when the row takes whole vectors, ``stages``
+    (innermost first) move under the fused row loop with their partials, the rows run in parallel when
+    there is enough work, and ``norm`` is written a step at a time. Returns ``(step, partials)``: the step
+    (None when the row stays scalar) and the partial block of each reduction, for the caller to finish."""
     out = sch.get_sblock(norm)
     loops = sch.get_loops(out)
     extents = [int(sch.get(loop).extent) for loop in loops]
     width, rows = extents[-1], math.prod(extents[:-1])
-    lanes = row_lanes(width, vector_lanes)
-    vector = lanes >= 4 and width >= 2 * lanes
+    candidates = steps(width, vector_lanes)
+    step = (config.step if config is not None and config.step is not None else candidates[0]) if candidates else None
     partials = {}
-    if vector:
+    if step is not None:
         for name in reductions:
-            partials[name] = _reduce_row(sch, sch.get_sblock(name), len(loops) - 1, lanes)
+            partials[name] = _reduce_row(sch, sch.get_sblock(name), len(loops) - 1, step)
     loops = sch.get_loops(out)
     row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
     for name in stages:
@@ -98,10 +125,10 @@ def tile(sch: s_tir.Schedule, norm: str, reductions, stages, vector_lanes: int) 
             sch.compute_at(partials[name], row, preserve_unit_loops=True)
     if rows > 1 and rows * width >= PARALLEL_MIN:
         sch.parallel(row)  # before any decompose_reduction, which leaves the row without compact dataflow
-    if not vector:
+    if step is None:
         return None, partials
-    vectorize_row(sch, sch.get_loops(out)[-1], lanes)
-    return lanes, partials
+    vectorize_row(sch, sch.get_loops(out)[-1], step)
+    return step, partials
 
 
 def scheduled(schedule, func: tirx.PrimFunc, vector_lanes: int) -> s_tir.Schedule | None:

@@ -20,6 +20,8 @@ from ..compute import SOFTMAX_STAGES
 from . import rows
 
 MAX, EXP, SUM, RECIP, NORM = SOFTMAX_STAGES
+ANCHOR = NORM  # the block its template's mark is on (the legalization puts it there)
+Config = rows.Config
 
 
 def _sum_with_exponentials(sch: s_tir.Schedule, partial) -> None:
@@ -32,15 +34,16 @@ def _sum_with_exponentials(sch: s_tir.Schedule, partial) -> None:
     sch.decompose_reduction(partial, step)
 
 
-def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
+def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False when the kernel is not a softmax along the last of two or
     more axes whose neighbours inline (``sch`` may then be partly changed: :func:`scheduled` starts afresh).
-    ``softmax_delta`` (x - max) is inlined into the exponential."""
+    ``softmax_delta`` (x - max) is inlined into the exponential. ``config``: the row step (one vector by
+    default; the template samples it)."""
     if not rows.fits(sch, SOFTMAX_STAGES, NORM) or not rows.inline_neighbours(sch, NORM, SOFTMAX_STAGES):
         return False
-    lanes, partials = rows.tile(sch, NORM, (MAX, SUM), (RECIP, SUM, EXP, MAX), vector_lanes)
-    if lanes is not None:
-        rows.vectorize_row(sch, sch.get_loops(sch.get_sblock(EXP))[-1], lanes)
+    step, partials = rows.tile(sch, NORM, (MAX, SUM), (RECIP, SUM, EXP, MAX), vector_lanes, config)
+    if step is not None:
+        rows.vectorize_row(sch, sch.get_loops(sch.get_sblock(EXP))[-1], step)
         rows.vectorize_partial(sch, partials[MAX])
         _sum_with_exponentials(sch, partials[SUM])
     return True

@@ -18,13 +18,19 @@ from tvm import s_tir, tirx
 
 from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
-from . import batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc
+from . import batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc, rows
 
 PREFIX = "tvmfuse.x86."
 
 
 def rule_name(family: str) -> str:
     return PREFIX + family
+
+
+def marks(kernel: str) -> dict:
+    """The annotations that mark a row kernel's output stage for its template (its legalization puts them
+    there: a row kernel is not lowered by tvmfuse, so :func:`annotate` never sees it); {} without one."""
+    return {"schedule_rule": rule_name(kernel)} if kernel in RULES else {}
 
 
 def annotate(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
@@ -129,10 +135,18 @@ def _depthwise_nchwc_config(sch, block, lanes: int) -> depthwise_nchwc.Config:
     return dataclasses.replace(base, ow_block=_pick(sch, _divisors(ow, 16), base.ow_block))
 
 
+def _row_config(sch, block, lanes: int) -> rows.Config:
+    """Softmax and LayerNorm (``block``: the output stage): the row step, 1, 2 or 4 vectors (the reductions'
+    independent accumulators)."""
+    candidates = rows.steps(_extents(sch, block)[-1], lanes)
+    return rows.Config(_pick(sch, candidates, candidates[0]) if len(candidates) > 1 else None)
+
+
 CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
            "batch_matmul": _batch_matmul_config,
            "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
-           "depthwise_conv2d_nchwc": _depthwise_nchwc_config, "group_conv2d_nchwc": _conv2d_nchwc_config}
+           "depthwise_conv2d_nchwc": _depthwise_nchwc_config, "group_conv2d_nchwc": _conv2d_nchwc_config,
+           "softmax": _row_config, "layer_norm": _row_config}
 # kernel -> the rule module its template applies (the registry's x86 rule): the kernels with a config here.
 RULES = {kernel: X86_RULES[kernel] for kernel in CONFIGS}
 

@@ -17,6 +17,7 @@ import time
 
 from .. import frontend, targets
 from ..schedules import families
+from ..schedules.backend import kernel_of
 from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
@@ -79,8 +80,7 @@ def extract_tasks(model, spec, shapes=None) -> list[Task]:
     tasks = []
     for extracted in ms.relax_integration.extract_tasks(mod, target):
         task_mod = extracted.dispatched[0]
-        attrs = task_mod["main"].attrs
-        family = str(attrs["tvmfuse.family"]) if attrs and "tvmfuse.family" in attrs else None
+        family = kernel_of(task_mod["main"])
         if family in families.FIXED_KERNELS:
             continue  # a copy at a partition boundary or a blocked pooling: its fixed schedule is all there is
         tasks.append(Task(extracted.task_name, task_mod, int(extracted.weight),
