@@ -20,7 +20,7 @@ def is_scheduled(func) -> bool:
 
 
 def kernel_of(func) -> str | None:
-    """A kernel's ``tvmfuse.family`` attribute, else the row family whose mark one of its blocks carries
+    """A kernel's ``tvmfuse.family`` attribute, else the row kernel whose mark one of its blocks carries
     (``families.ROW_MARK``: fusion drops the attributes of a row kernel's function); None: a kernel of TVM's
     default path."""
     kernel = func.attrs.get("tvmfuse.family") if func.attrs else None
@@ -28,7 +28,7 @@ def kernel_of(func) -> str | None:
 
 
 def row_kernel_of(func) -> str | None:
-    """The row family (``families.ROW_FAMILIES``) whose mark one top-level block of ``func`` carries, or
+    """The row kernel (``families.ROW_KERNELS``) whose mark one top-level block of ``func`` carries, or
     None (also for a function without blocks)."""
     import tvm
     from tvm import s_tir
@@ -64,6 +64,9 @@ class Backend:
         loops) instead of unrolled steps.
     tensor_intrin : tuple of str
         The ``tvm.s_tir.tensor_intrin`` modules tuning workers need for it.
+    channel_layer_norm : bool
+        Whether it computes a LayerNorm over NCHW's channels as one kernel (``FuseLayerNorm`` then rewrites
+        the spelt-out channels-first form into ``relax.nn.layer_norm``; else it stays TVM's ops).
     """
 
     name = ""
@@ -73,6 +76,7 @@ class Backend:
     applies_tuning_logs = False
     fused_recurrence = False
     tensor_intrin: tuple = ()
+    channel_layer_norm = False
 
     def __init__(self, spec):
         self.spec = spec

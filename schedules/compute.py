@@ -219,9 +219,10 @@ def softmax(x, axis: int = -1, annotations: dict | None = None):
 
 
 def legalize_softmax(bb, call, annotations: dict | None = None):
-    """``relax.nn.softmax`` computed by :func:`softmax` (the ``softmax`` row family's legalization)."""
-    return bb.call_te(softmax, call.args[0], axis=int(call.attrs.axis), annotations=annotations,
-                      primfunc_name_hint="softmax")
+    """``relax.nn.softmax`` computed by :func:`softmax` (the ``softmax`` row family's legalization);
+    ``annotations``: kernel name -> its output stage's."""
+    return bb.call_te(softmax, call.args[0], axis=int(call.attrs.axis),
+                      annotations=(annotations or {}).get("softmax"), primfunc_name_hint="softmax")
 
 
 # The ops a partition may hold beside its anchor (whose compute comes from its family): its epilogue, and the

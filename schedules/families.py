@@ -227,28 +227,32 @@ class RowFamily:
     its own, outside every partition: Softmax, LayerNorm.
 
     The backend legalizes ``op`` with ``legalize`` (``"module.function"``: ``(bb, call, annotations) -> Relax
-    call``), whose output stage carries :data:`ROW_MARK` (the family's name) and ``annotations`` (a
-    template's ``schedule_rule``). TVM's fusion then folds elementwise neighbours into the kernel and drops
-    the function's attributes; the mark on the block is how the kernel is known after that
-    (``schedules.backend.kernel_of``).
+    call``, ``annotations`` kernel name -> a template's ``schedule_rule``), which computes it by one of
+    ``kernels``, its output stage carrying :data:`ROW_MARK` (the kernel's name) and that kernel's
+    annotations. TVM's fusion then folds elementwise neighbours into the kernel and drops the function's
+    attributes; the mark on the block is how the kernel is known after that (``schedules.backend.kernel_of``).
     """
 
     name: str
     op: str
     legalize: str
-    kernel: Kernel
+    kernels: tuple
 
 
 ROW_MARK = "tvmfuse.row_kernel"
 ROW_FAMILIES: dict[str, RowFamily] = {f.name: f for f in (
-    RowFamily("softmax", "relax.nn.softmax", "compute.legalize_softmax", Kernel("softmax", {"x86": "softmax"})),
-    RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize", Kernel("layer_norm", {"x86": "layer_norm"})),
+    RowFamily("softmax", "relax.nn.softmax", "compute.legalize_softmax", (Kernel("softmax", {"x86": "softmax"}),)),
+    # over the last axis; over the channels of NCHW (ConvNeXt's channels-first LayerNorm)
+    RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize",
+              (Kernel("layer_norm", {"x86": "layer_norm"}),
+               Kernel("layer_norm_channels", {"x86": "layer_norm_channels"}))),
 )}
+ROW_KERNELS: dict[str, Kernel] = {k.name: k for f in ROW_FAMILIES.values() for k in f.kernels}
 
 ANCHOR_OPS = tuple(dict.fromkeys(f.anchor_op for f in FAMILIES.values()))
 PATTERN_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.pattern == f.name)
 KERNELS: dict[str, Kernel] = ({k.name: k for f in FAMILIES.values() for k in f.kernels} | FIXED_KERNELS
-                              | {f.kernel.name: f.kernel for f in ROW_FAMILIES.values()})
+                              | ROW_KERNELS)
 
 
 def is_anchor(call) -> bool:

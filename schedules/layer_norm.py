@@ -1,4 +1,5 @@
-"""LayerNorm over the last axis as one kernel of row stages (the x86 rule is :mod:`.x86.layer_norm`).
+"""LayerNorm over the last axis as one kernel of row stages (the x86 rule is :mod:`.x86.layer_norm`), and
+over the channels of NCHW as one kernel of pixel stages (:mod:`.x86.layer_norm_channels`).
 
 ``relax.nn.layer_norm`` (ONNX ``LayerNormalization``, and the spelt-out form that
 :mod:`tvmfuse.passes.layer_norm` turns into it) is legalized here on CPU targets: per row, the sum, then the
@@ -15,9 +16,10 @@ from tvm import te
 
 from . import families
 
-# Stage names (the x86 rule looks them up).
+# Stage names (the x86 rules look them up): the last-axis kernel's, the channel kernel's.
 LAYER_NORM_STAGES = ("ln_sum", "ln_delta", "ln_sqsum", "ln_rstd", "ln_norm")
 SUM, DELTA, SQSUM, RSTD, NORM = LAYER_NORM_STAGES
+CHANNEL_STAGES = ("lnc_sum", "lnc_delta", "lnc_sqsum", "lnc_rstd", "lnc_norm")
 
 
 def last_axis(call) -> bool:
@@ -28,6 +30,39 @@ def last_axis(call) -> bool:
     axes = [int(a) % rank for a in call.attrs.axes]
     return (axes == [rank - 1] and rank >= 2 and str(x.ty.dtype) == "float32"
             and all(len(t.ty.shape) == 1 and str(t.ty.dtype) == "float32" for t in (gamma, beta)))
+
+
+def channel_axis(call) -> bool:
+    """Whether a ``relax.nn.layer_norm`` call normalizes a float32 tensor of rank 3 or more over axis 1
+    alone (the channels of NCHW: ConvNeXt's channels-first LayerNorm), with 1-D gamma and beta (what
+    :func:`layer_norm_channels` computes)."""
+    x, gamma, beta = call.args
+    rank = len(x.ty.shape)
+    axes = [int(a) % rank for a in call.attrs.axes]
+    return (axes == [1] and rank >= 3 and str(x.ty.dtype) == "float32"
+            and all(len(t.ty.shape) == 1 and str(t.ty.dtype) == "float32" for t in (gamma, beta)))
+
+
+def layer_norm_channels(x, gamma, beta, epsilon: float, annotations: dict | None = None):
+    """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` over axis 1 of ``x`` (NCHW's channels): for each
+    pixel (the axes after the channels), its sum over the channels, the sum of squared deviations, one
+    reciprocal square root, then the output. The statistics are indexed ``[n, *pixel]``, so the x86 rule
+    (:mod:`.x86.layer_norm_channels`) takes a run of pixels, consecutive in every channel plane, as one
+    vector. The output stage carries the row-kernel mark and ``annotations``."""
+    batch, channels, *rest = x.shape
+    dtype = x.dtype
+    inverse = tvm.tirx.const(1.0 / int(channels), dtype)
+    sum_, delta_, sqsum_, rstd_, norm_ = CHANNEL_STAGES
+    stats = (batch, *rest)
+    k = te.reduce_axis((0, channels), name="k")
+    total = te.compute(stats, lambda n, *p: te.sum(x[(n, k) + p], axis=k), name=sum_)
+    delta = te.compute(x.shape, lambda n, c, *p: x[(n, c) + p] - total[(n,) + p] * inverse, name=delta_)
+    k2 = te.reduce_axis((0, channels), name="k2")
+    squares = te.compute(stats, lambda n, *p: te.sum(delta[(n, k2) + p] * delta[(n, k2) + p], axis=k2), name=sqsum_)
+    rstd = te.compute(stats, lambda *i: tvm.tirx.const(1.0, dtype) / te.sqrt(
+        squares[i] * inverse + tvm.tirx.const(epsilon, dtype)), name=rstd_)
+    return te.compute(x.shape, lambda n, c, *p: delta[(n, c) + p] * rstd[(n,) + p] * gamma[c] + beta[c], name=norm_,
+                      attrs={families.ROW_MARK: "layer_norm_channels", **(annotations or {})})
 
 
 def layer_norm(x, gamma, beta, epsilon: float, annotations: dict | None = None):
@@ -48,9 +83,15 @@ def layer_norm(x, gamma, beta, epsilon: float, annotations: dict | None = None):
 
 
 def legalize(bb, call, annotations: dict | None = None):
-    """``relax.nn.layer_norm`` legalized by :func:`layer_norm` where it fits (:func:`last_axis`), else by
-    TVM's own rule (the ``layer_norm`` row family's legalization)."""
-    if not last_axis(call):
-        return tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")(bb, call)
-    return bb.call_te(layer_norm, *call.args, epsilon=float(call.attrs.epsilon), annotations=annotations,
-                      primfunc_name_hint="layer_norm")
+    """``relax.nn.layer_norm`` legalized by :func:`layer_norm` over the last axis (:func:`last_axis`), by
+    :func:`layer_norm_channels` over the channels (:func:`channel_axis`), else by TVM's own rule (the
+    ``layer_norm`` row family's legalization). ``annotations``: kernel name -> its output stage's."""
+    annotations = annotations or {}
+    epsilon = float(call.attrs.epsilon)
+    if last_axis(call):
+        return bb.call_te(layer_norm, *call.args, epsilon=epsilon, annotations=annotations.get("layer_norm"),
+                          primfunc_name_hint="layer_norm")
+    if channel_axis(call):
+        return bb.call_te(layer_norm_channels, *call.args, epsilon=epsilon,
+                          annotations=annotations.get("layer_norm_channels"), primfunc_name_hint="layer_norm_channels")
+    return tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")(bb, call)

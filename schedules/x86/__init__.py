@@ -67,7 +67,7 @@ def _ruled(func: tirx.PrimFunc, kernel: str, vector_bits: int, vnni: bool) -> s_
     try:
         return sch if _rule(sch, kernel, vector_bits, vnni) else None
     except s_tir.ScheduleError:  # a row rule that fails part-way (the others check before they change)
-        if kernel in families.ROW_FAMILIES:
+        if kernel in families.ROW_KERNELS:
             return None
         raise
 
@@ -84,7 +84,7 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     sch = _ruled(func, kernel, vector_bits, vnni)
     if sch is not None:
         return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))
-    if kernel in families.ROW_FAMILIES:  # not a row along the last axis, or neighbours that do not inline
+    if kernel in families.ROW_KERNELS:  # not a row along the last axis, or neighbours that do not inline
         return generic.scheduled(_unmarked(func).mod["main"], lanes(vector_bits))
     sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind
     return sch if fused.schedule(sch, kernel) else None
@@ -106,6 +106,7 @@ class Backend(_Base):
     applies_tuning_logs = True
     fused_recurrence = True
     tensor_intrin = ("x86",)
+    channel_layer_norm = True  # schedules/x86/layer_norm_channels.py
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -164,7 +165,7 @@ class Backend(_Base):
                   "relax.power": activations.legalize_power}
         for row in families.ROW_FAMILIES.values():  # marked for their templates
             custom[row.op] = functools.partial(families.resolve(row.legalize),
-                                               annotations=templates.marks(row.kernel.name))
+                                               annotations={k.name: templates.marks(k.name) for k in row.kernels})
         return generic.library_dispatch_passes(target) + [
             relax.transform.LegalizeOps(customize_legalize_map=custom)] + passes[1:]
 

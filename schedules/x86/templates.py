@@ -18,7 +18,8 @@ from tvm import s_tir, tirx
 
 from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
-from . import batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc, rows
+from . import (batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc,
+               layer_norm_channels, rows)
 
 PREFIX = "tvmfuse.x86."
 
@@ -142,11 +143,24 @@ def _row_config(sch, block, lanes: int) -> rows.Config:
     return rows.Config(_pick(sch, candidates, candidates[0]) if len(candidates) > 1 else None)
 
 
+def _channel_norm_config(sch, block, lanes: int) -> layer_norm_channels.Config:
+    """LayerNorm over NCHW's channels (``block``: the output stage): the run of pixels per task, among the
+    runs of the default's kind (parts of a row, or whole rows: a branch of the rule, fixed per trace)."""
+    extents = _extents(sch, block)
+    height, width = (extents[2], extents[3]) if len(extents) == 4 else (1, extents[-1])
+    base = layer_norm_channels.default_config(height, width, lanes)
+    if base is None:
+        raise ValueError(f"{rule_name('layer_norm_channels')}: no run of pixels is a vector")
+    candidates = layer_norm_channels.runs(height, width, lanes)["rows" if base.rows else "part"]
+    factor = _pick(sch, candidates, base.factor) if len(candidates) > 1 else base.factor
+    return layer_norm_channels.Config(base.rows, factor)
+
+
 CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
            "batch_matmul": _batch_matmul_config,
            "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
            "depthwise_conv2d_nchwc": _depthwise_nchwc_config, "group_conv2d_nchwc": _conv2d_nchwc_config,
-           "softmax": _row_config, "layer_norm": _row_config}
+           "softmax": _row_config, "layer_norm": _row_config, "layer_norm_channels": _channel_norm_config}
 # kernel -> the rule module its template applies (the registry's x86 rule): the kernels with a config here.
 RULES = {kernel: X86_RULES[kernel] for kernel in CONFIGS}
 

@@ -1,6 +1,7 @@
 """LayerNorm as one kernel (issue #18): the spelt-out form becomes ``relax.nn.layer_norm`` (FuseLayerNorm), and
-on x86 a last-axis LayerNorm is one kernel scheduled a row at a time; each against onnxruntime, the kernel
-against float64 on rows far from zero, and forms that are not a last-axis LayerNorm left as they are."""
+on x86 a last-axis LayerNorm is one kernel scheduled a row at a time, a channels-first one (ConvNeXt's
+LayerNorm2d) one kernel scheduled a run of pixels at a time; each against onnxruntime, the kernel against
+float64 on rows far from zero, and other forms left to TVM's rules."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def layer_normalization(shape=(2, 5, WIDTH), axis=-1):
 def _ops(model) -> list[str]:
     mod = frontend.import_model(model).mod
     with targets.resolve(HOST).tvm_target():
-        mod = tvm.transform.Sequential([relax.transform.FoldConstant(), FuseLayerNorm])(mod)
+        mod = tvm.transform.Sequential([relax.transform.FoldConstant(), FuseLayerNorm()])(mod)
     return [b.value.op.name for block in mod["main"].body.blocks for b in block.bindings
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
@@ -122,15 +123,39 @@ def test_rows_far_from_zero_keep_their_precision():
     np.testing.assert_allclose(cm.run(x)[0], want, atol=2e-3)
 
 
-@pytest.mark.parametrize("model", [spelt(axis=1, shape=(1, 8, 5, 5)), layer_normalization((1, 8, 5, 5), axis=1)],
-                         ids=["spelt_channels", "op_two_axes"])
-def test_other_axes_stay_as_written_and_right(model):
-    """Over the channels of NCHW (LayerNorm2d) or several axes: left to TVM's rules, still right."""
-    if model.graph.node[0].op_type == "ReduceMean":
-        assert "relax.nn.layer_norm" not in _ops(model)
+def test_other_axes_stay_as_written_and_right():
+    """Over several axes (ONNX LayerNormalization with axis=1 of NCHW normalizes C, H and W): TVM's rule."""
+    model = layer_normalization((1, 8, 5, 5), axis=1)
     x = _feeds(model)
     np.testing.assert_allclose(tvmfuse.compile(model, target=HOST).run(x)[0], ort_run(model, x)[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_channels_first_layer_norm_is_one_op_where_the_backend_has_its_kernel():
+    model = spelt(axis=1, shape=(1, 24, 8, 8))
+    assert _ops(model) == ["relax.nn.layer_norm"]
+    mod = frontend.import_model(model).mod
+    with targets.resolve(HOST).tvm_target():
+        kept = tvm.transform.Sequential([relax.transform.FoldConstant(), FuseLayerNorm(channels=False)])(mod)
+    assert "relax.nn.layer_norm" not in kept["main"].script()  # a backend without the kernel: TVM's ops
+    assert not targets.resolve("cuda-sm90").backend().channel_layer_norm
+
+
+@pytest.mark.parametrize("shape,ruled", [((1, 24, 8, 8), True), ((1, 16, 6, 32), True), ((2, 12, 40), True),
+                                         ((1, 8, 5, 5), False)],
+                         ids=["whole_rows", "part_of_a_row", "ncl", "no_vector_generic"])
+@pytest.mark.parametrize("swap", [False, True])
+def test_channels_first_layer_norm_kernel_matches_onnxruntime(shape, ruled, swap):
+    """ConvNeXt's LayerNorm2d (``ReduceMean`` over axis 1, ``gamma[:, None, None]``): one kernel; the x86 rule
+    takes runs of pixels (whole rows, part of a row) where a run is a vector, else the generic schedule."""
+    model = spelt("mul" if swap else "pow", swap=swap, axis=1, shape=shape)
+    cm = tvmfuse.compile(model, target=HOST)
+    (kernel,) = [cm.lowered[gv] for gv in cm.lowered.functions if isinstance(cm.lowered[gv], tvm.tirx.PrimFunc)]
+    text = kernel.script()
+    assert "lnc_norm" in text
+    assert ("T.vectorized" in text and "lnc_sum_init" in text) == ruled  # the rule splits the sums' init off
+    x = _feeds(model, offset=3.0)
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_gelu_after_the_norm_is_folded_into_the_row_kernel():

@@ -51,10 +51,12 @@ def _kernels(width=WIDTH, step=None):
 
 def test_the_registry_lists_the_row_families_with_their_rules():
     assert set(families.ROW_FAMILIES) == {"softmax", "layer_norm"}
+    assert set(families.ROW_KERNELS) == {"softmax", "layer_norm", "layer_norm_channels"}
     for row in families.ROW_FAMILIES.values():
-        assert families.KERNELS[row.kernel.name] is row.kernel and row.kernel.rules["x86"] == row.name
         assert callable(families.resolve(row.legalize)) and row.op.startswith("relax.")
-        assert row.kernel.name in templates.RULES
+        for kernel in row.kernels:
+            assert families.KERNELS[kernel.name] is kernel and kernel.rules["x86"] == kernel.name
+            assert kernel.name in templates.RULES
 
 
 def test_fused_row_kernels_are_known_by_their_mark_and_get_their_rules():
@@ -64,7 +66,7 @@ def test_fused_row_kernels_are_known_by_their_mark_and_get_their_rules():
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
     found = {}
     for gv, func in cm.lowered.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc) and kernel_of(func) in families.ROW_FAMILIES:
+        if isinstance(func, tvm.tirx.PrimFunc) and kernel_of(func) in families.ROW_KERNELS:
             found[kernel_of(func)] = func
     assert set(found) == {"softmax", "layer_norm"}
     assert "tvmfuse.family" not in found["softmax"].attrs  # fusion dropped it: the mark tells
@@ -147,3 +149,49 @@ def test_a_tuning_run_covers_the_row_space_and_compile_applies_it(tmp_path):
     assert set(rows_tuned) <= set(cm.tuning_logs["applied"])
     x = {"x": (np.random.default_rng(4).standard_normal((64, 1024)) * 8).astype("float32")}
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def _channel_kernel(shape):
+    from tvmfuse.schedules.layer_norm import layer_norm_channels
+
+    x = te.placeholder(shape, name="x")
+    g, b = te.placeholder((shape[1],), name="g"), te.placeholder((shape[1],), name="b")
+    return te.create_prim_func([x, g, b, layer_norm_channels(x, g, b, 1e-6, templates.marks("layer_norm_channels"))])
+
+
+@pytest.mark.parametrize("shape,kind,space", [((1, 32, 16, 16), "rows", 3), ((1, 16, 4, 128), "part", 3),
+                                              ((1, 64, 4, 4), "rows", 1)])
+def test_channel_norm_template_samples_runs_of_the_defaults_kind(shape, kind, space):
+    """Whole rows (16 x 16: 1, 2 or 4 rows of 16 lanes) or parts of a row (128 wide: 1, 2, 4 vectors); the
+    first decision is the rule's default, and every sample is correct."""
+    from tvmfuse.schedules.x86 import layer_norm_channels as rule
+
+    if LANES != 16:
+        pytest.skip(f"the runs below are for 16-lane vectors; {HOST} has {LANES}")
+    func = _channel_kernel(shape)
+    sch = s_tir.Schedule(func)
+    (out,) = templates.template("layer_norm_channels", LANES)(sch, sch.get_sblock(rule.ANCHOR))
+    assert [i.kind.name for i in out.trace.insts].count("SampleCategorical") == (space > 1)
+    assert rule.default_config(*shape[2:], LANES).rows == (kind == "rows")
+    expected = s_tir.Schedule(func)
+    expected.unannotate(expected.get_sblock(rule.ANCHOR), "schedule_rule")
+    assert rule.schedule(expected, LANES)
+    tvm.ir.assert_structural_equal(out.mod["main"], expected.mod["main"])
+    assert templates.space_size(tvm.IRModule({"main": func}), SPEC.vector_bits()) == space
+    for factor in rule.runs(*shape[2:], LANES)[kind]:
+        sch = s_tir.Schedule(func)
+        assert rule.schedule(sch, LANES, rule.Config(kind == "rows", factor))
+        args, got = _run(sch.mod["main"], [shape, shape[1:2], shape[1:2], shape])
+        x = args[0].astype("float64")
+        want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-6)
+        want = want * args[1][:, None, None] + args[2][:, None, None]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_channel_runs_are_power_of_two_vectors():
+    from tvmfuse.schedules.x86 import layer_norm_channels as rule
+
+    assert rule.runs(32, 32, 16) == {"part": [16, 32], "rows": [1, 2]}
+    assert rule.runs(56, 56, 16) == {"part": [8], "rows": []}  # a 56-lane vector is built lane by lane
+    assert rule.runs(7, 7, 16) == {"part": [], "rows": []} and rule.default_config(7, 7, 16) is None
+    assert rule.default_config(8, 8, 16) == rule.Config(True, 8)  # the whole 8 x 8 map: one task of 4 vectors

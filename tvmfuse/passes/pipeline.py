@@ -55,7 +55,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh,
-            FuseLayerNorm, FlattenMatmul,
+            FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
             PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
             relax.transform.FoldConstant()]
 
