@@ -213,12 +213,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 
 # Kernels that are not a family's: layout transforms and pools of blocked activations at partition borders,
-# and the whole-sequence LSTM/GRU kernels (:mod:`.recurrence`, written scheduled). Their one fixed schedule is
+# the ops of squeeze-and-excitation on INT8 codes, and the whole-sequence LSTM/GRU kernels (:mod:`.recurrence`, written scheduled). Their one fixed schedule is
 # all there is to them (never tuning tasks).
 LAYOUT_TRANSFORM = Kernel("layout_transform", {"x86": "layout"})
 POOL_NCHWC = Kernel("pool2d_nchwc", {"x86": "pool"})
 RECURRENCE = Kernel("recurrence")
-FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC, RECURRENCE)}
+# squeeze-and-excitation's gate and mean on uint8 codes in an INT8 network (:mod:`.int8_se`)
+CODES_GATE, CODES_MEAN = Kernel("codes_gate", {"x86": "codes"}), Kernel("codes_mean", {"x86": "codes"})
+FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC, RECURRENCE, CODES_GATE, CODES_MEAN)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from tvmfuse.quant.table import CalibrationError
 
 from helpers import HOST
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
-                              inverted_residual, residual_block, spelt_hardswish, two_outputs)
+                              inverted_residual, residual_block, spelt_hardswish, squeeze_excite, two_outputs)
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -175,6 +175,20 @@ def test_conv_silu_quantizes_the_conv_and_stays_near_fp32(silu_output):
     for batch in batches[:2]:
         for got, want in zip(cm.run(batch), fp32.run(batch)):
             assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("gate_output", [False, True])
+def test_squeeze_and_excitation_on_codes_stays_close_to_fp32(gate_output):
+    """The SE block's mean and gate run on uint8 codes (no float tensor between the INT8 kernels): end to end
+    within the INT8 tolerance of the FP32 build."""
+    model = squeeze_excite(gate_output=gate_output)
+    batches = _random_batches((1, 8, 8, 8), 4, 11)
+    cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
+    assert (cm.quantization["uint8_means"], cm.quantization["uint8_gates"]) == (1, 1)
+    fp32 = tvmfuse.compile(model, target=HOST)
+    for batch in batches[:2]:
+        for got, want in zip(cm.run(batch), fp32.run(batch)):
+            assert np.abs(got - want).max() <= TOLERANCE * (want.max() - want.min())
 
 
 # ---- the command line ----

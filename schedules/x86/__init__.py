@@ -67,7 +67,7 @@ def _ruled(func: tirx.PrimFunc, kernel: str, vector_bits: int, vnni: bool) -> s_
     try:
         return sch if _rule(sch, kernel, vector_bits, vnni) else None
     except s_tir.ScheduleError:  # a row rule that fails part-way (the others check before they change)
-        if kernel in families.ROW_KERNELS:
+        if kernel in families.ROW_KERNELS or kernel in families.FIXED_KERNELS:
             return None
         raise
 
@@ -84,7 +84,7 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     sch = _ruled(func, kernel, vector_bits, vnni)
     if sch is not None:
         return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))
-    if kernel in families.ROW_KERNELS:  # not a row along the last axis, or neighbours that do not inline
+    if kernel in families.ROW_KERNELS or kernel in families.FIXED_KERNELS:  # e.g. a softmax over another axis
         return generic.scheduled(_unmarked(func).mod["main"], lanes(vector_bits))
     sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind
     return sch if fused.schedule(sch, kernel) else None

@@ -132,3 +132,28 @@ def inverted_residual(channels=24, size=10):
               conv(rng, "h2", "c3", channels, channels, "project"), (helper.make_node("Add", ["c3", "h1"], ["s"]), []),
               conv(rng, "s", "y", channels, 8, "head")]
     return model(layers, [("x", [1, 8, size, size])], [("y", [1, 8, size, size])])
+
+
+def squeeze_excite(channels=24, size=8, gate_output=False):
+    """MobileNetV3's squeeze-and-excitation: conv+relu (8 -> channels) -> depthwise + relu -> ReduceMean over
+    H, W -> conv+relu (channels / 4) -> conv + HardSigmoid (the gate) -> Mul(x, gate) -> conv (8). With
+    ``gate_output`` the gate is a model output too (an FP32 reader of the product's other operand's
+    producer is not: the product is read only by the last conv)."""
+    rng = np.random.default_rng(9)
+
+    def pointwise(x, out, c_in, c_out, name):
+        w = numpy_helper.from_array((rng.standard_normal((c_out, c_in, 1, 1)) * 0.3).astype(np.float32), f"{name}.w")
+        b = numpy_helper.from_array((rng.standard_normal(c_out) * 0.1).astype(np.float32), f"{name}.b")
+        return helper.make_node("Conv", [x, w.name, b.name], [out], name=name), [w, b]
+
+    squeeze = max(channels // 4, 4)
+    layers = [conv(rng, "x", "c1", 8, channels, "expand"), (helper.make_node("Relu", ["c1"], ["h1"]), []),
+              conv(rng, "h1", "c2", channels, channels, "dw", group=channels),
+              (helper.make_node("Relu", ["c2"], ["h2"]), []),
+              (helper.make_node("ReduceMean", ["h2"], ["m"], axes=[2, 3], keepdims=1), []),
+              pointwise("m", "f1", channels, squeeze, "fc1"), (helper.make_node("Relu", ["f1"], ["r1"]), []),
+              pointwise("r1", "f2", squeeze, channels, "fc2"),
+              (helper.make_node("HardSigmoid", ["f2"], ["g"], alpha=1 / 6, beta=0.5), []),
+              (helper.make_node("Mul", ["h2", "g"], ["s"]), []), pointwise("s", "y", channels, 8, "project")]
+    outputs = [("y", [1, 8, size, size])] + ([("g", [1, channels, 1, 1])] if gate_output else [])
+    return model(layers, [("x", [1, 8, size, size])], outputs)

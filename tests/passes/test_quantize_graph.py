@@ -18,6 +18,7 @@ from tvm import relax
 from helpers import HOST
 from helpers import make_model
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
+                              squeeze_excite,
                               residual_block, sandwich, spelt_hardswish, two_outputs)
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
@@ -92,7 +93,8 @@ def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
     assert mod["main"].body.body.same_as(last_var)  # the float output of the last kernel is the model output
     assert report == {"int8_partitions": 2, "fp32_partitions": 0, "fp32_reasons": [], "uint8_outputs": 1,
                       "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0, "uint8_pools": 0,
-                      "blocked_outputs": 0, "layout_transforms": 0, "table_outputs": 0}
+                      "uint8_means": 0, "uint8_gates": 0, "blocked_outputs": 0, "layout_transforms": 0,
+                      "table_outputs": 0}
     # The kernels carry what the scheduler and reports read; weights are packed int8 constants.
     kernel = mod[first.args[0]]
     assert str(kernel.attrs["tvmfuse.family"]) == "int8_conv2d"
@@ -356,3 +358,27 @@ def _weight(name, shape):
     from onnx import numpy_helper
 
     return numpy_helper.from_array(np.random.default_rng(5).standard_normal(shape).astype(np.float32) * 0.3, name)
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["nchw16c", "nchw"])
+def test_squeeze_and_excitation_runs_on_codes(blocked):
+    """The SE block's mean and channel gate between INT8 kernels run on uint8 codes: the depthwise writes
+    codes (NCHW16c when blocked), one kernel averages them into the first FC conv's codes, one applies the
+    float gate to them in the last conv's parameters. No float tensor, quantize or dequantize in between."""
+    mod, report = _quantize(squeeze_excite(), blocked=blocked)
+    kinds = _kinds(mod)
+    assert kinds == ["relax.quantize", "int8_conv2d", "int8_depthwise_conv2d", "codes_mean", "int8_conv2d",
+                     "int8_conv2d", "codes_gate", "int8_conv2d"], kinds
+    calls = _main_calls(mod)
+    dw, mean, gate = calls[2][2], calls[3][1], calls[6][1]
+    assert str(dw.ty.dtype) == "uint8" and len(dw.ty.shape) == (5 if blocked else 4)
+    assert mean.args[1].fields[0].same_as(dw) and gate.args[1].fields[0].same_as(dw)
+    assert str(calls[5][2].ty.dtype) == "float32"  # the gate itself stays float32, from its kernel's epilogue
+    assert gate.args[1].fields[1].same_as(calls[5][2])
+    assert (report["uint8_means"], report["uint8_gates"], report["quantize_ops"], report["dequantize_ops"]) == (1, 1, 1, 0)
+
+
+def test_squeeze_and_excitation_whose_gate_is_also_an_output_keeps_the_float_gate():
+    mod, report = _quantize(squeeze_excite(gate_output=True), blocked=True)
+    assert report["uint8_gates"] == 1 and "codes_gate" in _kinds(mod)
+    assert report["dequantize_ops"] == 0  # the gate is float32 for both readers

@@ -17,7 +17,8 @@ Borders, with every activation uint8 and quantized per tensor:
 - Its output is uint8 when every consumer is an INT8 partition; float32 straight from the kernel's epilogue
   (dequantize fused) when none is; uint8 plus one ``relax.dequantize`` for the FP32 consumers when mixed.
   A model output counts as an FP32 consumer.
-- A max-pool between INT8 partitions pools the uint8 codes (exact; see ``_uint8_pools``).
+- A max-pool between INT8 partitions pools the uint8 codes (exact); squeeze-and-excitation's spatial mean
+  and channel gate inside an INT8 region run on codes too (``int8_codes``: no float tensor, no quantize).
 
 Layout (``blocked``, the default): an INT8 kernel with an NCHW16c form writes its uint8 codes NCHW16c when
 another such kernel reads them (``_choose_layouts``); a reader that needs NCHW (a uint8 max-pool, the
@@ -34,6 +35,7 @@ import warnings
 import tvm
 from tvm import relax
 
+from tvmfuse.schedules import int8_se
 from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 
 from ..quant.keys import observed_tensors
@@ -42,6 +44,7 @@ from ..targets import TargetSpec
 from .int8_kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape,
                            make_int8_kernel, relayout)
 from .int8_partition import Int8Partition, analyze
+from .int8_codes import uint8_gates, uint8_means, uint8_pools
 from .int8_tables import Chain, find_chains, output_table
 from .partition import is_partition
 from .utils import bindings_of, emit_like, users_of
@@ -73,7 +76,6 @@ class _Site:
         return self.chain.end if self.chain is not None else self.var
 
 
-
 def _key_of(keys: dict, var) -> str:
     """The table key of ``var``; a var calibration does not observe gets a key no table holds."""
     return keys.get(var, f"<{var.name}: not observed by calibration>")
@@ -100,27 +102,6 @@ def _find_sites(mod: tvm.IRModule, table, keys: dict) -> list[_Site]:
     return sites
 
 
-def _uint8_pools(mod: tvm.IRModule, sites: list[_Site], users: dict) -> dict:
-    """Max-pools that pool uint8 codes instead: pool var -> the INT8 site it reads.
-
-    Eligible when the pool reads an INT8 partition's output and only INT8 partitions read the pool. Max
-    commutes with the monotonic quantization, and the code 0 the pool pads with is at most every real code,
-    so pooling the codes is exact. It saves the float pass: the producer writes uint8 instead of float32 and
-    the pool reads a quarter of the bytes, with no quantize after it. The pooled codes keep their input's
-    quantization parameters.
-    """
-    int8 = {s.var for s in sites if s.part is not None}
-    pools = {}
-    for binding in bindings_of(mod["main"]):
-        value = binding.value
-        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                and value.op.name == "relax.nn.max_pool2d" and value.args[0] in int8):
-            readers = users.get(binding.var, [])
-            if readers and all(r in int8 for r in readers):
-                pools[binding.var] = value.args[0]
-    return pools
-
-
 def _attach_tables(mod: tvm.IRModule, sites: list[_Site], users: dict, table, keys: dict) -> None:
     """Give an INT8 site the elementwise chain after it (:mod:`.int8_tables`) when an INT8 site reads the
     chain's result and calibration observed both ends: its kernel then writes the result's codes."""
@@ -136,25 +117,29 @@ def _attach_tables(mod: tvm.IRModule, sites: list[_Site], users: dict, table, ke
             site.chain, site.table = chain, codes
 
 
-def _choose_outputs(sites: list[_Site], users: dict, pools: dict) -> None:
-    """uint8 output for INT8 sites read by INT8 sites or uint8 pools (plus a dequantize if FP32 consumers read
-    it too)."""
-    int8_vars = {s.var for s in sites if s.part is not None} | set(pools)
+def _choose_outputs(sites: list[_Site], users: dict, codes_ops: dict, gates: dict) -> None:
+    """uint8 output for INT8 sites read by INT8 sites or by ops on codes (``codes_ops``: uint8 pools, means,
+    gates; a gate's product reads the gate itself as float32), plus a dequantize if FP32 consumers read it
+    too."""
+    int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)
     for site in sites:
         if site.part is None:
             continue
         readers = users.get(site.out_var, [])
-        int8_readers = sum(1 for r in readers if r in int8_vars)
+        int8_readers = sum(1 for r in readers if r in int8_vars
+                           and not (r in gates and gates[r][1].same_as(site.out_var)))
         site.out_dtype = "uint8" if int8_readers else "float32"
         site.dequantize = 0 < int8_readers < len(readers)
 
 
-def _choose_layouts(sites: list[_Site], users: dict) -> None:
-    """NCHW16c uint8 output for the INT8 sites with an NCHW16c kernel that an INT8 site with one reads: the
-    codes stay blocked from kernel to kernel, and readers that need NCHW get one ``to_plain``."""
+def _choose_layouts(sites: list[_Site], users: dict, keep_layout: dict) -> None:
+    """NCHW16c uint8 output for the INT8 sites with an NCHW16c kernel that an INT8 site with one, or an op on
+    codes that keeps their layout (``keep_layout``: means, gates), reads: the codes stay blocked from kernel
+    to kernel, and readers that need NCHW get one ``to_plain``."""
     blockable = {s.var for s in sites if s.part is not None and blocked_kernel(s.part)}
+    readers_ok = blockable | set(keep_layout)
     for site in sites:
-        if site.var in blockable and site.out_dtype == "uint8" and any(r in blockable
+        if site.var in blockable and site.out_dtype == "uint8" and any(r in readers_ok
                                                                        for r in users.get(site.out_var, [])):
             site.out_layout = BLOCKED_LAYOUT
 
@@ -164,11 +149,12 @@ class _Rewrite(relax.PyExprMutator):
     """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
 
     def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool,
-                 vnni: bool = False):
+                 vnni: bool = False, means: dict | None = None, gates: dict | None = None):
         super().__init__(mod)
         self.vnni = vnni
         self.sites = {s.var: s for s in sites if s.part is not None}
         self.pools = pools
+        self.means, self.gates = means or {}, gates or {}
         self.table, self.keys = table, keys
         self.inputs = set(mod["main"].params)
         self.codes: dict = {}  # original var -> {layout: its uint8 codes in that layout}
@@ -208,11 +194,43 @@ class _Rewrite(relax.PyExprMutator):
             self.layout_transforms += 1
         return have[layout]
 
+    def _codes_kernel(self, var, kernel, name: str, inputs: list, shape: list) -> None:
+        """Bind the codes of ``var`` to the call of ``kernel`` on ``inputs`` (codes first), in their layout."""
+        gv = self.builder_.add_func(kernel, name)
+        layout = BLOCKED_LAYOUT if len(shape) == 5 else "NCHW"
+        call = relax.call_tir(gv, inputs, relax.TensorType(shape, "uint8"))
+        self.codes[var] = {layout: self._emit_like(call, var, "_u8" if layout == "NCHW" else "_u8_nchw16c")}
+
+    def _mean_codes(self, var) -> None:
+        """The codes of a spatial mean (:func:`.int8_codes.uint8_means`) from its input's codes."""
+        x = self.means[var]
+        codes = self._codes_of(x, None)
+        px, pm = self.qparams(x), self.qparams(var)
+        shape = [int(d) for d in codes.ty.shape]
+        kernel = int8_se.mean_kernel(shape, int(px.zero_point), float(px.scale) / float(pm.scale), int(pm.zero_point))
+        self._codes_kernel(var, kernel, "mean_codes", [codes], shape[:2] + [1, 1] + shape[4:])
+
+    def _gate_codes(self, var) -> None:
+        """The codes of a channel gate's product (:func:`.int8_codes.uint8_gates`) from the codes of ``x`` and the gate."""
+        x, gate = self.gates[var]
+        codes = self._codes_of(x, None)
+        px, pp = self.qparams(x), self.qparams(var)
+        shape = [int(d) for d in codes.ty.shape]
+        kernel = int8_se.gate_kernel(shape, int(gate.ty.shape[1]), int(px.zero_point),
+                                     float(px.scale) / float(pp.scale), int(pp.zero_point))
+        self._codes_kernel(var, kernel, "gate_codes", [codes, self.visit_expr(gate)], shape)
+
     def visit_var_binding_(self, binding):
         if binding.var in self.pools:
             pool = binding.value
             codes = relax.Call(pool.op, [self._codes_of(self.pools[binding.var])], pool.attrs)
             self.codes[binding.var] = {"NCHW": self._emit_like(codes, binding.var, "_u8")}
+            return
+        if binding.var in self.means:
+            self._mean_codes(binding.var)
+            return
+        if binding.var in self.gates:
+            self._gate_codes(binding.var)
             return
         if binding.var in self.tabled:
             return  # an op of a chain its INT8 kernel applies as a table
@@ -291,7 +309,8 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
     report : dict, optional
         Receives ``int8_partitions``, ``fp32_partitions``, ``fp32_reasons`` (partition, tensor, reason),
         ``uint8_outputs`` / ``float32_outputs`` (INT8 partitions by output dtype), ``quantize_ops`` and
-        ``dequantize_ops`` (inserted), ``uint8_pools`` (max-pools that pool uint8 codes), ``blocked_outputs``
+        ``dequantize_ops`` (inserted), ``uint8_pools`` / ``uint8_means`` / ``uint8_gates`` (max-pools, spatial
+        means and channel gates computed on codes), ``blocked_outputs``
         (INT8 partitions writing NCHW16c codes) and ``layout_transforms`` (uint8 NCHW <-> NCHW16c inserted).
     blocked : bool
         Keep uint8 activations NCHW16c between the INT8 kernels that have that form (default); False: every
@@ -313,22 +332,22 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         _check_constants(sites, table, keys)
         users = users_of(mod["main"])
         _attach_tables(mod, sites, users, table, keys)
-        pools = _uint8_pools(mod, sites, users)
-        _choose_outputs(sites, users, pools)
+        pools, means, gates = (f(mod, sites, users) for f in (uint8_pools, uint8_means, uint8_gates))
+        _choose_outputs(sites, users, pools | means | gates, gates)
         if blocked:
-            _choose_layouts(sites, users)
+            _choose_layouts(sites, users, means | gates)
         if not any(s.part is not None for s in sites):
             if report is not None:
                 report.update(_summary(sites, 0, 0))
             warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
                           QuantizeWarning, stacklevel=2)
             return mod
-        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec))
+        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec), means, gates)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
             report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops, rewrite.layout_transforms),
-                          uint8_pools=len(pools))
+                          uint8_pools=len(pools), uint8_means=len(means), uint8_gates=len(gates))
         return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
 
     return _quantize

@@ -1,0 +1,75 @@
+"""Squeeze-and-excitation on uint8 codes on x86 (the computes are :mod:`..int8_se`): the channel gate and the
+spatial mean of NCHW16c codes, 16 channels of a pixel per vector.
+
+- ``codes_gate``: rows of pixels in parallel, each pixel's 16 codes widened to float32 in one vector, scaled
+  by the 16 channels' gates (one vector load per row) and narrowed back.
+- ``codes_mean``: channel blocks in parallel, the int32 sums of a block's 16 channels in one vector over the
+  pixels (the reduction outside the lanes), then one requantized vector per block.
+
+NCHW codes (no INT8 kernel upstream writes them blocked) are left to :mod:`.generic`.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+
+from ..common import block_names
+from ..int8_se import GATE_LANES, GATE_STAGE, MEAN_STAGES
+from .generic import PARALLEL_MIN
+
+
+def _total(sch, block) -> int:
+    total = 1
+    for loop in sch.get_loops(block):
+        total *= int(sch.get(loop).extent)
+    return total
+
+
+def _gate(sch: s_tir.Schedule) -> bool:
+    block = sch.get_sblock(GATE_STAGE)
+    loops = sch.get_loops(block)
+    if len(loops) != 5:
+        return False
+    b, c, y, x, lane = loops
+    # Channel blocks in parallel (a single block: its rows), and no loop fused with the rows: the divisions
+    # a fused (block, row) loop leaves in the index made TVM load each vector a byte at a time (4-6 us for
+    # 6 x 5 x 80 x 16 codes).
+    blocks = sch.fuse(b, c)
+    outer = blocks if int(sch.get(blocks).extent) > 1 else y
+    if _total(sch, block) >= PARALLEL_MIN:
+        sch.parallel(outer)
+    sch.vectorize(lane)
+    rows = blocks
+    # The block's 16 scaled gates computed once per row (the last block's lanes past the channels read the
+    # last gate: no ramp), so each pixel loads them as one vector.
+    sch.compute_at(sch.get_sblock(GATE_LANES), rows)
+    return True
+
+
+def _mean(sch: s_tir.Schedule) -> bool:
+    total, out = (sch.get_sblock(name) for name in MEAN_STAGES)
+    loops = sch.get_loops(total)
+    if len(loops) != 7:
+        return False
+    b, c, y, x, lane, ry, rx = loops
+    sch.reorder(b, c, y, x, ry, rx, lane)
+    blocks = sch.fuse(b, c)
+    sch.reverse_compute_at(out, blocks)
+    if _total(sch, total) >= PARALLEL_MIN:
+        sch.parallel(blocks)
+    sch.vectorize(lane)  # while the sum still has its init (a reduction block); the init then moves out
+    sch.decompose_reduction(total, ry)
+    sch.vectorize(sch.get_loops(out)[-1])
+    return True
+
+
+def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
+    """Apply the rule to ``sch`` in place; False when the kernel is not one of NCHW16c codes (``sch`` may
+    then be partly changed: the backend starts afresh)."""
+    del vector_lanes  # 16 lanes: the codes' block
+    names = block_names(sch)
+    if names == [GATE_LANES, GATE_STAGE]:
+        return _gate(sch)
+    if names == list(MEAN_STAGES):
+        return _mean(sch)
+    return False

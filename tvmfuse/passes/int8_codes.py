@@ -1,0 +1,101 @@
+"""Ops on uint8 codes between INT8 kernels: which max-pools, spatial means and channel gates of an INT8
+region ``QuantizeGraph`` computes on codes instead of dequantizing around them.
+
+Each finder returns ``{var: what it reads}`` for the ops it takes; ``QuantizeGraph`` then counts them as
+INT8 readers (their producer writes codes) and emits them on codes (the max-pool as the same Relax op, the
+mean and the gate as the kernels of ``schedules.int8_se``).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .utils import bindings_of
+
+
+def _int8_vars(sites) -> tuple[set, list]:
+    """The INT8 sites' result vars, and the vars whose codes they write (a tabled chain's end)."""
+    return {s.var for s in sites if s.part is not None}, [s.out_var for s in sites if s.part is not None]
+
+
+def uint8_pools(mod: tvm.IRModule, sites: list, users: dict) -> dict:
+    """Max-pools that pool uint8 codes instead: pool var -> the INT8 site it reads.
+
+    Eligible when the pool reads an INT8 partition's output and only INT8 partitions read the pool. Max
+    commutes with the monotonic quantization, and the code 0 the pool pads with is at most every real code,
+    so pooling the codes is exact. It saves the float pass: the producer writes uint8 instead of float32 and
+    the pool reads a quarter of the bytes, with no quantize after it. The pooled codes keep their input's
+    quantization parameters.
+    """
+    int8, _ = _int8_vars(sites)
+    pools = {}
+    for binding in bindings_of(mod["main"]):
+        value = binding.value
+        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name == "relax.nn.max_pool2d" and value.args[0] in int8):
+            readers = users.get(binding.var, [])
+            if readers and all(r in int8 for r in readers):
+                pools[binding.var] = value.args[0]
+    return pools
+
+
+def uint8_means(mod: tvm.IRModule, sites: list, users: dict) -> dict:
+    """Spatial means (``mean`` over H and W with ``keepdims``, squeeze-and-excitation's pooling) computed on
+    uint8 codes: mean var -> the INT8 site output it reads.
+
+    Eligible when the mean reads an INT8 site's NCHW output and only INT8 sites read the mean. The mean of
+    the codes, requantized to the mean's own parameters, is the float path's ``quantize(mean(dequantize))``
+    up to float rounding; it reads a quarter of the bytes, in whichever layout the codes are, and the
+    producer writes no float tensor for it.
+    """
+    int8, outputs = _int8_vars(sites)
+    means = {}
+    for binding in bindings_of(mod["main"]):
+        value = binding.value
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.mean"
+                and value.attrs.keepdims and value.attrs.axis is not None):
+            continue
+        x = value.args[0]
+        shape = getattr(x.ty, "shape", None)
+        if shape is None or len(shape) != 4 or sorted(int(a) % 4 for a in value.attrs.axis) != [2, 3]:
+            continue
+        readers = users.get(binding.var, [])
+        if readers and all(r in int8 for r in readers) and any(x.same_as(v) for v in outputs):
+            means[binding.var] = x
+    return means
+
+
+def channel_gate(gate, product) -> bool:
+    """Whether ``gate`` is a float32 ``[N, C, 1, 1]`` tensor scaling the channels of ``product``."""
+    shape, out = (getattr(getattr(e, "ty", None), "shape", None) for e in (gate, product))
+    if shape is None or out is None or len(shape) != 4 or len(out) != 4 or str(gate.ty.dtype) != "float32":
+        return False
+    dims, out_dims = ([int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in list(e)] for e in (shape, out))
+    return dims[2:] == [1, 1] and None not in out_dims and dims[:2] == out_dims[:2]
+
+
+def uint8_gates(mod: tvm.IRModule, sites: list, users: dict) -> dict:
+    """Channel gates (``x * gate``: squeeze-and-excitation's product) computed on uint8 codes: product var ->
+    ``(x, gate)``.
+
+    Eligible when ``x`` is an INT8 site's output of the product's shape, ``gate`` a float32 ``[N, C, 1, 1]``
+    tensor (:func:`channel_gate`) and only INT8 sites read the product. One kernel maps the codes of ``x``
+    to those of the product (``schedules.int8_se.gate_codes``), in their layout: ``x``'s producer writes no
+    float tensor, and no float multiply and quantize run.
+    """
+    int8, outputs = _int8_vars(sites)
+    gates = {}
+    for binding in bindings_of(mod["main"]):
+        value, product = binding.value, binding.var
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.multiply"):
+            continue
+        readers = users.get(product, [])
+        if not readers or not all(r in int8 for r in readers):
+            continue
+        for x, gate in (tuple(value.args), tuple(reversed(value.args))):
+            if any(x.same_as(v) for v in outputs) and channel_gate(gate, product) \
+                    and [int(d) for d in x.ty.shape] == [int(d) for d in product.ty.shape]:
+                gates[product] = (x, gate)
+                break
+    return gates
