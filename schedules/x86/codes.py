@@ -11,6 +11,8 @@ NCHW codes (no INT8 kernel upstream writes them blocked) are left to :mod:`.gene
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir
 
 from ..common import block_names
@@ -19,10 +21,8 @@ from .generic import PARALLEL_MIN
 
 
 def _total(sch, block) -> int:
-    total = 1
-    for loop in sch.get_loops(block):
-        total *= int(sch.get(loop).extent)
-    return total
+    """Iterations of ``block``'s loop nest."""
+    return math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))
 
 
 def _gate(sch: s_tir.Schedule) -> bool:
@@ -31,18 +31,13 @@ def _gate(sch: s_tir.Schedule) -> bool:
     if len(loops) != 5:
         return False
     b, c, y, x, lane = loops
-    # Channel blocks in parallel (a single block: its rows), and no loop fused with the rows: the divisions
-    # a fused (block, row) loop leaves in the index made TVM load each vector a byte at a time (4-6 us for
-    # 6 x 5 x 80 x 16 codes).
-    blocks = sch.fuse(b, c)
-    outer = blocks if int(sch.get(blocks).extent) > 1 else y
+    blocks = sch.fuse(b, c)  # channel blocks in parallel; a single block: its rows
     if _total(sch, block) >= PARALLEL_MIN:
-        sch.parallel(outer)
+        sch.parallel(blocks if int(sch.get(blocks).extent) > 1 else y)
     sch.vectorize(lane)
-    rows = blocks
-    # The block's 16 scaled gates computed once per row (the last block's lanes past the channels read the
+    # The block's 16 scaled gates computed once per block (the last block's lanes past the channels read the
     # last gate: no ramp), so each pixel loads them as one vector.
-    sch.compute_at(sch.get_sblock(GATE_LANES), rows)
+    sch.compute_at(sch.get_sblock(GATE_LANES), blocks)
     return True
 
 
