@@ -345,10 +345,15 @@ def test_depthwise_weight_has_taps_in_fours_on_vnni_targets_with_row_dilation_1(
 
 
 def test_pool_and_tiny_convnet_regions_blocked():
-    """A uint8 max-pool reads NCHW, so its producer writes NCHW; tiny_convnet keeps its regions and counts."""
+    """A uint8 max-pool between blocked kernels pools the NCHW16c codes (the blocked pool kernel), so its
+    producer writes NCHW16c and the next conv reads the pooled codes in place; tiny_convnet keeps its
+    regions and counts."""
     mod, report = _quantize(conv_pool_conv(), blocked=True)
-    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.nn.max_pool2d", "int8_conv2d"]
-    assert report["blocked_outputs"] == report["layout_transforms"] == 0
+    assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "pool2d_nchwc", "int8_conv2d"]
+    (_, _, _), (_, _, conv_var), (_, pool, pool_var), (_, last, _) = _main_calls(mod)
+    assert len(conv_var.ty.shape) == len(pool_var.ty.shape) == 5 and str(pool_var.ty.dtype) == "uint8"
+    assert pool.args[1].fields[0].same_as(conv_var) and _kernel_args(last)[0].same_as(pool_var)
+    assert report["blocked_outputs"] == 1 and report["layout_transforms"] == 0
     mod, report = _quantize("zoo:tiny_convnet", blocked=True)
     assert (report["int8_partitions"], report["quantize_ops"], report["uint8_outputs"]) == (7, 2, 5)
     assert report["blocked_outputs"] >= 3 and "layout_transform" not in _kinds(mod)

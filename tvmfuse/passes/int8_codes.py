@@ -2,8 +2,9 @@
 region ``QuantizeGraph`` computes on codes instead of dequantizing around them.
 
 Each finder returns ``{var: what it reads}`` for the ops it takes; ``QuantizeGraph`` then counts them as
-INT8 readers (their producer writes codes) and emits them on codes (the max-pool as the same Relax op, the
-mean and the gate as the kernels of ``schedules.int8_se``).
+INT8 readers (their producer writes codes) and emits them on codes in the codes' layout (the max-pool by the
+blocked pool kernel, or the Relax op on NCHW codes; the mean and the gate by the kernels of
+``schedules.int8_se``).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ Borders, with every activation uint8 and quantized per tensor:
   and channel gate inside an INT8 region run on codes too (``int8_codes``: no float tensor, no quantize).
 
 Layout (``blocked``, the default): an INT8 kernel with an NCHW16c form writes its uint8 codes NCHW16c when
-another such kernel reads them (``_choose_layouts``); a reader that needs NCHW (a uint8 max-pool, the
-dequantize for FP32 consumers, a residual of an NCHW output) gets one ``to_plain``, and a depthwise kernel
+another such kernel, or an op on codes that keeps their layout (max-pool, mean, gate), reads them
+(``_choose_layouts``); a reader that needs NCHW (the dequantize for FP32 consumers, a residual of an NCHW
+output) gets one ``to_plain``, and a depthwise kernel
 reading NCHW codes (a quantized input) one ``to_blocked``. A conv2d repacks its input anyway and reads
 either layout. The integers are the NCHW build's, in another order.
 """
@@ -36,6 +37,7 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules import int8_se
+from tvmfuse.schedules.blocked import blocked_shape, pool2d
 from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 
 from ..quant.keys import observed_tensors
@@ -45,6 +47,7 @@ from .int8_kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, i
                            make_int8_kernel, relayout)
 from .int8_partition import Int8Partition, analyze
 from .int8_codes import uint8_gates, uint8_means, uint8_pools
+from .layout import POOL_FAMILY, transform_call
 from .int8_tables import Chain, find_chains, output_table
 from .partition import is_partition
 from .utils import bindings_of, emit_like, users_of
@@ -194,6 +197,22 @@ class _Rewrite(relax.PyExprMutator):
             self.layout_transforms += 1
         return have[layout]
 
+    def _pool_codes(self, binding) -> None:
+        """A max-pool of codes (:func:`.int8_codes.uint8_pools`): NCHW16c codes pooled blocked by the blocked
+        pool kernel (its padding, the dtype's minimum, is code 0 too), NCHW codes by the Relax op."""
+        pool, var = binding.value, binding.var
+        codes = self._codes_of(self.pools[var], None)
+        a = pool.attrs
+        if len(codes.ty.shape) == 5 and str(a.layout) == "NCHW" and str(a.out_layout) == "NCHW":
+            out_shape = blocked_shape(var.ty.shape, int(codes.ty.shape[4]))
+            call = transform_call(self.builder_, lambda t: pool2d(t, "max", a.pool_size, a.strides, a.padding,
+                                                                  a.dilation, a.ceil_mode),
+                                  codes, out_shape, family=POOL_FAMILY, name="max_pool2d_codes")
+            self.codes[var] = {BLOCKED_LAYOUT: self._emit_like(call, var, "_u8_nchw16c")}
+            return
+        call = relax.Call(pool.op, [self._codes_of(self.pools[var])], pool.attrs)
+        self.codes[var] = {"NCHW": self._emit_like(call, var, "_u8")}
+
     def _codes_kernel(self, var, kernel, name: str, inputs: list, shape: list) -> None:
         """Bind the codes of ``var`` to the call of ``kernel`` on ``inputs`` (codes first), in their layout."""
         gv = self.builder_.add_func(kernel, name)
@@ -222,9 +241,7 @@ class _Rewrite(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding):
         if binding.var in self.pools:
-            pool = binding.value
-            codes = relax.Call(pool.op, [self._codes_of(self.pools[binding.var])], pool.attrs)
-            self.codes[binding.var] = {"NCHW": self._emit_like(codes, binding.var, "_u8")}
+            self._pool_codes(binding)
             return
         if binding.var in self.means:
             self._mean_codes(binding.var)
@@ -335,7 +352,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         pools, means, gates = (f(mod, sites, users) for f in (uint8_pools, uint8_means, uint8_gates))
         _choose_outputs(sites, users, pools | means | gates, gates)
         if blocked:
-            _choose_layouts(sites, users, means | gates)
+            _choose_layouts(sites, users, pools | means | gates)
         if not any(s.part is not None for s in sites):
             if report is not None:
                 report.update(_summary(sites, 0, 0))
