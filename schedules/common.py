@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir
 
 from .int8_epilogue import TABLE_STAGE
@@ -84,6 +86,11 @@ def vectorize_tile(sch: s_tir.Schedule, block, tile_loop, vector_lanes: int | No
     for loop in inner[:-1]:
         sch.unroll(loop)
     sch.vectorize(inner[-1])
+
+
+def iterations(sch: s_tir.Schedule, block) -> int:
+    """Iterations of ``block``'s loop nest: the product of its loop extents."""
+    return math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))
 
 
 def largest_divisor(n: int, cap: int, multiple_of: int = 1) -> int:

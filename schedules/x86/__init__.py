@@ -61,13 +61,19 @@ def _rule(sch: s_tir.Schedule, kernel: str, vector_bits: int, vnni: bool) -> boo
     return module.schedule(sch, lanes(vector_bits))
 
 
+def _generic_fallback(kernel: str) -> bool:
+    """Whether a kernel its rule does not fit gets the generic schedule: a row kernel (a softmax over another
+    axis) or a fixed one (codes in NCHW); a partition's gets :mod:`.fused`."""
+    return kernel in families.ROW_KERNELS or kernel in families.FIXED_KERNELS
+
+
 def _ruled(func: tirx.PrimFunc, kernel: str, vector_bits: int, vnni: bool) -> s_tir.Schedule | None:
     """A fresh schedule of ``func`` with the kernel's rule applied; None when the rule does not fit."""
     sch = _unmarked(func)
     try:
         return sch if _rule(sch, kernel, vector_bits, vnni) else None
     except s_tir.ScheduleError:  # a row rule that fails part-way (the others check before they change)
-        if kernel in families.ROW_KERNELS or kernel in families.FIXED_KERNELS:
+        if _generic_fallback(kernel):
             return None
         raise
 
@@ -84,7 +90,7 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     sch = _ruled(func, kernel, vector_bits, vnni)
     if sch is not None:
         return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))
-    if kernel in families.ROW_KERNELS or kernel in families.FIXED_KERNELS:  # e.g. a softmax over another axis
+    if _generic_fallback(kernel):
         return generic.scheduled(_unmarked(func).mod["main"], lanes(vector_bits))
     sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind
     return sch if fused.schedule(sch, kernel) else None

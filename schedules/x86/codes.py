@@ -1,8 +1,9 @@
 """Squeeze-and-excitation on uint8 codes on x86 (the computes are :mod:`..int8_se`): the channel gate and the
 spatial mean of NCHW16c codes, 16 channels of a pixel per vector.
 
-- ``codes_gate``: rows of pixels in parallel, each pixel's 16 codes widened to float32 in one vector, scaled
-  by the 16 channels' gates (one vector load per row) and narrowed back.
+- ``codes_gate``: channel blocks in parallel (a single block: its rows), each pixel's 16 codes widened to
+  float32 in one vector, scaled by the block's 16 gates (computed once per block, one vector load per
+  pixel) and narrowed back.
 - ``codes_mean``: channel blocks in parallel, the int32 sums of a block's 16 channels in one vector over the
   pixels (the reduction outside the lanes), then one requantized vector per block.
 
@@ -11,18 +12,11 @@ NCHW codes (no INT8 kernel upstream writes them blocked) are left to :mod:`.gene
 
 from __future__ import annotations
 
-import math
-
 from tvm import s_tir
 
-from ..common import block_names
+from ..common import block_names, iterations
 from ..int8_se import GATE_LANES, GATE_STAGE, MEAN_STAGES
 from .generic import PARALLEL_MIN
-
-
-def _total(sch, block) -> int:
-    """Iterations of ``block``'s loop nest."""
-    return math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))
 
 
 def _gate(sch: s_tir.Schedule) -> bool:
@@ -32,7 +26,7 @@ def _gate(sch: s_tir.Schedule) -> bool:
         return False
     b, c, y, x, lane = loops
     blocks = sch.fuse(b, c)  # channel blocks in parallel; a single block: its rows
-    if _total(sch, block) >= PARALLEL_MIN:
+    if iterations(sch, block) >= PARALLEL_MIN:
         sch.parallel(blocks if int(sch.get(blocks).extent) > 1 else y)
     sch.vectorize(lane)
     # The block's 16 scaled gates computed once per block (the last block's lanes past the channels read the
@@ -50,7 +44,7 @@ def _mean(sch: s_tir.Schedule) -> bool:
     sch.reorder(b, c, y, x, ry, rx, lane)
     blocks = sch.fuse(b, c)
     sch.reverse_compute_at(out, blocks)
-    if _total(sch, total) >= PARALLEL_MIN:
+    if iterations(sch, total) >= PARALLEL_MIN:
         sch.parallel(blocks)
     sch.vectorize(lane)  # while the sum still has its init (a reduction block); the init then moves out
     sch.decompose_reduction(total, ry)

@@ -29,7 +29,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from .. import int8
-from ..common import accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
+from ..common import accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor, vectorize_tile
 from .intrin import vnni
 
 ANCHOR = int8.ANCHOR["conv2d"]
@@ -116,7 +116,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     consumer = accumulate_in_registers(sch, anchor, epilogue, ow_o)
     vectorize_tile(sch, consumer, ow_o)
     # Parallel before decompose_reduction / tensorize: afterwards the nest no longer has compact dataflow.
-    serial = _macs(sch, anchor) < SERIAL_MACS
+    serial = iterations(sch, anchor) < SERIAL_MACS  # its multiply-adds
     rows = sch.fuse(n, ob_o, oh)
     if not serial:
         sch.parallel(rows)
@@ -129,14 +129,6 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     if not reindex:
         _schedule_pack(sch, serial)
     return True
-
-
-def _macs(sch: s_tir.Schedule, block) -> int:
-    """Multiply-adds of ``block``: the product of its loop extents."""
-    total = 1
-    for loop in sch.get_loops(block):
-        total *= int(sch.get(loop).extent)
-    return total
 
 
 def _pack_is_reindex(sch: s_tir.Schedule) -> bool:

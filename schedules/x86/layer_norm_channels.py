@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 
 from ..common import block_names
 from ..layer_norm import CHANNEL_STAGES
@@ -109,8 +109,3 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
         _vectorize_statistic(sch, name, reduction)
     sch.vectorize(inner)
     return True
-
-
-def scheduled(func: tirx.PrimFunc, vector_lanes: int) -> s_tir.Schedule | None:
-    """A schedule of ``func`` with this rule applied, or None when it does not fit (or fails part-way)."""
-    return rows.scheduled(schedule, func, vector_lanes)

@@ -38,11 +38,6 @@ def steps(width: int, vector_lanes: int) -> list[int]:
     return [lanes * v for v in (1, 2, 4) if width % (lanes * v) == 0 and width >= 2 * lanes * v]
 
 
-def row_width(sch: s_tir.Schedule, norm: str) -> int:
-    """The extent of the row (the last axis) of the output stage ``norm``."""
-    return int(sch.get(sch.get_loops(sch.get_sblock(norm))[-1]).extent)
-
-
 def fits(sch: s_tir.Schedule, stages, norm: str) -> bool:
     """Whether every stage of the row kernel is there, its output once, over the last of two or more axes (a
     1-D kernel, one row, is left to the generic schedule)."""
