@@ -10,9 +10,8 @@ blocked pool kernel, or the Relax op on NCHW codes; the mean and the gate by the
 from __future__ import annotations
 
 import tvm
-from tvm import relax
 
-from .utils import bindings_of
+from .utils import bindings_of, op_name
 
 
 def _int8_vars(sites) -> tuple[set, list]:
@@ -33,8 +32,7 @@ def uint8_pools(mod: tvm.IRModule, sites: list, users: dict) -> dict:
     pools = {}
     for binding in bindings_of(mod["main"]):
         value = binding.value
-        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                and value.op.name == "relax.nn.max_pool2d" and value.args[0] in int8):
+        if op_name(value) == "relax.nn.max_pool2d" and value.args[0] in int8:
             readers = users.get(binding.var, [])
             if readers and all(r in int8 for r in readers):
                 pools[binding.var] = value.args[0]
@@ -54,8 +52,7 @@ def uint8_means(mod: tvm.IRModule, sites: list, users: dict) -> dict:
     means = {}
     for binding in bindings_of(mod["main"]):
         value = binding.value
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.mean"
-                and value.attrs.keepdims and value.attrs.axis is not None):
+        if op_name(value) != "relax.mean" or not value.attrs.keepdims or value.attrs.axis is None:
             continue
         x = value.args[0]
         shape = getattr(x.ty, "shape", None)
@@ -89,7 +86,7 @@ def uint8_gates(mod: tvm.IRModule, sites: list, users: dict) -> dict:
     gates = {}
     for binding in bindings_of(mod["main"]):
         value, product = binding.value, binding.var
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.multiply"):
+        if op_name(value) != "relax.multiply":
             continue
         readers = users.get(product, [])
         if not readers or not all(r in int8 for r in readers):

@@ -21,7 +21,7 @@ from .channel_scale import channel_scale, with_prologue
 from .conv_transpose import DEPTH_TO_SPACE_AXES
 from .layout import POOL_FAMILY, transform_call
 from .partition import is_partition
-from .utils import OPAQUE, const_array, users_of
+from .utils import OPAQUE, const_array, op_name, users_of
 
 
 POOLS = {"relax.nn.max_pool2d": "max", "relax.nn.avg_pool2d": "avg"}
@@ -30,11 +30,6 @@ ELEMENTWISE = {"relax.add", "relax.multiply", "relax.subtract", "relax.divide", 
                "relax.sigmoid", "relax.nn.relu", "relax.clip", "relax.tanh", "relax.nn.silu", "relax.nn.gelu",
                "relax.nn.gelu_tanh", "relax.erf", "relax.exp", "relax.nn.leakyrelu", "relax.sqrt", "relax.negative",
                "relax.abs"}
-
-
-def _op_name(expr) -> str | None:
-    """The operator name of a call to a Relax op; None for anything else."""
-    return getattr(getattr(expr, "op", None), "name", None)
 
 
 def kernel_name(partition: str) -> str:
@@ -174,7 +169,7 @@ class _Lower(relax.PyExprMutator):
         """A max/average pooling of a blocked activation, pooled blocked (True); False leaves the binding
         to TVM's NCHW op on the plain value."""
         call = binding.value
-        pool_type = POOLS.get(_op_name(call))
+        pool_type = POOLS.get(op_name(call))
         blocked = self.blocked_of.get(call.args[0]) if pool_type else None
         a = call.attrs if blocked is not None else None
         if a is None or str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
@@ -190,7 +185,7 @@ class _Lower(relax.PyExprMutator):
     def _blocked_mean(self, binding) -> bool:
         """A mean over H and W (global average pooling) of a blocked activation: read blocked, written NCHW."""
         call = binding.value
-        if _op_name(call) != "relax.mean" or call.args[0] not in self.blocked_of:
+        if op_name(call) != "relax.mean" or call.args[0] not in self.blocked_of:
             return False
         axes = sorted(int(a) % 4 for a in call.attrs.axis) if call.attrs.axis is not None else None
         if axes != [2, 3]:
@@ -206,7 +201,7 @@ class _Lower(relax.PyExprMutator):
         blocks when every part has whole blocks, so a blocked consumer reads it without a round trip through
         NCHW (PP-OCRv6's stem: a max-pool and a conv, both blocked, met in a plain concat)."""
         call = binding.value
-        if _op_name(call) != "relax.concat" or len(call.ty.shape) != 4:
+        if op_name(call) != "relax.concat" or len(call.ty.shape) != 4:
             return False
         parts = list(call.args[0].fields) if isinstance(call.args[0], relax.Tuple) else None
         if not parts or int(call.attrs.axis) % 4 != 1 or not any(p in self.blocked_of for p in parts):
@@ -244,7 +239,7 @@ class _Lower(relax.PyExprMutator):
         after a concat. TVM fuses the chain into one kernel either way; blocked, it needs no ``to_plain``
         before it nor ``to_blocked`` after it when its consumer is a blocked kernel."""
         call = binding.value
-        if _op_name(call) not in ELEMENTWISE:
+        if op_name(call) not in ELEMENTWISE:
             return False
         shape = getattr(call.ty, "shape", None)
         if shape is None:
@@ -295,14 +290,14 @@ class _Lower(relax.PyExprMutator):
         computed blocked (:func:`depth_to_space`), so the upsampled map needs no ``to_plain`` before it nor
         ``to_blocked`` after it (True)."""
         call = binding.value
-        if _op_name(call) != "relax.reshape" or not isinstance(call.args[0], relax.Var):
+        if op_name(call) != "relax.reshape" or not isinstance(call.args[0], relax.Var):
             return False
         moved = self.lookup_binding(call.args[0])
-        if _op_name(moved) != "relax.permute_dims" or not isinstance(moved.args[0], relax.Var) or \
+        if op_name(moved) != "relax.permute_dims" or not isinstance(moved.args[0], relax.Var) or \
                 [int(a) for a in moved.attrs.axes] != list(DEPTH_TO_SPACE_AXES):
             return False
         split = self.lookup_binding(moved.args[0])
-        if _op_name(split) != "relax.reshape" or split.args[0] not in self.blocked_of:
+        if op_name(split) != "relax.reshape" or split.args[0] not in self.blocked_of:
             return False
         blocked = self.blocked_of[split.args[0]]
         _, groups, sh, sw, cg, _, _ = (int(d) for d in split.ty.shape)
@@ -318,7 +313,7 @@ class _Lower(relax.PyExprMutator):
         it); each part read by a ``TupleGetItem`` is blocked (:meth:`_blocked_part`), so the concat and convs
         after it need neither a ``to_plain`` before the split nor a ``to_blocked`` after it (True)."""
         call = binding.value
-        if _op_name(call) != "relax.split" or call.args[0] not in self.blocked_of or len(call.args[0].ty.shape) != 4 \
+        if op_name(call) != "relax.split" or call.args[0] not in self.blocked_of or len(call.args[0].ty.shape) != 4 \
                 or int(call.attrs.axis) % 4 != 1:
             return False
         blocked = self.blocked_of[call.args[0]]
@@ -340,7 +335,7 @@ class _Lower(relax.PyExprMutator):
         (TVM's ``NCHW[b]c`` layout of the op; every method works per channel), so the upsampling of a detector's
         neck needs no ``to_plain`` before it nor ``to_blocked`` after it (True)."""
         call = binding.value
-        if _op_name(call) != "relax.image.resize2d" or call.args[0] not in self.blocked_of \
+        if op_name(call) != "relax.image.resize2d" or call.args[0] not in self.blocked_of \
                 or str(call.attrs.layout) != "NCHW":
             return False
         blocked = self.blocked_of[call.args[0]]

@@ -137,7 +137,7 @@ def _choose_outputs(sites: list[_Site], users: dict, codes_ops: dict, gates: dic
 
 def _choose_layouts(sites: list[_Site], users: dict, keep_layout: dict) -> None:
     """NCHW16c uint8 output for the INT8 sites with an NCHW16c kernel that an INT8 site with one, or an op on
-    codes that keeps their layout (``keep_layout``: means, gates), reads: the codes stay blocked from kernel
+    codes that keeps their layout (``keep_layout``: max-pools, means, gates), reads: the codes stay blocked from kernel
     to kernel, and readers that need NCHW get one ``to_plain``."""
     blockable = {s.var for s in sites if s.part is not None and blocked_kernel(s.part)}
     readers_ok = blockable | set(keep_layout)
@@ -350,9 +350,10 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         users = users_of(mod["main"])
         _attach_tables(mod, sites, users, table, keys)
         pools, means, gates = (f(mod, sites, users) for f in (uint8_pools, uint8_means, uint8_gates))
-        _choose_outputs(sites, users, pools | means | gates, gates)
+        codes_ops = pools | means | gates
+        _choose_outputs(sites, users, codes_ops, gates)
         if blocked:
-            _choose_layouts(sites, users, pools | means | gates)
+            _choose_layouts(sites, users, codes_ops)
         if not any(s.part is not None for s in sites):
             if report is not None:
                 report.update(_summary(sites, 0, 0))

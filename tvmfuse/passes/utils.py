@@ -32,6 +32,11 @@ def commuted(op: str, a, b):
     return is_op(op)(a, b) | is_op(op)(b, a)
 
 
+def op_name(expr) -> str | None:
+    """The operator name of a call to a Relax op; None for anything else."""
+    return getattr(getattr(expr, "op", None), "name", None)
+
+
 def bindings_of(func) -> list:
     """Every binding of a Relax function's body, block after block."""
     return [binding for block in func.body.blocks for binding in block.bindings]
