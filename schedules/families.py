@@ -243,7 +243,7 @@ class RowFamily:
 
 ROW_MARK = "tvmfuse.row_kernel"
 ROW_FAMILIES: dict[str, RowFamily] = {f.name: f for f in (
-    RowFamily("softmax", "relax.nn.softmax", "compute.legalize_softmax", (Kernel("softmax", {"x86": "softmax"}),)),
+    RowFamily("softmax", "relax.nn.softmax", "softmax.legalize", (Kernel("softmax", {"x86": "softmax"}),)),
     # over the last axis; over the channels of NCHW (ConvNeXt's channels-first LayerNorm)
     RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize",
               (Kernel("layer_norm", {"x86": "layer_norm"}),

@@ -145,7 +145,7 @@ class Backend(_Base):
         partition epilogues compute them (:mod:`..activations`: vectorizable polynomials where TVM's rules call
         libm's scalar ``expf`` / ``erff`` / ``tanhf`` / ``powf`` per element; ConvNeXt-T's GELUs outside its
         dense kernels took 4.4 ns per element with ``erff``, 0.57 ms for a 1024 x 128 map), Softmax by
-        ``compute.softmax`` (``fast_exp``, at most 4.1e-6 relative error over [-87, 88]; scheduled a row at a
+        ``softmax.softmax`` (``fast_exp``, at most 4.1e-6 relative error over [-87, 88]; scheduled a row at a
         time by :mod:`.softmax`: TVM's took 0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms) and
         LayerNorm over the last axis by :func:`..layer_norm.layer_norm` (a row at a time, :mod:`.layer_norm`):
         the row families of the registry (``families.ROW_FAMILIES``), their output stages marked for their

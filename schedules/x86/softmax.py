@@ -1,4 +1,4 @@
-"""Softmax along the last axis on x86 (the compute is :func:`..compute.softmax`): one row per task.
+"""Softmax along the last axis on x86 (the compute is :func:`..softmax.softmax`): one row per task.
 
 Each row (all axes but the last, fused, in parallel) runs three passes over its values while they stay in
 cache: the max (vector partials, rfactor), ``exp(x - max)`` stored once and added to the sum's vector
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..compute import SOFTMAX_STAGES
+from ..softmax import SOFTMAX_STAGES
 from . import rows
 
 MAX, EXP, SUM, RECIP, NORM = SOFTMAX_STAGES

@@ -15,7 +15,7 @@ import tvmfuse
 from tvmfuse import targets
 from tvmfuse.schedules import families
 from tvmfuse.schedules.backend import kernel_of
-from tvmfuse.schedules.compute import softmax
+from tvmfuse.schedules.softmax import softmax
 from tvmfuse.schedules.layer_norm import layer_norm
 from tvmfuse.schedules.x86 import layer_norm as ln_rule
 from tvmfuse.schedules.x86 import rows, templates
