@@ -20,7 +20,7 @@ from helpers import make_model
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
                               squeeze_excite,
                               residual_block, sandwich, spelt_hardswish, two_outputs)
-from tvmfuse import frontend, targets
+from tvmfuse import frontend, targets, zoo
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 from tvmfuse.passes.utils import bindings_of
 from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
@@ -344,14 +344,16 @@ def test_depthwise_weight_has_taps_in_fours_on_vnni_targets_with_row_dilation_1(
     assert shapes == {"x86-avx512": [first, (2, 5, 2, 16, 4)], "custom": [(2, 5, 5, 16)] * 2}
 
 
-def test_pool_and_tiny_convnet_regions_blocked():
+@pytest.mark.parametrize("channels", [16, 24])
+def test_pool_and_tiny_convnet_regions_blocked(channels):
     """A uint8 max-pool between blocked kernels pools the NCHW16c codes (the blocked pool kernel), so its
-    producer writes NCHW16c and the next conv reads the pooled codes in place; tiny_convnet keeps its
-    regions and counts."""
-    mod, report = _quantize(conv_pool_conv(), blocked=True)
+    producer writes NCHW16c and the next conv reads the pooled codes in place (24 channels: the padded
+    block pooled too); tiny_convnet keeps its regions and counts."""
+    mod, report = _quantize(conv_pool_conv(channels=channels), blocked=True)
     assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "pool2d_nchwc", "int8_conv2d"]
     (_, _, _), (_, _, conv_var), (_, pool, pool_var), (_, last, _) = _main_calls(mod)
     assert len(conv_var.ty.shape) == len(pool_var.ty.shape) == 5 and str(pool_var.ty.dtype) == "uint8"
+    assert [int(d) for d in pool_var.ty.shape] == [1, -(-channels // 16), 8, 8, 16]
     assert pool.args[1].fields[0].same_as(conv_var) and _kernel_args(last)[0].same_as(pool_var)
     assert report["blocked_outputs"] == 1 and report["layout_transforms"] == 0
     mod, report = _quantize("zoo:tiny_convnet", blocked=True)
@@ -387,3 +389,11 @@ def test_squeeze_and_excitation_whose_gate_is_also_an_output_keeps_the_float_gat
     mod, report = _quantize(squeeze_excite(gate_output=True), blocked=True)
     assert report["uint8_gates"] == 1 and "codes_gate" in _kinds(mod)
     assert report["dequantize_ops"] == 0  # the gate is float32 for both readers
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_every_zoo_model_quantizes_to_blocked_int8_kernels(name):
+    """Every zoo model's INT8 graph builds on a VNNI target, its kernels' computes included (ShuffleNetV2's
+    stem pool of 24 channels once gave the next depthwise one NCHW16c block for two)."""
+    mod, report = _quantize("zoo:" + name, blocked=True, spec=AVX512)
+    assert report["int8_partitions"] > 0 and report["blocked_outputs"] > 0

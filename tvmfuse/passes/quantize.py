@@ -37,7 +37,7 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules import int8_se
-from tvmfuse.schedules.blocked import blocked_shape, pool2d
+from tvmfuse.schedules.blocked import pool2d
 from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 
 from ..quant.keys import observed_tensors
@@ -204,7 +204,8 @@ class _Rewrite(relax.PyExprMutator):
         codes = self._codes_of(self.pools[var], None)
         a = pool.attrs
         if len(codes.ty.shape) == 5 and str(a.layout) == "NCHW" and str(a.out_layout) == "NCHW":
-            out_shape = blocked_shape(var.ty.shape, int(codes.ty.shape[4]))
+            n, _, h, w = (int(d) for d in var.ty.shape)  # padded channels: the codes' block count, not C // 16
+            out_shape = [n, int(codes.ty.shape[1]), h, w, int(codes.ty.shape[4])]
             call = transform_call(self.builder_, lambda t: pool2d(t, "max", a.pool_size, a.strides, a.padding,
                                                                   a.dilation, a.ceil_mode),
                                   codes, out_shape, family=POOL_FAMILY, name="max_pool2d_codes")
