@@ -3,6 +3,7 @@
     python bench/int8.py [--models mobilenet_v2,efficientnet_lite0,resnet18,resnet50] [--target x86-host]
                          [--repeat 20] [--calib-batches 16] [--method minmax]
     python bench/int8.py --models ppocrv5_det,layout_cdla   # corpus models (fetched), at their table shape
+    python bench/int8.py --models all --no-peers            # every zoo and corpus model, tvmfuse FP32 vs INT8
 
 Up to seven contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
 (common.interleaved_medians) on the same seeded input:
@@ -81,12 +82,19 @@ def _timed(fn):
     return result, time.perf_counter() - start
 
 
-def measure(name: str, target: str, repeat: int, calib_batches: int, method: str) -> dict:
-    """Build the five contenders of one model and time them alternately."""
+def measure(name: str, target: str, repeat: int, calib_batches: int, method: str, peers: bool = True) -> dict:
+    """Build the contenders of one model (only tvmfuse FP32 and INT8 when not ``peers``), time them alternately."""
     model, shapes = named_model(name)
     fp32, fp32_s = _timed(lambda: tvmfuse.compile(model, target=target, shapes=shapes))
     batches = [inputs_for(fp32.inputs, seed=100 + i) for i in range(calib_batches)]
     int8, int8_s = _timed(lambda: tvmfuse.quantize(model, calib=batches, method=method, target=target, shapes=shapes))
+    if not peers:
+        x = inputs_for(fp32.inputs)
+        ms = interleaved_medians({"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x)}, repeat)
+        quant = int8.quantization
+        return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, float("nan")),
+                "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
+                "qdq kernels": "-"}
     with tempfile.TemporaryDirectory() as tmp:
         qdq = ort_qdq(model, batches, Path(tmp))
     try:
@@ -146,10 +154,21 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--calib-batches", type=int, default=16)
     p.add_argument("--method", default="minmax", help="tvmfuse calibration method (minmax, entropy, percentile)")
+    p.add_argument("--no-peers", action="store_true",
+                   help="time tvmfuse FP32 and INT8 only (no onnxruntime or OpenVINO quantization): a sweep over "
+                        "many models")
     args = p.parse_args(argv)
     spec = targets.resolve(args.target)
-    rows = [_row(measure(m, args.target, args.repeat, args.calib_batches, args.method))
+    if args.models == "all":
+        from tvmfuse import corpus, zoo
+
+        args.models = ",".join(zoo.names() + corpus.names())
+    rows = [_row(measure(m, args.target, args.repeat, args.calib_batches, args.method, not args.no_peers))
             for m in args.models.split(",")]
+    if args.no_peers:
+        keep = ("model", "tvmfuse FP32 ms", "tvmfuse INT8 ms", "INT8/FP32 tvmfuse", "INT8 partitions",
+                "compile s (FP32/INT8/QDQ)")
+        rows = [{k: r[k] for k in keep} for r in rows]
     print(f"# INT8 bench: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
           f"INT8 on {_simd(spec)}; {platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, "
           f"TVM {tvm.__version__}, onnxruntime {_ort_version()}")
