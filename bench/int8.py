@@ -163,8 +163,14 @@ def main(argv=None) -> int:
         from tvmfuse import corpus, zoo
 
         args.models = ",".join(zoo.names() + corpus.names())
-    rows = [_row(measure(m, args.target, args.repeat, args.calib_batches, args.method, not args.no_peers))
-            for m in args.models.split(",")]
+    rows, failed = [], []
+    for m in args.models.split(","):
+        print(f"{m} ...", file=sys.stderr, flush=True)
+        try:
+            rows.append(_row(measure(m, args.target, args.repeat, args.calib_batches, args.method, not args.no_peers)))
+        except Exception as e:  # noqa: BLE001 - one model's failure is reported, the sweep goes on
+            failed.append(f"{m}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            print(f"{m} FAILED: {failed[-1]}", file=sys.stderr, flush=True)
     if args.no_peers:
         keep = ("model", "tvmfuse FP32 ms", "tvmfuse INT8 ms", "INT8/FP32 tvmfuse", "INT8 partitions",
                 "compile s (FP32/INT8/QDQ)")
@@ -172,8 +178,11 @@ def main(argv=None) -> int:
     print(f"# INT8 bench: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
           f"INT8 on {_simd(spec)}; {platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, "
           f"TVM {tvm.__version__}, onnxruntime {_ort_version()}")
-    print(table(rows, list(rows[0])))
-    return 0
+    if rows:
+        print(table(rows, list(rows[0])))
+    for f in failed:
+        print(f"- failed: {f}")
+    return 1 if failed else 0
 
 
 def _ort_version() -> str:
