@@ -28,6 +28,15 @@ against 1.23-1.36 with the pool). So the first calls after an idle gap only coun
 for a whole benchmark, 0.55 against 0.38 ms with the pool). The cost: a server whose every request is an
 idle gap plus fewer calls than that is never moved to one thread under contention.
 
+Quietly, a small model can itself run faster on one thread: its kernels last a few microseconds, and waking
+the other pool thread and waiting for it at every kernel costs more than the thread gives
+(ppocr_mobile_v2_cls on Zen 4, 2 cores: 0.57 ms on the pool, 0.46 on one thread; INT8 0.67 / 0.48). So on the
+whole pool the governor also probes one thread, once ``POOL_CALLS`` steady calls give the pool's median, and
+under the same budget: a one-thread call not under ``WIN`` times that median ends the probe at once (a large
+model pays one slow call, then the back-off), ``PROBE_CALLS`` all under ``WIN`` times it move the thread to one
+thread, which then probes the pool as above. The two ``WIN`` margins keep a model whose two speeds are close
+where it is.
+
 ``TVMFUSE_THREADS=fixed`` turns it off (every call uses the whole pool, TVM's behaviour).
 """
 
@@ -49,6 +58,7 @@ MIN_HOLD_S, MAX_HOLD_S = 0.05, 10.0
 IDLE_S = 0.01  # a gap this long between calls lets the pool's threads (and the vCPUs) fall asleep
 WARM_CALLS = 5  # calls after such a gap that say nothing about contention ...
 WARM_S = 0.012  # ... nor does this much call time after it
+POOL_CALLS = 5  # steady whole-pool calls whose median a one-thread probe must beat
 
 _pool = threading.local()  # .threads: what this OS thread's TVM pool is configured to (shared by its models)
 
@@ -60,15 +70,18 @@ def enabled() -> bool:
 class Governor:
     """Chooses the calling thread's pool size before each call; :meth:`done` gets the call's time."""
 
-    def __init__(self, full: int, configure, clock=time.perf_counter):
+    def __init__(self, full: int, configure, clock=time.perf_counter, probe_one_thread: bool = True):
+        """``probe_one_thread``: False leaves the pool only under contention (no quiet one-thread probes)."""
         self.full, self._configure, self._clock = full, configure, clock
+        self.probe_one_thread = probe_one_thread
         self.single = False  # the thread's chosen mode
         self.switches = 0  # mode changes (for tests and reports)
         self._reference = float("inf")  # fastest whole-pool call since the last probe won
         self._slow = 0
         self._fastest_single = float("inf")
         self._single_walls: deque[float] = deque(maxlen=9)
-        self._probe: list[float] | None = None  # walls of the probe under way
+        self._pool_walls: deque[float] = deque(maxlen=9)  # steady whole-pool calls since the last switch
+        self._probe: list[float] | None = None  # walls of the probe under way (of the other mode)
         self._hold = MIN_HOLD_S
         self._spent = 0.0  # seconds spent in this thread's calls of this model
         self._probe_at = 0.0  # ... when the next probe may start
@@ -97,13 +110,15 @@ class Governor:
 
     def start(self) -> float:
         """Before a call: pick the pool size; returns the time to pass to :meth:`done`."""
-        if self.single and self._probe is None and self._spent >= self._probe_at and self._calm():
-            self._probe = []
-        self._set(1 if self.single and self._probe is None else self.full)
         now = self._clock()
         if self._last_end is not None and now - self._last_end > IDLE_S:
             self._warming, self._warm_until = WARM_CALLS, self._spent + WARM_S
-        return now
+        warm = not self._warming and self._spent > self._warm_until  # a probe's calls must count
+        if self._probe is None and warm and self._spent >= self._probe_at and (self._calm() if self.single else (
+                self.probe_one_thread and len(self._pool_walls) >= POOL_CALLS)):
+            self._probe = []
+        self._set(1 if self.single == (self._probe is None) else self.full)
+        return self._clock()
 
     def done(self, started: float) -> None:
         """After a call: learn from its wall time."""
@@ -115,16 +130,18 @@ class Governor:
         if self._warming or self._spent <= self._warm_until:
             self._warming = max(0, self._warming - 1)
             return
+        if not self.single and self._probe is not None:
+            self._probe_one_thread(wall)
+            return
         if not self.single:
             single_known = self._fastest_single != float("inf")
             contended = wall > SLOW * self._reference and (wall > self._fastest_single or not single_known)
             self._slow = self._slow + 1 if contended else 0
             self._reference = min(self._reference, wall)
+            if not contended:
+                self._pool_walls.append(wall)
             if self._slow >= SLOW_CALLS:
-                self.single, self._slow = True, 0
-                self._single_walls.clear()
-                self._hold, self._probe_at = MIN_HOLD_S, self._spent + MIN_HOLD_S
-                self.switches += 1
+                self._to_single([])
             return
         if self._probe is None:
             self._single_walls.append(wall)
@@ -136,8 +153,35 @@ class Governor:
         probe, self._probe = self._probe, None
         single = statistics.median(self._single_walls)
         if min(probe) < WIN * single:
-            self.single, self._reference = False, min(probe)
+            self.single, self._reference, self._slow = False, min(probe), 0
+            self._pool_walls.clear()
             self.switches += 1
+            self._hold, self._probe_at = MIN_HOLD_S, self._spent + MIN_HOLD_S
             return
-        self._hold = max(min(MAX_HOLD_S, 2 * self._hold), (sum(probe) - len(probe) * single) / PROBE_SHARE)
+        self._back_off(sum(probe) - len(probe) * single)
+
+    def _to_single(self, walls: list[float]) -> None:
+        """Move to one thread; ``walls``: one-thread calls just measured (a won probe's)."""
+        self.single, self._slow = True, 0
+        self._single_walls.clear()
+        self._single_walls.extend(walls)
+        self._hold, self._probe_at = MIN_HOLD_S, self._spent + MIN_HOLD_S
+        self.switches += 1
+
+    def _back_off(self, cost: float) -> None:
+        """A failed probe cost ``cost`` seconds: the next waits until probing is at most PROBE_SHARE of the time."""
+        self._hold = max(min(MAX_HOLD_S, 2 * self._hold), cost / PROBE_SHARE)
         self._probe_at = self._spent + self._hold
+
+    def _probe_one_thread(self, wall: float) -> None:
+        """A call of the one-thread probe made from the whole pool."""
+        self._probe.append(wall)
+        self._fastest_single = min(self._fastest_single, wall)
+        pool = statistics.median(self._pool_walls)
+        if wall < WIN * pool and len(self._probe) < PROBE_CALLS:
+            return
+        probe, self._probe = self._probe, None
+        if max(probe) < WIN * pool:
+            self._to_single(probe)
+        else:
+            self._back_off(max(0.0, sum(probe) - len(probe) * pool))
