@@ -88,9 +88,10 @@ def test_hardswish_int8_is_close_to_fp32(spelling):
     assert _relative_error(cm, tvmfuse.compile(model, target=HOST), calib) < TOLERANCE
 
 
-@pytest.mark.parametrize("channels", [16, 24])
-def test_max_pool_of_uint8_codes_is_close_to_fp32(channels):
-    model = conv_pool_conv(channels=channels)
+@pytest.mark.parametrize("channels,output", [(16, False), (24, False), (24, True)])
+def test_max_pool_of_uint8_codes_is_close_to_fp32(channels, output):
+    """Between INT8 kernels, and as the model output (the pooled codes dequantized)."""
+    model = conv_pool_conv(channels=channels, pool_is_output=output)
     calib = _random_batches((1, 3, 16, 16), 8, 2)
     cm = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST)
     assert cm.quantization["uint8_pools"] == 1 and cm.quantization["quantize_ops"] == 1

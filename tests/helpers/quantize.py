@@ -108,12 +108,12 @@ def depthwise_s2(channels=96, size=16):
                  [("x", [1, 8, size, size])], [("y", [1, 16, size // 2, size // 2])])
 
 
-def conv_pool_conv(pads=1, pool_is_output=False, channels=16):
+def conv_pool_conv(pads=1, pool_is_output=False, channels=16, stride=2):
     """conv+relu (3 -> ``channels``) -> MaxPool 3x3 stride 2 (ResNet's stem pool) -> conv (8); or no last conv
     and the pool's result is the model output. 24 channels: ShuffleNetV2's stem, one and a half NCHW16c blocks."""
     rng = np.random.default_rng(4)
-    pool = helper.make_node("MaxPool", ["h"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[pads] * 4)
-    size = (16 + 2 * pads - 3) // 2 + 1
+    pool = helper.make_node("MaxPool", ["h"], ["p"], kernel_shape=[3, 3], strides=[stride] * 2, pads=[pads] * 4)
+    size = (16 + 2 * pads - 3) // stride + 1
     layers = [conv(rng, "x", "c1", 3, channels, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []), (pool, [])]
     if pool_is_output:
         return model(layers, [("x", [1, 3, 16, 16])], [("p", [1, channels, size, size])])

@@ -115,10 +115,24 @@ def test_max_pool_between_int8_partitions_pools_the_uint8_codes():
     assert (report["quantize_ops"], report["dequantize_ops"], report["uint8_pools"]) == (1, 0, 1)
 
 
-def test_max_pool_read_by_an_fp32_consumer_stays_float():
-    mod, report = _quantize(conv_pool_conv(pool_is_output=True))  # the model output is an FP32 consumer
+def test_max_pool_of_stride_1_read_by_an_fp32_consumer_stays_float():
+    mod, report = _quantize(conv_pool_conv(pool_is_output=True, stride=1))  # the output is an FP32 consumer
     assert _kinds(mod) == ["relax.quantize", "int8_conv2d", "relax.nn.max_pool2d"]
     assert str(_main_calls(mod)[-1][2].ty.dtype) == "float32" and report["uint8_pools"] == 0
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["nchw", "nchw16c"])
+def test_max_pool_that_shrinks_the_map_pools_codes_and_dequantizes_for_an_fp32_consumer(blocked):
+    """A classifier's last conv -> 2x2 max-pool -> global mean (FP32): the conv writes codes, the pool pools
+    them (exact: max commutes with the monotonic dequantize) and one dequantize of the pooled map follows."""
+    mod, report = _quantize(conv_pool_conv(pool_is_output=True), blocked=blocked)
+    pool_kind = "pool2d_nchwc" if blocked else "relax.nn.max_pool2d"
+    kinds = _kinds(mod)
+    assert kinds[:3] == ["relax.quantize", "int8_conv2d", pool_kind] and kinds[-1] == "relax.dequantize", kinds
+    calls = _main_calls(mod)
+    assert str(calls[1][2].ty.dtype) == str(calls[2][2].ty.dtype) == "uint8"
+    assert str(calls[-1][2].ty.dtype) == "float32" and [int(d) for d in calls[-1][2].ty.shape] == [1, 16, 8, 8]
+    assert (report["uint8_pools"], report["dequantize_ops"]) == (1, 1)
 
 
 def test_fp32_partition_stays_fp32_with_borders_around_it():

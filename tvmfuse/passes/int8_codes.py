@@ -22,11 +22,13 @@ def _int8_vars(sites) -> tuple[set, list]:
 def uint8_pools(mod: tvm.IRModule, sites: list, users: dict) -> dict:
     """Max-pools that pool uint8 codes instead: pool var -> the INT8 site it reads.
 
-    Eligible when the pool reads an INT8 partition's output and only INT8 partitions read the pool. Max
-    commutes with the monotonic quantization, and the code 0 the pool pads with is at most every real code,
-    so pooling the codes is exact. It saves the float pass: the producer writes uint8 instead of float32 and
-    the pool reads a quarter of the bytes, with no quantize after it. The pooled codes keep their input's
-    quantization parameters.
+    Eligible when the pool reads an INT8 partition's output and either only INT8 partitions read the pool, or
+    the pool shrinks the map (a stride above 1) and :func:`float_read` readers get the pooled codes
+    dequantized. Max commutes with the monotonic quantization, and the code 0 the pool pads with is at most
+    every real code, so pooling the codes is exact. It saves the float pass: the producer writes uint8
+    instead of float32 and the pool reads a quarter of the bytes, with no quantize after it (or a dequantize
+    of the smaller pooled map: a classifier's last conv, 2x2 max-pool and global mean). The pooled codes
+    keep their input's quantization parameters.
     """
     int8, _ = _int8_vars(sites)
     pools = {}
@@ -34,9 +36,15 @@ def uint8_pools(mod: tvm.IRModule, sites: list, users: dict) -> dict:
         value = binding.value
         if op_name(value) == "relax.nn.max_pool2d" and value.args[0] in int8:
             readers = users.get(binding.var, [])
-            if readers and all(r in int8 for r in readers):
+            shrinks = any(int(s) > 1 for s in value.attrs.strides)
+            if readers and (shrinks or all(r in int8 for r in readers)):
                 pools[binding.var] = value.args[0]
     return pools
+
+
+def float_read(var, users: dict, int8_vars: set) -> bool:
+    """Whether anything but an INT8 site reads ``var`` (an FP32 op, or the function's result)."""
+    return any(r is None or r not in int8_vars for r in users.get(var, []))
 
 
 def uint8_means(mod: tvm.IRModule, sites: list, users: dict) -> dict:

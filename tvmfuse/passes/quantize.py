@@ -46,7 +46,7 @@ from ..targets import TargetSpec
 from .int8_kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape,
                            make_int8_kernel, relayout)
 from .int8_partition import Int8Partition, analyze
-from .int8_codes import uint8_gates, uint8_means, uint8_pools
+from .int8_codes import float_read, uint8_gates, uint8_means, uint8_pools
 from .layout import POOL_FAMILY, transform_call
 from .int8_tables import Chain, find_chains, output_table
 from .partition import is_partition
@@ -152,11 +152,12 @@ class _Rewrite(relax.PyExprMutator):
     """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
 
     def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool,
-                 vnni: bool = False, means: dict | None = None, gates: dict | None = None):
+                 vnni: bool = False, means: dict | None = None, gates: dict | None = None,
+                 dequantized: set | None = None):
         super().__init__(mod)
         self.vnni = vnni
         self.sites = {s.var: s for s in sites if s.part is not None}
-        self.pools = pools
+        self.pools, self.dequantized = pools, dequantized or set()  # pools FP32 ops also read
         self.means, self.gates = means or {}, gates or {}
         self.table, self.keys = table, keys
         self.inputs = set(mod["main"].params)
@@ -210,9 +211,19 @@ class _Rewrite(relax.PyExprMutator):
                                                                   a.dilation, a.ceil_mode),
                                   codes, out_shape, family=POOL_FAMILY, name="max_pool2d_codes")
             self.codes[var] = {BLOCKED_LAYOUT: self._emit_like(call, var, "_u8_nchw16c")}
-            return
-        call = relax.Call(pool.op, [self._codes_of(self.pools[var])], pool.attrs)
-        self.codes[var] = {"NCHW": self._emit_like(call, var, "_u8")}
+        else:
+            call = relax.Call(pool.op, [self._codes_of(self.pools[var])], pool.attrs)
+            self.codes[var] = {"NCHW": self._emit_like(call, var, "_u8")}
+        if var in self.dequantized:
+            self._dequantize(var)
+
+    def _dequantize(self, var) -> None:
+        """Bind ``var`` (whose codes exist) to its float32 values, for the FP32 ops that read it."""
+        codes, p = self._codes_of(var), self.qparams(var)
+        value = relax.op.dequantize(codes, relax.const(float(p.scale), "float32"),
+                                    relax.const(int(p.zero_point), "int32"), axis=0, out_dtype="float32")
+        self.set_var_remap(var, self._emit_like(value, var))
+        self.dequantize_ops += 1
 
     def _codes_kernel(self, var, kernel, name: str, inputs: list, shape: list) -> None:
         """Bind the codes of ``var`` to the call of ``kernel`` on ``inputs`` (codes first), in their layout."""
@@ -274,11 +285,7 @@ class _Rewrite(relax.PyExprMutator):
         var = site.out_var
         self.codes[var] = {site.out_layout: self._emit_like(result, var, suffix)}
         if site.dequantize:
-            codes, p = self._codes_of(var), self.qparams(var)
-            value = relax.op.dequantize(codes, relax.const(float(p.scale), "float32"),
-                                        relax.const(int(p.zero_point), "int32"), axis=0, out_dtype="float32")
-            self.set_var_remap(var, self._emit_like(value, var))
-            self.dequantize_ops += 1
+            self._dequantize(var)
 
 
 def _check_constants(sites: list[_Site], table, keys: dict) -> None:
@@ -361,7 +368,9 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
             warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
                           QuantizeWarning, stacklevel=2)
             return mod
-        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec), means, gates)
+        int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)
+        dequantized = {p for p in pools if float_read(p, users, int8_vars)}
+        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec), means, gates, dequantized)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
