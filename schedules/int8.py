@@ -15,14 +15,15 @@ Quantization convention (the rest of tvmfuse builds on it):
   relu / relu6 (clips in the quantized domain, :meth:`Epilogue.make`). float32 output (dequantize):
   ``y = float32(acc) * M[o]`` with ``M[o] = s_x * s_w[o]``, then the optional clip.
 - Residual add (:class:`Residual`): the residual code ``r`` (uint8 or int8, scale ``s_r``, zero point
-  ``zr``) is dequantized and added in float before requantizing:
-  ``v = float64(acc) * M[o] + float64(r - zr) * R`` with ``R = s_r / s_y`` (float32 output: ``R = s_r``).
-  This path computes in float64 on purpose: TVM's LLVM backend fuses a multiply feeding an add into an FMA
-  (one rounding instead of two), so a float32 sum of two products is not reproducible by a numpy reference.
-  In float64 both products are exact (``|acc| < 2**29``; ``r - zr`` has 9 bits, ``R`` 24), so fused or
-  not, the sum is rounded once and the result is bit-exact.
+  ``zr``) is dequantized and added in float before requantizing, in one fused multiply-add:
+  ``v = fma(float32(acc), M[o], float32(r - zr) * R)`` with ``R = s_r / s_y`` (float32 output: ``R = s_r``).
+  An explicit ``llvm.fma``, rounded once on every target: TVM's LLVM backend may or may not contract a
+  float32 product feeding an add (one rounding instead of two), so a plain sum of two products is not
+  reproducible by a numpy reference; ``int8_ref.fma32`` is the fma's exact twin. (It used to be a float64
+  sum, exact either way, at twice the vector work: ResNet-50's 1x1 convs with a residual ran at 115-180
+  GMAC/s against 350-440 for the others.)
 - Hardswish (:class:`HardSwish`): the activation is applied to the real value ``v`` (the float32 product
-  above, or the float64 sum with a residual), so ``M[o] = s_x * s_w[o]`` and ``R = s_r`` whatever the
+  above, or the fused sum with a residual), so ``M[o] = s_x * s_w[o]`` and ``R = s_r`` whatever the
   output: ``y = v * (clip(v, lo - shift, hi - shift) + shift) * K`` with ``K = 1 / (6 s_y)`` (float32
   output: ``1 / 6``), then rounded and offset by ``zy`` like any quantized output. Clipping before adding
   the shift keeps every add away from a multiply, so no FMA can form and float32 stays bit-exact.

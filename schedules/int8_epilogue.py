@@ -128,14 +128,15 @@ class Epilogue:
 def _requantize(acc, scale, res, ep: Epilogue):
     """The epilogue of one element: ``acc`` int32 (bias included), ``scale`` float32, ``res`` the residual
     code or None. Returns the output value in ``ep.out_dtype``; with ``ep.table``, its table index (int32)."""
+    dtype = "float32"
     if ep.residual is None:
-        value, dtype = acc.astype("float32") * scale, "float32"
+        value = acc.astype("float32") * scale
     else:
-        # float64: both products exact, so an FMA the backend may form rounds the same as numpy.
-        shift = res.astype("int32") - ep.residual.zero_point
-        value = (acc.astype("float64") * scale.astype("float64")
-                 + shift.astype("float64") * tirx.const(ep.residual.scale, "float64"))
-        dtype = "float64"
+        # One explicit fused multiply-add: LLVM may or may not contract a product feeding an add, but an
+        # llvm.fma is one rounding on every target (int8_ref.fma32 is its exact numpy twin).
+        shift = (res.astype("int32") - ep.residual.zero_point).astype("float32") * tirx.const(ep.residual.scale,
+                                                                                               "float32")
+        value = tirx.call_llvm_pure_intrin("float32", "llvm.fma", acc.astype("float32"), scale, shift)
     if ep.hardswish is not None:
         # The gate clips before it adds: no multiply feeds an add, so nothing can fuse into an FMA.
         lo, hi, shift, factor = ep.hardswish.constants(dtype)

@@ -4,7 +4,8 @@ The conventions are those of :mod:`tvmfuse.schedules.int8`. The references compu
 definition, ``acc[o] = sum((x - za) * w[o]) + bias[o]`` over zero-padded ``x - za``, with the original bias;
 the kernels compute ``sum(x * w[o]) + fold_zero_point(bias, w, za)[o]`` over ``za``-padded codes. The two
 agree exactly, which the tests check. The epilogue (:func:`requantize`) repeats the kernel's float
-arithmetic operation by operation (float32, or float64 with a residual), so integer outputs are bit-exact.
+arithmetic operation by operation (float32; a residual's add is one fused multiply-add, :func:`fma32`), so
+integer outputs are bit-exact.
 """
 
 from __future__ import annotations
@@ -89,6 +90,23 @@ def requant_multiplier(input_scale: float, weight_scales, output_scale: float | 
     return (m if output_scale is None else m / float(output_scale)).astype(np.float32)
 
 
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``a * b + c`` on float32 arrays rounded once, as ``llvm.fma`` (numpy has no fused multiply-add).
+
+    ``a * b`` is exact in float64 (24 + 24 bits); the float64 sum's rounding error comes from TwoSum, and
+    where it is not zero the sum is rounded to odd (its last bit set, towards the error): rounding that to
+    float32 is then the correctly rounded result (53 >= 2 * 24 + 2 bits).
+    """
+    a, b, c = (np.asarray(x, np.float32).astype(np.float64) for x in (a, b, c))
+    p = a * b
+    s = p + c
+    v = s - p
+    err = (p - (s - v)) + (c - v)
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
 def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, residual: np.ndarray | None = None,
                table: np.ndarray | None = None):
     """The kernels' epilogue on an int accumulator (bias included, channels on axis 1), in numpy; ``table``:
@@ -101,8 +119,7 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, resi
         value = acc.astype(np.float32) * m
     else:
         shift = np.asarray(residual).astype(np.int32) - epilogue.residual.zero_point
-        value = acc.astype(np.float64) * m.astype(np.float64) + shift.astype(np.float64) * np.float64(
-            epilogue.residual.scale)
+        value = fma32(acc.astype(np.float32), m, shift.astype(np.float32) * np.float32(epilogue.residual.scale))
     if epilogue.hardswish is not None:
         t = value.dtype.type
         lo, hi, shift, factor = epilogue.hardswish.constants(value.dtype.name)

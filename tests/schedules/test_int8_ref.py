@@ -70,3 +70,30 @@ def test_epilogue_activation_bounds():
         int8.Epilogue("int8", zero_point=128)
     with pytest.raises(int8.Int8KernelError, match="empty clip"):
         int8.Epilogue("uint8", clip_min=200, clip_max=100)
+
+
+def test_fma32_rounds_once_like_llvm_fma():
+    """int8_ref.fma32 against a fused multiply-add compiled by TVM (llvm.fma, the residual epilogue's op),
+    on values whose float64 sum is inexact and on float32 ties, where rounding twice gives another answer."""
+    import tvm
+    from tvm import te, tirx
+
+    rng = np.random.default_rng(0)
+    n = 1 << 16
+    a = rng.standard_normal(n).astype(np.float32) * np.float32(2.0) ** rng.integers(-30, 30, n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32) * np.float32(2.0) ** rng.integers(-30, 30, n).astype(np.float32)
+    # a * b = 1 + 2**-11 + 2**-24, halfway between two float32: plus 2**-80 it rounds up, but the float64 sum
+    # drops the 2**-80 and a second rounding (ties to even) goes down.
+    a[:4], b[:4], c[:4] = [1 + 2.0 ** -12] * 4, [1 + 2.0 ** -12] * 4, [2.0 ** -80, -(2.0 ** -80), 2.0 ** -30, 0.0]
+    x, y, z = (te.placeholder((n,), "float32", name=s) for s in "xyz")
+    out = te.compute((n,), lambda i: tirx.call_llvm_pure_intrin("float32", "llvm.fma", x[i], y[i], z[i]), name="o")
+    lib = tvm.compile(te.create_prim_func([x, y, z, out]), target="llvm")
+    got = tvm.runtime.tensor(np.zeros(n, np.float32))
+    lib(*[tvm.runtime.tensor(v) for v in (a, b, c)], got)
+    ref = int8_ref.fma32(a, b, c)
+    np.testing.assert_array_equal(ref, got.numpy())
+    twice = a * b + c
+    assert (twice != ref).sum() > 100  # the test can tell one rounding from two
+    assert ref[0] == np.float32(1 + 2.0 ** -11 + 2.0 ** -23)
+    assert (a[:1].astype(np.float64) * b[:1] + c[:1]).astype(np.float32)[0] == np.float32(1 + 2.0 ** -11)
