@@ -88,13 +88,24 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
     fp32, fp32_s = _timed(lambda: tvmfuse.compile(model, target=target, shapes=shapes))
     batches = [inputs_for(fp32.inputs, seed=100 + i) for i in range(calib_batches)]
     int8, int8_s = _timed(lambda: tvmfuse.quantize(model, calib=batches, method=method, target=target, shapes=shapes))
-    if not peers:
-        x = inputs_for(fp32.inputs)
-        ms = interleaved_medians({"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x)}, repeat)
-        quant = int8.quantization
-        return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, float("nan")),
-                "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
-                "qdq kernels": "-"}
+    x = inputs_for(fp32.inputs)
+    fns = {"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x)}
+    imported, imported_s, qdq_kernels = None, float("nan"), "-"
+    if peers:
+        imported, imported_s = _add_peers(fns, name, model, shapes, batches, target, x)
+        qdq_report = imported.record.qdq if imported is not None else {}
+        on_int8 = qdq_report.get("int8_kernels", 0)
+        qdq_kernels = f"{on_int8}/{on_int8 + len(qdq_report.get('kept_float', []))}"
+    ms = interleaved_medians(fns, repeat)
+    quant = int8.quantization
+    return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s),
+            "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
+            "qdq kernels": qdq_kernels}
+
+
+def _add_peers(fns: dict, name: str, model, shapes, batches: list, target: str, x: dict):
+    """Add onnxruntime FP32 / QDQ INT8, tvmfuse on that QDQ model and OpenVINO FP32 / NNCF INT8 to ``fns``;
+    returns tvmfuse's compile of the QDQ model (None when it does not compile) and its seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         qdq = ort_qdq(model, batches, Path(tmp))
     try:
@@ -102,23 +113,16 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
     except TvmfuseError as e:  # e.g. onnxruntime wrote a per-channel DequantizeLinear into an opset-11 model
         print(f"{name}: tvmfuse does not compile onnxruntime's QDQ model: {e}", file=sys.stderr)
         imported, imported_s = None, float("nan")
-    x = inputs_for(fp32.inputs)
     ort_fp32, ort_int8 = ort_session(model), ort_session(qdq)
-    fns = {"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x),
-           "ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
-           **({"tvmfuse(ORT QDQ)": lambda: imported.run(x)} if imported is not None else {})}
+    fns.update({"ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
+                **({"tvmfuse(ORT QDQ)": lambda: imported.run(x)} if imported is not None else {})})
     shapes = {k: v.shape for k, v in x.items()}
     ov_fp32, ov_int8 = openvino_runner(model, shapes), openvino_runner(model, shapes, calib=batches)
     if ov_fp32 is not None:
         fns["OV FP32"] = lambda: ov_fp32.infer(x)
     if ov_int8 is not None:
         fns["OV INT8"] = lambda: ov_int8.infer(x)
-    ms = interleaved_medians(fns, repeat)
-    quant, qdq_report = int8.quantization, imported.record.qdq if imported is not None else {}
-    on_int8 = qdq_report.get("int8_kernels", 0)
-    return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s),
-            "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
-            "qdq kernels": f"{on_int8}/{on_int8 + len(qdq_report.get('kept_float', []))}"}
+    return imported, imported_s
 
 
 def _row(r: dict) -> dict:

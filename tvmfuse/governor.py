@@ -153,18 +153,22 @@ class Governor:
         probe, self._probe = self._probe, None
         single = statistics.median(self._single_walls)
         if min(probe) < WIN * single:
-            self.single, self._reference, self._slow = False, min(probe), 0
+            self.single, self._reference = False, min(probe)
             self._pool_walls.clear()
-            self.switches += 1
-            self._hold, self._probe_at = MIN_HOLD_S, self._spent + MIN_HOLD_S
+            self._switched()
             return
         self._back_off(sum(probe) - len(probe) * single)
 
     def _to_single(self, walls: list[float]) -> None:
         """Move to one thread; ``walls``: one-thread calls just measured (a won probe's)."""
-        self.single, self._slow = True, 0
+        self.single = True
         self._single_walls.clear()
         self._single_walls.extend(walls)
+        self._switched()
+
+    def _switched(self) -> None:
+        """After either switch: no slow calls counted, the shortest hold before the next probe."""
+        self._slow = 0
         self._hold, self._probe_at = MIN_HOLD_S, self._spent + MIN_HOLD_S
         self.switches += 1
 

@@ -120,11 +120,9 @@ def _attach_tables(mod: tvm.IRModule, sites: list[_Site], users: dict, table, ke
             site.chain, site.table = chain, codes
 
 
-def _choose_outputs(sites: list[_Site], users: dict, codes_ops: dict, gates: dict) -> None:
-    """uint8 output for INT8 sites read by INT8 sites or by ops on codes (``codes_ops``: uint8 pools, means,
-    gates; a gate's product reads the gate itself as float32), plus a dequantize if FP32 consumers read it
-    too."""
-    int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)
+def _choose_outputs(sites: list[_Site], users: dict, int8_vars: set, gates: dict) -> None:
+    """uint8 output for INT8 sites read by INT8 sites or by ops on codes (``int8_vars``: both; a gate's
+    product reads the gate itself as float32), plus a dequantize if FP32 consumers read it too."""
     for site in sites:
         if site.part is None:
             continue
@@ -359,7 +357,8 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         _attach_tables(mod, sites, users, table, keys)
         pools, means, gates = (f(mod, sites, users) for f in (uint8_pools, uint8_means, uint8_gates))
         codes_ops = pools | means | gates
-        _choose_outputs(sites, users, codes_ops, gates)
+        int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)  # what reads codes
+        _choose_outputs(sites, users, int8_vars, gates)
         if blocked:
             _choose_layouts(sites, users, codes_ops)
         if not any(s.part is not None for s in sites):
@@ -368,7 +367,6 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
             warnings.warn(f"QuantizeGraph: nothing to quantize, the model stays FP32: {_why_nothing(sites)}",
                           QuantizeWarning, stacklevel=2)
             return mod
-        int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)
         dequantized = {p for p in pools if float_read(p, users, int8_vars)}
         rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec), means, gates, dequantized)
         gv = mod.get_global_var("main")
