@@ -1,4 +1,5 @@
-"""Tiny hand-built ONNX models for the quantization tests (test_quantize_graph.py, test_quantize_blocked.py, test_quantize_api.py)."""
+"""Tiny hand-built ONNX models for the quantization tests (test_quantize_graph.py, test_quantize_blocked.py,
+test_quantize_api.py)."""
 
 from __future__ import annotations
 
