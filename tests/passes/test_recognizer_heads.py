@@ -42,7 +42,7 @@ def test_a_head_without_small_divisors_is_padded_and_exact(bias):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     assert _dense_widths(cm) == [18400]
     ops = [fn.body.blocks[0].bindings[-1].value.op.name for fn, _ in cm.record.kernels.values()]
-    assert ops == (["relax.add"] if bias else ["relax.matmul"])  # the bias stays inside the dense kernel
+    assert ops == ["relax.add"]  # the bias stays inside the dense kernel; without one, PadSoftmaxRows's -inf
 
 
 def test_counts_with_a_vector_wide_block_are_left_alone():

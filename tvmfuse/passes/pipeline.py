@@ -31,18 +31,21 @@ class PassRecord:
     qdq: dict = dataclasses.field(default_factory=dict)
 
 
-def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None, blocked: bool = True) -> list:
+def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None = None, blocked: bool = True,
+                        int8: bool = False) -> list:
     """Restore R.clip, map QDQ chains to INT8 kernels, fold constants, make a spelt-out tanh GELU and a spelt-out
     LayerNorm one op each, flatten N-D x constant matmuls to 2-D, pad dense weights whose column count has no
-    vector-wide divisor, turn transposed convs into stride-1 phase convs + depth-to-space, merge narrow conv
-    groups, fold batch-norm and constant scales and shifts into convs: the shapes the patterns expect.
-    ``spec``, ``qdq_report`` and ``blocked`` go to ``FuseQDQ`` (None: a CPU target, no report)."""
+    vector-wide divisor (and, in FP32 graphs, a Softmax's rows over a dense's columns), turn transposed convs
+    into stride-1 phase convs + depth-to-space, merge narrow conv groups, fold batch-norm and constant scales
+    and shifts into convs: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to
+    ``FuseQDQ`` (None: a CPU target, no report); ``int8``: the graph is calibrated or quantized."""
     from tvm import relax
 
     from .canonicalize import CanonicalizeClip
     from .conv_transpose import TransposeConvToConv
     from .flatten_matmul import FlattenMatmul
     from .pad_dense import PadDenseColumns
+    from .pad_softmax import PadSoftmaxRows
     from .fold_bn import FoldBatchNorm
     from .fold_scale import FoldScaleShift
     from .gelu import FuseGeluTanh
@@ -56,7 +59,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh,
             FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
-            PadDenseColumns, TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
+            PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
             relax.transform.FoldConstant()]
 
 
@@ -76,10 +79,12 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
 
     record = record if record is not None else PassRecord()
     with target, tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(canonicalize_passes(spec, record.qdq, blocked), name="tvmfuse.Canonicalize")(mod)
+        int8 = int8 or quantize is not None
+        passes = canonicalize_passes(spec, record.qdq, blocked, int8)
+        mod = tvm.transform.Sequential(passes, name="tvmfuse.Canonicalize")(mod)
         if not partition:
             return mod
-        mod = Partition(record.rejections, int8 or quantize is not None)(mod)
+        mod = Partition(record.rejections, int8)(mod)
         record.partitioned = mod
         if quantize is not None:
             mod = quantize(mod)
