@@ -105,3 +105,39 @@ def test_scope_warning_filter_passes_other_lines_on(capfd):
         os.write(2, b"[12:00:00] executable.cc:340: Warning: Scope Loaded:\nsomething else went wrong\n")
     err = capfd.readouterr().err
     assert "Scope Loaded" not in err and "something else went wrong" in err
+
+
+CUDA_CHILD = r"""
+import ctypes, sys
+if sys.argv[2]:
+    ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)  # the build stub standing in for an NVIDIA driver
+import tvmfuse
+try:
+    tvmfuse.load(sys.argv[1])
+except Exception as e:
+    print(type(e).__name__, "|", e)
+"""
+
+
+def test_a_runtime_only_process_maps_tvms_cuda_runtime_for_a_cuda_library(tmp_path):
+    """``TVM_USE_RUNTIME_LIB=1`` maps libtvm_runtime alone, which has no loader for CUDA modules: every CUDA
+    library failed with "a loader of that name is not registered" (seen on an H200). tvmfuse now maps
+    ``libtvm_runtime_cuda.so`` itself. With the driver stub standing in for a driver the library loads and the
+    device check is what stops it; without any driver, a one-line error names the CUDA runtime."""
+    from helpers import conv_relu
+    from tvmfuse import cuda_driver
+
+    stub = cuda_driver.cache_dir() / "cuda-stub" / "libcuda.so.1"
+    if cuda_driver.state["driver"] != "stub" or not stub.exists() or not cuda_driver.cuda_codegen_ready():
+        pytest.skip("needs the CUDA build stub (a machine with nvcc and no NVIDIA driver)")
+    lib = tvmfuse.compile(conv_relu(batch=1), target="cuda-sm90").export(tmp_path / "conv.so")
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    seen = {}
+    for name, preload in (("stub", str(stub)), ("none", "")):
+        proc = subprocess.run([sys.executable, "-c", CUDA_CHILD, str(lib), preload], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        seen[name] = proc.stdout.strip().splitlines()[-1]
+    assert seen["stub"].startswith("TargetError | device 'cuda' requested but no CUDA GPU is visible"), seen
+    assert seen["none"].startswith("ModelLoadError | cannot load TVM's CUDA runtime"), seen
+    assert "libcuda.so.1" in seen["none"] and "\n" not in seen["none"]

@@ -38,12 +38,37 @@ def check_cpu_flags(required: Sequence[str], what: str) -> None:
                           "compile for target 'x86-host' to run here")
 
 
+def cuda_runtime() -> None:
+    """Map TVM's CUDA runtime (``libtvm_runtime_cuda.so``: the CUDA device API and the loader of CUDA modules)
+    where it is not mapped yet. A runtime-only process (``TVM_USE_RUNTIME_LIB=1``) maps ``libtvm_runtime``
+    alone, and every CUDA library failed to load there ("a loader of that name is not registered").
+
+    Raises
+    ------
+    ModelLoadError
+        The library is missing or cannot be mapped (no NVIDIA driver: it links ``libcuda.so.1``).
+    """
+    import ctypes
+
+    import tvm
+    import tvm_ffi
+
+    if tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None:
+        return
+    lib = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+    try:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise ModelLoadError(f"cannot load TVM's CUDA runtime {lib}: {str(e).splitlines()[0]}") from None
+
+
 def _device(name: str):
     import tvm
 
     if name == "cpu":
         return tvm.cpu(0)
     if name in ("cuda", "gpu"):
+        cuda_runtime()
         dev = tvm.cuda(0)
         if not dev.exist:
             raise TargetError("device 'cuda' requested but no CUDA GPU is visible on this machine")
@@ -302,6 +327,8 @@ class LoadedModel(Runner):
         check_cpu_flags(self.manifest.get("cpu_flags", []), f"{path} (target {target})")
         import tvm  # only now: a file that fails the checks above never costs TVM's import
 
+        if device in ("cuda", "gpu"):
+            cuda_runtime()
         try:
             with _quiet_scope_warnings():
                 library = tvm.runtime.load_module(str(path))
