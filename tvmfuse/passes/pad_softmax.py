@@ -24,12 +24,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.families import static_shape
+from tvmfuse.schedules.families import FAMILIES, static_shape
 
 from .utils import bindings_of, const_array, op_name, users_of
 
 VECTOR = 16  # AVX-512's float lanes (two of AVX2's)
 MIN_WIDTH = 4 * VECTOR  # narrower rows: the padding's share of the work outweighs whole vectors
+_MATMUL = FAMILIES["dense"].anchor_op
 
 
 def needs_padding(n: int) -> bool:
@@ -86,7 +87,7 @@ class _Head:
             if self.bias is None or self.bias.size != self.bias.shape[-1]:
                 return
             value = self._value(value.args[0], values, users)
-        if op_name(value) != "relax.matmul":
+        if op_name(value) != _MATMUL:
             return
         self.x, self.weight, self.out_dtype = value.args[0], const_array(value.args[1]), value.attrs.out_dtype
         xs = static_shape(self.x)
