@@ -149,13 +149,14 @@ class Backend(_Base):
         time by :mod:`.softmax`: TVM's took 0.5 GFLOP/s on PP-OCRv5 rec's 40 x 18,385 head, 2.8 ms) and
         LayerNorm over the last axis by :func:`..layer_norm.layer_norm` (a row at a time, :mod:`.layer_norm`):
         the row families of the registry (``families.ROW_FAMILIES``), their output stages marked for their
-        MetaSchedule templates."""
+        MetaSchedule templates. A bilinear resize of plain NCHW runs in two passes (:mod:`..resize`: TVM's
+        gathers four pixels per output)."""
         import functools
 
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
-        from .. import activations
+        from .. import activations, resize
         from . import templates
 
         def unary(fn, name):
@@ -168,7 +169,8 @@ class Backend(_Base):
                   "relax.tanh": unary(topi.fast_tanh, "tanh"),
                   "relax.nn.gelu": unary(activations.gelu, "gelu"),
                   "relax.nn.gelu_tanh": unary(activations.gelu_tanh, "gelu_tanh"),
-                  "relax.power": activations.legalize_power}
+                  "relax.power": activations.legalize_power,
+                  "relax.image.resize2d": resize.legalize_resize2d}
         for row in families.ROW_FAMILIES.values():  # marked for their templates
             custom[row.op] = functools.partial(families.resolve(row.legalize),
                                                annotations={k.name: templates.marks(k.name) for k in row.kernels})

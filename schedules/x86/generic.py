@@ -15,6 +15,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..common import dividing_vector, largest_divisor
+from ..resize import KEEP
 
 PARALLEL_MIN = 4096  # iterations below which a parallel loop costs more than it saves (thread wake-up)
 TAIL_ROW = 8  # rows of at least this many vectors take whole vectors and a scalar tail over partial vectors
@@ -53,10 +54,11 @@ def _inline(sch: s_tir.Schedule) -> None:
     nearest-resize indices are gathers): a quantized PP-OCRv5 det's FPN neck, simulated in float between
     its QDQ pairs and fused by TVM into one kernel ending in a 4-way concat, took 20 ms of the model's 63;
     stored part by part, the model takes 44 ms. A cheap part (a copy, a cast) stays inlined: storing
-    YOLOv8n's head parts cost 1.4%."""
+    YOLOv8n's head parts cost 1.4%. A stage marked ``KEEP`` stays too (a two-pass resize's rows, which
+    inlined would be recomputed for every output row)."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     for block in list(blocks)[:-1]:
-        if _heavy_concat_part(sch, block):
+        if _heavy_concat_part(sch, block) or KEEP in sch.get(block).annotations:
             continue
         try:
             sch.compute_inline(block)
