@@ -13,12 +13,14 @@ import math
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad builds
 
 from ..common import dividing_vector, largest_divisor
 from ..resize import KEEP
 
 PARALLEL_MIN = 4096  # iterations below which a parallel loop costs more than it saves (thread wake-up)
 TAIL_ROW = 8  # rows of at least this many vectors take whole vectors and a scalar tail over partial vectors
+PLANES = True  # elementwise stages whose (h, w) planes are contiguous everywhere vectorize along the plane
 
 
 CONCAT = "T_concat"  # topi's concatenate stage ...
@@ -155,6 +157,63 @@ def _vector_rows_and_tail(sch: s_tir.Schedule, loops, inner: int, vector_lanes: 
     return sch.fuse(*loops[:-1]) if len(loops) > 2 else (loops[0] if len(loops) == 2 else None)
 
 
+def _accesses(block) -> list | None:
+    """``(buffer, indices)`` of a block's store and of every load in the stored value; None when its body is
+    not one store."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore):
+        return None
+    found, stack = [(store.buffer, store.indices)], [store.value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorLoad):
+            found.append((node.source, node.indices))
+        stack.extend(getattr(node, "args", ()) or ())
+        stack.extend(getattr(node, "indices", ()) or ())
+        stack.extend(child for name in _CHILDREN if (child := getattr(node, name, None)) is not None
+                     and isinstance(child, tvm.ir.expr.Expr))
+    return found
+
+
+def _plane_runs(sch: s_tir.Schedule, block) -> bool:
+    """Whether every buffer the block stores or loads is indexed by the block's last two axes as they are,
+    and has them as its last two dimensions (or is read at one point of the plane, a per-channel operand):
+    each (h, w) plane is one contiguous run in all of them. A
+    channel shuffle (concat, reshape, transpose, reshape, split) is such a block once its index arithmetic
+    is simplified over the axes' ranges: each output plane copies one input plane."""
+    b = sch.get(block)
+    accesses = _accesses(b)
+    if accesses is None or len(b.iter_vars) < 3:
+        return False
+    analyzer = tvm.sym.Analyzer()
+    for iv in b.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    h, w = b.iter_vars[-2], b.iter_vars[-1]
+    plane = [int(h.dom.extent), int(w.dom.extent)]
+
+    def runs(buf, idx) -> bool:
+        if len(idx) < 2:
+            return False
+        y, x = analyzer.simplify(idx[-2]), analyzer.simplify(idx[-1])
+        if isinstance(y, tirx.IntImm) and isinstance(x, tirx.IntImm):
+            return True  # the same value over the plane (a per-channel operand): a broadcast
+        return [int(d) for d in buf.shape[-2:]] == plane and y.same_as(h.var) and x.same_as(w.var)
+
+    return all(runs(buf, idx) for buf, idx in accesses)
+
+
+def _vector_plane(sch: s_tir.Schedule, loops, plane: int, vector_lanes: int):
+    """The last two loops fused into one plane, its whole vectors in one loop and the partial last step in a
+    scalar one after it (split, then ``loop_partition`` of the steps: partitioning the fused loop itself
+    left the two copies of the block sharing their iteration variables). Returns the outer loops fused."""
+    steps, lane = sch.split(sch.fuse(loops[-2], loops[-1]), [None, vector_lanes])
+    if plane % vector_lanes:
+        whole, _ = sch.loop_partition(steps, [plane // vector_lanes, None])
+        lane = sch.get_loops(sch.get_child_blocks(whole)[0])[-1]
+    sch.vectorize(lane)
+    return sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
+
+
 def _stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     loops = sch.get_loops(block)
     iters = sch.get(block).iter_vars
@@ -178,8 +237,16 @@ def _stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
         _row_reduction(sch, block, loops, spatial, vector_lanes)
         loops = sch.get_loops(block)
     outer = None
-    if spatial == len(iters):
-        outer = _vectorize_spatial(sch, loops, [int(e) for e in extents], vector_lanes)
+    sizes = [int(e) for e in extents]
+    if spatial == len(iters) and PLANES and sizes[-1] % vector_lanes and len(sizes) in (3, 4) \
+            and math.prod(sizes[:-2]) > 1 and sizes[-2] * sizes[-1] >= 2 * vector_lanes and _plane_runs(sch, block):
+        # Rows that do not divide into vectors (ShuffleNet's 14 x 14 planes) but planes that run contiguously:
+        # the plane's whole vectors, then its tail; the planes in parallel. Not a single plane (YOLOv8's
+        # [1, 80, 2100] head: fused whole, it ran on one core, 56 -> 220 us), nor a blocked tensor, whose last
+        # axis is a channel block (an NCHW8c concat on AVX-512: 8-lane vectors 430 us, the plane 480-510).
+        outer = _vector_plane(sch, loops, sizes[-2] * sizes[-1], vector_lanes)
+    elif spatial == len(iters):
+        outer = _vectorize_spatial(sch, loops, sizes, vector_lanes)
     if outer is None:
         outer = sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0]
     if work >= PARALLEL_MIN and int(sch.get(outer).extent) > 1:

@@ -183,9 +183,10 @@ def test_small_or_odd_kernels_stay_serial_or_scalar():
     small = te.placeholder((2, 8), name="small")
     kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([small, topi.exp(small)])))
     assert ForKind.PARALLEL not in kinds and ForKind.VECTORIZED in kinds  # 16 elements: no threads
-    odd = te.placeholder((3, 101, 97), name="odd")  # no vector width divides 29391
-    kinds = _loop_kinds(_same_as_unscheduled(te.create_prim_func([odd, topi.sigmoid(odd)])))
-    assert ForKind.PARALLEL in kinds and ForKind.VECTORIZED not in kinds
+    odd = te.placeholder((3, 101, 97), name="odd")  # no vector width divides a row (97) or the tensor (29391)
+    script = _same_as_unscheduled(te.create_prim_func([odd, topi.sigmoid(odd)])).script()
+    # ... but each 101 x 97 plane is contiguous: its whole vectors, then a scalar tail of 9797 % LANES
+    assert "T.parallel(3)" in script and f"range({9797 // LANES}):" in script and f"T.vectorized({LANES})" in script
 
 
 def test_long_row_no_vector_divides_takes_whole_vectors_and_a_scalar_tail():
@@ -291,3 +292,52 @@ def test_costly_concat_parts_are_stored_cheap_ones_inlined():
     cheap = [parts[0], topi.multiply(parts[1], 2.0)]
     s = _same_as_unscheduled(te.create_prim_func(parts[:2] + [topi.concatenate(cheap, axis=1)]))
     assert _stages(s) == 1
+
+
+def _shuffle(c=58, hw=14):
+    """ShuffleNet's channel shuffle of two halves: concat, reshape to 2 groups, transpose, reshape back."""
+    a, b = te.placeholder((1, c, hw, hw), name="a"), te.placeholder((1, c, hw, hw), name="b")
+    cat = topi.concatenate([a, b], axis=1)
+    out = topi.reshape(topi.transpose(topi.reshape(cat, (1, 2, c, hw, hw)), (0, 2, 1, 3, 4)), (1, 2 * c, hw, hw))
+    return te.create_prim_func([a, b, out]), (a, b)
+
+
+def test_a_channel_shuffle_runs_in_plane_vectors():
+    """14 x 14 planes: rows of 14 take no whole vector, but each output plane copies one input plane, so the
+    plane's 196 values run in whole vectors (12 of 16 lanes on AVX-512) and a scalar tail of 4."""
+    func, _ = _shuffle()
+    scheduled = generic.apply(func, LANES)
+    script = scheduled.script()
+    assert f"T.vectorized({LANES})" in script and f"range({196 // LANES})" in script, script
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1, 58, 14, 14)).astype("float32") for _ in range(2))
+    want = np.concatenate([a, b], 1).reshape(1, 2, 58, 14, 14).transpose(0, 2, 1, 3, 4).reshape(1, 116, 14, 14)
+    np.testing.assert_array_equal(_run(scheduled, [a, b, np.zeros_like(want)]), want)
+
+
+def test_per_channel_operands_join_the_plane_but_a_spatial_transpose_does_not():
+    x, bias = te.placeholder((1, 32, 14, 14), name="x"), te.placeholder((1, 32, 1, 1), name="bias")
+    added = te.create_prim_func([x, bias, topi.add(x, bias)])
+    flipped = te.create_prim_func([x, topi.transpose(x, (0, 1, 3, 2))])
+    for func, planes in ((added, True), (flipped, False)):
+        sch = tvm.s_tir.Schedule(func)
+        block = sch.get_child_blocks(sch.get_sblock("root"))[-1]
+        assert generic._plane_runs(sch, block) is planes
+    rng = np.random.default_rng(1)
+    xs, bs = rng.standard_normal((1, 32, 14, 14)).astype("float32"), rng.standard_normal((1, 32, 1, 1)).astype("float32")
+    np.testing.assert_array_equal(_run(generic.apply(added, LANES), [xs, bs, np.zeros_like(xs)]), xs + bs)
+    np.testing.assert_array_equal(_run(generic.apply(flipped, LANES), [xs, np.zeros_like(xs)]), xs.transpose(0, 1, 3, 2))
+
+
+def test_a_single_plane_or_a_blocked_tensor_keeps_its_rows(monkeypatch):
+    """[1, 80, 2100] fused whole would leave nothing to run in parallel (YOLOv8's head: 56 -> 220 us); a
+    blocked tensor's last axis is its channel block, already whole vectors (an NCHW8c concat ran slower).
+    Both schedule as they did before plane vectors; a 14 x 14 map does not."""
+    shapes = {(1, 80, 2100): True, (1, 3, 32, 32, 8): True, (1, 8, 14, 14): False}
+    for shape, same in shapes.items():
+        x = te.placeholder(shape, name="x")
+        func = te.create_prim_func([x, topi.sigmoid(x)])
+        with monkeypatch.context() as m:
+            m.setattr(generic, "PLANES", False)
+            rows = generic.apply(func, LANES).script()
+        assert (generic.apply(func, LANES).script() == rows) is same, shape
