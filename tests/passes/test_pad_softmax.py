@@ -120,7 +120,8 @@ def test_the_row_kernel_stores_a_sliced_output_in_whole_vectors():
     sch = s_tir.Schedule(te.create_prim_func([x, sliced]))
     assert softmax_rule.schedule(sch, lanes)
     script = sch.mod["main"].script()
-    whole = re.findall(r"for \w+ in range\((\d+)\):\n\s+for \w+ in T.vectorized\(16\):\n\s+with T.sblock\(\"(\w+)\"", script)
+    step = r"for \w+ in range\((\d+)\):\n\s+for \w+ in T.vectorized\(16\):\n\s+with T.sblock\(\"(\w+)\""
+    whole = re.findall(step, script)
     assert ("432", "T_fast_exp") in whole  # the exponentials
     assert ("431", "softmax_norm_i1_00") in whole  # the kept output's whole steps, a loop of their own
     lib = tvm.compile(sch.mod, target="llvm")

@@ -324,9 +324,11 @@ def test_per_channel_operands_join_the_plane_but_a_spatial_transpose_does_not():
         block = sch.get_child_blocks(sch.get_sblock("root"))[-1]
         assert generic._plane_runs(sch, block) is planes
     rng = np.random.default_rng(1)
-    xs, bs = rng.standard_normal((1, 32, 14, 14)).astype("float32"), rng.standard_normal((1, 32, 1, 1)).astype("float32")
+    xs = rng.standard_normal((1, 32, 14, 14)).astype("float32")
+    bs = rng.standard_normal((1, 32, 1, 1)).astype("float32")
     np.testing.assert_array_equal(_run(generic.apply(added, LANES), [xs, bs, np.zeros_like(xs)]), xs + bs)
-    np.testing.assert_array_equal(_run(generic.apply(flipped, LANES), [xs, np.zeros_like(xs)]), xs.transpose(0, 1, 3, 2))
+    flipped_out = _run(generic.apply(flipped, LANES), [xs, np.zeros_like(xs)])
+    np.testing.assert_array_equal(flipped_out, xs.transpose(0, 1, 3, 2))
 
 
 def test_a_single_plane_or_a_blocked_tensor_keeps_its_rows(monkeypatch):

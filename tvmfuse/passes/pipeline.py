@@ -59,8 +59,8 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh,
             FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
-            PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv, FoldBatchNorm, FoldScaleShift,
-            relax.transform.FoldConstant()]
+            PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv, FoldBatchNorm,
+            FoldScaleShift, relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
