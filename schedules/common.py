@@ -88,6 +88,22 @@ def vectorize_tile(sch: s_tir.Schedule, block, tile_loop, vector_lanes: int | No
     sch.vectorize(inner[-1])
 
 
+def vectorize_steps(sch: s_tir.Schedule, loop, lanes: int, kept: int | None = None) -> None:
+    """Split ``loop`` into steps of ``lanes`` and vectorize each step. ``kept``: how many of the loop's
+    iterations do work when fewer than the steps cover (the block's predicate stops the rest: a slice
+    inlined into a row kernel's output, a plane no vector divides): the whole steps below ``kept`` form a
+    loop of their own (``loop_partition`` of the steps), vectorized, and the rest stays scalar. Vectorized
+    under the predicate, a 4 x 6,906 store ran 11x slower (29 against 2.6 us on Zen 4). Partitioning the
+    loop before splitting it left the two copies of a fused loop's block sharing their iteration
+    variables."""
+    steps, lane = sch.split(loop, [None, lanes])
+    if kept is None:
+        sch.vectorize(lane)
+    elif kept // lanes:
+        whole, _ = sch.loop_partition(steps, [kept // lanes, None])
+        sch.vectorize(sch.get_loops(sch.get_child_blocks(whole)[0])[-1])
+
+
 def iterations(sch: s_tir.Schedule, block) -> int:
     """Iterations of ``block``'s loop nest: the product of its loop extents."""
     return math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))

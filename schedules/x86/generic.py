@@ -9,13 +9,14 @@ along its fused loop when the vector width divides it. Tuning logs replace it wh
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad builds
 
-from ..common import dividing_vector, largest_divisor
+from ..common import dividing_vector, largest_divisor, vectorize_steps
 from ..resize import KEEP
 
 PARALLEL_MIN = 4096  # iterations below which a parallel loop costs more than it saves (thread wake-up)
@@ -28,17 +29,21 @@ HEAVY_PART = 40  # ... stores a part whose value takes at least this many expres
 _CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value")
 
 
-def _nodes(expr, limit: int) -> int:
-    """Expression nodes of ``expr`` (loads count their indices), counted up to ``limit``."""
-    count, stack = 0, [expr]
-    while stack and count < limit:
+def _walk(expr):
+    """Every node of ``expr``, loads' indices included (depth first)."""
+    stack = [expr]
+    while stack:
         node = stack.pop()
-        count += 1
+        yield node
         stack.extend(getattr(node, "args", ()) or ())
         stack.extend(getattr(node, "indices", ()) or ())
         stack.extend(child for name in _CHILDREN if (child := getattr(node, name, None)) is not None
                      and isinstance(child, tvm.ir.expr.Expr))
-    return count
+
+
+def _nodes(expr, limit: int) -> int:
+    """Expression nodes of ``expr`` (loads count their indices), counted up to ``limit``."""
+    return sum(1 for _ in itertools.islice(_walk(expr), limit))
 
 
 def _heavy_concat_part(sch: s_tir.Schedule, block) -> bool:
@@ -163,16 +168,8 @@ def _accesses(block) -> list | None:
     store = block.body
     if not isinstance(store, tirx.BufferStore):
         return None
-    found, stack = [(store.buffer, store.indices)], [store.value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, TensorLoad):
-            found.append((node.source, node.indices))
-        stack.extend(getattr(node, "args", ()) or ())
-        stack.extend(getattr(node, "indices", ()) or ())
-        stack.extend(child for name in _CHILDREN if (child := getattr(node, name, None)) is not None
-                     and isinstance(child, tvm.ir.expr.Expr))
-    return found
+    return [(store.buffer, store.indices)] + [(node.source, node.indices) for node in _walk(store.value)
+                                              if isinstance(node, TensorLoad)]
 
 
 def _plane_runs(sch: s_tir.Schedule, block) -> bool:
@@ -204,13 +201,8 @@ def _plane_runs(sch: s_tir.Schedule, block) -> bool:
 
 def _vector_plane(sch: s_tir.Schedule, loops, plane: int, vector_lanes: int):
     """The last two loops fused into one plane, its whole vectors in one loop and the partial last step in a
-    scalar one after it (split, then ``loop_partition`` of the steps: partitioning the fused loop itself
-    left the two copies of the block sharing their iteration variables). Returns the outer loops fused."""
-    steps, lane = sch.split(sch.fuse(loops[-2], loops[-1]), [None, vector_lanes])
-    if plane % vector_lanes:
-        whole, _ = sch.loop_partition(steps, [plane // vector_lanes, None])
-        lane = sch.get_loops(sch.get_child_blocks(whole)[0])[-1]
-    sch.vectorize(lane)
+    scalar one after it (:func:`..common.vectorize_steps`). Returns the outer loops fused."""
+    vectorize_steps(sch, sch.fuse(loops[-2], loops[-1]), vector_lanes, plane if plane % vector_lanes else None)
     return sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
 
 

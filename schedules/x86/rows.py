@@ -14,7 +14,7 @@ import math
 
 from tvm import s_tir, tirx
 
-from ..common import block_names
+from ..common import block_names, vectorize_steps
 from .generic import PARALLEL_MIN, row_lanes
 
 
@@ -74,21 +74,6 @@ def inline_consumers(sch: s_tir.Schedule, after: list[str]) -> None:
         sch.reverse_compute_inline(sch.get_sblock(after[-1]))
 
 
-def vectorize_row(sch: s_tir.Schedule, loop, lanes, written: int | None = None):
-    """Split ``loop`` (a row) into steps of ``lanes`` and vectorize each step. ``written``: the columns the
-    stage stores when it stores fewer than the row has (a slice inlined into the output, its store
-    predicated): the whole steps before the first partial one form a loop of their own, vectorized, and
-    the rest stays scalar. Vectorized under the predicate, a 4 x 6,906 store ran 11x slower (29 against
-    2.6 us on Zen 4)."""
-    outer, lane = sch.split(loop, [None, lanes])
-    if written is None:
-        sch.vectorize(lane)
-        return
-    if written // lanes:
-        main, _ = sch.loop_partition(outer, [written // lanes, None])
-        sch.vectorize(sch.get_loops(sch.get_child_blocks(main)[0])[-1])
-
-
 def _reduce_row(sch: s_tir.Schedule, block, spatial: int, lanes):
     """Split the row's reduction into ``lanes`` partial results (rfactor, before the stages move into the row
     loop: rfactor needs its block first in its loop nest); returns the partial block."""
@@ -132,8 +117,8 @@ def tile(sch: s_tir.Schedule, norm: str, reductions, stages, vector_lanes: int,
         sch.parallel(row)  # before any decompose_reduction, which leaves the row without compact dataflow
     if step is None:
         return None, partials
-    kept = int(sch.get(out).writes[0].source.shape[-1])
-    vectorize_row(sch, sch.get_loops(out)[-1], step, kept if kept < width else None)
+    kept = int(sch.get(out).writes[0].source.shape[-1])  # fewer than the row: a slice inlined into the output
+    vectorize_steps(sch, sch.get_loops(out)[-1], step, kept if kept < width else None)
     return step, partials
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from ..common import vectorize_steps
 from ..softmax import SOFTMAX_STAGES
 from . import rows
 
@@ -43,7 +44,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
         return False
     step, partials = rows.tile(sch, NORM, (MAX, SUM), (RECIP, SUM, EXP, MAX), vector_lanes, config)
     if step is not None:
-        rows.vectorize_row(sch, sch.get_loops(sch.get_sblock(EXP))[-1], step)
+        vectorize_steps(sch, sch.get_loops(sch.get_sblock(EXP))[-1], step)
         rows.vectorize_partial(sch, partials[MAX])
         _sum_with_exponentials(sch, partials[SUM])
     return True
