@@ -42,6 +42,8 @@ def cuda_runtime() -> None:
     """Map TVM's CUDA runtime (``libtvm_runtime_cuda.so``: the CUDA device API and the loader of CUDA modules)
     where it is not mapped yet. A runtime-only process (``TVM_USE_RUNTIME_LIB=1``) maps ``libtvm_runtime``
     alone, and every CUDA library failed to load there ("a loader of that name is not registered").
+    :class:`LoadedModel` calls it before mapping a CUDA library; a process with TVM's compiler has it already
+    wherever a driver (or tvmfuse's build stub) is present, and without one keeps answering "no CUDA GPU".
 
     Raises
     ------
@@ -68,7 +70,6 @@ def _device(name: str):
     if name == "cpu":
         return tvm.cpu(0)
     if name in ("cuda", "gpu"):
-        cuda_runtime()
         dev = tvm.cuda(0)
         if not dev.exist:
             raise TargetError("device 'cuda' requested but no CUDA GPU is visible on this machine")
