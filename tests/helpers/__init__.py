@@ -27,6 +27,22 @@ def conv_relu(batch="N", seed: int = 0) -> onnx.ModelProto:
     return make_model(nodes, [("x", [batch, 3, 16, 16])], [("y", None)], [w, b])
 
 
+def recognizer_head(shape, n: int, rng, bias: bool = True, logits_out: bool = False) -> onnx.ModelProto:
+    """A recognizer's CTC head as exporters write it: x[shape] @ W[k, n] (+ B) -> Softmax(-1) (``k`` is
+    ``shape[-1]``; W then B drawn from ``rng``); ``logits_out`` also outputs the logits."""
+    k = shape[-1]
+    inits = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32"), "W")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    logits = "mm"
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype("float32"), "B"))
+        nodes.append(helper.make_node("Add", ["mm", "B"], ["logits"]))
+        logits = "logits"
+    nodes.append(helper.make_node("Softmax", [logits], ["y"], axis=-1))
+    outputs = [("y", None)] + ([(logits, None)] if logits_out else [])
+    return make_model(nodes, [("x", list(shape))], outputs, inits)
+
+
 # Tests that run compiled code use the host's own target: CI machines may lack AVX-512.
 HOST = "x86-host"
 

@@ -10,7 +10,6 @@ import re
 import numpy as np
 import pytest
 import tvm
-from onnx import helper, numpy_helper
 from tvm import s_tir, te
 
 import tvmfuse
@@ -22,24 +21,16 @@ from tvmfuse.schedules.softmax import softmax
 from tvmfuse.schedules.x86 import softmax as softmax_rule
 from tvmfuse.schedules.x86 import templates
 
-from helpers import HOST, make_model, ort_run
+from helpers import HOST, ort_run, recognizer_head
 
 RNG = np.random.default_rng(11)
 
 
 def _head(n, rows=40, k=48, bias=True, three_d=True, logits_out=False):
     """x[1, rows, k] (or [rows, k]) @ W[k, n] (+ B) -> Softmax(-1), as recognizer heads are exported."""
-    inits = [numpy_helper.from_array((RNG.standard_normal((k, n)) / np.sqrt(k)).astype("float32"), "W")]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
-    logits = "mm"
-    if bias:
-        inits.append(numpy_helper.from_array(RNG.standard_normal(n).astype("float32"), "B"))
-        nodes.append(helper.make_node("Add", ["mm", "B"], ["logits"]))
-        logits = "logits"
-    nodes.append(helper.make_node("Softmax", [logits], ["y"], axis=-1))
-    outputs = [("y", None)] + ([(logits, None)] if logits_out else [])
     shape = [1, rows, k] if three_d else [rows, k]
-    return make_model(nodes, [("x", shape)], outputs, inits), {"x": RNG.standard_normal(shape).astype("float32")}
+    model = recognizer_head(shape, n, RNG, bias, logits_out)
+    return model, {"x": RNG.standard_normal(shape).astype("float32")}
 
 
 def _softmax_widths(cm) -> list[int]:

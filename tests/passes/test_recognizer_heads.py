@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import tvmfuse
-from helpers import HOST, make_model, ort_run
+from helpers import HOST, make_model, ort_run, recognizer_head
 from tvmfuse.passes.pad_dense import needs_padding
 
 RNG = np.random.default_rng(5)
 
 
 def _head(m, k, n, bias=True):
-    inits = [numpy_helper.from_array((RNG.standard_normal((k, n)) / np.sqrt(k)).astype("float32"), "W")]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
-    out = "mm"
-    if bias:
-        inits.append(numpy_helper.from_array(RNG.standard_normal(n).astype("float32"), "B"))
-        nodes.append(helper.make_node("Add", ["mm", "B"], ["logits"]))
-        out = "logits"
-    nodes.append(helper.make_node("Softmax", [out], ["y"], axis=-1))
-    return make_model(nodes, [("x", [m, k])], [("y", None)], inits)
+    return recognizer_head((m, k), n, RNG, bias)
 
 
 def _dense_widths(cm) -> list[int]:
