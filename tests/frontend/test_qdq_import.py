@@ -27,6 +27,7 @@ import tvmfuse
 from helpers import HOST, ort_run
 from helpers import conv_relu
 from helpers.qdq import X_SCALE, ZERO_POINT, Spec, agreement, op_counts, ort_quantize, output_scale, qdq_model, x_input
+from helpers.quantize_graph import call_kinds
 from tvmfuse import frontend, targets, zoo
 from tvmfuse.passes.canonicalize import CanonicalizeClip
 from tvmfuse.passes.int8_kernels import model_multiplier
@@ -38,19 +39,8 @@ FLOAT_FAMILIES = {"conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "depthw
 
 
 def _kinds(mod) -> collections.Counter:
-    """Calls bound in main: the op name, or a kernel's ``tvmfuse.family``."""
-    kinds = collections.Counter()
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if not isinstance(value, relax.Call):
-                continue
-            if value.op == tvm.ir.Op.get("relax.call_tir"):
-                attrs = mod[value.args[0]].attrs
-                kinds[str(attrs["tvmfuse.family"]) if attrs and "tvmfuse.family" in attrs else "call_tir"] += 1
-            else:
-                kinds[getattr(value.op, "name", "call")] += 1
-    return kinds
+    """Calls bound in main, counted by kind (:func:`helpers.quantize_graph.call_kinds`)."""
+    return collections.Counter(call_kinds(mod))
 
 
 def _fuse(model, kept_float: bool = False):

@@ -43,7 +43,8 @@ def quantized(model, drop=(), blocked=False, spec=SPEC):
 
 
 def main_calls(mod):
-    """(kind, value, var) per call bound in main; kind: the op name, a kernel's family or ``partition:<Composite>``."""
+    """(kind, value, var) per call bound in main; kind: the op name, a kernel's family (``call_tir`` without
+    one), ``partition:<Composite>``, or ``call`` (another function)."""
     calls = []
     for block in mod["main"].body.blocks:
         for b in block.bindings:
@@ -51,12 +52,15 @@ def main_calls(mod):
             if not isinstance(value, relax.Call):
                 continue
             if value.op == tvm.ir.Op.get("relax.call_tir"):
-                family = mod[value.args[0]].attrs.get("tvmfuse.family")
+                attrs = mod[value.args[0]].attrs
+                family = attrs.get("tvmfuse.family") if attrs else None
                 calls.append((str(family) if family else "call_tir", value, b.var))
             elif isinstance(value.op, tvm.ir.GlobalVar):
-                calls.append(("partition:" + str(mod[value.op].attrs["Composite"]), value, b.var))
+                attrs = mod[value.op].attrs
+                composite = attrs.get("Composite") if attrs else None
+                calls.append(("partition:" + str(composite) if composite else "call", value, b.var))
             else:
-                calls.append((value.op.name, value, b.var))
+                calls.append((getattr(value.op, "name", "call"), value, b.var))  # an extern function: "call"
     return calls
 
 
