@@ -35,20 +35,29 @@ class Config:
     row_block: int = 1
 
 
-def accumulators(vector_lanes: int) -> int:
-    # AVX2 (16 ymm): 8 accumulators + weights + a broadcast. AVX-512 (32 zmm): the same headroom scaled
-    # (not measured: no AVX-512 machine here).
-    return 8 if vector_lanes < 16 else 24
+def accumulators(vector_lanes: int, plain_window: bool = False) -> int:
+    """Accumulator vectors a tile may hold. AVX2 (16 ymm): 8 + weights + a broadcast. AVX-512 (32 zmm): 24,
+    but 16 for a window (kw > 1) over plain input (``bi = 1``: a stem's 3 channels, or a conv after a plain-layout
+    op such as ConvNeXt's downsampling after its channels-first LayerNorm): there LLVM keeps input broadcasts
+    that neighbouring taps share live across the unrolled taps and spills. Measured on Zen 4 (one kernel alone,
+    2 threads): ResNeXt's 7x7 stride-2 stem, 3 -> 64 channels at 128x128, ran 4x6 in 543 us with 98 zmm spills
+    in its code, 4x5 in 355 (11), 4x4 in 345-354 (none); a 2x2 stride-2 96 -> 192 conv on a plain 64x64 map
+    2x11 in 1197 us, 2x8 in 664; PP-OCRv6's 3x3 stride-2 stem at 640x640 3x8 in 1559-1649, 3x5 in 1364-1516.
+    The 3x3 stride-2, 4x4 stride-4 and 7x7 stride-1 stems measured the same at 16 and 24, as did 1x1 convs on
+    blocked input (which do not spill)."""
+    if vector_lanes < 16:
+        return 8
+    return 16 if plain_window else 24
 
 
-def default_config(out_blocks: int, out_width: int, vector_lanes: int) -> Config:
+def default_config(out_blocks: int, out_width: int, vector_lanes: int, plain_window: bool = False) -> Config:
     """The tile with the most useful FMAs per load: ``v * w / (v + w)`` times the share of the row's
     tiles that is real pixels (a width that does not divide the row computes a predicated tail), then the
     most accumulators, then the widest row. Measured (AVX2, 2 threads): 2x4 on 56/28-wide maps (64ch 3x3:
     185 GFLOP/s, 4x2: 160, 1x8: 153); 4x2 on 14-wide (1024->256 1x1: 175; 2x4: 164); 2x4 on 7-wide, one
     pixel of 8 wasted (2048->512 1x1: 165 against 147 for the dividing 1x7; 1024->2048 1x1 stride 2: 159
     against 108; 512ch 3x3: 160 against 156); 3x2 for 24 channels (147; 1x8: 139)."""
-    budget = accumulators(vector_lanes)
+    budget = accumulators(vector_lanes, plain_window)
     best = None
     for vectors in range(1, 5):
         if out_blocks % vectors:
@@ -80,7 +89,8 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     if match is None:
         return False
     anchor, (n, ob, oh, ow, oc_i, rco, ry, rx, rci) = match
-    cfg = config or default_config(int(sch.get(ob).extent), int(sch.get(ow).extent), vector_lanes)
+    plain_window = int(sch.get(rci).extent) == 1 and int(sch.get(rx).extent) > 1
+    cfg = config or default_config(int(sch.get(ob).extent), int(sch.get(ow).extent), vector_lanes, plain_window)
     inline_views(sch)
     epilogue = inline_epilogue(sch, ANCHOR)
     ob_o, ob_i = sch.split(ob, [None, cfg.oc_vectors])
