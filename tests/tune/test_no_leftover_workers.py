@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from tvmfuse.tune.measure import popen_workers
+from tvmfuse.tune.workers import popen_workers
 
 from helpers.tune import MODEL
 

@@ -22,7 +22,8 @@ from ..passes.pipeline import PassRecord, fused_module, run_graph_passes
 from . import validate
 from .database import LogStore, default_root
 from .measure import (Progress, RPCSpec, TuningError, close_runner, light_tensor_intrin, make_builder, make_runner,
-                      progress_callback, reaping_workers, target_runs_here, workers_without)
+                      progress_callback, target_runs_here)
+from .workers import reaping_workers, workers_without
 from .runs import StagingRun
 
 
