@@ -35,7 +35,10 @@ against 1.23-1.36 with the pool). So the first calls after an idle gap only coun
 ``WARM_CALLS`` of them and at least ``WARM_S`` of call time (the wake-up is time, not calls: ConvNeXt's took
 11.8 ms; five 0.4 ms calls of a small classifier were not enough, and its INT8 build was moved to one thread
 for a whole benchmark, 0.55 against 0.38 ms with the pool). The cost: a server whose every request is an
-idle gap plus fewer calls than that is never moved to one thread under contention.
+idle gap plus fewer calls than that is never moved to one thread under contention. One exception: a warm-up
+call ``WAKE_MAX`` times slower than the reference and longer than ``WARM_S`` (longer than a whole wake-up) is
+contention and counts. Under two busy processes mobilenet_v2's calls after a pause took 250-420 ms against 3.5
+quietly, and the warm-up had kept the governor on the pool for five of them (2 s) before it could move.
 
 Quietly, a small model can itself run faster on one thread: its kernels last a few microseconds, and waking
 the other pool thread and waiting for it at every kernel costs more than the thread gives
@@ -69,6 +72,7 @@ MIN_HOLD_S, MAX_HOLD_S = 0.05, 10.0
 IDLE_S = 0.01  # a gap this long between calls lets the pool's threads (and the vCPUs) fall asleep
 WARM_CALLS = 5  # calls after such a gap that say nothing about contention ...
 WARM_S = 0.012  # ... nor does this much call time after it
+WAKE_MAX = 10  # ... unless a call is this much slower than the reference and longer than WARM_S: contention
 POOL_CALLS = 5  # steady whole-pool calls whose median a one-thread probe must beat
 
 _pool = threading.local()  # .threads: what this OS thread's TVM pool is configured to (shared by its models)
@@ -143,7 +147,8 @@ class Governor:
         self._spent += wall
         if self._warming or self._spent <= self._warm_until:
             self._warming = max(0, self._warming - 1)
-            return
+            if not (wall > WAKE_MAX * self._reference and wall > WARM_S):  # a wake-up, or too little to tell
+                return
         if not self.single and self._probe is not None:
             self._probe_one_thread(wall)
             return
