@@ -14,6 +14,10 @@ and makes one thread slow too, so a pool only a little slower than one thread's 
 (ppocrv6_tiny_rec under light noise: pool calls of 5.0-5.3 ms against one thread's best of 4.5 moved it,
 and one thread then ran 5.0-5.5 against the pool's median of 3.1). Under two busy processes, on the other
 hand, some pool calls get through at near full speed, so contended calls need not come in a row.
+Before one thread was ever timed, its speed is taken as ``SCALING`` times the pool's threads times the pool's
+best (1.5x on 2 threads): the whole VM slows down in phases, every contender alike (mobilenet_v3_large's pool
+calls went from 3.7 to 6.0-6.4 ms, onnxruntime's and OpenVINO's calls as much), and as contention they moved it
+to one thread, which is 1.7x slower than the pool.
 (Quietly, a small model's whole-pool calls can switch between two speeds 1.3x apart, both faster than one
 thread: ppocrv5_cls, 0.64 and 0.84 ms against 0.95 ms.) From then on, whenever one thread runs at its own
 best speed again (``CALM``: the cores may be free), or ``UNCALM_HOLDS`` holds after one would have been due
@@ -72,6 +76,7 @@ MIN_HOLD_S, MAX_HOLD_S = 0.05, 10.0
 IDLE_S = 0.01  # a gap this long between calls lets the pool's threads (and the vCPUs) fall asleep
 WARM_CALLS = 5  # calls after such a gap that say nothing about contention ...
 WARM_S = 0.012  # ... nor does this much call time after it
+SCALING = 0.75  # one thread's speed, before one was measured: the pool's times this share of its threads
 WAKE_MAX = 10  # ... unless a call is this much slower than the reference and longer than WARM_S: contention
 POOL_CALLS = 5  # steady whole-pool calls whose median a one-thread probe must beat
 
@@ -153,8 +158,10 @@ class Governor:
             self._probe_one_thread(wall)
             return
         if not self.single:
-            single_known = self._fastest_single != float("inf")
-            contended = wall > SLOW * self._reference and (wall > SLOW * self._fastest_single or not single_known)
+            one_thread = self._fastest_single  # one thread's best, else what near-linear scaling would give
+            if one_thread == float("inf"):
+                one_thread = SCALING * self.full * self._reference
+            contended = wall > SLOW * self._reference and wall > SLOW * one_thread
             self._slow.append(contended)
             self._reference = min(self._reference, wall)
             if not contended:
