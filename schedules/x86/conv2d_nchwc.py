@@ -35,6 +35,11 @@ class Config:
     row_block: int = 1
 
 
+def plain_window(in_block: int, kernel_width: int) -> bool:
+    """Whether a conv's window (kw > 1) reads plain input (``bi = 1``): see :func:`accumulators`."""
+    return in_block == 1 and kernel_width > 1
+
+
 def accumulators(vector_lanes: int, plain_window: bool = False) -> int:
     """Accumulator vectors a tile may hold. AVX2 (16 ymm): 8 + weights + a broadcast. AVX-512 (32 zmm): 24,
     but 16 for a window (kw > 1) over plain input (``bi = 1``: a stem's 3 channels, or a conv after a plain-layout
@@ -89,8 +94,8 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     if match is None:
         return False
     anchor, (n, ob, oh, ow, oc_i, rco, ry, rx, rci) = match
-    plain_window = int(sch.get(rci).extent) == 1 and int(sch.get(rx).extent) > 1
-    cfg = config or default_config(int(sch.get(ob).extent), int(sch.get(ow).extent), vector_lanes, plain_window)
+    window = plain_window(int(sch.get(rci).extent), int(sch.get(rx).extent))
+    cfg = config or default_config(int(sch.get(ob).extent), int(sch.get(ow).extent), vector_lanes, window)
     inline_views(sch)
     epilogue = inline_epilogue(sch, ANCHOR)
     ob_o, ob_i = sch.split(ob, [None, cfg.oc_vectors])

@@ -108,11 +108,11 @@ def _batch_matmul_config(sch, block, lanes: int) -> dense.Config:
 
 def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     _, out_blocks, oh, ow, _, _, _, kw, in_block = _extents(sch, block)
-    plain_window = in_block == 1 and kw > 1
-    base = conv2d_nchwc.default_config(out_blocks, ow, lanes, plain_window)
+    window = conv2d_nchwc.plain_window(in_block, kw)
+    base = conv2d_nchwc.default_config(out_blocks, ow, lanes, window)
     # Channel vectors and row pixels are sampled independently; a pair past the register file spills and
     # simply measures slow.
-    budget = conv2d_nchwc.accumulators(lanes, plain_window)
+    budget = conv2d_nchwc.accumulators(lanes, window)
     oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
     ow_block = _pick(sch, list(range(1, min(ow, budget) + 1)), base.ow_block)  # a tail is predicated
     ic_unroll = _pick(sch, _divisors(in_block, 8), base.ic_unroll)
