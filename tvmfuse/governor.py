@@ -7,22 +7,22 @@ with ``bench/contention.py`` (2 cores, two busy processes in the same session, s
 pool ran mobilenet_v2 in 354 ms, one thread in 13.2 ms, while quietly the pool is 1.9x faster.
 
 The signal is the calls' own wall time. A whole-pool call ``SLOW`` times slower than the fastest one
-since the last probe, and ``SLOW`` times slower than the fastest one-thread call seen (once there is one),
-is contended; ``SLOW_CALLS`` contended calls among the last ``SLOW_WINDOW`` move the thread to one pool
-thread. Both margins matter on a noisy VM: a neighbour's steal time makes the pool's calls slow in spikes
-and makes one thread slow too, so a pool only a little slower than one thread's best is no reason to move
-(ppocrv6_tiny_rec under light noise: pool calls of 5.0-5.3 ms against one thread's best of 4.5 moved it,
-and one thread then ran 5.0-5.5 against the pool's median of 3.1). Under two busy processes, on the other
-hand, some pool calls get through at near full speed, so contended calls need not come in a row.
-Before one thread was ever timed, its speed is taken as ``SCALING`` times the pool's threads times the pool's
-best (1.5x on 2 threads): the whole VM slows down in phases, every contender alike (mobilenet_v3_large's pool
-calls went from 3.7 to 6.0-6.4 ms, onnxruntime's and OpenVINO's calls as much), and as contention they moved it
-to one thread, which is 1.7x slower than the pool.
-(Quietly, a small model's whole-pool calls can switch between two speeds 1.3x apart, both faster than one
-thread: ppocrv5_cls, 0.64 and 0.84 ms against 0.95 ms.) From then on, whenever one thread runs at its own
-best speed again (``CALM``: the cores may be free), or ``UNCALM_HOLDS`` holds after one would have been due
-(a light load that slows one thread for good), the governor *probes* the whole pool for ``PROBE_CALLS``
-calls and keeps whichever was faster. A
+since the last probe, and ``SLOW`` times slower than the fastest one-thread call seen, is contended;
+``SLOW_CALLS`` contended calls among the last ``SLOW_WINDOW`` move the thread to one pool thread. (Quietly, a
+small model's whole-pool calls can switch between two speeds 1.3x apart, both faster than one thread:
+ppocrv5_cls, 0.64 and 0.84 ms against 0.95 ms.) Before one thread was ever timed, its speed is taken as
+``SCALING`` times the pool's threads times the pool's best (1.5x on 2 threads). Both margins matter on a noisy
+VM: a neighbour's steal time makes the pool's calls slow in spikes and makes one thread slow too, so a pool
+only a little slower than one thread's best is no reason to move (ppocrv6_tiny_rec under light noise: pool
+calls of 5.0-5.3 ms against one thread's best of 4.5 moved it, and one thread then ran 5.0-5.5 against the
+pool's median of 3.1); and the whole VM slows down in phases, every contender alike (mobilenet_v3_large's pool
+calls went from 3.7 to 6.0-6.4 ms, onnxruntime's and OpenVINO's as much, and as contention they moved it to
+one thread, 1.7x slower than the pool). Under two busy processes, on the other hand, some pool calls get
+through at near full speed, so contended calls need not come in a row.
+
+On one thread, whenever one thread runs at its own best speed again (``CALM``: the cores may be free), or
+``UNCALM_HOLDS`` holds after a probe would have been due (a light load that slows one thread for good), the
+governor *probes* the whole pool for ``PROBE_CALLS`` calls and keeps whichever was faster. A
 failed probe cost ``sum(probe) - calls * single``; the next one waits until at least
 ``cost / PROBE_SHARE`` more seconds were spent in calls, so probing costs at most ``PROBE_SHARE`` (3%) of
 the time spent running the model; cheap failed probes back off by doubling, up to ``MAX_HOLD_S``. Holds
@@ -124,9 +124,9 @@ class Governor:
             self._configure(1, n)  # kBig affinity mode, n threads, for this thread's pool only
             _pool.threads = n
 
-    def _calm(self) -> bool:
-        """One thread runs near its best (a probe is worth it), or it has not for UNCALM_HOLDS holds (a probe
-        anyway: under a light, steady load one thread never gets back to its best, nor would the pool)."""
+    def _pool_probe_worth_it(self) -> bool:
+        """On one thread: it runs near its best (CALM: the cores may be free), or it has not for UNCALM_HOLDS
+        holds (a probe anyway: under a light, steady load one thread never gets back to its best)."""
         recent = list(self._single_walls)[-3:]
         return (len(recent) == 3 and statistics.median(recent) < CALM * self._fastest_single
                 or self._spent >= self._probe_at + UNCALM_HOLDS * self._hold)
@@ -137,8 +137,9 @@ class Governor:
         if self._last_end is not None and now - self._last_end > IDLE_S:
             self._warming, self._warm_until = WARM_CALLS, self._spent + WARM_S
         warm = not self._warming and self._spent > self._warm_until  # a probe's calls must count
-        if self._probe is None and warm and self._spent >= self._probe_at and (self._calm() if self.single else (
-                self.probe_one_thread and len(self._pool_walls) >= POOL_CALLS)):
+        due = self._probe is None and warm and self._spent >= self._probe_at
+        if due and (self._pool_probe_worth_it() if self.single
+                    else self.probe_one_thread and len(self._pool_walls) >= POOL_CALLS):
             self._probe = []
         self._set(1 if self.single == (self._probe is None) else self.full)
         return self._clock()
