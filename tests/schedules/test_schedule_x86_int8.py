@@ -302,12 +302,15 @@ def _stock_dense():
     return sch.mod["main"], tvm.IRModule({"main": te.create_prim_func([a, b, c])})
 
 
-@pytest.mark.slow
 def test_register_overrides_tvm_stock_vnni_for_metaschedule():
     """TVM's dot_16x4_vnni fails LLVM 22's verifier; after register() the same name builds to vpdpbusd, in a
-    hand schedule and in MetaSchedule's VNNI design space. Slow: imports tvm.s_tir.tensor_intrin (~30 s)."""
+    hand schedule and in MetaSchedule's VNNI design space. The intrinsics are imported as the tuner does
+    (``light_tensor_intrin``: the x86 module alone; the whole package takes 20-50 s)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from tvmfuse.tune.measure import light_tensor_intrin
+
+    light_tensor_intrin("llvm")
     __import__(vnni.STOCK_MODULE)
     if not vnni.stock_overridden():  # another test of this session may have registered already
         with pytest.raises(Exception, match="(?i)verif|signature"):
