@@ -1,345 +1,29 @@
-"""Damaged and wrong-type input files: a one-line TvmfuseError (exit 2 from the CLI), never a crash.
+"""Damaged and wrong-type ONNX models, tuning-log folders, calibration tables and calibration data: a one-line
+TvmfuseError (exit 2 from the CLI), never a crash.
 
 Every kind of file tvmfuse reads gets truncated (0 bytes and more), bit-flipped (seeded positions) and
-wrong-type (a PNG, text, a JSON list, a directory) versions: exported libraries, their manifests, ONNX
-models, tuning-log folders, calibration tables and calibration data, and ``run --inputs``. Everything runs
-in subprocesses, so a segfault or SIGBUS fails a test instead of killing pytest. Library files go through
-``tvmfuse run`` one subprocess each (that is where native code maps them); the other kinds run their cases
-in one subprocess per kind through the API (:func:`run_batch`), plus one CLI run per kind for exit status 2,
-the one-line message and no output file left behind.
+wrong-type (a PNG, text, a JSON list, a directory) versions (``helpers.corrupt``). Everything runs in
+subprocesses, so a segfault or SIGBUS fails a test instead of killing pytest. Each kind runs its cases in
+one subprocess through the API (``run_batch``), plus one CLI run per kind for exit status 2, the one-line
+message and no output file left behind. Exported libraries and
+their manifests: ``test_corrupt_libraries.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers import HOST
-
-PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00" + bytes(range(64))
-TEXT = b"this is not the file you are looking for\n"
-JSON_LIST = b"[1, 2, 3]\n"
-
-
-def truncations(data: bytes, lengths=(0, 1, 64)) -> dict[str, bytes]:
-    """``data`` cut to each of ``lengths``, to half its size and to one byte short."""
-    sizes = sorted({n for n in lengths if n < len(data)} | {len(data) // 2, len(data) - 1})
-    return {f"truncated-{n}": data[:n] for n in sizes}
-
-
-def bit_flips(data: bytes, seed: int, count: int, positions=None) -> dict[str, bytes]:
-    """``count`` copies of ``data`` with one bit flipped each, at seeded positions (from ``positions``)."""
-    rng = random.Random(seed)
-    out = {}
-    for _ in range(count):
-        pos = rng.choice(positions) if positions is not None else rng.randrange(len(data))
-        bit = rng.randrange(8)
-        flipped = bytearray(data)
-        flipped[pos] ^= 1 << bit
-        out[f"flip-{pos}-{bit}"] = bytes(flipped)
-    return out
-
-
-def wrong_types() -> dict[str, bytes]:
-    return {"png": PNG, "text": TEXT, "json-list": JSON_LIST}
-
-
-def write_case(folder: Path, name: str, content: bytes | None) -> Path:
-    """Write ``content`` to ``folder/name``; None makes ``folder/name`` a directory."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    if content is None:
-        path.mkdir()
-    else:
-        path.write_bytes(content)
-    return path
-
-
-# -- running cases in a subprocess ------------------------------------------------------------------------------
-
-_BATCH = r'''
-import json, sys, traceback, warnings
-from pathlib import Path
-
-from tvmfuse.errors import TvmfuseError
-
-HOST = "x86-host"
-
-
-def call(kind, path, extra):
-    """The API call of one case; the return value is reported (JSON)."""
-    if kind == "load":
-        import tvmfuse
-        return tvmfuse.load(path).outputs[0].name
-    if kind == "import":
-        from tvmfuse import frontend
-        return [str(i) for i in frontend.import_model(path).inputs]
-    if kind == "compile":
-        import tvmfuse
-        cm = tvmfuse.compile(path, target=extra.get("target", HOST), logs=extra.get("logs", False))
-        return cm.tuning_logs
-    if kind == "table":
-        from tvmfuse.quant.table import CalibrationTable
-        return len(CalibrationTable.load(path))
-    if kind == "quantize-table":
-        import tvmfuse
-        return tvmfuse.quantize("zoo:tiny_convnet", table=path, target=HOST).quantization["method"]
-    if kind == "calib":
-        from tvmfuse.quant.data import load_calibration_data
-        from tvmfuse.tensors import TensorInfo
-        return len(load_calibration_data(path, [TensorInfo("input", (1, 3, 32, 32), "float32")]))
-    if kind == "quantize-calib":
-        import tvmfuse
-        return tvmfuse.quantize("zoo:tiny_convnet", calib=path, target=HOST).quantization["method"]
-    if kind == "logs":
-        from tvmfuse import targets
-        from tvmfuse.tune.database import LogStore
-        db, report = LogStore(path, targets.resolve(extra.get("target", HOST))).load()
-        return {"records": report.records, "skipped": len(report.skipped)}
-    raise ValueError(kind)
-
-
-for name, kind, path, extra in json.loads(Path(sys.argv[1]).read_text()):
-    print(f"case {name}: started", file=sys.stderr, flush=True)  # the last one names a case that crashed
-    outcome = {"case": name}
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            outcome["result"] = call(kind, path, extra)
-        outcome.update(ok=True, warnings=[str(w.message) for w in caught if issubclass(w.category, UserWarning)])
-    except TvmfuseError as e:
-        outcome.update(ok=False, error=type(e).__name__, message=str(e))
-    except Exception as e:  # reported, so that every case's outcome shows at once
-        outcome.update(ok=False, error="UNEXPECTED " + type(e).__name__,
-                       message="".join(traceback.format_exception(e))[-1500:])
-    print(json.dumps(outcome), flush=True)
-'''
-
-
-def run_batch(tmp_path: Path, cases: list, timeout: int = 300) -> dict[str, dict]:
-    """Run ``cases`` (``[name, kind, path, extra]``) in one subprocess; return name -> outcome.
-
-    A crash fails here, naming the case that was running.
-    """
-    spec = tmp_path / "cases.json"
-    spec.write_text(json.dumps([[name, kind, str(path), extra] for name, kind, path, extra in cases]))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                                       os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", _BATCH, str(spec)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=tmp_path)
-    started = [line for line in proc.stderr.splitlines() if line.startswith("case ")]
-    assert proc.returncode == 0, (f"batch exited with {proc.returncode} (negative: killed by that signal) during "
-                                  f"{started[-1] if started else '?'}\n{proc.stderr[-3000:]}")
-    outcomes = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith('{"case"'):
-            outcome = json.loads(line)
-            outcomes[outcome["case"]] = outcome
-    assert set(outcomes) == {c[0] for c in cases}, proc.stderr[-3000:]
-    return outcomes
-
-
-def check_errors(outcomes: dict, expected: dict[str, tuple], may_pass: bool = False) -> None:
-    """Each case ``name -> (path, texts)`` raised a TvmfuseError subclass with a one-line message naming
-    ``path`` and holding one of ``texts``; with ``may_pass`` a case may also succeed (a harmless flip)."""
-    bad = []
-    for name, (path, wants) in expected.items():
-        o = outcomes[name]
-        wants = (wants,) if isinstance(wants, str) else wants
-        if o["ok"] and may_pass:
-            continue
-        if o["ok"] or o["error"].startswith("UNEXPECTED") or "\n" in o["message"] or str(path) not in o["message"] \
-                or not any(w in o["message"] for w in wants):
-            bad.append(f"{name}: {o}")
-    assert not bad, "\n".join(bad)
-
-
-def cli(*argv, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tvmfuse", *map(str, argv)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
-
-
-def check_cli_error(proc: subprocess.CompletedProcess, command: str, *expected: str) -> None:
-    """Exit status 2 and exactly one stderr line, ``tvmfuse <command>: error: ...``; no traceback."""
-    assert proc.returncode == 2, f"exit status {proc.returncode} (negative: killed by that signal)\n{proc.stderr}"
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"tvmfuse {command}: error: "), proc.stderr
-    assert all(e in lines[0] for e in expected), (expected, lines[0])
-
-
-def listing(folder: Path) -> set[str]:
-    return {p.name for p in folder.iterdir()}
-
-
-# -- exported libraries and their manifests -----------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    """zoo:tiny_convnet (x86-host) exported once for this module: ``lib.so`` and ``lib.json``.
-
-    Compiled here, not shared: a model that has already run exports a library whose load prints TVM's
-    "Scope Loaded" warnings on stderr (the VM's first use adds memory scopes to the executable), which would
-    break the one-line checks below whatever ran first.
-    """
-    import tvmfuse
-
-    return tvmfuse.compile("zoo:tiny_convnet", target=HOST).export(tmp_path_factory.mktemp("corrupt") / "lib.so")
-
-
-def _library_cases(data: bytes) -> dict[str, tuple[bytes | None, str]]:
-    cases = {name: (blob, "size does not match its manifest") for name, blob in truncations(data, (0, 64)).items()}
-    cases.update({name: (blob, "sha256 does not match its manifest") for name, blob in bit_flips(data, 0, 3).items()})
-    cases.update({name: (blob, "size does not match its manifest") for name, blob in wrong_types().items()})
-    cases["directory"] = (None, "compiled model is a directory")
-    return cases
-
-
-LIBRARY_CASES = ["truncated-0", "truncated-64", "truncated-half", "truncated-short", "flip-0", "flip-1", "flip-2",
-                 "png", "text", "json-list", "directory"]
-
-
-def _pick(cases: dict, label: str):
-    """Map the stable test ids above onto the generated case names (which hold sizes and positions)."""
-    names = list(cases)
-    if label == "truncated-half":
-        return names[2]
-    if label == "truncated-short":
-        return names[3]
-    if label.startswith("flip-"):
-        return [n for n in names if n.startswith("flip-")][int(label[5:])]
-    return label
-
-
-@pytest.mark.parametrize("label", LIBRARY_CASES)
-def test_cli_run_on_a_damaged_library_is_one_line_exit_2(exported, tmp_path, label):
-    # One subprocess per case: this is where a truncated .so used to die of SIGBUS and a flipped one to run.
-    cases = _library_cases(exported.read_bytes())
-    content, message = cases[_pick(cases, label)]
-    lib = write_case(tmp_path, "lib.so", content)
-    (tmp_path / "lib.json").write_bytes(exported.with_suffix(".json").read_bytes())
-    before = listing(tmp_path)
-    proc = cli("run", lib, "--save", tmp_path / "out.npz")
-    check_cli_error(proc, "run", f"{lib}: {message}")
-    assert listing(tmp_path) == before  # no output, not even a partial one
-
-
-def _manifest_cases(manifest_bytes: bytes) -> dict[str, tuple[bytes | None, str | tuple]]:
-    manifest = json.loads(manifest_bytes)
-    not_manifest = "not a tvmfuse manifest"
-    # (Cut short of its final newline, which JSON does not need: one byte short loses the closing brace.)
-    cases: dict[str, tuple[bytes | None, str | tuple]] = {
-        name: (blob, not_manifest) for name, blob in truncations(manifest_bytes.rstrip(b"\n"), (0, 1)).items()}
-    for name, blob in bit_flips(manifest_bytes, 1, 12).items():
-        try:
-            same = json.loads(blob) == manifest  # e.g. 1e-05 -> 1E-05 reads back the same: nothing to detect
-        except ValueError:
-            same = False
-        if not same:
-            cases[name] = (blob, (not_manifest, "edited after export"))
-    cases.update({"png": (PNG, not_manifest), "text": (TEXT, not_manifest),
-                  "json-list": (JSON_LIST, "a JSON object is expected, got list"),
-                  "json-object": (b'{"inputs": []}', "format is None"), "directory": (None, "manifest is a directory"),
-                  "deep-nesting": (b"[" * 100_000, not_manifest)})
-
-    def edited(change, message):
-        m = json.loads(manifest_bytes)
-        change(m)
-        return json.dumps(m, indent=2).encode(), message
-
-    def legacy(change, message):  # format_version 1: no seal, so only the structure check stands guard
-        m = json.loads(manifest_bytes)
-        del m["library"], m["digest"]
-        m["format_version"] = 1
-        change(m)
-        return json.dumps(m).encode(), message
-
-    cases["edited-input-shape"] = edited(lambda m: m["inputs"][0].update(shape=[1, 3, 64, 64]), "edited after export")
-    cases["edited-dtype"] = edited(lambda m: m["inputs"][0].update(dtype="int8"), "edited after export")
-    cases["edited-sha256"] = edited(lambda m: m["library"].update(sha256="0" * 64), "edited after export")
-    cases["no-outputs"] = edited(lambda m: m.update(outputs=[]), "edited after export")
-    cases["seal-removed"] = edited(lambda m: (m.pop("digest"), m.pop("library")),
-                                   "'digest' or 'library' entry is missing")
-    cases["newer-version"] = edited(lambda m: m.update(format_version=99), "written by a newer tvmfuse")
-    cases["version-string"] = edited(lambda m: m.update(format_version="2"), "is not a version number")
-    cases["legacy-bad-shape"] = legacy(lambda m: m["inputs"][0].update(shape=["a"]), "'shape' must be a list")
-    cases["legacy-bad-dtype"] = legacy(lambda m: m["inputs"][0].update(dtype="float33"), "is not a numpy dtype")
-    cases["legacy-dynamic-input"] = legacy(lambda m: m["inputs"][0].update(shape=[-1, 3, 32, 32]), "ints >= 1")
-    cases["legacy-outputs-not-list"] = legacy(lambda m: m.update(outputs="x"), "'outputs' must be a list")
-    cases["legacy-target-list"] = legacy(lambda m: m.update(target=[]), "'target' must be an object")
-    cases["legacy-cpu-flags"] = legacy(lambda m: m.update(cpu_flags=[1]), "'cpu_flags' must be a list of strings")
-    return cases
-
-
-def test_damaged_libraries_and_manifests_raise_model_load_error(exported, tmp_path):
-    """Through ``tvmfuse.load`` in one subprocess: each case one ModelLoadError naming the file."""
-    lib_bytes, manifest_bytes = exported.read_bytes(), exported.with_suffix(".json").read_bytes()
-    cases, expected = [], {}
-    for name, (content, message) in _library_cases(lib_bytes).items():
-        folder = tmp_path / f"lib-{name}"
-        lib = write_case(folder, "lib.so", content)
-        (folder / "lib.json").write_bytes(manifest_bytes)
-        cases.append([f"lib-{name}", "load", lib, {}])
-        expected[f"lib-{name}"] = (lib, f"{lib}: {message}")
-    for name, (content, message) in _manifest_cases(manifest_bytes).items():
-        folder = tmp_path / f"manifest-{name}"
-        write_case(folder, "lib.json", content)
-        (folder / "lib.so").write_bytes(lib_bytes)
-        cases.append([f"manifest-{name}", "load", folder / "lib.so", {}])
-        expected[f"manifest-{name}"] = (f"{folder / 'lib.json'}: ", message)
-    # An intact format_version 1 pair (exported before the checks) still loads, with a warning.
-    legacy = json.loads(manifest_bytes)
-    del legacy["library"], legacy["digest"]
-    legacy["format_version"] = 1
-    write_case(tmp_path / "legacy", "lib.json", json.dumps(legacy).encode())
-    (tmp_path / "legacy" / "lib.so").write_bytes(lib_bytes)
-    cases.append(["legacy-intact", "load", tmp_path / "legacy" / "lib.so", {}])
-    outcomes = run_batch(tmp_path, cases)
-    check_errors(outcomes, expected)
-    assert all(outcomes[n]["error"] == "ModelLoadError" for n in expected)
-    intact = outcomes["legacy-intact"]
-    assert intact["ok"] and intact["result"] == "output", intact
-    assert any("records no checksum" in w for w in intact["warnings"]), intact
-
-
-@pytest.mark.parametrize("label, message", [("edited-input-shape", "edited after export"),
-                                            ("png", "not a tvmfuse manifest")], ids=["edited-input-shape", "png"])
-def test_cli_run_with_a_bad_manifest_is_one_line_exit_2(exported, tmp_path, label, message):
-    content, _ = _manifest_cases(exported.with_suffix(".json").read_bytes())[label]
-    (tmp_path / "lib.json").write_bytes(content)
-    (tmp_path / "lib.so").write_bytes(exported.read_bytes())
-    check_cli_error(cli("run", tmp_path / "lib.so"), "run", f"{tmp_path / 'lib.json'}: {message}")
-
-
-def test_export_seals_the_manifest(exported):
-    from tvmfuse.integrity import MANIFEST_VERSION, file_sha256, manifest_digest
-
-    manifest = json.loads(exported.with_suffix(".json").read_text())
-    size, sha = file_sha256(exported)
-    assert manifest["format_version"] == MANIFEST_VERSION == 2
-    assert manifest["library"] == {"size": size, "sha256": sha} and size == exported.stat().st_size
-    assert manifest["digest"] == manifest_digest(manifest)
-
-
-def test_run_inputs_damaged_npz_is_one_line_exit_2(exported, tmp_path):
-    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
-    np.savez(tmp_path / "good.npz", input=x)
-    good = (tmp_path / "good.npz").read_bytes()
-    (tmp_path / "empty.npz").write_bytes(good[:0])  # numpy: EOFError
-    (tmp_path / "cut.npz").write_bytes(good[: len(good) // 2])  # zipfile: BadZipFile
-    np.save(tmp_path / "single.npy", x)
-    for name in ("empty.npz", "cut.npz", "single.npy"):
-        check_cli_error(cli("run", exported, "--inputs", tmp_path / name), "run", f"--inputs {tmp_path / name}",
-                        "cannot read as .npz")
-
+from helpers.corrupt import (
+    PNG, TEXT, truncations, bit_flips, wrong_types, write_case, run_batch, check_errors, cli, check_cli_error,
+    listing)
 
 # -- ONNX models ----------------------------------------------------------------------------------------------------
+
 
 def _onnx_bytes_and_structure() -> tuple[bytes, list[int]]:
     """zoo:tiny_convnet serialized, and the offsets of its bytes outside the weights (names, attributes, dims)."""
@@ -492,6 +176,7 @@ def test_cli_compile_with_unusable_logs_is_one_line_exit_2(logs_base, tmp_path):
 
 
 # -- calibration tables and data ------------------------------------------------------------------------------------
+
 
 def _table_bytes() -> bytes:
     from tvmfuse.quant.table import CalibrationTable
