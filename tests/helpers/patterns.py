@@ -4,22 +4,16 @@
 from __future__ import annotations
 
 import collections
-import functools
 
 import numpy as np
-import pytest
 import tvm
 from onnx import helper, numpy_helper
 from tvm import relax
 
-import tvmfuse
-from tvmfuse import frontend, patterns, targets, zoo
-from tvmfuse.passes.lower import OPAQUE, LowerPartitions
+from tvmfuse import frontend
 from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
-from tvmfuse.patterns import checks
 
-from helpers import HOST, ort_run
 from helpers import make_model
 
 RNG = np.random.default_rng(11)
@@ -147,6 +141,12 @@ def _act(op, **attrs):
     return [helper.make_node(op, ["c"], ["y"], **attrs)]
 
 
+def _g_relu_maxpool():
+    """Relu -> MaxPool: no pattern matches it."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2])]
+    return make_model(nodes, [("x", [1, 3, 8, 8])], [("y", None)])
+
+
 # (id, model factory, expected partition calls, ops expected to stay outside partitions)
 
 
@@ -164,6 +164,7 @@ __all__ = [
     "_g_conv_bn_relu6",
     "_g_gemm_relu",
     "_g_matmul",
+    "_g_relu_maxpool",
     "_g_residual",
     "_init",
     "_op_names",
