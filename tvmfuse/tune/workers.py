@@ -45,7 +45,6 @@ def workers_without(modules=KEPT_OUT_OF_WORKERS):
                 os.environ["PYTHONPATH"] = old
 
 
-
 POPEN_WORKER = "tvm.exec.popen_worker"
 _tuned_here = False  # set once this process started tuning workers: the atexit net then looks for survivors
 
@@ -156,9 +155,14 @@ def reaping_workers():
     try:
         yield
     finally:
-        for pool in list(_POOLS):
-            close_pool(pool)
-        kill_workers(exclude=before)
+        _close_all(exclude=before)
+
+
+def _close_all(exclude, timeout: float = 5.0) -> None:
+    """Close every pool tvmfuse made, then kill the popen workers of this process but those in ``exclude``."""
+    for pool in list(_POOLS):
+        close_pool(pool)
+    kill_workers(exclude=exclude, timeout=timeout)
 
 
 @atexit.register
@@ -168,9 +172,7 @@ def _kill_leftover_workers() -> None:
     if not _tuned_here:
         return
     try:
-        for pool in list(_POOLS):
-            close_pool(pool)
-        kill_workers(exclude=_FOREIGN, timeout=2.0)
+        _close_all(exclude=_FOREIGN, timeout=2.0)
     except Exception:  # noqa: BLE001 - never fail interpreter exit
         pass
 
