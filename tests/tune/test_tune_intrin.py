@@ -19,8 +19,9 @@ PACKAGE = "tvm.s_tir.tensor_intrin"
 _LOADED = f"""
 import json, sys
 sys.path.insert(0, {TESTS!r})
+PACKAGE = {PACKAGE!r}
 def loaded():
-    return sorted(m for m in sys.modules if m == {PACKAGE!r} or m.startswith({PACKAGE + "."!r}))
+    return sorted(m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + "."))
 """
 
 
@@ -49,8 +50,8 @@ light_tensor_intrin("llvm")
 default_entry(task_of())  # creates a TuneContext and its design space
 before = loaded()
 import tvm.s_tir.tensor_intrin.arm_cpu
-print(json.dumps([before, "arm_cpu" in dir(sys.modules[{PACKAGE!r}]), loaded()]))
-""".replace("{PACKAGE!r}", repr(PACKAGE)))
+print(json.dumps([before, "arm_cpu" in dir(sys.modules[PACKAGE]), loaded()]))
+""")
     before, attached, after = _last_json(proc)
     assert before == [PACKAGE, f"{PACKAGE}.x86"]
     assert attached and f"{PACKAGE}.arm_cpu" in after and f"{PACKAGE}.hexagon" not in after
