@@ -30,6 +30,10 @@ TO_PLAIN = "to_plain"
 SUBSAMPLE = "subsample"  # the gathered input of a strided 1x1 conv
 POOL_ANCHORS = {"max": "pool_max", "avg": "pool_sum"}  # topi.nn.pool2d's reduction block, per pool type
 SPATIAL_SUM = "spatial_sum"
+NARROW_GROUP = "tvmfuse.narrow_group"  # the anchor annotation of a narrow-group conv: channels per group
+# Channels per group of the narrow-group convs the blocked kernel runs. Groups of 2 do not tensorize: TVM's
+# comparison of the step's description with the kernel's block fails for ``i // 2 * 2 + k`` (TVM 0.27).
+NARROW_GROUPS = (4, 8)
 
 
 def block_for(channels: int, lanes: int) -> int | None:
@@ -106,11 +110,18 @@ def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32",
 
     ``weight`` is packed by :func:`pack_conv_weight` (``bi = 1`` for 4-D data). With ``groups`` > 1 both
     blocks must divide a group's channels (``bo | O/groups``, ``bi | I/groups``): an output block then
-    reads the ``in_blocks`` input blocks of its own group.
+    reads the ``in_blocks`` input blocks of its own group. Narrow groups (``g`` input and ``g`` output
+    channels each, ``g < bo``; the weight packed with ``bi = g``, data blocked like the output): output lane
+    ``i`` reads lane ``i // g * g + rci`` of the same block, and the anchor carries :data:`NARROW_GROUP` = ``g``
+    for the schedule (a shuffle per input channel, :mod:`.x86.intrin.group_shuffle`).
     """
     out_blocks, in_blocks, kh, kw, bi, bo = (int(d) for d in weight.shape)
     blocks_per_group = out_blocks // groups
     blocked_in = len(data.shape) == 5
+    narrow = blocked_in and groups > out_blocks
+    if narrow and (in_blocks != 1 or int(data.shape[4]) != bo or bo % bi or groups * bi != int(data.shape[1]) * bo):
+        raise ValueError(f"narrow groups need {groups} groups of {bi} channels blocked by {bo} in and out, "
+                         f"got data {list(data.shape)} and weight {list(weight.shape)}")
     n, h, w = int(data.shape[0]), int(data.shape[2]), int(data.shape[3])
     top, left, bottom, right = padding
     if blocked_in and (kh, kw) == (1, 1) and max(strides) > 1 and not any(padding):
@@ -125,16 +136,18 @@ def conv2d(data, weight, strides, padding, dilation, out_dtype: str = "float32",
     rco, rci = te.reduce_axis((0, in_blocks), "rco"), te.reduce_axis((0, bi), "rci")
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
 
-    def read(b, ob, y, x):
+    def read(b, ob, y, x, i):
         iy, ix = y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1]
+        if narrow:
+            return data[b, ob + rco, iy, ix, i // bi * bi + rci]
         block = ob // blocks_per_group * in_blocks + rco if groups > 1 else rco  # plain index for groups 1
         return data[b, block, iy, ix, rci] if blocked_in else data[b, block * bi + rci, iy, ix]
 
     return te.compute(
         (n, out_blocks, out_h, out_w, bo),
-        lambda b, ob, y, x, i: te.sum(read(b, ob, y, x).astype(out_dtype)
+        lambda b, ob, y, x, i: te.sum(read(b, ob, y, x, i).astype(out_dtype)
                                       * weight[ob, rco, ry, rx, rci, i].astype(out_dtype), axis=[rco, ry, rx, rci]),
-        name=CONV_ANCHOR)
+        name=CONV_ANCHOR, attrs={NARROW_GROUP: bi} if narrow else None)
 
 
 def subsample(data, strides):

@@ -263,9 +263,25 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
         return False
     out_channels = int(anchor.ty.shape[1])
     block = blocked.block_for(out_channels, lanes)
-    if family.name == "group_conv2d" and block is not None and (out_channels // int(anchor.attrs.groups)) % block:
+    if family.name == "group_conv2d" and block is not None and (out_channels // int(anchor.attrs.groups)) % block \
+            and narrow_groups(anchor, lanes) is None:
         return False  # an output block would span two groups
     return block is not None and isinstance(anchor.args[0], relax.Var)
+
+
+def narrow_groups(call, lanes: int | None) -> int | None:
+    """The channels per group ``g`` of a grouped conv ``call`` that the blocked kernel runs on its true groups
+    (:func:`blocked.conv2d`'s narrow groups, a shuffle step per input channel): ``g`` input and ``g`` output
+    channels per group, ``g`` one of :data:`blocked.NARROW_GROUPS`, fewer than and dividing the channel block.
+    None for every other conv, and without ``lanes`` (NCHW kernels)."""
+    if lanes is None or families.family_of(call).name != "group_conv2d":
+        return None
+    groups, in_channels, out_channels = int(call.attrs.groups), int(call.args[0].ty.shape[1]), int(call.ty.shape[1])
+    group = out_channels // groups
+    block = blocked.block_for(out_channels, lanes)
+    if block is None or group not in blocked.NARROW_GROUPS or in_channels != out_channels or block % group or group >= block:
+        return None
+    return group
 
 
 def group_input_block(anchor, block: int | None) -> bool:
@@ -288,7 +304,12 @@ def winograd_pays(call, lanes: int | None) -> bool:
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
     data, weight = data_param(fn, anchor), param_index(fn, anchor.args[1])
-    if families.family_of(anchor).name in ("conv2d", "group_conv2d"):
+    group = narrow_groups(anchor, lanes)
+    if group is not None:
+        if blocks.get(data) != out_block:
+            raise ValueError("a narrow-group conv needs its input blocked like its output")
+        packing = ("conv", group, out_block)
+    elif families.family_of(anchor).name in ("conv2d", "group_conv2d"):
         kind = "winograd" if data in blocks and winograd_pays(anchor, lanes) else "conv"
         packing = (kind, blocks.get(data, 1), out_block)
     else:

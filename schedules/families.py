@@ -197,7 +197,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                     Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
            anchor_check=_conv_layout, flops=_conv_flops),
     # Matched by conv2d's pattern entries. NCHW: the backend's fallback; blocked (when the blocks divide a
-    # group's channels, see RegroupConv for narrow groups): conv2d's blocked kernel and rule, per group.
+    # group's channels, or groups of 4 or 8 share a block: compute.narrow_groups; RegroupConv merges the
+    # other narrow groups): conv2d's blocked kernel and rule, per group.
     Family("group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="compute.group_conv2d",
            blocked_compute="compute.group_conv2d_blocked", int8=None,
            kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),

@@ -108,6 +108,12 @@ def _batch_matmul_config(sch, block, lanes: int) -> dense.Config:
 
 def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     _, out_blocks, oh, ow, _, _, _, kw, in_block = _extents(sch, block)
+    group = conv2d_nchwc.narrow_group(sch, block)
+    if group:  # narrow groups: tiles whose width divides the row (no predicated tail to tensorize)
+        base = conv2d_nchwc.narrow_config(out_blocks, ow, lanes, group=group)
+        return dataclasses.replace(base, oc_vectors=_pick(sch, _divisors(out_blocks, 4), base.oc_vectors),
+                                   ow_block=_pick(sch, _divisors(ow, 16), base.ow_block),
+                                   row_block=_pick(sch, sorted(set(_divisors(oh, 4)) | {oh}), base.row_block))
     window = conv2d_nchwc.plain_window(in_block, kw)
     base = conv2d_nchwc.default_config(out_blocks, ow, lanes, window)
     # Channel vectors and row pixels are sampled independently; a pair past the register file spills and

@@ -1,14 +1,18 @@
-"""Grouped convs that are not depthwise run on the blocked conv kernel (one group per output block), with
-RegroupConv merging groups narrower than a block; all match onnxruntime."""
+"""Grouped convs that are not depthwise run on the blocked conv kernel (one group per output block; groups of
+4 or 8 channels on their own groups, a shuffle step per channel), with RegroupConv merging the other groups
+narrower than a block; all match onnxruntime."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from onnx import helper, numpy_helper
 
 import tvmfuse
+from tvmfuse import targets
 from tvmfuse.passes.regroup_conv import factor, merge_groups
+from tvmfuse.schedules.blocked import NARROW_GROUP
 
 from helpers import HOST, make_model, ort_run
 
@@ -42,16 +46,33 @@ def _families(cm) -> set[str]:
             if f.attrs is not None and "tvmfuse.partition" in f.attrs}
 
 
+def _narrow(cm) -> bool:
+    """Whether a kernel runs narrow groups as they are (the blocked compute's annotation)."""
+    return any(NARROW_GROUP in f.script() for _, f in cm.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+
+
 @pytest.mark.parametrize("c_in,c_out,groups,stride,residual", [
     (64, 64, 2, 1, True),    # 32 channels per group: two blocks each
     (64, 64, 4, 2, False),   # 16 per group: one block each, strided
-    (128, 128, 32, 1, False),  # ResNeXt: 4 per group, regrouped 4 -> 16
-    (64, 64, 8, 1, True),    # 8 per group, regrouped 2 -> 16, with a residual
+    (128, 128, 32, 1, False),  # ResNeXt: 4 per group, on the groups themselves (a shuffle step per channel)
+    (64, 64, 8, 1, True),    # 8 per group, with a residual: its own groups on AVX-512, regrouped 2 -> 16 on AVX2
+    (64, 64, 8, 2, False),   # the same, strided
     (48, 32, 2, 1, False),   # 24 input channels per group: a 16-block would straddle groups, input stays NCHW
 ])
 def test_grouped_conv_runs_blocked_and_matches(c_in, c_out, groups, stride, residual):
     cm = _check(_grouped(c_in, c_out, groups, stride=stride, residual=residual), c_in)
     assert "group_conv2d_nchwc" in _families(cm)
+    lanes = targets.resolve(HOST).backend().vector_lanes()
+    assert _narrow(cm) == (c_out // groups == 4 or (c_out // groups == 8 and lanes == 16))
+
+
+def test_narrow_groups_are_merged_for_nchw_kernels():
+    # layout="nchw" has no blocked kernel to run them on: RegroupConv merges them, as before
+    model = _grouped(128, 128, 32)
+    x = {"x": RNG.standard_normal((1, 128, 10, 12)).astype("float32")}
+    cm = tvmfuse.compile(model, target=HOST, layout="nchw")
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-4)
+    assert _families(cm) == {"group_conv2d"} and not _narrow(cm)
 
 
 def test_groups_too_narrow_to_merge_stay_on_the_nchw_kernel():

@@ -13,8 +13,8 @@ from tvm import relax
 from tvmfuse.schedules.blocked import (KernelLayout, block_for, blocked_shape, depth_to_space, pool2d, spatial_mean,
                                        to_blocked, to_plain)
 from tvmfuse.schedules import families
-from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, param_index,
-                                       partition_compute, winograd_pays)
+from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, narrow_groups,
+                                       param_index, partition_compute, winograd_pays)
 
 from ..targets import TargetSpec
 from .channel_scale import channel_scale, with_prologue
@@ -139,7 +139,9 @@ class _Lower(relax.PyExprMutator):
         input directly (the stem), depthwise inputs and residuals are blocked (transformed if they are not)."""
         anchor = anchor_call(fn)
         data = data_param(fn, anchor)
-        depthwise = families.family_of(anchor).name == "depthwise_conv2d"
+        # a depthwise or narrow-group conv reads its input blocked like its output (transformed if it is not)
+        depthwise = families.family_of(anchor).name == "depthwise_conv2d" or \
+            narrow_groups(anchor, self.lanes) is not None
         out_block = block_for(int(anchor.ty.shape[1]), self.lanes)  # a depthwise input's and a residual's too
         out_shape = [int(d) for d in anchor.ty.shape]
         args, blocks = list(args), {}
@@ -149,7 +151,8 @@ class _Lower(relax.PyExprMutator):
             like_out = (i == data and depthwise) or [int(d) for d in arg.ty.shape] == out_shape
             blocked = self.blocked_of.get(arg) if i == data and not depthwise else \
                 self._as_blocked(arg, out_block if like_out else None)
-            if i == data and blocked is not None and not group_input_block(anchor, int(blocked.ty.shape[4])):
+            if i == data and blocked is not None and not depthwise and \
+                    not group_input_block(anchor, int(blocked.ty.shape[4])):
                 blocked = None  # a grouped conv whose groups the block would straddle reads the plain input
             if blocked is not None:
                 args[i], blocks[i] = blocked, int(blocked.ty.shape[4])

@@ -57,10 +57,12 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
+    # RegroupConv leaves the narrow groups the blocked FP32 kernel runs as they are (x86; not in INT8 graphs).
+    narrow_lanes = spec.backend().vector_lanes() if spec is not None and blocked and not int8 else None
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh,
             FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
-            PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv, FoldBatchNorm,
-            FoldScaleShift, relax.transform.FoldConstant()]
+            PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv(narrow_lanes),
+            FoldBatchNorm, FoldScaleShift, relax.transform.FoldConstant()]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,

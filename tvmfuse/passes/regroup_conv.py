@@ -9,6 +9,10 @@ the weight ``[O, I/G, kh, kw]`` grows to ``[O, f*I/G, kh, kw]`` with each output
 weights in place and zeros for the other ``f - 1`` groups it now spans. That is ``f`` times the
 multiply-adds (2x or 4x for ResNeXt) on a kernel that runs them ~30x faster. The result is the same
 sum: the added terms are exact zeros (unless an input is inf or NaN, where ``0 * inf`` is NaN).
+
+Where the target's blocked FP32 kernel runs the groups as they are (4 or 8 channels per group on x86,
+:func:`~tvmfuse.schedules.compute.narrow_groups`: a shuffle step per channel, no extra multiply-adds), the
+conv is left grouped; the rest (NCHW kernels, INT8 graphs, CUDA, groups of 2) are merged as above.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvmfuse.schedules.compute import narrow_groups
 from tvmfuse.schedules.families import FAMILIES, family_of, static_shape
 
 from .utils import const_array, rewrite_call, rewrite_functions
@@ -50,11 +55,15 @@ def merge_groups(weight: np.ndarray, groups: int, f: int) -> np.ndarray:
 
 @relax.expr_functor.mutator
 class _Regroup(relax.PyExprMutator):
+    def __init__(self, mod=None, lanes: int | None = None):
+        super().__init__(mod)
+        self.lanes = lanes
+
     def visit_call_(self, call):
         return rewrite_call(super().visit_call_(call), {_CONV: self._regroup})
 
     def _regroup(self, call):
-        if family_of(call).name != "group_conv2d":
+        if family_of(call).name != "group_conv2d" or narrow_groups(call, self.lanes) is not None:
             return None
         weight, shape = const_array(call.args[1]), static_shape(call)
         a = call.attrs
@@ -70,6 +79,13 @@ class _Regroup(relax.PyExprMutator):
                                   out_layout=a.out_layout, out_dtype=a.out_dtype)
 
 
-@tvm.transform.module_pass(opt_level=0, name="RegroupConv")
-def RegroupConv(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
-    return rewrite_functions(mod, _Regroup)
+def RegroupConv(lanes: int | None = None):  # noqa: N802 - a pass, named like TVM's
+    """The pass. ``lanes``: the blocked layout's vector width where the target runs narrow groups as they are
+    (:func:`~tvmfuse.schedules.compute.narrow_groups`, FP32 on x86); those convs are left grouped. None merges
+    every group it can (NCHW kernels, CUDA, INT8)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="RegroupConv")
+    def regroup(mod, _ctx):
+        return rewrite_functions(mod, lambda m: _Regroup(m, lanes))
+
+    return regroup
