@@ -127,6 +127,11 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} has no Relax pipeline")
 
     # --- tuning ---
+    def register_record_intrinsics(self, records: str) -> list[str]:
+        """Register the tensor intrinsics of this backend that the tuning records' JSON text ``records`` names
+        (a tensorized schedule's trace names its intrinsic, and decoding the record looks it up); return them."""
+        return []
+
     def register_templates(self) -> list[str]:
         """Register the MetaSchedule templates of the rules; return their global names."""
         return []

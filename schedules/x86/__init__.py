@@ -202,6 +202,12 @@ class Backend(_Base):
 
         return _pipeline
 
+    def register_record_intrinsics(self, records: str) -> list[str]:
+        """The narrow-group shuffle steps (:mod:`.intrin.group_shuffle`) a record tensorizes with."""
+        from .intrin import group_shuffle
+
+        return group_shuffle.register_named(records)
+
     def register_templates(self) -> list[str]:
         from . import templates
 

@@ -115,3 +115,33 @@ def test_regroup_conv_leaves_narrow_groups_where_the_target_runs_them(lanes, wan
     mod = RegroupConv(lanes)(bb.get())
     convs = [b.value for b in mod["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
     assert [int(c.attrs.groups) for c in convs] == [want_groups]
+
+
+def test_a_tuned_narrow_kernel_applies_in_a_fresh_process(tmp_path):
+    # The record's trace tensorizes with a step registered by the schedule; a compile in another process must
+    # register it before decoding the record, or the record is skipped and the default schedule used.
+    from pathlib import Path
+
+    from helpers.tune import run_script
+
+    tests = str(Path(__file__).resolve().parents[1])
+    head = f"import sys, json\nsys.path.insert(0, {tests!r})\nsys.path.insert(0, {tests + '/passes'!r})\n" \
+           "from test_grouped_conv import _grouped\nfrom tvmfuse import targets\nHOST = targets.resolve('x86-host')\n"
+    tuned = run_script(head + """
+from tvmfuse.tune.tuner import tune
+report = tune(_grouped(128, 128, 32), HOST, trials=4, logs=sys.argv[1], trials_per_iter=4, progress=False)
+print(json.dumps([t.trials for t in report.tasks]))
+""", tmp_path)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    (records,) = tmp_path.glob("*/database_tuning_record.json")  # the folder is named after the host's CPU
+    assert "tvmfuse_group_shuffle_4x" in records.read_text()
+    applied = run_script(head + """
+import warnings
+import numpy as np, tvmfuse
+warnings.simplefilter("error")  # a skipped record warns
+cm = tvmfuse.compile(_grouped(128, 128, 32), target=HOST, logs=sys.argv[1])
+print(json.dumps(sorted(str(f.attrs["tvmfuse.scheduled_by"]) for _, f in cm.lowered.functions_items()
+                        if f.attrs is not None and "tvmfuse.partition" in f.attrs)))
+""", tmp_path)
+    assert applied.returncode == 0, applied.stderr[-3000:]
+    assert applied.stdout.strip().splitlines()[-1] == '["tuning_log"]'

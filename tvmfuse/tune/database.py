@@ -171,6 +171,7 @@ class LogStore:
         from tvm.s_tir import meta_schedule as ms
 
         workloads, records, report = self.read()
+        self.spec.backend().register_record_intrinsics(json.dumps([record for _, record in records]))
         db = ms.database.MemoryDatabase()
         decoded = {}
         for index, record in records:

@@ -20,6 +20,7 @@ ResNeXt's 3x3 convs (Zen 4, 2 threads, kernel alone): 128 channels in groups of 
 from __future__ import annotations
 
 import functools
+import re
 
 from tvm import tirx
 from tvm.s_tir import TensorIntrin
@@ -98,3 +99,10 @@ def ensure(group: int, lanes: int) -> str:
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, desc(group, lanes), impl(group, lanes))
     return name
+
+
+def register_named(text: str) -> list[str]:
+    """Register every step whose name occurs in ``text`` (tuning records: a tensorized trace names its step,
+    and decoding the record in another process needs it registered); return their names."""
+    names = sorted(set(re.findall(r"tvmfuse_group_shuffle_(\d+)x(\d+)", text)))
+    return [ensure(int(group), int(lanes)) for group, lanes in names]
