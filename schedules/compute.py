@@ -279,7 +279,8 @@ def narrow_groups(call, lanes: int | None) -> int | None:
     groups, in_channels, out_channels = int(call.attrs.groups), int(call.args[0].ty.shape[1]), int(call.ty.shape[1])
     group = out_channels // groups
     block = blocked.block_for(out_channels, lanes)
-    if block is None or group not in blocked.NARROW_GROUPS or in_channels != out_channels or block % group or group >= block:
+    if block is None or group not in blocked.NARROW_GROUPS or in_channels != out_channels or block % group \
+            or group >= block:
         return None
     return group
 

@@ -13,8 +13,8 @@ FMAs per step. A gather (``g`` x ``b`` scalar loads, what TVM's vectorizer makes
 replaces. LLVM picks the shuffle: ``vshufps`` when ``g`` divides a 128-bit lane (``g`` <= 4), a cross-lane
 ``vpermps`` / ``vpermpd`` otherwise.
 
-ResNeXt's 3x3 convs (Zen 4, 2 threads, kernel alone): 128 channels in groups of 4 at 32x32, 60-76 us against
-180-200 us with merged groups; 256 in groups of 8 at 16x16, 74-77 us against 121 us.
+ResNeXt's 3x3 convs (Zen 4, 2 threads, kernel alone): 128 channels in groups of 4 at 32x32, 53-76 us against
+180-204 us with merged groups; 256 in groups of 8 at 16x16, 68-87 us against 121 us.
 """
 
 from __future__ import annotations
