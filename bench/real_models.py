@@ -8,7 +8,9 @@ zoo models written the way exporters write them (``zoo:NAME``). For each: compil
 difference against onnxruntime and whether it is within the model's bound (rtol = atol = 1e-4 unless the
 corpus table says why not), then tvmfuse, onnxruntime and OpenVINO (when installed: ``pip install
 .[bench]``) timed interleaved in this one run, each with the same threads (TVM_NUM_THREADS, default 2).
-The last line is the geometric mean of the ratios (lower is better for tvmfuse).
+The last line is the geometric mean of the ratios (lower is better for tvmfuse). Before and after a timed run,
+``vcpu_probe.py`` prints each core's multiply-add speed with all cores busy: a quiet machine shows the cores
+level and at their usual speed; in a slow phase the ratios move (see that script).
 
 ``--matrix`` compiles and checks every model for x86-avx512 and x86-host in both layouts (no timing).
 Time nothing else while this runs: TVM's spinning thread pool collapses when the cores are oversubscribed.
@@ -25,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import THREADS, interleaved_medians, machine, openvino_runner, ort_session, table  # noqa: E402
+import vcpu_probe  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -137,11 +140,14 @@ def main(argv=None) -> int:
     spec = targets.resolve(configs[0][0])
     print(f"# real models: batch 1, {THREADS} threads, {machine()}, tvmfuse {tvmfuse.__version__}, "
           f"mcpu {spec.config.get('mcpu')}", flush=True)
+    timing = not (args.matrix or args.no_time)
+    if timing:  # is the machine quiet? (see vcpu_probe.py: slow phases move the ratios)
+        print("# before: " + vcpu_probe.summary(vcpu_probe.probe()), flush=True)
     rows = []
     for entry in chosen:
         for target, layout in configs:
             row = compile_check(entry, target, layout, args.opcheck)
-            if row.get("status") == "ok" and not (args.matrix or args.no_time):
+            if row.get("status") == "ok" and timing:
                 time_row(row, args.repeat)
             print(f"  {row['model']} {target} {layout}: {row['status']} {row.get('error', '')}", file=sys.stderr,
                   flush=True)
@@ -165,6 +171,8 @@ def main(argv=None) -> int:
         if ov:
             line += f", tvmfuse / OpenVINO {geomean(ov):.2f}x"
         print(line)
+    if timing:
+        print("# after: " + vcpu_probe.summary(vcpu_probe.probe()))
     for r in failed:
         print(f"{r['model']} ({r['target']}, {r['layout']}): {r['status']} {r.get('error', '')}")
     if args.json:
