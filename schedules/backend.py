@@ -127,9 +127,9 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} has no Relax pipeline")
 
     # --- tuning ---
-    def register_record_intrinsics(self, records: str) -> list[str]:
-        """Register the tensor intrinsics of this backend that the tuning records' JSON text ``records`` names
-        (a tensorized schedule's trace names its intrinsic, and decoding the record looks it up); return them."""
+    def register_record_intrinsics(self, names) -> list[str]:
+        """Register the tensor intrinsics of this backend among ``names``, those tuning records tensorize with
+        (decoding a record looks its intrinsic up by name); return them."""
         return []
 
     def register_templates(self) -> list[str]:

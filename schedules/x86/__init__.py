@@ -202,11 +202,11 @@ class Backend(_Base):
 
         return _pipeline
 
-    def register_record_intrinsics(self, records: str) -> list[str]:
-        """The narrow-group shuffle steps (:mod:`.intrin.group_shuffle`) a record tensorizes with."""
+    def register_record_intrinsics(self, names) -> list[str]:
+        """The narrow-group shuffle steps (:mod:`.intrin.group_shuffle`) among them."""
         from .intrin import group_shuffle
 
-        return group_shuffle.register_named(records)
+        return group_shuffle.register_named(names)
 
     def register_templates(self) -> list[str]:
         from . import templates

@@ -82,8 +82,7 @@ def narrow_group(sch: s_tir.Schedule, anchor) -> int | None:
     return int(group) if group is not None else None
 
 
-def narrow_config(out_blocks: int, out_width: int, vector_lanes: int, plain_window: bool = False,
-                  group: int = 4) -> Config:
+def narrow_config(out_width: int, group: int) -> Config:
     """A narrow-group conv's tile: one block by the widest divisor of the row up to ``32 / group`` pixels (8
     at most), fewer accumulators than :func:`default_config`'s as each step also keeps ``group`` shuffled
     inputs and weight vectors live. The width divides the row: tensorize does not take the predicated tail
@@ -115,8 +114,9 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     anchor, (n, ob, oh, ow, oc_i, rco, ry, rx, rci) = match
     group = narrow_group(sch, anchor)
     window = plain_window(int(sch.get(rci).extent), int(sch.get(rx).extent))
-    extents = int(sch.get(ob).extent), int(sch.get(ow).extent), vector_lanes, window
-    cfg = config or (narrow_config(*extents, group=group) if group else default_config(*extents))
+    out_width = int(sch.get(ow).extent)
+    cfg = config or (narrow_config(out_width, group) if group else
+                     default_config(int(sch.get(ob).extent), out_width, vector_lanes, window))
     inline_views(sch)
     epilogue = inline_epilogue(sch, ANCHOR)
     ob_o, ob_i = sch.split(ob, [None, cfg.oc_vectors])

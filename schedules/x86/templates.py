@@ -110,7 +110,7 @@ def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
     _, out_blocks, oh, ow, _, _, _, kw, in_block = _extents(sch, block)
     group = conv2d_nchwc.narrow_group(sch, block)
     if group:  # narrow groups: tiles whose width divides the row (no predicated tail to tensorize)
-        base = conv2d_nchwc.narrow_config(out_blocks, ow, lanes, group=group)
+        base = conv2d_nchwc.narrow_config(ow, group)
         return dataclasses.replace(base, oc_vectors=_pick(sch, _divisors(out_blocks, 4), base.oc_vectors),
                                    ow_block=_pick(sch, _divisors(ow, 16), base.ow_block),
                                    row_block=_pick(sch, sorted(set(_divisors(oh, 4)) | {oh}), base.row_block))

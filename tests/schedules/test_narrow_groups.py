@@ -64,9 +64,9 @@ def test_narrow_tile_divides_the_row():
     # tensorize does not take the predicated tail of a width that does not divide the row
     for width in (7, 10, 12, 13, 16, 32):
         for group in (4, 8):
-            cfg = conv2d_nchwc.narrow_config(8, width, 16, group=group)
+            cfg = conv2d_nchwc.narrow_config(width, group)
             assert width % cfg.ow_block == 0 and cfg.ow_block <= 32 // group
-    assert conv2d_nchwc.narrow_config(8, 32, 16, group=4).ow_block == 8
+    assert conv2d_nchwc.narrow_config(32, 4).ow_block == 8
 
 
 def test_group_shuffle_step_rejects_groups_it_cannot_run():
@@ -86,10 +86,18 @@ def test_narrow_template_default_is_the_rule_and_samples_dividing_tiles():
     assert templates.space_size(templates.annotate(func, family), 256) == 3 * 6 * 5
 
 
-def _conv_call(channels, groups, in_channels=None):
+def _conv_module(channels, groups, in_channels=None) -> tvm.IRModule:
+    """``main(x)``: one 3x3 grouped conv of a constant weight, normalized (its call has its type)."""
     x = relax.Var("x", relax.TensorType((1, in_channels or channels, 8, 8), "float32"))
     w = relax.const(RNG.standard_normal((channels, (in_channels or channels) // groups, 3, 3)).astype("float32"))
-    return x, relax.op.nn.conv2d(x, w, padding=(1, 1), groups=groups)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.op.nn.conv2d(x, w, padding=(1, 1), groups=groups)))
+    return bb.get()
+
+
+def _convs(mod) -> list:
+    return [b.value for b in mod["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
 
 
 @pytest.mark.parametrize("channels,groups,in_channels,lanes,want", [
@@ -97,23 +105,13 @@ def _conv_call(channels, groups, in_channels=None):
     (64, 16, None, 8, 4), (64, 32, None, 16, None),  # groups of 2: no step
     (512, 32, None, 16, None), (128, 32, 256, 16, None), (128, 32, None, None, None)])
 def test_narrow_groups_says_which_convs_run_on_their_groups(channels, groups, in_channels, lanes, want):
-    _, call = _conv_call(channels, groups, in_channels)
-    bb = relax.BlockBuilder()
-    with bb.function("main", [call.args[0]]):
-        out = bb.emit(call)
-        bb.emit_func_output(out)
-    call = bb.get()["main"].body.blocks[0].bindings[0].value
+    (call,) = _convs(_conv_module(channels, groups, in_channels))
     assert narrow_groups(call, lanes) == want
 
 
 @pytest.mark.parametrize("lanes,want_groups", [(16, 32), (None, 8)])
 def test_regroup_conv_leaves_narrow_groups_where_the_target_runs_them(lanes, want_groups):
-    x, call = _conv_call(128, 32)
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        bb.emit_func_output(bb.emit(call))
-    mod = RegroupConv(lanes)(bb.get())
-    convs = [b.value for b in mod["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    convs = _convs(RegroupConv(lanes)(_conv_module(128, 32)))
     assert [int(c.attrs.groups) for c in convs] == [want_groups]
 
 
@@ -145,3 +143,16 @@ print(json.dumps(sorted(str(f.attrs["tvmfuse.scheduled_by"]) for _, f in cm.lowe
 """, tmp_path)
     assert applied.returncode == 0, applied.stderr[-3000:]
     assert applied.stdout.strip().splitlines()[-1] == '["tuning_log"]'
+
+
+def test_records_name_the_steps_they_tensorize_with():
+    from tvmfuse.tune.database import tensorized_with
+
+    trace = [[["SampleCategorical", [], [[1, 2], [0.5, 0.5]], ["v0"]],
+              ["Tensorize", ["l13"], ["tvmfuse_group_shuffle_4x16", 1], []]], []]
+    assert tensorized_with([trace, [1e-5], {}, []]) == {"tvmfuse_group_shuffle_4x16"}
+    for damaged in ([], [[]], [["Tensorize"]], "x", [[[["Tensorize", [], [7], []]]]]):
+        assert tensorized_with(damaged) == set()
+    # a name no step has (a damaged record's) is left for the decoder to skip, not an error at load
+    assert group_shuffle.register_named({"tvmfuse_group_shuffle_3x16", "other", "tvmfuse_group_shuffle_8x16"}) \
+        == ["tvmfuse_group_shuffle_8x16"]

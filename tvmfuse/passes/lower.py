@@ -140,7 +140,7 @@ class _Lower(relax.PyExprMutator):
         anchor = anchor_call(fn)
         data = data_param(fn, anchor)
         # a depthwise or narrow-group conv reads its input blocked like its output (transformed if it is not)
-        depthwise = families.family_of(anchor).name == "depthwise_conv2d" or \
+        input_like_out = families.family_of(anchor).name == "depthwise_conv2d" or \
             narrow_groups(anchor, self.lanes) is not None
         out_block = block_for(int(anchor.ty.shape[1]), self.lanes)  # a depthwise input's and a residual's too
         out_shape = [int(d) for d in anchor.ty.shape]
@@ -148,10 +148,10 @@ class _Lower(relax.PyExprMutator):
         for i, arg in enumerate(args):
             if not _is_activation(arg):
                 continue
-            like_out = (i == data and depthwise) or [int(d) for d in arg.ty.shape] == out_shape
-            blocked = self.blocked_of.get(arg) if i == data and not depthwise else \
+            like_out = (i == data and input_like_out) or [int(d) for d in arg.ty.shape] == out_shape
+            blocked = self.blocked_of.get(arg) if i == data and not input_like_out else \
                 self._as_blocked(arg, out_block if like_out else None)
-            if i == data and blocked is not None and not depthwise and \
+            if i == data and blocked is not None and not input_like_out and \
                     not group_input_block(anchor, int(blocked.ty.shape[4])):
                 blocked = None  # a grouped conv whose groups the block would straddle reads the plain input
             if blocked is not None:

@@ -92,6 +92,19 @@ class LoadReport:
                 "skipped_lines": len(self.skipped)}
 
 
+def tensorized_with(record) -> set[str]:
+    """The tensor intrinsics a tuning record's trace tensorizes with. MetaSchedule's record JSON starts with the
+    trace ``[instructions, decisions]``, an instruction ``[kind, inputs, attributes, outputs]``; a ``Tensorize``
+    instruction's first attribute is the intrinsic's name. Anything else (a damaged record) names none."""
+    try:
+        instructions = record[0][0]
+        return {inst[2][0] for inst in instructions
+                if isinstance(inst, list) and len(inst) > 2 and inst[0] == "Tensorize" and isinstance(inst[2], list)
+                and inst[2] and isinstance(inst[2][0], str)}
+    except (IndexError, KeyError, TypeError):
+        return set()
+
+
 def _lines(path: Path) -> list[str]:
     """The file's lines (a cut-short last line included); blank lines are dropped.
 
@@ -171,7 +184,7 @@ class LogStore:
         from tvm.s_tir import meta_schedule as ms
 
         workloads, records, report = self.read()
-        self.spec.backend().register_record_intrinsics(json.dumps([record for _, record in records]))
+        self.spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for _, r in records)))
         db = ms.database.MemoryDatabase()
         decoded = {}
         for index, record in records:

@@ -29,7 +29,6 @@ from tvm.script import tirx as T
 from ...blocked import NARROW_GROUPS
 
 F32, LOCAL = "float32", "local"  # names, not literals, in TVMScript signatures (linters read those as types)
-GROUPS = NARROW_GROUPS
 
 
 def intrin_name(group: int, lanes: int) -> str:
@@ -92,17 +91,24 @@ def impl(group: int, lanes: int):
 
 def ensure(group: int, lanes: int) -> str:
     """Register the (group, lanes) step unless it is; return its name."""
-    if group not in GROUPS or lanes % group or group >= lanes:
-        raise ValueError(f"a group-shuffle step needs groups of {' or '.join(map(str, GROUPS))} channels, fewer than "
-                         f"and dividing the {lanes} lanes, got {group}")
+    if group not in NARROW_GROUPS or lanes % group or group >= lanes:
+        raise ValueError(f"a group-shuffle step needs groups of {' or '.join(map(str, NARROW_GROUPS))} channels, "
+                         f"fewer than and dividing the {lanes} lanes, got {group}")
     name = intrin_name(group, lanes)
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, desc(group, lanes), impl(group, lanes))
     return name
 
 
-def register_named(text: str) -> list[str]:
-    """Register every step whose name occurs in ``text`` (tuning records: a tensorized trace names its step,
-    and decoding the record in another process needs it registered); return their names."""
-    names = sorted(set(re.findall(r"tvmfuse_group_shuffle_(\d+)x(\d+)", text)))
-    return [ensure(int(group), int(lanes)) for group, lanes in names]
+def register_named(names) -> list[str]:
+    """Register the steps among the intrinsic ``names`` (those tuning records tensorize with: decoding a record
+    in another process needs its step registered); return them. A name of no step this module can make (a
+    damaged record's) is left out: that record then fails to decode and is skipped like any other."""
+    registered = []
+    for name in sorted(names):
+        found = re.fullmatch(r"tvmfuse_group_shuffle_(\d+)x(\d+)", name)
+        try:
+            registered += [ensure(int(found[1]), int(found[2]))] if found else []
+        except ValueError:
+            pass
+    return registered
