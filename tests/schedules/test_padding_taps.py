@@ -76,9 +76,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_guarded_conv_gives_the_same_numbers(case):
+def test_guarded_conv_gives_the_same_numbers(case, monkeypatch):
     c_in, c_out, hw, k, stride, pads, dilation, blocked_in = CASES[case]
     func, data, x, w, packed = _conv_kernel(c_in, c_out, hw, k, stride, pads, dilation, blocked_in)
+    monkeypatch.setattr(padding_taps, "MIN_SKIPPED", 0.0)  # a guard on every case, however few steps it skips
     guarded = skip_padding_taps(func)
     assert _guards(guarded), "a padded conv gets a guard"
     assert not _guards(func)
@@ -127,6 +128,47 @@ def test_most_steps_of_a_large_dilation_are_skipped():
         total += 1
         taken += bool(int(analyzer.simplify(guard.condition)))
     assert taken / total < 0.35, (taken, total)  # 16 % of the multiply-adds read data; tiles round it up
+
+
+def test_the_counted_share_is_the_steps_the_guard_lets_through():
+    """``_run_share`` counts what the guard's condition lets through: on the dilation-18 map, the 192 steps
+    of 720 the test above counts through the guard itself."""
+    func = _conv_kernel(*CASES["aspp_dilation_18"])[0]
+    captured = {}
+    real = padding_taps._pays
+
+    def spy(terms, loops):
+        captured["share"] = padding_taps._run_share(terms, loops)
+        return real(terms, loops)
+
+    padding_taps._pays = spy
+    try:
+        assert _guards(skip_padding_taps(func))
+    finally:
+        padding_taps._pays = real
+    assert captured["share"] == pytest.approx(192 / 720)
+
+
+@pytest.mark.parametrize("case", ["3x3_pad_1", "asymmetric_stride_2", "7x7_stem_nchw"])
+def test_a_guard_that_skips_few_steps_is_left_out(case):
+    """Below ``MIN_SKIPPED`` of the steps (a 3x3 conv with padding 1 skips only its border rows' outer taps:
+    9.5 % on a 7x7 map) the kernel is left as the rule made it: a test around the taps can cost the register
+    tile more than the skipped steps save."""
+    func = _conv_kernel(*CASES[case])[0]
+    assert skip_padding_taps(func).same_as(func)
+
+
+def test_a_tile_one_pixel_past_the_map_gets_no_guard(monkeypatch):
+    """73 columns in tiles of 4 (the last holds one real pixel): the guard would skip 1.4 % of the steps, and
+    with it LLVM kept this kernel's register tile in memory (1.24 against 1.02 ms, Zen 4). No guard; with
+    the threshold at 0 it would get one."""
+    data = te.placeholder((1, 2, 73, 73, LANES), name="data")
+    weight = te.placeholder((4, 2, 3, 3, LANES, LANES), name="weight")
+    out = blocked.conv2d(data, weight, (1, 1), (1, 1, 1, 1), (1, 1))
+    func = conv2d_nchwc.apply(te.create_prim_func([data, weight, out]), LANES, conv2d_nchwc.Config(4, 4))
+    assert skip_padding_taps(func).same_as(func)
+    monkeypatch.setattr(padding_taps, "MIN_SKIPPED", 0.0)
+    assert _guards(skip_padding_taps(func))
 
 
 def test_kernels_without_padding_or_with_another_pad_value_are_unchanged():
