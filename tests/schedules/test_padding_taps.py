@@ -149,6 +149,12 @@ def test_the_counted_share_is_the_steps_the_guard_lets_through():
     assert captured["share"] == pytest.approx(192 / 720)
 
 
+@pytest.mark.parametrize("case", ["aspp_dilation_6", "aspp_dilation_18"])
+def test_the_dilated_convs_keep_their_guard(case):
+    """The ASPP convs skip 20 % (dilation 6) and 73 % (dilation 18) of the tap loop's steps: guarded."""
+    assert _guards(skip_padding_taps(_conv_kernel(*CASES[case])[0]))
+
+
 @pytest.mark.parametrize("case", ["3x3_pad_1", "asymmetric_stride_2", "7x7_stem_nchw"])
 def test_a_guard_that_skips_few_steps_is_left_out(case):
     """Below ``MIN_SKIPPED`` of the steps (a 3x3 conv with padding 1 skips only its border rows' outer taps:
