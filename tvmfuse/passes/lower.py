@@ -70,8 +70,8 @@ def _pack_args(args: list, layout: KernelLayout) -> list:
 
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator, BlockedOps):
-    """Partition calls -> ``call_tir``; on backends with a blocked layout, blockable partitions (see ``compute.blockable``) keep their
-    activations NCHW[b]c between them, with a layout transform only where a plain tensor is needed: the
+    """Partition calls -> ``call_tir``; on backends with a blocked layout, blockable partitions (see
+    ``compute.blockable``) keep their activations NCHW[b]c between them, with a layout transform only where a plain tensor is needed: the
     NCHW value of every blocked output is bound to the original variable, read by whatever is not a blocked
     kernel, and removed as dead code when nothing is."""
 
