@@ -71,9 +71,10 @@ def _pack_args(args: list, layout: KernelLayout) -> list:
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator, BlockedOps):
     """Partition calls -> ``call_tir``; on backends with a blocked layout, blockable partitions (see
-    ``compute.blockable``) keep their activations NCHW[b]c between them, with a layout transform only where a plain tensor is needed: the
-    NCHW value of every blocked output is bound to the original variable, read by whatever is not a blocked
-    kernel, and removed as dead code when nothing is."""
+    ``compute.blockable``) keep their activations NCHW[b]c between them, with a layout transform only where a
+    plain tensor is needed: the NCHW value of every blocked output is bound to the original variable, read by
+    whatever is not a blocked kernel, and removed as dead code when nothing is. The blocked forms of ops
+    outside partitions come from :class:`.blocked_ops.BlockedOps`."""
 
     def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None, blocked: bool):
         super().__init__(mod)
