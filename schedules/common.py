@@ -117,6 +117,13 @@ def largest_divisor(n: int, cap: int, multiple_of: int = 1) -> int:
     return 1
 
 
+def row_vector(width: int, vector_lanes: int) -> int:
+    """The pixels per vector of a kernel vectorized along its rows: the widest divisor of ``width`` up to a
+    vector, a multiple of 8 where the row is one (the NCHW conv2d rule's ``"ow"`` kernel)."""
+    return largest_divisor(width, vector_lanes, multiple_of=8) if width % 8 == 0 else \
+        largest_divisor(width, vector_lanes)
+
+
 def dividing_vector(extent: int, vector_lanes: int) -> int | None:
     """The widest vector (``vector_lanes``, else 8, else 4 lanes) dividing ``extent``; None when none does."""
     return next((v for v in (vector_lanes, 8, 4) if v <= vector_lanes and extent % v == 0), None)

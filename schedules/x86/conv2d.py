@@ -19,7 +19,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..common import block_names, inline_epilogue, largest_divisor, register_tile, vectorize_tile
+from ..common import block_names, inline_epilogue, largest_divisor, register_tile, row_vector, vectorize_tile
 
 ANCHOR = "conv2d_nchw"
 
@@ -68,8 +68,7 @@ def default_config(out_channels: int, out_width: int, vector_lanes: int, in_chan
                 best = (used, oc_vectors * vector_lanes, ow_block)
         if best[2] >= 4 or best[2] == out_width:
             return Config("oc", best[1], best[2], ic_unroll)
-    ow_block = largest_divisor(out_width, vector_lanes, multiple_of=8) if out_width % 8 == 0 else \
-        largest_divisor(out_width, vector_lanes)
+    ow_block = row_vector(out_width, vector_lanes)
     vectors_per_row = -(-ow_block // vector_lanes)
     cap = max(1, (16 if vector_lanes < 16 else 32) - 3) // vectors_per_row
     if vector_lanes >= 16:
