@@ -180,7 +180,7 @@ def _grouped(call) -> str:
 # Priority order: the pattern table lists the families whose ``pattern`` is their own name in this order.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
-           compute="compute.depthwise_conv2d", blocked_compute="compute.depthwise_conv2d_blocked",
+           compute="anchors.depthwise_conv2d", blocked_compute="anchors.depthwise_conv2d_blocked",
            int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
                      check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight",
                      vnni_pack="int8_depthwise.pack_weight_vnni"),
@@ -189,7 +189,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                     Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
            anchor_check=_conv_layout, flops=_conv_flops),
     Family("conv2d", "relax.nn.conv2d", "conv2d", residual=True,
-           compute="compute.conv2d", blocked_compute="compute.conv2d_blocked",
+           compute="anchors.conv2d", blocked_compute="anchors.conv2d_blocked",
            int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
                      blocked_pack="int8_ref.pack_conv2d_weight", repacks_input=True),
            kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
@@ -199,11 +199,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Matched by conv2d's pattern entries. NCHW: the backend's fallback; blocked (when the blocks divide a
     # group's channels, or groups of 4 or 8 share a block: compute.narrow_groups; RegroupConv merges the
     # other narrow groups): conv2d's blocked kernel and rule, per group.
-    Family("group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="compute.group_conv2d",
-           blocked_compute="compute.group_conv2d_blocked", int8=None,
+    Family("group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="anchors.group_conv2d",
+           blocked_compute="anchors.group_conv2d_blocked", int8=None,
            kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
            anchor_check=_conv_layout, flops=_conv_flops),
-    Family("dense", "relax.matmul", "dense", residual=False, compute="compute.dense",
+    Family("dense", "relax.matmul", "dense", residual=False, compute="anchors.dense",
            int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k"),
            kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
            anchor_check=_dense_operands, flops=_matmul_flops),

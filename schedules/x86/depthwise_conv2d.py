@@ -12,7 +12,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from ..common import anchor_loops, block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
-from ..compute import PHASE_SPLIT
+from ..anchors import PHASE_SPLIT
 
 ANCHOR = "DepthwiseConv2d"
 
@@ -50,7 +50,7 @@ def default_config(out_width: int, vector_lanes: int, kernel: int = 3, stride: i
 
 
 def is_phase_split(sch: s_tir.Schedule) -> bool:
-    """Whether the kernel reads its input split into even/odd columns (``compute.PHASE_SPLIT``)."""
+    """Whether the kernel reads its input split into even/odd columns (``anchors.PHASE_SPLIT``)."""
     return PHASE_SPLIT in block_names(sch)
 
 

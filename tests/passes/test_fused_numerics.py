@@ -20,7 +20,7 @@ import tvmfuse
 from tvmfuse import frontend, targets
 from tvmfuse.passes.partition import composites
 from tvmfuse.passes.pipeline import canonicalize_passes
-from tvmfuse.schedules.compute import phase_split_pays
+from tvmfuse.schedules.anchors import phase_split_pays
 
 from helpers import HOST, ort_run
 from helpers import make_model
@@ -200,7 +200,7 @@ CONV_CASES = [
     Conv(3, 6, (19, 19), 3, pads=P1, group=3, epilogue="none", tol=1e-5),  # unit tile: 19-pixel rows
 ]
 
-# Stride-2 depthwise read from an even/odd column split of the input (compute.phase_split_pays: 3x3 from
+# Stride-2 depthwise read from an even/odd column split of the input (anchors.phase_split_pays: 3x3 from
 # 28-wide outputs, 5x5 always): odd sizes, pads 0/1/2 (symmetric and EfficientNet's asymmetric), every epilogue.
 PHASE_SPLIT_CASES = [
     Conv(3, 3, (9, 57), 3, stride=2, pads=P1, group=3, epilogue="relu6", tol=1e-5),

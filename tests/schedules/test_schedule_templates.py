@@ -8,7 +8,7 @@ from tvm.topi.testing import conv2d_nchw_python
 
 from tvmfuse import targets
 from tvmfuse.schedules.blocked import pack_weight
-from tvmfuse.schedules.compute import _conv2d_packed
+from tvmfuse.schedules.anchors import _conv2d_packed
 from tvmfuse.schedules.x86 import templates
 from tvmfuse.tune.measure import make_builder
 
@@ -57,7 +57,7 @@ def test_dense_template_keeps_the_packed_panel_and_its_trace_serializes(m, k, n,
     # The columns are the weight's packed panel; rows and K unrolling are the knobs. A column knob once
     # reached the trace as FloorDiv(n_block, n_block), which MetaSchedule cannot write to its log: every
     # dense tuning task failed.
-    from tvmfuse.schedules.compute import dense as dense_compute
+    from tvmfuse.schedules.anchors import dense as dense_compute
     from tvmfuse.schedules.x86 import dense
 
     data = te.placeholder((m, k), name="p0")

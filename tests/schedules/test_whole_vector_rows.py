@@ -1,5 +1,5 @@
 """NCHW convs (channel counts without a block) whose rows have no good divisor compute whole vectors, then
-crop (``compute.whole_vector_rows``): when it applies, and that the numbers match onnxruntime."""
+crop (``anchors.whole_vector_rows``): when it applies, and that the numbers match onnxruntime."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tvmfuse
-from tvmfuse.schedules import compute
+from tvmfuse.schedules import anchors
 from tvmfuse.schedules.common import row_vector
 
 from helpers import make_model, ort_run
@@ -25,7 +25,8 @@ LANES = 16  # the rule's arithmetic; the models below compile for x86-avx512's 1
     (97, 1, 112),    # prime: 15 more pixels, within a quarter
 ])
 def test_which_rows_are_computed_in_whole_vectors(width, short, wide):
-    assert compute.whole_vector_rows(width, LANES, short) == wide
+    assert row_vector(width, LANES) == short
+    assert anchors.whole_vector_rows(width, LANES) == wide
 
 
 def _conv_model(c_in, c_out, hw, k, stride, pads):
@@ -45,19 +46,19 @@ def _conv_model(c_in, c_out, hw, k, stride, pads):
 ])
 def test_whole_vector_rows_match_onnxruntime(c_in, c_out, hw, k, stride, pads, monkeypatch):
     seen = []
-    real = compute._conv2d_packed
+    real = anchors._conv2d_packed
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         seen.append(args[-1] if len(args) > 6 else kwargs.get("wide"))
         return out
 
-    monkeypatch.setattr(compute, "_conv2d_packed", spy)
+    monkeypatch.setattr(anchors, "_conv2d_packed", spy)
     model = _conv_model(c_in, c_out, hw, k, stride, pads)
     cm = tvmfuse.compile(model, target="x86-avx512", logs=False)
     x = {"x": np.random.default_rng(7).standard_normal((1, c_in, hw, hw)).astype(np.float32)}
     got = cm.run(x)[0]
     np.testing.assert_allclose(got, ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
     out_w = (hw + pads[1] + pads[3] - k) // stride + 1
-    expected = compute.whole_vector_rows(out_w, LANES, row_vector(out_w, LANES))
+    expected = anchors.whole_vector_rows(out_w, LANES)
     assert expected is not None and seen == [expected]  # these shapes take the whole-vector path
