@@ -23,6 +23,7 @@ it saves (see ``MIN_SKIPPED``).
 from __future__ import annotations
 
 import itertools
+import math
 
 import tvm
 from tvm import s_tir, tirx
@@ -222,9 +223,7 @@ def _run_share(terms: list, loops: list) -> float | None:
                                              not isinstance(lp.extent, tirx.IntImm) for lp in counted):
             return None
         ranges = [range(int(lp.min), int(lp.min) + int(lp.extent)) for lp in counted]
-        combos = 1
-        for r in ranges:
-            combos *= len(r)
+        combos = math.prod(len(r) for r in ranges)
         if combos > _MAX_COUNTED:
             return None
         cond, held = _all(members), 0
