@@ -122,7 +122,7 @@ def main(argv=None) -> int:
             ap.error(f"--conv {text}: want CIN,COUT,K,STRIDE,GROUPS")
         gflops = sweep(spec, sizes, args.target, args.rounds, None if args.logs else False)
         cliffs = flag_cliffs(gflops)
-        cells = " | ".join(f"{gflops[s]:.0f}{'!' if cliffs[s] else ''}" for s in sizes)
+        cells = " | ".join(f"{gflops[s]:.3g}{'!' if cliffs[s] else ''}" for s in sizes)
         print(f"| {text} | {cells} |", flush=True)
     return 0
 
