@@ -28,6 +28,7 @@ DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
 TO_BLOCKED = "to_blocked"
 TO_PLAIN = "to_plain"
 SUBSAMPLE = "subsample"  # the gathered input of a strided 1x1 conv
+PLAIN_CROP = "plain_crop"  # a conv computed in NCHW[b]c with padded channels, written NCHW (see plain_crop)
 POOL_ANCHORS = {"max": "pool_max", "avg": "pool_sum"}  # topi.nn.pool2d's reduction block, per pool type
 SPATIAL_SUM = "spatial_sum"
 NARROW_GROUP = "tvmfuse.narrow_group"  # the anchor annotation of a narrow-group conv: channels per group
@@ -64,7 +65,11 @@ def unpack_weight(packed: np.ndarray) -> np.ndarray:
 
 
 def pack_conv_weight(weight: np.ndarray, in_block: int, out_block: int) -> np.ndarray:
-    """OIHW -> ``[O/out_block, I/in_block, kh, kw, in_block, out_block]``."""
+    """OIHW -> ``[O/out_block, I/in_block, kh, kw, in_block, out_block]``; output channels that do not fill the
+    last block are padded with zero weights (a conv written NCHW through :func:`plain_crop`)."""
+    o = weight.shape[0]
+    if o % out_block:
+        weight = np.concatenate([weight, np.zeros((-o % out_block, *weight.shape[1:]), weight.dtype)])
     o, i, h, w = weight.shape
     return np.ascontiguousarray(
         weight.reshape(o // out_block, out_block, i // in_block, in_block, h, w).transpose(0, 2, 4, 5, 3, 1))
@@ -209,6 +214,15 @@ def to_blocked(tensor, block: int):
                       name=TO_BLOCKED)
 
 
+def plain_crop(conv, channels: int):
+    """A conv's NCHW[b]c result (channels padded to whole blocks) as NCHW ``channels``-channel output: the padded
+    channels are never stored. The x86 conv2d_nchwc rule computes the padded tile in registers and stores
+    this stage from them: a conv whose output channels have no block reads its blocked input in place (no
+    ``to_plain`` before it) and writes the plain output a network's head returns."""
+    n, blocks, h, w, block = (int(d) for d in conv.shape)
+    return te.compute((n, channels, h, w), lambda b, c, y, x: conv[b, c // block, y, x, c % block], name=PLAIN_CROP)
+
+
 def to_plain(tensor, channels: int | None = None):
     """NCHW[b]c -> NCHW (a layout transform kernel); ``channels`` drops the padding of the last block (None:
     every channel)."""
@@ -263,13 +277,16 @@ class KernelLayout:
     ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`), ``("depthwise", b)`` or
     ``("dense", n_block)`` (:func:`pack_dense_weight`);
     ``activations``: parameter index -> block of an input
-    passed NCHW[b]c; ``out_block``: the output's block (None: NCHW).
+    passed NCHW[b]c; ``out_block``: the output's block (None: NCHW); ``plain_out``: the output is computed in
+    blocks of ``out_block`` (channels padded) and written NCHW (:func:`plain_crop`).
     """
 
-    def __init__(self, weights: dict | None = None, activations: dict | None = None, out_block: int | None = None):
+    def __init__(self, weights: dict | None = None, activations: dict | None = None, out_block: int | None = None,
+                 plain_out: bool = False):
         self.weights = dict(weights or {})
         self.activations = dict(activations or {})
         self.out_block = out_block
+        self.plain_out = plain_out
 
     @property
     def packed(self) -> dict:
@@ -282,6 +299,8 @@ class KernelLayout:
 
     def describe(self, activations: str = "NCHW") -> str:
         text = f"NCHW{self.out_block}c" if self.blocked else activations
+        if self.plain_out:
+            text = f"NCHW (computed NCHW{self.out_block}c)"
         for kind, *blocks in self.weights.values():
             text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c",
                                    "winograd": "Winograd F(2x2,3x3) {1}o", "dense": "NK{}n"}[kind].format(*blocks)
@@ -301,7 +320,7 @@ class KernelLayout:
         if kind == "oc":
             return [o // b[0], i, h, w, b[0]]
         if kind == "conv":
-            return [o // b[1], i // b[0], h, w, b[0], b[1]]
+            return [-(-o // b[1]), i // b[0], h, w, b[0], b[1]]
         if kind == "winograd":
             return [winograd.ALPHA, winograd.ALPHA, o // b[1], i, b[1]]
         return [o // b[0], h, w, b[0]]
@@ -318,7 +337,9 @@ class KernelLayout:
         out = list(arrays)
         for index, (kind, *_) in self.weights.items():
             out[index] = _UNPACK[kind](out[index])
-        for index in list(self.activations) + ([len(out) - 1] if self.blocked else []):
+            if self.plain_out:  # the zero weights of the padded output channels
+                out[index] = out[index][:out[-1].shape[1]]
+        for index in list(self.activations) + ([len(out) - 1] if self.blocked and not self.plain_out else []):
             n, cb, h, w, b = out[index].shape
             out[index] = out[index].transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
         return out

@@ -113,6 +113,32 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
     return block is not None and isinstance(anchor.args[0], relax.Var)
 
 
+def plain_output_block(call, lanes: int | None) -> int | None:
+    """The channel block a groups-1 conv2d ``call`` whose output channels have no block
+    (:func:`blocked.block_for`) computes in when its input is already NCHW[b]c: output channels padded to whole
+    blocks (zero weights), the padding dropped on the store (:func:`blocked.plain_crop`). The block that pads
+    least (the wider on a tie). None where the NCHW kernel after a ``to_plain`` of its input stays:
+
+    - the padding costs ``pad x kh x kw`` multiply-adds per input channel and pixel, the ``to_plain`` it saves
+      about 8 of them (one element moved costs ~80 ps, 8 x 2 FLOPs at ~200 GFLOP/s), so at most 8;
+    - a conv that widens its channels (fewer inputs than outputs) has short reductions between the
+      transposing stores of its tiles, and the NCHW kernel's pixel vectors run at full speed on it.
+
+    Measured on Zen 4 (x86-avx512, 2 threads, kernel alone against ``to_plain`` + NCHW kernel): layout_cdla's
+    128 -> 42 1x1 at 100x76 0.47-0.50x, PP-OCRv5 det's 48 -> 12 / 192 -> 42 1x1 0.73-0.81x / 0.78-0.91x,
+    16 -> 4 at 320x320 0.73-0.79x, 256 -> 21 at 20x20 0.61x, 96 -> 18 at 80x80 0.98-1.03x; not taken: 24 -> 12
+    2x2 (pad x 4 taps = 16) 1.00-1.02x, ShuffleNet's 24 -> 58 1x1 at 56x56 1.13x."""
+    if lanes is None or families.family_of(call).name != "conv2d" or \
+            blocked.block_for(int(call.ty.shape[1]), lanes) is not None:
+        return None
+    out_channels, in_channels, kh, kw = _ints(call.args[1].ty.shape)
+    block = min((b for b in (lanes, 8) if b <= lanes), key=lambda b: (-(-out_channels // b) * b, -b))
+    pad = -(-out_channels // block) * block - out_channels
+    if pad * kh * kw > 8 or in_channels < out_channels:
+        return None
+    return block
+
+
 def narrow_groups(call, lanes: int | None) -> int | None:
     """The channels per group ``g`` of a grouped conv ``call`` that the blocked kernel runs on its true groups
     (:func:`blocked.conv2d`'s narrow groups, a shuffle step per input channel): ``g`` input and ``g`` output
@@ -149,6 +175,11 @@ def winograd_pays(call, lanes: int | None) -> bool:
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
     out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
     data, weight = data_param(fn, anchor), param_index(fn, anchor.args[1])
+    if out_block is None:  # a conv written NCHW from its blocked input (see plain_output_block)
+        out_block = plain_output_block(anchor, lanes)
+        if out_block is None or data not in blocks:
+            raise ValueError("only a conv2d that plain_output_block takes, reading its input blocked, writes NCHW")
+        return blocked.KernelLayout({weight: ("conv", blocks[data], out_block)}, blocks, out_block, plain_out=True)
     group = narrow_groups(anchor, lanes)
     if group is not None:
         if blocks.get(data) != out_block:
@@ -173,6 +204,11 @@ def _blocked_epilogue(out_block: int) -> dict:
     return {name: epilogue(op) for name, op in TE_OPS.items()}
 
 
+def _cropped(anchor_compute, channels: int):
+    """``anchor_compute`` (a blocked conv) written NCHW with ``channels`` channels (:func:`blocked.plain_crop`)."""
+    return lambda call, *args: blocked.plain_crop(anchor_compute(call, *args), channels)
+
+
 def _kernel_name(family: families.Family, layout: blocked.KernelLayout) -> str:
     """The kernel's ``tvmfuse.family``: the family's name, ``_nchwc`` when blocked, or ``conv2d_winograd``."""
     if any(kind == "winograd" for kind, *_ in layout.weights.values()):
@@ -189,13 +225,16 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
     :func:`pack_weight`, a dense its weight in panels of ``oc_block`` columns (:func:`blocked.pack_dense_weight`);
     with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
     Blocked (``blocks``: parameter index -> block of each activation passed NCHW[b]c, see :func:`blockable`):
-    the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``.
+    the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``; a conv whose output channels
+    have none computes in :func:`plain_output_block`'s block and writes NCHW.
     """
     anchor = anchor_call(fn)
     family = families.family_of(anchor) if anchor is not None else None
     if blocks is not None:
         layout = _blocked_layout(fn, anchor, blocks, lanes)
         te_ops, anchor_compute = _blocked_epilogue(layout.out_block), family.blocked()
+        if layout.plain_out:  # cropped to NCHW right after the anchor: the epilogue runs on NCHW operands
+            te_ops, anchor_compute = TE_OPS, _cropped(anchor_compute, int(anchor.ty.shape[1]))
     else:
         layout = blocked.KernelLayout()
         weight = param_index(fn, anchor.args[1]) if anchor is not None else None

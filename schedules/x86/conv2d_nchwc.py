@@ -16,7 +16,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..blocked import CONV_ANCHOR, NARROW_GROUP, SUBSAMPLE
+from ..blocked import CONV_ANCHOR, NARROW_GROUP, PLAIN_CROP, SUBSAMPLE
 from ..common import accumulate_in_registers, anchor_loops, block_names, inline_epilogue, register_tile, vectorize_tile
 from ..channel_scale import SCALED_WEIGHT
 from .intrin import group_shuffle
@@ -56,19 +56,23 @@ def accumulators(vector_lanes: int, plain_window: bool = False) -> int:
     return 16 if plain_window else 24
 
 
-def default_config(out_blocks: int, out_width: int, vector_lanes: int, plain_window: bool = False) -> Config:
+def default_config(out_blocks: int, out_width: int, vector_lanes: int, plain_window: bool = False,
+                   dividing: bool = False) -> Config:
     """The tile with the most useful FMAs per load: ``v * w / (v + w)`` times the share of the row's
     tiles that is real pixels (a width that does not divide the row computes a predicated tail), then the
     most accumulators, then the widest row. Measured (AVX2, 2 threads): 2x4 on 56/28-wide maps (64ch 3x3:
     185 GFLOP/s, 4x2: 160, 1x8: 153); 4x2 on 14-wide (1024->256 1x1: 175; 2x4: 164); 2x4 on 7-wide, one
     pixel of 8 wasted (2048->512 1x1: 165 against 147 for the dividing 1x7; 1024->2048 1x1 stride 2: 159
-    against 108; 512ch 3x3: 160 against 156); 3x2 for 24 channels (147; 1x8: 139)."""
+    against 108; 512ch 3x3: 160 against 156); 3x2 for 24 channels (147; 1x8: 139). ``dividing``: widths that
+    divide the row only (a kernel written NCHW, :func:`schedule_plain`)."""
     budget = accumulators(vector_lanes, plain_window)
     best = None
     for vectors in range(1, 5):
         if out_blocks % vectors:
             continue
         for width in range(1, min(budget // vectors, out_width) + 1):
+            if dividing and out_width % width:
+                continue
             used = out_width / (-(-out_width // width) * width)
             score = (vectors * width / (vectors + width) * used, vectors * width, width)
             if best is None or score > best[0]:
@@ -111,6 +115,8 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     match = anchor_loops(sch, ANCHOR, 9)
     if match is None:
         return False
+    if PLAIN_CROP in block_names(sch):
+        return schedule_plain(sch, vector_lanes, config)
     anchor, (n, ob, oh, ow, oc_i, rco, ry, rx, rci) = match
     group = narrow_group(sch, anchor)
     window = plain_window(int(sch.get(rci).extent), int(sch.get(rx).extent))
@@ -145,4 +151,47 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
         loops = sch.get_loops(sch.get_sblock(SCALED_WEIGHT))
         sch.parallel(sch.fuse(*loops[:2]))
         sch.vectorize(loops[-1])
+    return True
+
+
+def schedule_plain(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
+    """The rule for a conv computed in blocks and written NCHW (:func:`..blocked.plain_crop`, channels padded
+    to whole blocks): the same register tile, built from the output side. The epilogue and the crop form one
+    NCHW stage; its channels split into tiles of ``oc_vectors`` blocks and its rows into tiles of ``ow_block``
+    pixels (a width that divides the row: the channel split's tail is already predicated), the conv computed
+    at each tile into a tile-sized local buffer, stored from it along rows (``ow_block`` pixels of one channel
+    per vector; the padded channels are never stored). False when ``config``'s tile does not divide the output."""
+    anchor = sch.get_sblock(ANCHOR)
+    n, ob, oh, ow, oc_i, rco, ry, rx, rci = sch.get_loops(anchor)
+    out_width, block = int(sch.get(ow).extent), int(sch.get(oc_i).extent)
+    cfg = config or default_config(int(sch.get(ob).extent), out_width, vector_lanes,
+                                   plain_window(int(sch.get(rci).extent), int(sch.get(rx).extent)), dividing=True)
+    fixed = [(size, part) for size, part in ((out_width, cfg.ow_block), (int(sch.get(ob).extent), cfg.oc_vectors))
+             if isinstance(part, int)]  # a template's knobs are random variables, sampled from divisors
+    if any(size % part for size, part in fixed):
+        return False
+    inline_views(sch)
+    out = inline_epilogue(sch, ANCHOR)
+    b, c, y, x = sch.get_loops(out)
+    c_o, c_v, c_i = sch.split(c, [None, cfg.oc_vectors, block])
+    x_o, x_i = sch.split(x, [None, cfg.ow_block])
+    sch.reorder(b, c_o, y, x_o, c_v, c_i, x_i)
+    sch.compute_at(anchor, x_o, preserve_unit_loops=True)
+    tile = sch.get_loops(anchor)[-9:]  # the anchor's own loops, now a tile's extents
+    rci_o, rci_i = sch.split(tile[-1], [None, cfg.ic_unroll])
+    n_t, ob_t, oh_t, ow_t, oc_t = tile[:5]
+    sch.reorder(tile[5], tile[6], tile[7], rci_o, rci_i, n_t, oh_t, ow_t, ob_t, oc_t)
+    for loop in (n_t, oh_t, ow_t, ob_t, rci_i):
+        sch.unroll(loop)
+    sch.vectorize(oc_t)
+    sch.set_scope(anchor, 0, "local")
+    sch.parallel(sch.fuse(b, c_o, y))
+    init = sch.decompose_reduction(anchor, tile[5])
+    vectorize_tile(sch, init, x_o)
+    vectorize_tile(sch, out, x_o)
+    for name in ("pad_temp", SUBSAMPLE):
+        if name in block_names(sch):
+            loops = sch.get_loops(sch.get_sblock(name))
+            sch.parallel(sch.fuse(*loops[:3]))
+            sch.vectorize(loops[-1])
     return True

@@ -16,6 +16,7 @@ import dataclasses
 import tvm
 from tvm import s_tir, tirx
 
+from ..blocked import PLAIN_CROP
 from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
 from . import (batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc,
@@ -115,12 +116,14 @@ def _conv2d_nchwc_config(sch, block, lanes: int) -> conv2d_nchwc.Config:
                                    ow_block=_pick(sch, _divisors(ow, 16), base.ow_block),
                                    row_block=_pick(sch, sorted(set(_divisors(oh, 4)) | {oh}), base.row_block))
     window = conv2d_nchwc.plain_window(in_block, kw)
-    base = conv2d_nchwc.default_config(out_blocks, ow, lanes, window)
+    plain = PLAIN_CROP in block_names(sch)  # written NCHW: widths that divide the row (schedule_plain)
+    base = conv2d_nchwc.default_config(out_blocks, ow, lanes, window, dividing=plain)
     # Channel vectors and row pixels are sampled independently; a pair past the register file spills and
     # simply measures slow.
     budget = conv2d_nchwc.accumulators(lanes, window)
     oc_vectors = _pick(sch, _divisors(out_blocks, 4), base.oc_vectors)
-    ow_block = _pick(sch, list(range(1, min(ow, budget) + 1)), base.ow_block)  # a tail is predicated
+    widths = _divisors(ow, budget) if plain else list(range(1, min(ow, budget) + 1))  # a tail is predicated
+    ow_block = _pick(sch, widths, base.ow_block)
     ic_unroll = _pick(sch, _divisors(in_block, 8), base.ic_unroll)
     # The parallel axis: rows spread one by one, a few at a time, or kept together (channel blocks only).
     row_block = _pick(sch, sorted(set(_divisors(oh, 4)) | {oh}), base.row_block)

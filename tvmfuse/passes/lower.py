@@ -13,7 +13,7 @@ from tvm import relax
 from tvmfuse.schedules.blocked import KernelLayout, block_for, blocked_shape, to_blocked, to_plain
 from tvmfuse.schedules import families
 from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, narrow_groups,
-                                       param_index, partition_compute, winograd_pays)
+                                       param_index, partition_compute, plain_output_block, winograd_pays)
 
 from ..targets import TargetSpec
 from .blocked_ops import BlockedOps, is_activation
@@ -146,6 +146,18 @@ class _Lower(relax.PyExprMutator, BlockedOps):
                 args[i], blocks[i] = blocked, int(blocked.ty.shape[4])
         return args, blocks
 
+    def _plain_output_blocks(self, fn, args) -> dict | None:
+        """``blocks`` for a conv that reads its already-blocked input in place and writes NCHW (its output
+        channels have no block, :func:`~tvmfuse.schedules.compute.plain_output_block`); None where the NCHW
+        kernel reads a plain input (made by a ``to_plain`` when the input was blocked)."""
+        anchor = anchor_call(fn)
+        data = data_param(fn, anchor) if anchor is not None else None
+        if data is None or param_index(fn, anchor.args[0]) != data or not isinstance(anchor.args[1], relax.Var) \
+                or plain_output_block(anchor, self.lanes) is None:
+            return None
+        have = self.blocked_of.get(args[data])
+        return {data: int(have.ty.shape[4])} if have is not None else None
+
     def _bind(self, var, value):
         """Bind ``value`` to the original variable: its readers, in this block or after it, stay valid."""
         self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
@@ -189,7 +201,11 @@ class _Lower(relax.PyExprMutator, BlockedOps):
             return super().visit_var_binding_(binding)
         args = [self.visit_expr(a) for a in binding.value.args]
         if self.lanes is None or not blockable(fn, self.lanes):
-            gv, args, _ = self._kernel(fn, args)
+            blocks = self._plain_output_blocks(fn, args) if self.lanes is not None else None
+            if blocks is not None:
+                (data, _), = blocks.items()
+                args[data] = self.blocked_of[args[data]]
+            gv, args, _ = self._kernel(fn, args, blocks)
             return self._bind(binding.var, relax.call_tir(gv, args, fn.ret_ty))
         fn, args = self._fold_channel_scale(fn, args)
         args, blocks = self._blocked_args(fn, args)
