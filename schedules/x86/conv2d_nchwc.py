@@ -160,22 +160,25 @@ def schedule_plain(sch: s_tir.Schedule, vector_lanes: int, config: Config | None
     NCHW stage; its channels split into tiles of ``oc_vectors`` blocks and its rows into tiles of ``ow_block``
     pixels (a width that divides the row: the channel split's tail is already predicated), the conv computed
     at each tile into a tile-sized local buffer, stored from it along rows (``ow_block`` pixels of one channel
-    per vector; the padded channels are never stored). False when ``config``'s tile does not divide the output."""
+    per vector; the padded channels are never stored); ``row_block`` rows per parallel task, as in
+    :func:`schedule`. False when ``config``'s tile does not divide the output."""
     anchor = sch.get_sblock(ANCHOR)
     n, ob, oh, ow, oc_i, rco, ry, rx, rci = sch.get_loops(anchor)
     out_width, block = int(sch.get(ow).extent), int(sch.get(oc_i).extent)
     cfg = config or default_config(int(sch.get(ob).extent), out_width, vector_lanes,
                                    plain_window(int(sch.get(rci).extent), int(sch.get(rx).extent)), dividing=True)
-    fixed = [(size, part) for size, part in ((out_width, cfg.ow_block), (int(sch.get(ob).extent), cfg.oc_vectors))
-             if isinstance(part, int)]  # a template's knobs are random variables, sampled from divisors
-    if any(size % part for size, part in fixed):
+    extents = [int(sch.get(loop).extent) for loop in (ow, ob, oh)]
+    # (a template's knobs are random variables, sampled from divisors)
+    if any(isinstance(part, int) and extent % part
+           for extent, part in zip(extents, (cfg.ow_block, cfg.oc_vectors, cfg.row_block))):
         return False
     inline_views(sch)
     out = inline_epilogue(sch, ANCHOR)
     b, c, y, x = sch.get_loops(out)
     c_o, c_v, c_i = sch.split(c, [None, cfg.oc_vectors, block])
+    y_o, y_i = sch.split(y, [None, cfg.row_block])
     x_o, x_i = sch.split(x, [None, cfg.ow_block])
-    sch.reorder(b, c_o, y, x_o, c_v, c_i, x_i)
+    sch.reorder(b, c_o, y_o, y_i, x_o, c_v, c_i, x_i)
     sch.compute_at(anchor, x_o, preserve_unit_loops=True)
     tile = sch.get_loops(anchor)[-9:]  # the anchor's own loops, now a tile's extents
     rci_o, rci_i = sch.split(tile[-1], [None, cfg.ic_unroll])
@@ -185,7 +188,7 @@ def schedule_plain(sch: s_tir.Schedule, vector_lanes: int, config: Config | None
         sch.unroll(loop)
     sch.vectorize(oc_t)
     sch.set_scope(anchor, 0, "local")
-    sch.parallel(sch.fuse(b, c_o, y))
+    sch.parallel(sch.fuse(b, c_o, y_o))
     init = sch.decompose_reduction(anchor, tile[5])
     vectorize_tile(sch, init, x_o)
     vectorize_tile(sch, out, x_o)

@@ -123,21 +123,26 @@ def test_a_plain_input_keeps_the_nchw_kernel():
     assert transforms(model, SPEC) == {"to_blocked": 0, "to_plain": 0, "nchwc": 0}
 
 
-def _plain_kernel(mid=64, out=42, hw=12, width=None):
-    """The head conv's unscheduled kernel, as LowerPartitions makes it (input blocked)."""
-    model, _ = _head(mid, out, hw, width=width)
-    model.graph.node.remove(model.graph.node[0])  # the head alone: x -> Relu -> Conv -> Relu
+def _head_alone(mid=64, out=42, hw=12):
+    """x[1, mid, hw, hw] -> Relu -> Conv 1x1 (bias) -> Relu, its inputs and its head partition's function."""
+    model, feeds = _head(mid, out, hw)
+    model.graph.node.remove(model.graph.node[0])
     model.graph.node[0].input[0] = "x"
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = mid
-    fn = _partition_fn(model)
-    block = blocked.block_for(mid, LANES)
-    kernel, layout = make_kernel(fn, SPEC, schedule=False, blocks={0: block})
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, mid, hw, hw)).astype("float32")}
+    return model, feeds, _partition_fn(model)
+
+
+def _plain_kernel(mid=64, out=42, hw=12):
+    """The head conv's unscheduled kernel, as LowerPartitions makes it (input blocked), and its layout."""
+    _, _, fn = _head_alone(mid, out, hw)
+    kernel, layout = make_kernel(fn, SPEC, schedule=False, blocks={0: blocked.block_for(mid, LANES)})
     assert layout.plain_out and layout.out_block == plain_output_block(_conv(mid, out), LANES)
-    return kernel.without_attr("global_symbol")
+    return kernel.without_attr("global_symbol"), layout
 
 
 def test_schedule_stores_rows_from_a_tile_sized_local_buffer():
-    kernel = _plain_kernel()
+    kernel, _ = _plain_kernel()
     s = Structure(conv2d_nchwc.apply(kernel, LANES))
     update = s.loops[f"{conv2d_nchwc.ANCHOR}_update"]
     assert update[-1].kind == ForKind.VECTORIZED and int(update[-1].extent) == LANES  # channel vectors
@@ -151,7 +156,7 @@ def test_schedule_stores_rows_from_a_tile_sized_local_buffer():
 
 
 def test_schedule_refuses_a_width_that_does_not_divide_the_row():
-    kernel = _plain_kernel(hw=12)
+    kernel, _ = _plain_kernel(hw=12)
     assert conv2d_nchwc.apply(kernel, LANES, conv2d_nchwc.Config(1, 5)) is None
     assert conv2d_nchwc.apply(kernel, LANES, conv2d_nchwc.Config(1, 4)) is not None
 
@@ -162,7 +167,7 @@ def test_default_config_can_ask_for_dividing_widths():
 
 
 def test_template_default_is_the_hand_schedule_and_samples_dividing_widths():
-    kernel = _plain_kernel(hw=12)  # marked for the template, as LowerPartitions leaves it
+    kernel, _ = _plain_kernel(hw=12)  # marked for the template, as LowerPartitions leaves it
     sch = s_tir.Schedule(kernel)
     (out,) = templates.template("conv2d_nchwc", LANES)(sch, sch.get_sblock(conv2d_nchwc.ANCHOR))
     hand = x86._unmarked(kernel)
@@ -170,3 +175,22 @@ def test_template_default_is_the_hand_schedule_and_samples_dividing_widths():
     tvm.ir.assert_structural_equal(out.mod["main"], hand.mod["main"])
     widths = [inst for inst in out.trace.insts if inst.kind.name == "SampleCategorical"][1].attrs[0]
     assert sorted(int(w) for w in widths) == [w for w in range(1, 13) if 12 % w == 0]
+
+
+@pytest.mark.parametrize("oc_vectors,row_block", [(1, 1), (3 if LANES == 16 else 2, 3), (1, 12)])
+def test_tiles_and_row_blocks_keep_the_numbers(oc_vectors, row_block):
+    model, feeds, fn = _head_alone(64, 42, 12)
+    kernel, layout = _plain_kernel(64, 42, 12)
+    blocks = 48 // LANES
+    config = conv2d_nchwc.Config(oc_vectors if blocks % oc_vectors == 0 else 1, 4, 1, row_block)
+    scheduled = conv2d_nchwc.apply(kernel, LANES, config)
+    parallel = [loop for loops in Structure(scheduled).loops.values() for loop in loops
+                if loop.kind == ForKind.PARALLEL and int(loop.extent) > 1]
+    assert int(parallel[-1].extent) == blocks // config.oc_vectors * (12 // row_block)
+    x = np.maximum(feeds["x"], 0).reshape(1, 64 // LANES, LANES, 12, 12).transpose(0, 1, 3, 4, 2)  # the Relu before
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    arrays = [np.ascontiguousarray(x), layout.pack(1, init["W1"]), init["B1"].reshape(1, 42, 1, 1)]
+    out = tvm.runtime.tensor(np.zeros((1, 42, 12, 12), "float32"))
+    lib = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    np.testing.assert_allclose(out.numpy(), ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
