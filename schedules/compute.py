@@ -127,7 +127,8 @@ def plain_output_block(call, lanes: int | None) -> int | None:
     Measured on Zen 4 (x86-avx512, 2 threads, kernel alone against ``to_plain`` + NCHW kernel): layout_cdla's
     128 -> 42 1x1 at 100x76 0.47-0.50x, PP-OCRv5 det's 48 -> 12 / 192 -> 42 1x1 0.73-0.81x / 0.78-0.91x,
     16 -> 4 at 320x320 0.73-0.79x, 256 -> 21 at 20x20 0.61x, 96 -> 18 at 80x80 0.98-1.03x; not taken: 24 -> 12
-    2x2 (pad x 4 taps = 16) 1.00-1.02x, ShuffleNet's 24 -> 58 1x1 at 56x56 1.13x."""
+    2x2 (pad x 4 taps = 16) 0.96-1.02x, 480 -> 60 1x3 on 1x40 (12) 0.94-1.36x, ShuffleNet's 24 -> 58 1x1 at 56x56
+    1.13x."""
     if lanes is None or families.family_of(call).name != "conv2d" or \
             blocked.block_for(int(call.ty.shape[1]), lanes) is not None:
         return None
