@@ -28,6 +28,7 @@ DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
 TO_BLOCKED = "to_blocked"
 TO_PLAIN = "to_plain"
 SUBSAMPLE = "subsample"  # the gathered input of a strided 1x1 conv
+CHANNEL_SHUFFLE = "channel_shuffle_nchwc"
 PLAIN_CROP = "plain_crop"  # a conv computed in NCHW[b]c with padded channels, written NCHW (see plain_crop)
 POOL_ANCHORS = {"max": "pool_max", "avg": "pool_sum"}  # topi.nn.pool2d's reduction block, per pool type
 SPATIAL_SUM = "spatial_sum"
@@ -245,6 +246,21 @@ def depth_to_space(data, groups: int, sh: int, sw: int):
         return data[b, (g * sh * sw + phase) * group_blocks + cgb, y // sh, x // sw, i]
 
     return te.compute((n, groups * group_blocks, h * sh, w * sw, block), read, name="depth_to_space_nchwc")
+
+
+def channel_shuffle(data, groups: int):
+    """NCHW[b]c -> NCHW[b]c channel shuffle (ShuffleNet: reshape to ``[N, g, C/g, H, W]``, swap the two channel
+    axes, reshape back to NCHW): output channel ``j`` is input channel ``(j % g) * (C / g) + j // g``. An output
+    vector gathers its lanes from ``g`` input vectors of the same pixel."""
+    n, blocks, h, w, block = (int(d) for d in data.shape)
+    per_group = blocks * block // groups
+
+    def read(b, cb, y, x, i):
+        j = cb * block + i
+        src = j % groups * per_group + j // groups
+        return data[b, src // block, y, x, src % block]
+
+    return te.compute((n, blocks, h, w, block), read, name=CHANNEL_SHUFFLE)
 
 
 def pool2d(data, pool_type: str, pool_size, strides, padding, dilation, ceil_mode: bool = False,

@@ -1,7 +1,7 @@
 """Ops outside partitions that LowerPartitions keeps in the blocked layout (NCHW[b]c).
 
-A pooling, a global mean, a channel concat or split, an elementwise op, a depth-to-space or a resize whose
-input is blocked is computed blocked, so the blocked kernels around it need no ``to_plain`` before it nor
+A pooling, a global mean, a channel concat or split, an elementwise op, a depth-to-space, a channel shuffle or
+a resize whose input is blocked is computed blocked, so the blocked kernels around it need no ``to_plain`` before it nor
 ``to_blocked`` after it. :class:`BlockedOps` is a mixin of ``lower._Lower``: it reads and extends the
 lowering's maps (``blocked_of``, ``blocked_parts``, ``scaled``) and emits through its builder.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.blocked import blocked_shape, depth_to_space, pool2d, spatial_mean
+from tvmfuse.schedules.blocked import (CHANNEL_SHUFFLE, blocked_shape, channel_shuffle, depth_to_space, pool2d,
+                                       spatial_mean)
 
 from .channel_scale import channel_scale
 from .conv_transpose import DEPTH_TO_SPACE_AXES
@@ -38,7 +39,8 @@ class BlockedOps:
         """Emit ``binding`` blocked when its op has a blocked form here and its input is blocked (True)."""
         return (self._blocked_pool(binding) or self._blocked_mean(binding) or self._blocked_concat(binding)
                 or self._blocked_elementwise(binding) or self._blocked_depth_to_space(binding)
-                or self._blocked_split(binding) or self._blocked_part(binding) or self._blocked_resize(binding))
+                or self._blocked_split(binding) or self._blocked_part(binding) or self._blocked_resize(binding)
+                or self._blocked_channel_shuffle(binding))
 
     def _blocked_pool(self, binding) -> bool:
         """A max/average pooling of a blocked activation, pooled blocked (True); False leaves the binding
@@ -140,20 +142,49 @@ class BlockedOps:
         computed blocked (:func:`depth_to_space`), so the upsampled map needs no ``to_plain`` before it nor
         ``to_blocked`` after it (True)."""
         call = binding.value
-        if op_name(call) != "relax.reshape" or not isinstance(call.args[0], relax.Var):
+        found = self._grouped_transpose(call, list(DEPTH_TO_SPACE_AXES))
+        if found is None:
             return False
-        moved = self.lookup_binding(call.args[0])
-        if op_name(moved) != "relax.permute_dims" or not isinstance(moved.args[0], relax.Var) or \
-                [int(a) for a in moved.attrs.axes] != list(DEPTH_TO_SPACE_AXES):
-            return False
-        split = self.lookup_binding(moved.args[0])
-        if op_name(split) != "relax.reshape" or split.args[0] not in self.blocked_of:
-            return False
-        blocked = self.blocked_of[split.args[0]]
+        split, source = found
+        blocked = self.blocked_of[source]
         _, groups, sh, sw, cg, _, _ = (int(d) for d in split.ty.shape)
         if cg % int(blocked.ty.shape[4]):
             return False
         out = self.builder_.emit_te(depth_to_space, blocked, groups, sh, sw, primfunc_name_hint="depth_to_space_nchwc")
+        self._bind_blocked(binding.var, out, call.ty.shape)
+        return True
+
+    def _grouped_transpose(self, call, axes: list[int]):
+        """``(the 5-D reshape, its input)`` when ``call`` is a reshape of ``permute_dims(axes)`` of a reshape of
+        a blocked activation (the shape of a depth-to-space or a channel shuffle); None otherwise."""
+        if op_name(call) != "relax.reshape" or not isinstance(call.args[0], relax.Var):
+            return None
+        moved = self.lookup_binding(call.args[0])
+        if op_name(moved) != "relax.permute_dims" or not isinstance(moved.args[0], relax.Var) or \
+                moved.attrs.axes is None or [int(a) for a in moved.attrs.axes] != axes:
+            return None
+        grouped = self.lookup_binding(moved.args[0])
+        if op_name(grouped) != "relax.reshape" or grouped.args[0] not in self.blocked_of:
+            return None
+        return grouped, grouped.args[0]
+
+    def _blocked_channel_shuffle(self, binding) -> bool:
+        """ShuffleNet's channel shuffle (reshape to ``[N, g, C/g, H, W]``, swap the two channel axes, reshape
+        back) of a blocked activation: computed blocked (:func:`channel_shuffle`), so the concat before it,
+        the split after it and the convs reading the halves stay blocked (True). ShuffleNetV2's last stage
+        (232 channels a branch, blocks of 8) took a ``to_plain`` before and a ``to_blocked`` after each of its
+        four shuffles."""
+        call = binding.value
+        found = self._grouped_transpose(call, [0, 2, 1, 3, 4])
+        if found is None or len(call.ty.shape) != 4:
+            return False
+        grouped, source = found
+        n, groups, per_group, h, w = (int(d) for d in grouped.ty.shape)
+        plain = [n, groups * per_group, h, w]
+        if [int(d) for d in source.ty.shape] != plain or [int(d) for d in call.ty.shape] != plain:
+            return False
+        out = self.builder_.emit_te(channel_shuffle, self.blocked_of[source], groups,
+                                    primfunc_name_hint=CHANNEL_SHUFFLE)
         self._bind_blocked(binding.var, out, call.ty.shape)
         return True
 
