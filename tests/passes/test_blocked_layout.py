@@ -11,96 +11,19 @@ from onnx import helper, numpy_helper
 from tvm.tirx import ForKind
 
 import tvmfuse
-from tvmfuse import frontend, targets
+from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
-from tvmfuse.passes.partition import Partition, composites
-from tvmfuse.passes.pipeline import canonicalize_passes
-from tvmfuse.passes.utils import const_array
 from tvmfuse.schedules import blocked
-from tvmfuse.schedules.compute import anchor_call
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
 from helpers import HOST, ort_run
 from helpers import make_model
+from helpers.blocked import conv_model, partition_call, run_blocked
 from helpers.layout import transforms
 from helpers.schedules import Structure
 
 SPEC = targets.resolve(HOST)
 LANES = SPEC.vector_bits() // 32
-
-
-def _model(cin, cout, hw, k, stride=1, pad=0, dilation=1, group=1, act="Relu", residual=False, seed=0):
-    """x -> Conv(bias) [-> Add(r)] -> act; returns the model and its inputs."""
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype("float32")
-    b = rng.standard_normal(cout).astype("float32")
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
-                              pads=[pad] * 4, dilations=[dilation] * 2, group=group)]
-    inputs = [("x", [1, cin, hw, hw])]
-    out_hw = (hw + 2 * pad - dilation * (k - 1) - 1) // stride + 1
-    last = "c"
-    if residual:
-        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
-        inputs.append(("r", [1, cout, out_hw, out_hw]))
-        last = "s"
-    if act == "Relu6":
-        mn, mx = numpy_helper.from_array(np.float32(0), "mn"), numpy_helper.from_array(np.float32(6), "mx")
-        nodes.append(helper.make_node("Clip", [last, "mn", "mx"], ["y"]))
-        inits = [mn, mx]
-    else:
-        nodes.append(helper.make_node(act, [last], ["y"]))
-        inits = []
-    model = make_model(nodes, inputs, [("y", None)], [numpy_helper.from_array(w, "W"),
-                                                       numpy_helper.from_array(b, "B"), *inits])
-    feeds = {name: rng.standard_normal(shape).astype("float32") for name, shape in inputs}
-    return model, feeds
-
-
-def _partition_call(model):
-    """(partition function, its call's arguments as numpy arrays or input names)."""
-    mod = frontend.import_model(model).mod
-    with SPEC.tvm_target(), tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(canonicalize_passes())(mod)
-        mod = Partition()(mod)
-    (fn,) = composites(mod).values()
-    calls = []
-
-    @tvm.relax.expr_functor.visitor
-    class _Calls(tvm.relax.PyExprVisitor):
-        def visit_call_(self, call):
-            if isinstance(call.op, tvm.ir.GlobalVar):
-                calls.append(call)
-
-    _Calls().visit_expr(mod["main"])
-    args = [const_array(a) if const_array(a) is not None else a.name for a in calls[0].args]
-    return fn, args
-
-
-def _run_blocked(model, feeds, block_inputs=True, spec=SPEC):
-    """The partition's blocked kernel (default schedule for ``spec``, built for this host) run on ``feeds``;
-    returns (NCHW output, kernel)."""
-    lanes = spec.vector_bits() // 32
-    fn, args = _partition_call(model)
-    data = [i for i, p in enumerate(fn.params) if p.same_as(anchor_call(fn).args[0])][0]
-    blocks = {}
-    for i, arg in enumerate(args):
-        block = blocked.block_for(feeds[arg].shape[1], lanes) if isinstance(arg, str) else None
-        if block and (block_inputs or i != data):
-            blocks[i] = block
-    kernel, layout = make_kernel(fn, spec, blocks=blocks)
-    arrays = []
-    for i, arg in enumerate(args):
-        value = feeds[arg] if isinstance(arg, str) else arg
-        if i in blocks:
-            n, c, h, w = value.shape
-            value = value.reshape(n, c // blocks[i], blocks[i], h, w).transpose(0, 1, 3, 4, 2)
-        arrays.append(tvm.runtime.tensor(np.array(layout.pack(i, value), order="C")))
-    out_shape = [int(d) for d in kernel.params[-1].ty.shape]
-    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
-    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
-    lib["main"](*arrays, out)
-    plain = layout.plain([a.numpy() for a in arrays] + [out.numpy()])
-    return plain[-1], kernel
 
 
 CONV_GRID = [
@@ -120,8 +43,8 @@ CONV_GRID = [
 
 @pytest.mark.parametrize("cin,cout,hw,k,stride,pad,dilation", CONV_GRID)
 def test_blocked_conv2d_matches_onnxruntime(cin, cout, hw, k, stride, pad, dilation):
-    model, feeds = _model(cin, cout, hw, k, stride, pad, dilation)
-    got, kernel = _run_blocked(model, feeds)
+    model, feeds = conv_model(cin, cout, hw, k, stride, pad, dilation)
+    got, kernel = run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_nchwc"
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
@@ -129,8 +52,8 @@ def test_blocked_conv2d_matches_onnxruntime(cin, cout, hw, k, stride, pad, dilat
 @pytest.mark.parametrize("cin,hw,k,stride", [(3, 17, 7, 2), (3, 16, 3, 2), (5, 9, 3, 1)])
 def test_blocked_conv2d_reads_plain_input(cin, hw, k, stride):
     # The stem: NCHW input (3 channels have no block) read directly, NCHW[b]c written.
-    model, feeds = _model(cin, 16, hw, k, stride, k // 2)
-    got, kernel = _run_blocked(model, feeds, block_inputs=False)
+    model, feeds = conv_model(cin, 16, hw, k, stride, k // 2)
+    got, kernel = run_blocked(model, feeds, block_inputs=False)
     assert "OIHW1i" in str(kernel.attrs["tvmfuse.layout"])
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
@@ -150,8 +73,8 @@ DEPTHWISE_GRID = [
 
 @pytest.mark.parametrize("c,hw,k,stride,pad,dilation", DEPTHWISE_GRID)
 def test_blocked_depthwise_matches_onnxruntime(c, hw, k, stride, pad, dilation):
-    model, feeds = _model(c, c, hw, k, stride, pad, dilation, group=c, act="Relu6")
-    got, kernel = _run_blocked(model, feeds)
+    model, feeds = conv_model(c, c, hw, k, stride, pad, dilation, group=c, act="Relu6")
+    got, kernel = run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "depthwise_conv2d_nchwc"
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
@@ -160,25 +83,25 @@ def test_blocked_depthwise_matches_onnxruntime(c, hw, k, stride, pad, dilation):
 def test_avx512_blocked_kernels_compute_correctly_on_this_host(cin, cout, group, block):
     """x86-avx512 kernels (16-channel blocks, 8 where the channels need it), built for this host (LLVM
     splits the 512-bit vectors), give the right numbers."""
-    model, feeds = _model(cin, cout, 11, 3, 2, 1, group=group, seed=cin)
-    got, kernel = _run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
+    model, feeds = conv_model(cin, cout, 11, 3, 2, 1, group=group, seed=cin)
+    got, kernel = run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
     assert str(kernel.attrs["tvmfuse.layout"]).startswith(f"NCHW{block}c")
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("block_residual", [True, False])
 def test_blocked_residual_add(block_residual):
-    model, feeds = _model(16, 16, 10, 3, 1, 1, residual=True, seed=3)
-    got, _ = _run_blocked(model, feeds, block_inputs=block_residual)
+    model, feeds = conv_model(16, 16, 10, 3, 1, 1, residual=True, seed=3)
+    got, _ = run_blocked(model, feeds, block_inputs=block_residual)
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("act", ["HardSwish", "Relu6", "LeakyRelu"])
 def test_blocked_activations(act):
-    model, feeds = _model(8, 16, 9, 3, 1, 1, act=act, seed=4)
-    fn, _ = _partition_call(model)
+    model, feeds = conv_model(8, 16, 9, 3, 1, 1, act=act, seed=4)
+    fn, _ = partition_call(model)
     assert "conv2d" in str(fn) and act.lower().replace("6", "") in str(fn).replace("clip", "relu").replace("_", "")
-    got, _ = _run_blocked(model, feeds)
+    got, _ = run_blocked(model, feeds)
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
@@ -225,8 +148,8 @@ def test_default_configs():
 
 @pytest.mark.parametrize("cin,k,dw", [(16, 3, False), (32, 3, True)])
 def test_blocked_schedule_structure(cin, k, dw):
-    model, feeds = _model(cin, cin, 14, k, 1, 1, group=cin if dw else 1)
-    _, kernel = _run_blocked(model, feeds)
+    model, feeds = conv_model(cin, cin, 14, k, 1, 1, group=cin if dw else 1)
+    _, kernel = run_blocked(model, feeds)
     s = Structure(kernel)
     anchor = (depthwise_nchwc if dw else conv2d_nchwc).ANCHOR
     assert ForKind.PARALLEL in s.kinds()
@@ -242,8 +165,8 @@ def test_blocked_schedule_structure(cin, k, dw):
                                                    (1, 2, 1, False)])
 def test_strided_1x1_conv_runs_stride_1_on_a_gathered_input(k, stride, pad, gathered):
     """A strided 1x1 conv without padding reads a parallel, vectorized gather of the pixels it uses."""
-    model, feeds = _model(16, 16, 14, k, stride, pad)
-    got, kernel = _run_blocked(model, feeds)
+    model, feeds = conv_model(16, 16, 14, k, stride, pad)
+    got, kernel = run_blocked(model, feeds)
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
     s = Structure(kernel)
     assert (blocked.SUBSAMPLE in s.blocks) == gathered
@@ -321,8 +244,8 @@ def test_unknown_layout_is_refused():
 
 @pytest.mark.parametrize("row_block", [1, 2, 14])
 def test_conv_row_block_moves_the_parallel_axis_and_keeps_the_numbers(row_block):
-    model, feeds = _model(16, 16, 14, 3, 1, 1, seed=5)
-    fn, args = _partition_call(model)
+    model, feeds = conv_model(16, 16, 14, 3, 1, 1, seed=5)
+    fn, args = partition_call(model)
     kernel, layout = make_kernel(fn, SPEC, schedule=False, blocks={0: blocked.block_for(16, LANES)})
     config = conv2d_nchwc.Config(2 if LANES == 8 else 1, 7, 1, row_block)
     scheduled = conv2d_nchwc.apply(kernel, LANES, config)

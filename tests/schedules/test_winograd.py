@@ -15,15 +15,15 @@ from tvmfuse.schedules.x86 import conv2d_winograd, templates
 
 from helpers import HOST, ort_run
 from helpers.schedules import Structure
-from test_blocked_layout import _model, _run_blocked
+from helpers.blocked import conv_model, partition_call, run_blocked
 
 
 @pytest.mark.parametrize("cin,cout,hw,residual", [(256, 256, 14, False), (256, 256, 7, True), (256, 512, 5, False),
                                                    (128, 128, 9, False)])
 def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
     # 7 and 5 are odd: the last tile row and column stick out of the map and are cut.
-    model, feeds = _model(cin, cout, hw, 3, 1, 1, residual=residual, seed=hw)
-    got, kernel = _run_blocked(model, feeds)
+    model, feeds = conv_model(cin, cout, hw, 3, 1, 1, residual=residual, seed=hw)
+    got, kernel = run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_winograd"
     assert "Winograd" in str(kernel.attrs["tvmfuse.layout"])
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
@@ -31,8 +31,8 @@ def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
 
 @pytest.mark.parametrize("channels", [256, 64])  # from 64 channels with 16-lane vectors (winograd.min_channels)
 def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host(channels):
-    model, feeds = _model(channels, channels, 6, 3, 1, 1, seed=1)
-    got, kernel = _run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
+    model, feeds = conv_model(channels, channels, 6, 3, 1, 1, seed=1)
+    got, kernel = run_blocked(model, feeds, spec=targets.resolve("x86-avx512"))
     assert str(kernel.attrs["tvmfuse.layout"]).startswith("NCHW16c, weight Winograd")
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
@@ -46,8 +46,8 @@ def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host(channel
     (256, 256, 1, 1, 0, 1),  # 1x1
 ])
 def test_direct_conv_where_winograd_does_not_apply_or_pay(cin, cout, k, stride, pad, dilation):
-    model, feeds = _model(cin, cout, 6, k, stride, pad, dilation)
-    _, kernel = _run_blocked(model, feeds)
+    model, feeds = conv_model(cin, cout, 6, k, stride, pad, dilation)
+    _, kernel = run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_nchwc"
 
 
@@ -90,11 +90,10 @@ def test_weight_transform_round_trips_and_matches_the_definition():
 
 
 def _kernel(cin=256, cout=256, hw=8):
-    from test_blocked_layout import _partition_call
     from tvmfuse.passes.lower import make_kernel
 
-    model, feeds = _model(cin, cout, hw, 3, 1, 1)
-    fn, _ = _partition_call(model)
+    model, feeds = conv_model(cin, cout, hw, 3, 1, 1)
+    fn, _ = partition_call(model)
     data = [i for i, p in enumerate(fn.params) if p.ty.shape is not None and len(p.ty.shape) == 4][0]
     kernel, _ = make_kernel(fn, targets.resolve(HOST), schedule=False, blocks={data: 8})
     return kernel
