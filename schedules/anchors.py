@@ -32,7 +32,7 @@ def _cropped(conv, out_w: int, name: str):
 
 
 def _conv2d_packed(data, packed, strides, padding, dilation, out_dtype, wide: int | None = None):
-    """NCHW conv2d reading a weight packed by :func:`blocked.pack_weight`; same block names as topi's. With ``wide``,
+    """NCHW conv2d reading a weight packed by :func:`.packing.pack_weight`; same block names as topi's. With ``wide``,
     rows are computed ``wide`` pixels wide from an input padded on the right, then cropped (``Conv2dCrop``,
     inlined into the epilogue by the schedule): see :func:`whole_vector_rows`."""
     n, c, h, w = (int(d) for d in data.shape)
@@ -140,7 +140,7 @@ def _conv_args(call) -> tuple[list[int], list[int], list[int]]:
 
 
 def conv2d(call, data, weight, lanes: int | None = None):
-    """groups = 1 conv2d; a 5-D weight is packed by :func:`blocked.pack_weight` (see ``compute.partition_compute``).
+    """groups = 1 conv2d; a 5-D weight is packed by :func:`.packing.pack_weight` (see ``compute.partition_compute``).
     With ``lanes`` and a channel count no vector divides (so the kernel's vectors run along rows), rows
     whose pixel vectors (:func:`common.row_vector`) would be short are computed in whole vectors, then
     cropped (:func:`whole_vector_rows`)."""
@@ -174,7 +174,7 @@ def group_conv2d(call, data, weight, lanes: int | None = None):
 
 def dense(call, data, weight, lanes: int | None = None):
     """``data[M, K] x weight[K, N]``; a 3-D weight is packed ``[N/n_block, K, n_block]``
-    (:func:`blocked.pack_dense_weight`). Both name the product ``T_matmul_NN``, as topi does."""
+    (:func:`.packing.pack_dense_weight`). Both name the product ``T_matmul_NN``, as topi does."""
     del lanes
     if len(weight.shape) == 2:
         return topi.nn.matmul(data, weight)

@@ -5,8 +5,10 @@ output tile is stored with whole-vector stores straight from its accumulators, a
 vector load whatever the stride or row width, and a 1x1 conv's input channels are read in cache-line
 runs. MKL-DNN and TVM's old x86 conv2d used the same layout.
 
-- Weights are packed once at compile time: conv2d ``OIHW -> [O/bo, I/bi, kh, kw, bi, bo]`` (``bi = 1``
-  when the kernel reads NCHW input, e.g. the stem), depthwise ``[C, 1, kh, kw] -> [C/b, kh, kw, b]``.
+- Weights are packed once at compile time (:mod:`.packing`): conv2d ``OIHW -> [O/bo, I/bi, kh, kw, bi, bo]``
+  (``bi = 1`` when the kernel reads NCHW input, e.g. the stem), depthwise ``[C, 1, kh, kw] -> [C/b, kh, kw, b]``.
+- A channel count no block divides takes a padded block where that adds at most an eighth
+  (:func:`padded_block`): zero weights for the padded channels and zeros stored in them (:func:`zero_padding`).
 - Epilogue operands in NCHW (bias ``(1, C, 1, 1)``, a residual left NCHW) are read through inlined
   views, so the epilogue ops of the partition body apply unchanged.
 - :func:`to_blocked` / :func:`to_plain` are the layout transforms the lowering inserts at partition
@@ -18,10 +20,8 @@ runs. MKL-DNN and TVM's old x86 conv2d used the same layout.
 
 from __future__ import annotations
 
-import numpy as np
 from tvm import te, tirx, topi
 
-from . import winograd
 
 CONV_ANCHOR = "conv2d_NCHWc"
 DEPTHWISE_ANCHOR = "DepthwiseConv2d_NCHWc"
@@ -30,6 +30,7 @@ TO_PLAIN = "to_plain"
 SUBSAMPLE = "subsample"  # the gathered input of a strided 1x1 conv
 CHANNEL_SHUFFLE = "channel_shuffle_nchwc"
 PLAIN_CROP = "plain_crop"  # a conv computed in NCHW[b]c with padded channels, written NCHW (see plain_crop)
+ZERO_PADDING = "zero_padding"  # the last stage of a kernel writing a padded block (see zero_padding)
 POOL_ANCHORS = {"max": "pool_max", "avg": "pool_sum"}  # topi.nn.pool2d's reduction block, per pool type
 SPATIAL_SUM = "spatial_sum"
 NARROW_GROUP = "tvmfuse.narrow_group"  # the anchor annotation of a narrow-group conv: channels per group
@@ -47,63 +48,28 @@ def block_for(channels: int, lanes: int) -> int | None:
     return None
 
 
+def padded_block(channels: int, lanes: int) -> int | None:
+    """The block of a ``channels``-channel activation that :func:`block_for` leaves NCHW, its last block padded
+    (zero weights for the padded channels, zeros stored in them): the block that pads least (the wider on a
+    tie), where the padding adds at most an eighth. None otherwise. ShuffleNetV2's 58 and 116 channels (64 and
+    128 in blocks of 16): its depthwise kernels ran 0.38-0.64x and its 1x1 convs 0.75-0.81x the time of the NCHW
+    kernels at 58 / 116 (Zen 4, per kernel); 12 -> 16 (a third more work) lost 1.19x on PP-OCRv6 det's head."""
+    if block_for(channels, lanes) is not None:
+        return None
+    block = min((b for b in (lanes, 8) if b <= lanes), key=lambda b: (-(-channels // b) * b, -b))
+    padded = -(-channels // block) * block
+    return block if (padded - channels) * 8 <= channels else None
+
+
+def channel_block(channels: int, lanes: int) -> int | None:
+    """The block a conv or depthwise kernel's activation takes: :func:`block_for`, else :func:`padded_block`."""
+    return block_for(channels, lanes) or padded_block(channels, lanes)
+
+
 def blocked_shape(shape, block: int) -> list[int]:
+    """An NCHW shape in NCHW[block]c, the last block padded when ``block`` does not divide the channels."""
     n, c, h, w = (int(d) for d in shape)
-    return [n, c // block, h, w, block]
-
-
-def pack_weight(weight: np.ndarray, oc_block: int) -> np.ndarray:
-    """OIHW -> [O/oc_block, I, H, W, oc_block] (the NCHW conv2d kernel's weight): the oc_block weights of one
-    step are contiguous."""
-    o, i, h, w = weight.shape
-    return weight.reshape(o // oc_block, oc_block, i, h, w).transpose(0, 2, 3, 4, 1).copy()
-
-
-def unpack_weight(packed: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`pack_weight`."""
-    blocks, i, h, w, oc_block = packed.shape
-    return packed.transpose(0, 4, 1, 2, 3).reshape(blocks * oc_block, i, h, w)
-
-
-def pack_conv_weight(weight: np.ndarray, in_block: int, out_block: int) -> np.ndarray:
-    """OIHW -> ``[O/out_block, I/in_block, kh, kw, in_block, out_block]``; output channels that do not fill the
-    last block are padded with zero weights (a conv written NCHW through :func:`plain_crop`)."""
-    o = weight.shape[0]
-    if o % out_block:
-        weight = np.concatenate([weight, np.zeros((-o % out_block, *weight.shape[1:]), weight.dtype)])
-    o, i, h, w = weight.shape
-    return np.ascontiguousarray(
-        weight.reshape(o // out_block, out_block, i // in_block, in_block, h, w).transpose(0, 2, 4, 5, 3, 1))
-
-
-def unpack_conv_weight(packed: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`pack_conv_weight`."""
-    ob, ib, h, w, bi, bo = packed.shape
-    return packed.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, h, w)
-
-
-def pack_dense_weight(weight: np.ndarray, n_block: int) -> np.ndarray:
-    """A dense's ``[K, N]`` weight -> ``[N/n_block, K, n_block]``: the panel of one column tile is contiguous."""
-    k, n = weight.shape
-    return np.ascontiguousarray(weight.reshape(k, n // n_block, n_block).transpose(1, 0, 2))
-
-
-def unpack_dense_weight(packed: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`pack_dense_weight`."""
-    panels, k, n_block = packed.shape
-    return packed.transpose(1, 0, 2).reshape(k, panels * n_block)
-
-
-def pack_depthwise_weight(weight: np.ndarray, block: int) -> np.ndarray:
-    """``[C, 1, kh, kw] -> [C/block, kh, kw, block]``."""
-    c, _, h, w = weight.shape
-    return np.ascontiguousarray(weight.reshape(c // block, block, h, w).transpose(0, 2, 3, 1))
-
-
-def unpack_depthwise_weight(packed: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`pack_depthwise_weight`."""
-    c, h, w, b = packed.shape
-    return packed.transpose(0, 3, 1, 2).reshape(c * b, 1, h, w)
+    return [n, -(-c // block), h, w, block]
 
 
 def out_size(size: int, before: int, after: int, kernel: int, stride: int, dilation: int) -> int:
@@ -187,15 +153,17 @@ def depthwise_conv2d(data, weight, strides, padding, dilation):
 
 def blocked_view(tensor, block: int):
     """An operand of NCHW rank 1-4 (an activation, or a broadcast constant like a ``(1, C, 1, 1)`` bias)
-    seen as NCHW[block]c under NumPy broadcasting; scalars and 5-D tensors are returned as they are."""
+    seen as NCHW[block]c under NumPy broadcasting; scalars and 5-D tensors are returned as they are. The padded
+    lanes of a last block that ``block`` does not fill read the last channel (finite whatever op reads them)."""
     rank = len(tensor.shape)
     if rank in (0, 5):
         return tensor
     n, c, h, w = [1] * (4 - rank) + [int(d) for d in tensor.shape]
-    blocks, inner = (c // block, block) if c > 1 else (1, 1)
+    blocks, inner = (-(-c // block), block) if c > 1 else (1, 1)
 
     def read(b, cb, y, x, i):
-        index = [b if n > 1 else 0, cb * block + i if c > 1 else 0, y if h > 1 else 0, x if w > 1 else 0]
+        channel = cb * block + i if c % block == 0 else tirx.min(cb * block + i, c - 1)  # a padded block's lanes
+        index = [b if n > 1 else 0, channel if c > 1 else 0, y if h > 1 else 0, x if w > 1 else 0]
         return tensor[tuple(index[4 - rank:])]
 
     return te.compute((n, blocks, h, w, inner), read, name="T_blocked_view")
@@ -203,7 +171,7 @@ def blocked_view(tensor, block: int):
 
 def to_blocked(tensor, block: int):
     """NCHW -> NCHW[block]c (a layout transform kernel). Channels that do not fill the last block are padded
-    with zeros (the INT8 kernels' layout; FP32 blocks always divide the channels)."""
+    with zeros (the INT8 kernels' layout, and FP32's padded blocks: :func:`padded_block`)."""
     n, c, h, w = (int(d) for d in tensor.shape)
     if c % block == 0:
         return te.compute((n, c // block, h, w, block), lambda b, cb, y, x, i: tensor[b, cb * block + i, y, x],
@@ -213,6 +181,16 @@ def to_blocked(tensor, block: int):
                       lambda b, cb, y, x, i: tirx.Select(cb * block + i < c,
                                                          tensor[b, tirx.min(cb * block + i, c - 1), y, x], zero),
                       name=TO_BLOCKED)
+
+
+def zero_padding(tensor, channels: int):
+    """A padded NCHW[b]c result (``channels`` real channels) with zeros stored in its padded lanes, so that every
+    padded tensor holds zeros there whatever the epilogue made of them (a sigmoid of 0 is not 0)."""
+    n, blocks, h, w, block = (int(d) for d in tensor.shape)
+    zero = tirx.const(0, tensor.dtype)
+    return te.compute((n, blocks, h, w, block),
+                      lambda b, cb, y, x, i: tirx.Select(cb * block + i < channels, tensor[b, cb, y, x, i], zero),
+                      name=ZERO_PADDING)
 
 
 def plain_crop(conv, channels: int):
@@ -284,84 +262,3 @@ def spatial_mean(data, out_shape):
     count = te.const(h * w, data.dtype)
     return te.compute([int(d) for d in out_shape], lambda b, c, *_: total[b, c // block, c % block] / count,
                       name="spatial_mean")
-
-
-class KernelLayout:
-    """How a kernel's arguments differ from its partition function's (NCHW activations, OIHW weights).
-
-    ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`pack_weight`),
-    ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`), ``("depthwise", b)`` or
-    ``("dense", n_block)`` (:func:`pack_dense_weight`);
-    ``activations``: parameter index -> block of an input
-    passed NCHW[b]c; ``out_block``: the output's block (None: NCHW); ``plain_out``: the output is computed in
-    blocks of ``out_block`` (channels padded) and written NCHW (:func:`plain_crop`).
-    """
-
-    def __init__(self, weights: dict | None = None, activations: dict | None = None, out_block: int | None = None,
-                 plain_out: bool = False):
-        self.weights = dict(weights or {})
-        self.activations = dict(activations or {})
-        self.out_block = out_block
-        self.plain_out = plain_out
-
-    @property
-    def packed(self) -> dict:
-        """Parameter index -> oc_block of the weights an NCHW kernel reads packed (``("oc", oc_block)``)."""
-        return {i: blocks[0] for i, (kind, *blocks) in self.weights.items() if kind == "oc"}
-
-    @property
-    def blocked(self) -> bool:
-        return self.out_block is not None
-
-    def describe(self, activations: str = "NCHW") -> str:
-        text = f"NCHW{self.out_block}c" if self.blocked else activations
-        if self.plain_out:
-            text = f"NCHW (computed NCHW{self.out_block}c)"
-        for kind, *blocks in self.weights.values():
-            text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c",
-                                   "winograd": "Winograd F(2x2,3x3) {1}o", "dense": "NK{}n"}[kind].format(*blocks)
-        return text
-
-    def shape(self, index: int, shape: list[int]) -> list[int]:
-        """Parameter ``index``'s shape as the kernel reads it, from its shape in the partition function."""
-        if index in self.activations:
-            return blocked_shape(shape, self.activations[index])
-        if index not in self.weights:
-            return shape
-        kind, *b = self.weights[index]
-        if kind == "dense":
-            k, n = shape
-            return [n // b[0], k, b[0]]
-        o, i, h, w = shape
-        if kind == "oc":
-            return [o // b[0], i, h, w, b[0]]
-        if kind == "conv":
-            return [-(-o // b[1]), i // b[0], h, w, b[0], b[1]]
-        if kind == "winograd":
-            return [winograd.ALPHA, winograd.ALPHA, o // b[1], i, b[1]]
-        return [o // b[0], h, w, b[0]]
-
-    def pack(self, index: int, weight: np.ndarray) -> np.ndarray:
-        """Parameter ``index``'s constant as the kernel reads it."""
-        if index not in self.weights:
-            return weight
-        kind, *blocks = self.weights[index]
-        return _PACK[kind](weight, *blocks)
-
-    def plain(self, arrays: list) -> list:
-        """A kernel call's arrays (inputs, then the output) in the partition function's layouts."""
-        out = list(arrays)
-        for index, (kind, *_) in self.weights.items():
-            out[index] = _UNPACK[kind](out[index])
-            if self.plain_out:  # the zero weights of the padded output channels
-                out[index] = out[index][:out[-1].shape[1]]
-        for index in list(self.activations) + ([len(out) - 1] if self.blocked and not self.plain_out else []):
-            n, cb, h, w, b = out[index].shape
-            out[index] = out[index].transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
-        return out
-
-
-_PACK = {"oc": pack_weight, "conv": pack_conv_weight, "depthwise": pack_depthwise_weight,
-         "winograd": winograd.pack_weight, "dense": pack_dense_weight}
-_UNPACK = {"oc": unpack_weight, "conv": unpack_conv_weight, "depthwise": unpack_depthwise_weight,
-           "winograd": winograd.unpack_weight, "dense": unpack_dense_weight}

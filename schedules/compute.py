@@ -13,7 +13,7 @@ import functools
 import tvm
 from tvm import relax, te, topi
 
-from . import blocked, families, winograd
+from . import blocked, families, packing, winograd
 from .activations import fast_sigmoid, gelu, gelu_tanh
 from .anchors import ints as _ints
 from .channel_scale import prologue, scaled_weight
@@ -63,7 +63,7 @@ class PartitionCompute:
     family: str  # conv2d | group_conv2d | depthwise_conv2d | dense, or conv2d_nchwc | conv2d_winograd |
     # depthwise_conv2d_nchwc (blocked)
     ops: list[str]  # Relax ops covered, in order
-    layout: blocked.KernelLayout  # how parameters and output differ from the partition function's
+    layout: packing.KernelLayout  # how parameters and output differ from the partition function's
 
     @property
     def packed(self) -> dict:
@@ -98,7 +98,8 @@ def data_param(fn: relax.Function, anchor) -> int | None:
 
 def blockable(fn: relax.Function, lanes: int) -> bool:
     """Whether the partition can run in NCHW[b]c (:mod:`blocked`): a family with a blocked compute (conv2d,
-    multiplier-1 depthwise conv2d) and a parameter weight, whose output channels have a block."""
+    multiplier-1 depthwise conv2d) and a parameter weight, whose output channels have a block (a padded one,
+    :func:`blocked.padded_block`, for conv2d and depthwise)."""
     anchor = anchor_call(fn)
     if anchor is None or not isinstance(anchor.args[1], relax.Var):
         return False
@@ -106,11 +107,22 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
     if family.blocked() is None or (family.name == "depthwise_conv2d" and families.depthwise_multiplier(anchor) != 1):
         return False
     out_channels = int(anchor.ty.shape[1])
-    block = blocked.block_for(out_channels, lanes)
+    block = out_block(anchor, lanes)
     if family.name == "group_conv2d" and block is not None and (out_channels // int(anchor.attrs.groups)) % block \
             and narrow_groups(anchor, lanes) is None:
         return False  # an output block would span two groups
     return block is not None and isinstance(anchor.args[0], relax.Var)
+
+
+def out_block(call, lanes: int) -> int | None:
+    """The output block of a blocked kernel: :func:`blocked.block_for`; for conv2d and depthwise a padded block
+    too (:func:`blocked.padded_block`), but not on a 1x1 map: a squeeze-and-excitation conv is a matrix-vector
+    product, which the NCHW kernel runs with no padded work (PP-OCR's classifiers, 88 -> 22 and 200 -> 50 on
+    1x1 padded: 1.013-1.015x the model's time, Zen 4, interleaved)."""
+    channels, (_, _, h, w) = int(call.ty.shape[1]), _ints(call.ty.shape)
+    if families.family_of(call).name in ("conv2d", "depthwise_conv2d") and h * w > 1:
+        return blocked.channel_block(channels, lanes)
+    return blocked.block_for(channels, lanes)
 
 
 def plain_output_block(call, lanes: int | None) -> int | None:
@@ -129,8 +141,7 @@ def plain_output_block(call, lanes: int | None) -> int | None:
     16 -> 4 at 320x320 0.73-0.79x, 256 -> 21 at 20x20 0.61x, 96 -> 18 at 80x80 0.98-1.03x; not taken: 24 -> 12
     2x2 (pad x 4 taps = 16) 0.96-1.02x, 480 -> 60 1x3 on 1x40 (12) 0.94-1.36x, ShuffleNet's 24 -> 58 1x1 at 56x56
     1.13x."""
-    if lanes is None or families.family_of(call).name != "conv2d" or \
-            blocked.block_for(int(call.ty.shape[1]), lanes) is not None:
+    if lanes is None or families.family_of(call).name != "conv2d" or out_block(call, lanes) is not None:
         return None
     out_channels, in_channels, kh, kw = _ints(call.args[1].ty.shape)
     block = min((b for b in (lanes, 8) if b <= lanes), key=lambda b: (-(-out_channels // b) * b, -b))
@@ -173,27 +184,28 @@ def winograd_pays(call, lanes: int | None) -> bool:
         lanes)
 
 
-def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> blocked.KernelLayout:
-    out_block = blocked.block_for(int(anchor.ty.shape[1]), lanes)
+def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> packing.KernelLayout:
+    block = out_block(anchor, lanes)
     data, weight = data_param(fn, anchor), param_index(fn, anchor.args[1])
-    if out_block is None:  # a conv written NCHW from its blocked input (see plain_output_block)
-        out_block = plain_output_block(anchor, lanes)
-        if out_block is None or data not in blocks:
+    if block is None:  # a conv written NCHW from its blocked input (see plain_output_block)
+        block = plain_output_block(anchor, lanes)
+        if block is None or data not in blocks:
             raise ValueError("only a conv2d that plain_output_block takes, reading its input blocked, writes NCHW")
-        return blocked.KernelLayout({weight: ("conv", blocks[data], out_block)}, blocks, out_block, plain_out=True)
+        return packing.KernelLayout({weight: ("conv", blocks[data], block)}, blocks, block, plain_out=True)
+    padded = int(anchor.ty.shape[1]) % block or (data in blocks and int(anchor.args[0].ty.shape[1]) % blocks[data])
     group = narrow_groups(anchor, lanes)
     if group is not None:
-        if blocks.get(data) != out_block:
+        if blocks.get(data) != block:
             raise ValueError("a narrow-group conv needs its input blocked like its output")
-        packing = ("conv", group, out_block)
+        pack = ("conv", group, block)
     elif families.family_of(anchor).name in ("conv2d", "group_conv2d"):
-        kind = "winograd" if data in blocks and winograd_pays(anchor, lanes) else "conv"
-        packing = (kind, blocks.get(data, 1), out_block)
+        kind = "winograd" if data in blocks and not padded and winograd_pays(anchor, lanes) else "conv"
+        pack = (kind, blocks.get(data, 1), block)
     else:
-        if blocks.get(data) != out_block:
+        if blocks.get(data) != block:
             raise ValueError("a blocked depthwise kernel needs its input blocked like its output")
-        packing = ("depthwise", out_block)
-    return blocked.KernelLayout({weight: packing}, blocks, out_block)
+        pack = ("depthwise", block)
+    return packing.KernelLayout({weight: pack}, blocks, block)
 
 
 def _blocked_epilogue(out_block: int) -> dict:
@@ -210,7 +222,7 @@ def _cropped(anchor_compute, channels: int):
     return lambda call, *args: blocked.plain_crop(anchor_compute(call, *args), channels)
 
 
-def _kernel_name(family: families.Family, layout: blocked.KernelLayout) -> str:
+def _kernel_name(family: families.Family, layout: packing.KernelLayout) -> str:
     """The kernel's ``tvmfuse.family``: the family's name, ``_nchwc`` when blocked, or ``conv2d_winograd``."""
     if any(kind == "winograd" for kind, *_ in layout.weights.values()):
         return "conv2d_winograd"
@@ -223,7 +235,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
 
     The anchor is computed by its family's compute (:mod:`.families`), the epilogue by :data:`TE_OPS`.
     NCHW (``blocks`` None): with ``oc_block``, a conv2d of family conv2d reads its weight parameter packed by
-    :func:`pack_weight`, a dense its weight in panels of ``oc_block`` columns (:func:`blocked.pack_dense_weight`);
+    :func:`pack_weight`, a dense its weight in panels of ``oc_block`` columns (:func:`packing.pack_dense_weight`);
     with ``lanes``, depthwise rows are computed in whole vectors of that many elements.
     Blocked (``blocks``: parameter index -> block of each activation passed NCHW[b]c, see :func:`blockable`):
     the kernel writes NCHW[b]c with ``b = blocked.block_for(out channels, lanes)``; a conv whose output channels
@@ -237,7 +249,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
         if layout.plain_out:  # cropped to NCHW right after the anchor: the epilogue runs on NCHW operands
             te_ops, anchor_compute = TE_OPS, _cropped(anchor_compute, int(anchor.ty.shape[1]))
     else:
-        layout = blocked.KernelLayout()
+        layout = packing.KernelLayout()
         weight = param_index(fn, anchor.args[1]) if anchor is not None else None
         if oc_block and weight is not None and family.name == "conv2d" and \
                 int(anchor.args[1].ty.shape[0]) % oc_block == 0:
@@ -270,4 +282,7 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
                 env[binding.var] = compute(call, *args)
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
     kernel = _kernel_name(family, layout) if family is not None else "unknown"
-    return PartitionCompute(inputs, env[fn.body.body], kernel, ops, layout)
+    out = env[fn.body.body]
+    if layout.blocked and not layout.plain_out and int(anchor.ty.shape[1]) % layout.out_block:
+        out = blocked.zero_padding(out, int(anchor.ty.shape[1]))  # a padded block: zeros in its padded lanes
+    return PartitionCompute(inputs, out, kernel, ops, layout)

@@ -75,7 +75,8 @@ def run_checked(cm, inputs: Mapping[str, np.ndarray], rtol: float = 1e-4, atol: 
     target, refs, results = cm.target.tvm_target(), {}, []
     for symbol, arrays in calls:
         fn, layout = kernels[symbol]
-        arrays = layout.plain(arrays)  # the reference takes OIHW weights and NCHW activations
+        # the reference takes OIHW weights and NCHW activations (padded blocks cropped to the partition's shapes)
+        arrays = layout.plain(arrays, [p.ty.shape for p in fn.params] + [fn.ret_ty.shape])
         if symbol not in refs:
             refs[symbol] = _reference(fn, target)
         expected = refs[symbol]["main"](*[tvm.runtime.tensor(a) for a in arrays[:-1]]).numpy()

@@ -13,7 +13,7 @@ from tvm.tirx import ForKind
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
-from tvmfuse.schedules import blocked
+from tvmfuse.schedules import blocked, packing
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
 from helpers import HOST, ort_run
@@ -108,19 +108,19 @@ def test_blocked_activations(act):
 def test_weight_packing_round_trips():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((32, 24, 3, 3)).astype("float32")
-    layout = blocked.KernelLayout({1: ("conv", 8, 16)}, {}, 16)
+    layout = packing.KernelLayout({1: ("conv", 8, 16)}, {}, 16)
     packed = layout.pack(1, w)
     assert packed.shape == (2, 3, 3, 3, 8, 16)
     assert packed[1, 2, 0, 1, 3, 5] == w[16 + 5, 2 * 8 + 3, 0, 1]
-    np.testing.assert_array_equal(blocked.unpack_conv_weight(packed), w)
+    np.testing.assert_array_equal(packing.unpack_conv_weight(packed), w)
     dw = rng.standard_normal((16, 1, 5, 5)).astype("float32")
-    layout = blocked.KernelLayout({0: ("depthwise", 8)}, {}, 8)
+    layout = packing.KernelLayout({0: ("depthwise", 8)}, {}, 8)
     x5 = rng.standard_normal((1, 2, 4, 4, 8)).astype("float32")
     plain = layout.plain([layout.pack(0, dw), x5])
     np.testing.assert_array_equal(plain[0], dw)
     np.testing.assert_array_equal(plain[1][0, 9], x5[0, 1, :, :, 1])
     dn = rng.standard_normal((24, 96)).astype("float32")  # a dense's [K, N] weight, panels of 32 columns
-    layout = blocked.KernelLayout({1: ("dense", 32)})
+    layout = packing.KernelLayout({1: ("dense", 32)})
     packed = layout.pack(1, dn)
     assert packed.shape == tuple(layout.shape(1, [24, 96])) == (3, 24, 32) and packed.flags.c_contiguous
     assert packed[2, 5, 7] == dn[5, 2 * 32 + 7]

@@ -9,7 +9,7 @@ from tvm.topi.testing import conv2d_nchw_python
 
 from tvmfuse import targets
 from tvmfuse.passes.regroup_conv import RegroupConv
-from tvmfuse.schedules import blocked
+from tvmfuse.schedules import blocked, packing
 from tvmfuse.schedules.compute import narrow_groups
 from tvmfuse.schedules.x86 import conv2d_nchwc, templates
 from tvmfuse.schedules.x86.intrin import group_shuffle
@@ -31,7 +31,7 @@ def _run(func, target, channels, group, lanes, hw, stride):
     x = RNG.standard_normal((1, channels, hw, hw)).astype("float32")
     w = RNG.standard_normal((channels, group, 3, 3)).astype("float32")
     want = np.maximum(conv2d_nchw_python(x, w, stride, 1, groups=channels // group), 0)
-    packed = blocked.pack_conv_weight(w, group, lanes)
+    packed = packing.pack_conv_weight(w, group, lanes)
     xb = x.reshape(1, channels // lanes, lanes, hw, hw).transpose(0, 1, 3, 4, 2).copy()
     out_hw = want.shape[2]
     lib = tvm.compile(tvm.IRModule({"main": func}), target=target)

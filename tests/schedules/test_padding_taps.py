@@ -14,7 +14,7 @@ from tvm import te, tirx, topi
 from tvm.topi.testing import conv2d_nchw_python, dilate_python
 
 import tvmfuse
-from tvmfuse.schedules import blocked, padding_taps, x86
+from tvmfuse.schedules import blocked, packing, padding_taps, x86
 from tvmfuse.schedules.padding_taps import skip_padding_taps
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
@@ -37,7 +37,7 @@ def _conv_kernel(c_in, c_out, hw, k, stride, pads, dilation, blocked_in=True):
     x = rng.standard_normal((1, c_in, hw, hw)).astype("float32")
     w = (rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype("float32")
     bi = LANES if blocked_in else 1
-    packed = blocked.pack_conv_weight(w, bi, LANES)
+    packed = packing.pack_conv_weight(w, bi, LANES)
     data = te.placeholder(to_blocked(x, LANES).shape if blocked_in else x.shape, name="data")
     weight = te.placeholder(packed.shape, name="weight")
     out = topi.nn.relu(blocked.conv2d(data, weight, (stride, stride), pads, (dilation, dilation)))

@@ -7,7 +7,7 @@ from tvm import s_tir, te, topi
 from tvm.topi.testing import conv2d_nchw_python
 
 from tvmfuse import targets
-from tvmfuse.schedules.blocked import pack_weight
+from tvmfuse.schedules.packing import pack_weight
 from tvmfuse.schedules.anchors import _conv2d_packed
 from tvmfuse.schedules.x86 import templates
 from tvmfuse.tune.measure import make_builder

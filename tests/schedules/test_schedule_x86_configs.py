@@ -13,7 +13,7 @@ from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
 from tvmfuse.schedules import x86
 from tvmfuse.schedules.common import block_names, largest_divisor
-from tvmfuse.schedules.blocked import pack_weight, unpack_weight
+from tvmfuse.schedules.packing import pack_weight, unpack_weight
 from tvmfuse.schedules.compute import partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d
 

@@ -13,7 +13,7 @@ from tvm.tirx import ForKind
 import tvmfuse
 from tvmfuse.schedules import x86
 from tvmfuse.schedules.common import block_names
-from tvmfuse.schedules.blocked import pack_weight
+from tvmfuse.schedules.packing import pack_weight
 from tvmfuse.schedules.compute import ANCHOR_BLOCK, partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
 

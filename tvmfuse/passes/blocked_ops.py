@@ -126,6 +126,8 @@ class BlockedOps:
         if base is None:
             return False
         block = int(self.blocked_of[base].ty.shape[4])
+        if len(shape) != 4 or int(shape[1]) % block:
+            return False  # a padded block (zeros in its padded lanes) meets the op on its plain value
         args = [self._channel_operand(a, block) for a in call.args]
         if any(a is None for a in args):
             return False
@@ -181,7 +183,8 @@ class BlockedOps:
         grouped, source = found
         n, groups, per_group, h, w = (int(d) for d in grouped.ty.shape)
         plain = [n, groups * per_group, h, w]
-        if [int(d) for d in source.ty.shape] != plain or [int(d) for d in call.ty.shape] != plain:
+        if [int(d) for d in source.ty.shape] != plain or [int(d) for d in call.ty.shape] != plain or \
+                plain[1] % int(self.blocked_of[source].ty.shape[4]):
             return False
         out = self.builder_.emit_te(channel_shuffle, self.blocked_of[source], groups,
                                     primfunc_name_hint=CHANNEL_SHUFFLE)

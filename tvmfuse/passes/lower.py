@@ -10,9 +10,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.blocked import KernelLayout, block_for, blocked_shape, to_blocked, to_plain
+from tvmfuse.schedules.blocked import block_for, blocked_shape, channel_block, to_blocked, to_plain
+from tvmfuse.schedules.packing import KernelLayout
 from tvmfuse.schedules import families
-from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, narrow_groups,
+from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, narrow_groups, out_block,
                                        param_index, partition_compute, plain_output_block, winograd_pays)
 
 from ..targets import TargetSpec
@@ -109,7 +110,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         already blocked otherwise (a channel concat of 8-channel parts read by a 16-channel kernel) is
         transformed from its plain value again."""
         have = self.blocked_of.get(arg)
-        block = block or block_for(int(arg.ty.shape[1]), self.lanes)
+        block = block or channel_block(int(arg.ty.shape[1]), self.lanes)
         if have is not None and (block is None or int(have.ty.shape[4]) == block):
             return have
         if block is None or (arg, block) in self.reblocked:
@@ -130,7 +131,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         # a depthwise or narrow-group conv reads its input blocked like its output (transformed if it is not)
         input_like_out = families.family_of(anchor).name == "depthwise_conv2d" or \
             narrow_groups(anchor, self.lanes) is not None
-        out_block = block_for(int(anchor.ty.shape[1]), self.lanes)  # a depthwise input's and a residual's too
+        block = out_block(anchor, self.lanes)  # a depthwise input's and a residual's too
         out_shape = [int(d) for d in anchor.ty.shape]
         args, blocks = list(args), {}
         for i, arg in enumerate(args):
@@ -138,7 +139,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
                 continue
             like_out = (i == data and input_like_out) or [int(d) for d in arg.ty.shape] == out_shape
             blocked = self.blocked_of.get(arg) if i == data and not input_like_out else \
-                self._as_blocked(arg, out_block if like_out else None)
+                self._as_blocked(arg, block if like_out else None)
             if i == data and blocked is not None and not input_like_out and \
                     not group_input_block(anchor, int(blocked.ty.shape[4])):
                 blocked = None  # a grouped conv whose groups the block would straddle reads the plain input
@@ -165,7 +166,8 @@ class _Lower(relax.PyExprMutator, BlockedOps):
     def _bind_blocked(self, var, blocked, plain_shape):
         """``var`` computed blocked as ``blocked``: the original variable gets its NCHW value (dead code when
         nothing reads it plain) and blocked readers get ``blocked``."""
-        self._bind(var, self._transform(to_plain, blocked, plain_shape))
+        channels = int(plain_shape[1])  # fewer than the blocks hold when the last one is padded
+        self._bind(var, self._transform(lambda t: to_plain(t, channels), blocked, plain_shape))
         self.blocked_of[var] = blocked
 
     def _fold_channel_scale(self, fn, args):
@@ -220,7 +222,7 @@ def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None, 
     """Lower every partition call to ``call_tir``; the partition functions are then dropped.
 
     ``record`` (optional dict) receives kernel name -> (the partition function it came from, its
-    :class:`~tvmfuse.schedules.blocked.KernelLayout`). ``blocked`` (backends with a blocked layout):
+    :class:`~tvmfuse.schedules.packing.KernelLayout`). ``blocked`` (backends with a blocked layout):
     chain blockable partitions in NCHW[b]c; False keeps every kernel NCHW.
     """
 
