@@ -117,8 +117,8 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
 def out_block(call, lanes: int) -> int | None:
     """The output block of a blocked kernel: :func:`blocked.block_for`; for conv2d and depthwise a padded block
     too (:func:`blocked.padded_block`), but not on a 1x1 map: a squeeze-and-excitation conv is a matrix-vector
-    product, which the NCHW kernel runs with no padded work (PP-OCR's classifiers, 88 -> 22 and 200 -> 50 on
-    1x1 padded: 1.013-1.015x the model's time, Zen 4, interleaved)."""
+    product, which the NCHW kernel runs with no padded work (PP-OCR's classifiers with their 88 -> 22 and
+    200 -> 50 convs padded read 1.013-1.015x the model's time, Zen 4, interleaved: within this VM's noise)."""
     channels, (_, _, h, w) = int(call.ty.shape[1]), _ints(call.ty.shape)
     if families.family_of(call).name in ("conv2d", "depthwise_conv2d") and h * w > 1:
         return blocked.channel_block(channels, lanes)
