@@ -48,6 +48,13 @@ def block_for(channels: int, lanes: int) -> int | None:
     return None
 
 
+def least_padding_block(channels: int, lanes: int) -> tuple[int, int]:
+    """``(block, padded channels)``: of a whole vector and 8, the block that pads ``channels`` least (the wider
+    on a tie)."""
+    block = min((b for b in (lanes, 8) if b <= lanes), key=lambda b: (-(-channels // b) * b, -b))
+    return block, -(-channels // block) * block
+
+
 def padded_block(channels: int, lanes: int) -> int | None:
     """The block of a ``channels``-channel activation that :func:`block_for` leaves NCHW, its last block padded
     (zero weights for the padded channels, zeros stored in them): the block that pads least (the wider on a
@@ -56,8 +63,7 @@ def padded_block(channels: int, lanes: int) -> int | None:
     kernels at 58 / 116 (Zen 4, per kernel); 12 -> 16 (a third more work) lost 1.19x on PP-OCRv6 det's head."""
     if block_for(channels, lanes) is not None:
         return None
-    block = min((b for b in (lanes, 8) if b <= lanes), key=lambda b: (-(-channels // b) * b, -b))
-    padded = -(-channels // block) * block
+    block, padded = least_padding_block(channels, lanes)
     return block if (padded - channels) * 8 <= channels else None
 
 

@@ -119,7 +119,7 @@ def out_block(call, lanes: int) -> int | None:
     too (:func:`blocked.padded_block`), but not on a 1x1 map: a squeeze-and-excitation conv is a matrix-vector
     product, which the NCHW kernel runs with no padded work (PP-OCR's classifiers with their 88 -> 22 and
     200 -> 50 convs padded read 1.013-1.015x the model's time, Zen 4, interleaved: within this VM's noise)."""
-    channels, (_, _, h, w) = int(call.ty.shape[1]), _ints(call.ty.shape)
+    _, channels, h, w = _ints(call.ty.shape)
     if families.family_of(call).name in ("conv2d", "depthwise_conv2d") and h * w > 1:
         return blocked.channel_block(channels, lanes)
     return blocked.block_for(channels, lanes)
@@ -144,9 +144,8 @@ def plain_output_block(call, lanes: int | None) -> int | None:
     if lanes is None or families.family_of(call).name != "conv2d" or out_block(call, lanes) is not None:
         return None
     out_channels, in_channels, kh, kw = _ints(call.args[1].ty.shape)
-    block = min((b for b in (lanes, 8) if b <= lanes), key=lambda b: (-(-out_channels // b) * b, -b))
-    pad = -(-out_channels // block) * block - out_channels
-    if pad * kh * kw > 8 or in_channels < out_channels:
+    block, padded = blocked.least_padding_block(out_channels, lanes)
+    if (padded - out_channels) * kh * kw > 8 or in_channels < out_channels:
         return None
     return block
 

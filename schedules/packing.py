@@ -1,6 +1,5 @@
 """Weight packings of the blocked and NCHW kernels (done once, at compile time, in numpy) and
-:class:`KernelLayout`, how a kernel's arguments differ from its partition function's. :mod:`.blocked`
-re-exports every name here.
+:class:`KernelLayout`, how a kernel's arguments differ from its partition function's.
 
 - conv2d ``OIHW -> [O/bo, I/bi, kh, kw, bi, bo]`` (``bi = 1`` when the kernel reads NCHW input, e.g. the
   stem); channels that do not fill a last block are padded with zero weights;
@@ -13,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import winograd
+from .blocked import blocked_shape
 
 
 def pack_weight(weight: np.ndarray, oc_block: int) -> np.ndarray:
@@ -30,7 +30,7 @@ def unpack_weight(packed: np.ndarray) -> np.ndarray:
 
 def pack_conv_weight(weight: np.ndarray, in_block: int, out_block: int) -> np.ndarray:
     """OIHW -> ``[O/out_block, I/in_block, kh, kw, in_block, out_block]``; output channels that do not fill the
-    last block are padded with zero weights (a conv written NCHW through :func:`plain_crop`)."""
+    last block are padded with zero weights (a conv written NCHW through :func:`.blocked.plain_crop`)."""
     o, i = weight.shape[:2]
     weight = np.pad(weight, [(0, -o % out_block), (0, -i % in_block), (0, 0), (0, 0)])  # padded channels: zeros
     o, i, h, w = weight.shape
@@ -77,7 +77,7 @@ class KernelLayout:
     ``("dense", n_block)`` (:func:`pack_dense_weight`);
     ``activations``: parameter index -> block of an input
     passed NCHW[b]c; ``out_block``: the output's block (None: NCHW); ``plain_out``: the output is computed in
-    blocks of ``out_block`` (channels padded) and written NCHW (:func:`plain_crop`).
+    blocks of ``out_block`` (channels padded) and written NCHW (:func:`.blocked.plain_crop`).
     """
 
     def __init__(self, weights: dict | None = None, activations: dict | None = None, out_block: int | None = None,
@@ -108,9 +108,7 @@ class KernelLayout:
     def shape(self, index: int, shape: list[int]) -> list[int]:
         """Parameter ``index``'s shape as the kernel reads it, from its shape in the partition function."""
         if index in self.activations:
-            n, c, h, w = (int(d) for d in shape)
-            block = self.activations[index]
-            return [n, -(-c // block), h, w, block]
+            return blocked_shape(shape, self.activations[index])
         if index not in self.weights:
             return shape
         kind, *b = self.weights[index]

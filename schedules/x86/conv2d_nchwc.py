@@ -110,6 +110,16 @@ def inline_views(sch: s_tir.Schedule) -> None:
             sch.compute_inline(sch.get_sblock(name))
 
 
+def _parallel_inputs(sch: s_tir.Schedule) -> None:
+    """The padded or gathered copy of the input (``pad_temp``, :data:`SUBSAMPLE`), when the kernel makes one:
+    its outer loops in parallel, its rows vectorized."""
+    for name in ("pad_temp", SUBSAMPLE):
+        if name in block_names(sch):
+            loops = sch.get_loops(sch.get_sblock(name))
+            sch.parallel(sch.fuse(*loops[:3]))
+            sch.vectorize(loops[-1])
+
+
 def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place (also the body of the MetaSchedule template); False if no match."""
     match = anchor_loops(sch, ANCHOR, 9)
@@ -142,11 +152,7 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
     vectorize_tile(sch, sch.decompose_reduction(anchor, rco), ow_o)
     if group:
         sch.tensorize(rci, group_shuffle.ensure(group, int(sch.get(oc_i).extent)))
-    for name in ("pad_temp", SUBSAMPLE):
-        if name in block_names(sch):
-            loops = sch.get_loops(sch.get_sblock(name))
-            sch.parallel(sch.fuse(*loops[:3]))
-            sch.vectorize(loops[-1])
+    _parallel_inputs(sch)
     if SCALED_WEIGHT in block_names(sch):  # a squeeze-and-excitation scale applied to the weight, once per call
         loops = sch.get_loops(sch.get_sblock(SCALED_WEIGHT))
         sch.parallel(sch.fuse(*loops[:2]))
@@ -180,21 +186,17 @@ def schedule_plain(sch: s_tir.Schedule, vector_lanes: int, config: Config | None
     x_o, x_i = sch.split(x, [None, cfg.ow_block])
     sch.reorder(b, c_o, y_o, y_i, x_o, c_v, c_i, x_i)
     sch.compute_at(anchor, x_o, preserve_unit_loops=True)
-    tile = sch.get_loops(anchor)[-9:]  # the anchor's own loops, now a tile's extents
-    rci_o, rci_i = sch.split(tile[-1], [None, cfg.ic_unroll])
-    n_t, ob_t, oh_t, ow_t, oc_t = tile[:5]
-    sch.reorder(tile[5], tile[6], tile[7], rci_o, rci_i, n_t, oh_t, ow_t, ob_t, oc_t)
+    # the anchor's own loops, now a tile's extents
+    n_t, ob_t, oh_t, ow_t, oc_t, rco_t, ry_t, rx_t, rci_t = sch.get_loops(anchor)[-9:]
+    rci_o, rci_i = sch.split(rci_t, [None, cfg.ic_unroll])
+    sch.reorder(rco_t, ry_t, rx_t, rci_o, rci_i, n_t, oh_t, ow_t, ob_t, oc_t)
     for loop in (n_t, oh_t, ow_t, ob_t, rci_i):
         sch.unroll(loop)
     sch.vectorize(oc_t)
     sch.set_scope(anchor, 0, "local")
     sch.parallel(sch.fuse(b, c_o, y_o))
-    init = sch.decompose_reduction(anchor, tile[5])
+    init = sch.decompose_reduction(anchor, rco_t)
     vectorize_tile(sch, init, x_o)
     vectorize_tile(sch, out, x_o)
-    for name in ("pad_temp", SUBSAMPLE):
-        if name in block_names(sch):
-            loops = sch.get_loops(sch.get_sblock(name))
-            sch.parallel(sch.fuse(*loops[:3]))
-            sch.vectorize(loops[-1])
+    _parallel_inputs(sch)
     return True

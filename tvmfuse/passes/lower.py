@@ -147,8 +147,8 @@ class _Lower(relax.PyExprMutator, BlockedOps):
                 args[i], blocks[i] = blocked, int(blocked.ty.shape[4])
         return args, blocks
 
-    def _plain_output_blocks(self, fn, args) -> dict | None:
-        """``blocks`` for a conv that reads its already-blocked input in place and writes NCHW (its output
+    def _plain_output_args(self, fn, args) -> tuple[list, dict] | None:
+        """``(args, blocks)`` for a conv that reads its already-blocked input in place and writes NCHW (its output
         channels have no block, :func:`~tvmfuse.schedules.compute.plain_output_block`); None where the NCHW
         kernel reads a plain input (made by a ``to_plain`` when the input was blocked)."""
         anchor = anchor_call(fn)
@@ -157,7 +157,9 @@ class _Lower(relax.PyExprMutator, BlockedOps):
                 or plain_output_block(anchor, self.lanes) is None:
             return None
         have = self.blocked_of.get(args[data])
-        return {data: int(have.ty.shape[4])} if have is not None else None
+        if have is None:
+            return None
+        return args[:data] + [have] + args[data + 1:], {data: int(have.ty.shape[4])}
 
     def _bind(self, var, value):
         """Bind ``value`` to the original variable: its readers, in this block or after it, stay valid."""
@@ -203,10 +205,8 @@ class _Lower(relax.PyExprMutator, BlockedOps):
             return super().visit_var_binding_(binding)
         args = [self.visit_expr(a) for a in binding.value.args]
         if self.lanes is None or not blockable(fn, self.lanes):
-            blocks = self._plain_output_blocks(fn, args) if self.lanes is not None else None
-            if blocks is not None:
-                (data, _), = blocks.items()
-                args[data] = self.blocked_of[args[data]]
+            plain_out = self._plain_output_args(fn, args) if self.lanes is not None else None
+            args, blocks = plain_out or (args, None)
             gv, args, _ = self._kernel(fn, args, blocks)
             return self._bind(binding.var, relax.call_tir(gv, args, fn.ret_ty))
         fn, args = self._fold_channel_scale(fn, args)
