@@ -122,3 +122,69 @@ def test_avx512_runs_when_host_has_it(tiny_compiled):
     cm = tvmfuse.compile("zoo:tiny_convnet", target="x86-avx512")
     x = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")}
     np.testing.assert_allclose(cm.run(x)[0], tiny_compiled.run(x)[0], rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ TVMFUSE_HOST_CPU: this machine as another CPU
+
+
+@pytest.mark.parametrize("cpu", sorted(targets.KNOWN_CPU_FEATURES))
+def test_runtime_only_cpu_table_is_what_llvm_says(cpu):
+    assert targets.KNOWN_CPU_FEATURES[cpu] == targets._llvm_cpu_features(cpu)
+
+
+def _stand_in_for_avx2(monkeypatch):
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        pytest.skip("this CPU cannot stand in for an AVX2 one: it lacks AVX2 or FMA")
+    monkeypatch.setenv(targets.HOST_CPU_ENV, "znver3")
+
+
+def test_host_cpu_env_makes_x86_host_an_avx2_cpu(monkeypatch):
+    _stand_in_for_avx2(monkeypatch)
+    host = targets.resolve("x86-host")
+    assert targets.host_mcpu() == host.config["mcpu"] == "znver3" and host.vector_bits() == 256
+    assert targets.host_can_run(host)
+    avx512 = targets.resolve("x86-avx512")
+    assert not targets.host_can_run(avx512)
+    assert "avx512f" in targets.why_not_runnable(avx512)
+    assert not {"avx512f", "avx512_vnni", "avx512bw"} & targets.host_cpu_flags()
+    assert targets.host_cpu_flags() <= targets._cpuinfo_flags()
+
+
+def test_host_cpu_env_refuses_an_x86_avx512_library_at_load(monkeypatch, tmp_path):
+    _stand_in_for_avx2(monkeypatch)
+    cm = tvmfuse.compile("zoo:tiny_convnet", target="x86-avx512")
+    cm.export(tmp_path / "m.so")
+    with pytest.raises(TargetError, match="lacks: .*avx512f"):
+        tvmfuse.load(tmp_path / "m.so")
+
+
+def test_host_cpu_env_with_a_cpu_llvm_does_not_know_is_one_line(monkeypatch):
+    monkeypatch.setenv(targets.HOST_CPU_ENV, "pentium9")
+    with pytest.raises(TargetError, match="TVMFUSE_HOST_CPU='pentium9' is not a CPU LLVM knows"):
+        targets.host_cpu_flags()
+
+
+def test_host_cpu_env_cannot_name_a_richer_cpu(monkeypatch):
+    have = targets._cpuinfo_flags()
+    richer = [cpu for cpu, feats in targets.KNOWN_CPU_FEATURES.items()
+              if any(targets._CPUINFO_FLAG[f] not in have for f in feats)]
+    if not richer:
+        pytest.skip("this CPU has every feature of every CPU in the table")
+    monkeypatch.setenv(targets.HOST_CPU_ENV, richer[0])
+    with pytest.raises(TargetError, match="which this machine lacks"):
+        targets.host_mcpu()
+
+
+def test_host_cpu_env_reaches_a_runtime_only_process(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    _stand_in_for_avx2(monkeypatch)
+    code = ("import tvm_ffi, sys; from tvmfuse import targets; import tvmfuse.runtime; "
+            "assert 'tvm.relax' not in sys.modules; print(' '.join(sorted(targets.host_cpu_flags() & "
+            "{'avx2', 'fma', 'avx512f', 'avx512_vnni'})))")
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["avx2", "fma"]

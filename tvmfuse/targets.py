@@ -116,9 +116,33 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-@functools.lru_cache(maxsize=1)
+# Set to an LLVM CPU name (``znver3``, ``skylake-avx512``, ...) to make tvmfuse take this machine for that CPU:
+# ``x86-host`` compiles for it, and the features it lacks count as missing here (code that uses them is refused).
+# An AVX-512 machine thus runs the suite as an AVX2-only CPU would (``.ci/run`` does, for the CPU-dependent tests).
+HOST_CPU_ENV = "TVMFUSE_HOST_CPU"
+
+
 def host_cpu_flags() -> frozenset[str]:
-    """Flags of the host CPU from /proc/cpuinfo (empty where it cannot be read)."""
+    """Flags of the host CPU from /proc/cpuinfo (empty where it cannot be read), less the checked features
+    that the CPU named by ``TVMFUSE_HOST_CPU`` lacks when that is set."""
+    return _host_flags(os.environ.get(HOST_CPU_ENV) or None)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_flags(emulated: str | None) -> frozenset[str]:
+    flags = _cpuinfo_flags()
+    if emulated is None or not flags:
+        return flags
+    has = _llvm_cpu_features(emulated)
+    lacks_here = sorted(_CPUINFO_FLAG[f] for f in has if _CPUINFO_FLAG[f] not in flags)
+    if lacks_here:
+        raise TargetError(f"{HOST_CPU_ENV}={emulated} names a CPU with {', '.join(lacks_here)}, which this "
+                          "machine lacks; name one this machine can stand in for (e.g. znver3 for AVX2 only)")
+    return flags - {_CPUINFO_FLAG[f] for f in _CPUINFO_FLAG if f not in has}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -129,14 +153,52 @@ def host_cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# The checked features of the CPUs a test or CI stands this machine in for, as LLVM 22 gives them: a process
+# that has only TVM's runtime (no LLVM to ask) reads them here. tests/test_targets.py compares them with LLVM.
+_AVX2 = frozenset({"avx2", "fma"})
+_ZEN4 = _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vbmi", "avx512bf16"}
+_SPR = _ZEN4 | {"avxvnni", "avx512fp16", "amx-int8", "amx-bf16"}
+KNOWN_CPU_FEATURES = {
+    "haswell": _AVX2, "znver2": _AVX2, "znver3": _AVX2, "x86-64-v3": _AVX2, "alderlake": _AVX2 | {"avxvnni"},
+    "znver4": _ZEN4, "znver5": _ZEN4 | {"avxvnni"},
+    "skylake-avx512": _AVX2 | {"avx512f", "avx512bw", "avx512vl"},
+    "cascadelake": _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512vnni"},
+    "icelake-server": _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vbmi"},
+    "sapphirerapids": _SPR, "emeraldrapids": _SPR, "graniterapids": _SPR,
+}
+
+
+def _llvm_cpu_features(cpu: str) -> frozenset[str]:
+    """The checked LLVM features of the CPU LLVM calls ``cpu``."""
+    try:
+        import tvm
+        from tvm.target import codegen
+
+        triple = str(codegen.llvm_get_system_triple())
+    except (ImportError, AttributeError):  # a runtime-only process: no LLVM to ask
+        if cpu in KNOWN_CPU_FEATURES:
+            return KNOWN_CPU_FEATURES[cpu]
+        raise TargetError(f"{HOST_CPU_ENV}={cpu}: a process with TVM's runtime alone knows only "
+                          f"{', '.join(KNOWN_CPU_FEATURES)}") from None
+    if not codegen.llvm_is_valid_cpu(cpu, triple):
+        raise TargetError(f"{HOST_CPU_ENV}={cpu!r} is not a CPU LLVM knows (e.g. znver3, znver4, skylake-avx512, "
+                          "sapphirerapids)")
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    return frozenset(f for f in _CPUINFO_FLAG if codegen.llvm_cpu_has_features([f], target))
+
+
 def host_mcpu() -> str:
-    """The LLVM CPU name that fits this host.
+    """The LLVM CPU name that fits this host (``TVMFUSE_HOST_CPU`` when that is set).
 
     LLVM's own detection names an AMX-capable Sapphire Rapids in a VM ``rocketlake``, which loses AMX, so
     the richest Intel parts are chosen from the CPU flags first. AMD parts keep LLVM's name (``znver4``).
     """
     from tvm.target import codegen
 
+    emulated = os.environ.get(HOST_CPU_ENV)
+    if emulated:
+        host_cpu_flags()  # validates the name and that this machine can stand in for it
+        return emulated
     return mcpu_for(host_cpu_flags(), str(codegen.llvm_get_system_cpu()))
 
 
