@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--conv", action="append", required=True, metavar="CIN,COUT,K,STRIDE,GROUPS")
     ap.add_argument("--sizes", default="14/13/19/27/28/29/37/55/56/73/75", help="input map sizes, /-separated")
-    ap.add_argument("--target", default="x86-avx512")
+    ap.add_argument("--target", default="x86-host")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--logs", action="store_true", help="apply the shipped tuning logs (default: schedules only)")
     args = ap.parse_args(argv)

@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import map_sizes  # noqa: E402
+from helpers import HOST  # noqa: E402
 
 
 def test_the_model_is_a_conv_after_a_1x1_conv_with_the_asked_output_size():
@@ -40,13 +41,13 @@ def test_the_table_times_the_second_conv_at_every_size(capsys):
 def test_the_kernel_timed_is_the_asked_conv_not_the_1x1_before_it():
     import tvmfuse
 
-    cm = tvmfuse.compile(map_sizes.conv_model(16, 32, 3, 2, 1, 12), target="x86-avx512", logs=False)
+    cm = tvmfuse.compile(map_sizes.conv_model(16, 32, 3, 2, 1, 12), target=HOST, logs=False)
     name = map_sizes.target_kernel(cm, 16, 32, 3, 2)
     prof = map_sizes.bench_profile()
     assert prof._anchor_row(name, 1.0, 1, cm)["op"].startswith("16->32 3x3 s2")
     with pytest.raises(LookupError):
         map_sizes.target_kernel(cm, 16, 32, 5, 1)
-    dw = tvmfuse.compile(map_sizes.conv_model(16, 16, 3, 1, 16, 12), target="x86-avx512", logs=False)
+    dw = tvmfuse.compile(map_sizes.conv_model(16, 16, 3, 1, 16, 12), target=HOST, logs=False)
     assert "depthwise" in map_sizes.target_kernel(dw, 16, 16, 3, 1, 16)
 
 

@@ -11,9 +11,12 @@ import tvmfuse
 from tvmfuse.schedules import anchors
 from tvmfuse.schedules.common import row_vector
 
-from helpers import make_model, ort_run
+from tvmfuse import targets
 
-LANES = 16  # the rule's arithmetic; the models below compile for x86-avx512's 16 lanes
+from helpers import HOST, make_model, ort_run
+
+LANES = 16  # the rule's arithmetic, written out for AVX-512's 16 lanes
+HOST_LANES = targets.resolve(HOST).vector_bits() // 32  # what the compiled models below use
 
 
 @pytest.mark.parametrize("width, short, wide", [
@@ -55,10 +58,10 @@ def test_whole_vector_rows_match_onnxruntime(c_in, c_out, hw, k, stride, pads, m
 
     monkeypatch.setattr(anchors, "_conv2d_packed", spy)
     model = _conv_model(c_in, c_out, hw, k, stride, pads)
-    cm = tvmfuse.compile(model, target="x86-avx512", logs=False)
+    cm = tvmfuse.compile(model, target=HOST, logs=False)
     x = {"x": np.random.default_rng(7).standard_normal((1, c_in, hw, hw)).astype(np.float32)}
     got = cm.run(x)[0]
     np.testing.assert_allclose(got, ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
     out_w = (hw + pads[1] + pads[3] - k) // stride + 1
-    expected = anchors.whole_vector_rows(out_w, LANES)
+    expected = anchors.whole_vector_rows(out_w, HOST_LANES)
     assert expected is not None and seen == [expected]  # these shapes take the whole-vector path
