@@ -26,6 +26,9 @@ from .measure import (Progress, RPCSpec, TuningError, close_runner, light_tensor
 from .workers import reaping_workers, workers_without
 from .runs import StagingRun
 
+# MetaSchedule's package logger: its loggers, and those of every task, hang under it.
+MS_LOGGER = "tvm.s_tir.meta_schedule"
+
 
 @dataclasses.dataclass
 class Task:
@@ -100,17 +103,38 @@ def _context(task: Task, spec, run: StagingRun, seed: int, space_size: int | Non
         strategy = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=min(16, space_size),
                                                          max_fail_count=2, genetic_num_iters=2,
                                                          genetic_max_fail_count=2)
-    # MetaSchedule logs every batch at INFO on stdout; its files under the run folder keep it all. Its console
-    # handler takes the package logger's level when the loggers are (re)configured, so set it before and after.
-    quiet = logging.getLogger("tvm.s_tir.meta_schedule")
-    quiet.setLevel(logging.WARNING)
-    (logger,) = ms.logging.get_loggers_from_work_dir(str(run.path), [task.name])
-    for handler in quiet.handlers:
-        if type(handler) is logging.StreamHandler:
-            handler.setLevel(logging.WARNING)
+    logger = _task_logger(str(run.path), task.name)
     return ms.TuneContext(mod=task.mod, target=spec.tvm_target(), space_generator=space,
                           search_strategy=strategy, task_name=task.name, logger=logger,
                           rand_state=seed, num_threads=targets._cores()).clone()
+
+
+def _task_logger(work_dir: str, name: str):
+    """MetaSchedule's logger for one task, writing under ``work_dir``.
+
+    MetaSchedule logs every batch at INFO on stdout; its files under the run folder keep it all. Its console
+    handler takes the package logger's level when the loggers are (re)configured, so the level is set before
+    and after. Configuring them rebuilds the package logger from ``logging.config.dictConfig``, which names
+    every handler already on it: a handler with no name (``None.format`` fails) or one it did not create (an
+    unknown name) stops the tuning. Such handlers belong to whoever embeds tvmfuse (an application, a test
+    runner), so they are set aside while MetaSchedule configures and put back after.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    package = logging.getLogger(MS_LOGGER)
+    package.setLevel(logging.WARNING)
+    foreign = [h for h in package.handlers if not (h.get_name() or "").startswith(MS_LOGGER + ".")]
+    for handler in foreign:
+        package.removeHandler(handler)
+    try:
+        (logger,) = ms.logging.get_loggers_from_work_dir(work_dir, [name])
+    finally:
+        for handler in foreign:
+            package.addHandler(handler)
+    for handler in package.handlers:
+        if type(handler) is logging.StreamHandler and handler not in foreign:
+            handler.setLevel(logging.WARNING)
+    return logger
 
 
 def _schedule_of(record, task: Task):
