@@ -1,12 +1,17 @@
 """Shared fixtures and hardware markers.
 
 Markers (declared in pyproject.toml): ``gpu`` tests need an NVIDIA GPU, ``avx512`` tests run AVX-512 code;
-both skip with a reason where the hardware is missing. Everything else passes on any x86-64 CPU. Shared
-builders and references live in the ``helpers`` package (``tests/helpers/``), on ``sys.path`` through
-``pythonpath`` in pyproject.toml.
+both skip with a reason where the hardware is missing. Everything else passes on any x86-64 CPU.
+``host_cpu`` tests follow the host's vector width or CPU features: ``.ci/run`` runs them a second time with
+``TVMFUSE_HOST_CPU=znver3`` on an AVX-512 machine, so the AVX2 paths are run too. Shared builders and
+references live in the ``helpers`` package (``tests/helpers/``), on ``sys.path`` through ``pythonpath`` in
+pyproject.toml.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 from helpers import HOST
@@ -14,12 +19,36 @@ from helpers import HOST
 from tvmfuse import targets
 
 
+# Test modules whose expectations or code paths follow the host's vector width or CPU features (x86 rules and
+# their tiles, blocked layouts, INT8 kernels without VNNI, the host checks): ``host_cpu``-marked here, and run
+# a second time as an AVX2-only CPU by .ci/run on an AVX-512 machine.
+HOST_CPU_MODULES = {
+    "schedules/test_whole_vector_rows.py", "schedules/test_schedule_softmax.py", "schedules/test_padding_taps.py",
+    "schedules/test_schedule_x86_configs.py", "schedules/test_schedule_x86_structure.py",
+    "schedules/test_schedule_x86_int8.py", "schedules/test_schedule_x86_int8_blocked.py",
+    "schedules/test_int8_table.py", "schedules/test_int8_se.py", "schedules/test_winograd.py",
+    "schedules/test_narrow_groups.py", "schedules/test_blocked_pool.py", "schedules/test_layout_transform.py",
+    "schedules/test_fast_sigmoid.py", "schedules/test_resize_two_pass.py", "schedules/test_schedule_generic.py",
+    "passes/test_plain_output.py", "passes/test_padded_blocks.py", "passes/test_blocked_layout.py",
+    "passes/test_channel_shuffle.py", "passes/test_quantize_blocked.py", "passes/test_blocked_ops.py",
+    "passes/test_fused_numerics.py", "passes/test_grouped_conv.py", "zoo/test_zoo_compile.py",
+    "frontend/test_dynamic_quant.py", "frontend/test_qdq_import.py", "test_targets.py", "test_bench_map_sizes.py",
+    "test_quantize_api.py", "test_fuzz.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     avx512 = targets.host_can_run(targets.resolve("x86-avx512"))
+    reason = "needs a CPU with AVX-512 and VNNI to run x86-avx512 code"
+    if os.environ.get(targets.HOST_CPU_ENV):
+        reason += f" ({targets.HOST_CPU_ENV}={os.environ[targets.HOST_CPU_ENV]} takes this machine for a CPU without)"
     gpu = targets.cuda_available()
+    tests = Path(__file__).parent
     for item in items:
+        if item.path.relative_to(tests).as_posix() in HOST_CPU_MODULES:
+            item.add_marker(pytest.mark.host_cpu)
         if "avx512" in item.keywords and not avx512:
-            item.add_marker(pytest.mark.skip(reason="needs a CPU with AVX-512 and VNNI to run x86-avx512 code"))
+            item.add_marker(pytest.mark.skip(reason=reason))
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
 
