@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-import tvmfuse
+from tvmfuse import api
 from tvmfuse.fuzz import campaign, check, graphs, int8
 
 from helpers import HOST, make_model
@@ -119,7 +119,7 @@ def test_check_model_reports_mismatches_and_errors(monkeypatch):
     def refuses(*args, **kwargs):
         raise RuntimeError("unsupported thing\n  traceback...")
 
-    monkeypatch.setattr(tvmfuse, "compile", refuses)
+    monkeypatch.setattr(api, "compile", refuses)
     (result,) = check.check_model(model, ["blocked"], HOST)
     assert (result.status, result.stage, result.error) == ("error", "compile", "RuntimeError: unsupported thing")
 

@@ -8,7 +8,7 @@ where neither TVM nor onnx is installed.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401 - the package's version, defined in a leaf
 
 # TVM's thread pool assumes hyper-threading and uses half the CPUs it sees (1 of 2 here, halving speed), and
 # sees neither the affinity mask nor a cgroup quota. Default to the CPUs this process may use (see

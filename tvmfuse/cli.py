@@ -11,19 +11,8 @@ import sys
 
 import numpy as np
 
-from .errors import InputError, ShapeError, TvmfuseError
-
-
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse ``NAME:1,3,224,224`` (the name may itself contain colons; the last one splits)."""
-    name, sep, dims = text.rpartition(":")
-    try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape:
-        raise ShapeError(f"--shape {text!r}: expected NAME:D1,D2,... such as input:1,3,224,224")
-    return name, shape
+from .errors import InputError, TvmfuseError
+from .tensors import parse_shape
 
 
 def _shapes(args) -> dict | None:
@@ -197,7 +186,8 @@ def cmd_bundle(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__, targets
+    from . import targets
+    from .version import __version__
 
     parser = argparse.ArgumentParser(prog="tvmfuse", description="Compile ONNX CNNs into fused shared libraries.")
     parser.add_argument("--version", action="version", version=f"tvmfuse {__version__}")

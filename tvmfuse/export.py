@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
+from .version import __version__
 from .errors import TvmfuseError
 from .integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline

@@ -1,9 +1,12 @@
-"""TensorInfo: the name, static shape and dtype of a model input or output (no TVM, no ONNX imports)."""
+"""TensorInfo: the name, static shape and dtype of a model input or output; the ``NAME:D1,D2`` shape parser of both
+CLIs (no TVM, no ONNX imports)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Mapping
+
+from .errors import ShapeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,3 +26,15 @@ class TensorInfo:
 
     def __str__(self) -> str:
         return f"{self.name} {tuple(self.shape)} {self.dtype}"
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME:1,3,224,224`` (the name may itself contain colons; the last one splits)."""
+    name, sep, dims = text.rpartition(":")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape:
+        raise ShapeError(f"--shape {text!r}: expected NAME:D1,D2,... such as input:1,3,224,224")
+    return name, shape

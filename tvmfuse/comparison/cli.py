@@ -51,7 +51,7 @@ def _peers(text: str) -> list[str]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..cli import parse_shape
+    from ..tensors import parse_shape
     from .report import Report
 
     if args.render:

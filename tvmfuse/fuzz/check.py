@@ -172,7 +172,7 @@ def check_model(model: onnx.ModelProto, layouts: Sequence[str] = LAYOUTS, target
         One per layout. Exceptions become ``error`` results with their one-line message; none propagates
         (a reference that fails marks every layout: the model, not tvmfuse, is at fault).
     """
-    import tvmfuse
+    from tvmfuse import api
 
     inputs = random_inputs(model, seed)
     names = [o.name for o in model.graph.output]
@@ -184,7 +184,7 @@ def check_model(model: onnx.ModelProto, layouts: Sequence[str] = LAYOUTS, target
     for layout in layouts:
         start, stage = time.perf_counter(), "compile"
         try:
-            cm = tvmfuse.compile(model, target=target, layout=layout, logs=False)
+            cm = api.compile(model, target=target, layout=layout, logs=False)
             stage = "run"
             got = cm.run(inputs)
             status, checks = _outputs_checked(names, got, want, rtol=rtol, atol=atol)
@@ -217,7 +217,7 @@ def check_quantized(model: onnx.ModelProto, target=HOST, bound: float = INT8_BOU
     outputs carry the error as ``max_rel`` and ``worst = error / bound``, and whose ``info`` counts the
     partitions that became INT8 kernels and those that stayed FP32 (grouped convs, sigmoid epilogues, ...).
     """
-    import tvmfuse
+    from tvmfuse import api
     from tvmfuse.passes.quantize import QuantizeWarning
 
     calib = calibration_batches(model, batches, seed)
@@ -230,7 +230,7 @@ def check_quantized(model: onnx.ModelProto, target=HOST, bound: float = INT8_BOU
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", QuantizeWarning)  # "nothing to quantize": counted in ``info``
-            cm = tvmfuse.quantize(model, calib=calib, method="minmax", target=target, logs=False)
+            cm = api.quantize(model, calib=calib, method="minmax", target=target, logs=False)
         stage = "run"
         got = cm.run(calib[0])
     except Exception as exc:  # noqa: BLE001

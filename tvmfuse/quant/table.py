@@ -40,7 +40,7 @@ class CalibrationError(TvmfuseError):
 
 
 def _tvmfuse_version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 
