@@ -90,3 +90,20 @@ def test_compile_progress_lines(capsys):
     tvmfuse.compile("zoo:tiny_convnet", target=HOST, progress=True)
     err = capsys.readouterr().err
     assert "[1/3] import ONNX" in err and "[3/3] build for x86-host" in err
+
+
+def test_compile_warns_when_this_machine_cannot_run_the_library(monkeypatch):
+    import warnings
+
+    from tvmfuse import targets
+
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        pytest.skip("this CPU cannot stand in for an AVX2 one")
+    monkeypatch.setenv(targets.HOST_CPU_ENV, "znver3")
+    with pytest.warns(UserWarning, match=r"target x86-avx512 uses CPU features this machine lacks \(avx512"):
+        tvmfuse.compile("zoo:tiny_convnet", target="x86-avx512")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm = tvmfuse.compile("zoo:tiny_convnet")  # the default: this machine
+    assert not [w for w in caught if "lacks" in str(w.message)]
+    assert cm.target.name == "x86-host" and cm.target.config["mcpu"] == "znver3"

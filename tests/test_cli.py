@@ -88,3 +88,32 @@ def test_run_with_wrong_npz_names(tmp_path, tiny_exported):
     (tmp_path / "bad.npz").write_text("nope")
     proc = run_cli("run", tiny_exported, "--inputs", tmp_path / "bad.npz")
     assert proc.returncode == 2 and "cannot read as .npz" in proc.stderr
+
+
+def test_default_target_is_this_machine_and_the_library_runs(tmp_path):
+    lib = tmp_path / "m.so"
+    done = run_cli("compile", "zoo:tiny_convnet", "-o", lib, "-q")
+    assert done.returncode == 0, done.stderr
+    assert "(target x86-host)" in done.stdout and "warning" not in done.stderr
+    assert json.loads(lib.with_suffix(".json").read_text())["target"]["name"] == "x86-host"
+    ran = run_cli("run", lib)
+    assert ran.returncode == 0, ran.stderr
+    for command in ("compile", "quantize", "tune", "partition"):
+        assert "default x86-host: this machine" in run_cli(command, "--help").stdout.replace("\n", " ")
+
+
+def test_a_library_this_machine_cannot_run_is_said_at_compile_time(tmp_path):
+    import os
+
+    from tvmfuse import targets
+
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        pytest.skip("this CPU cannot stand in for an AVX2 one")
+    env = dict(os.environ, **{targets.HOST_CPU_ENV: "znver3"})
+    done = subprocess.run([sys.executable, "-m", "tvmfuse", "compile", "zoo:tiny_convnet", "--target", "x86-avx512",
+                           "-o", str(tmp_path / "m.so"), "-q"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1 and warning[0].startswith("tvmfuse compile: warning: target x86-avx512 uses CPU "
+                                                       "features this machine lacks (avx512")
+    assert "will not run here" in warning[0] and "UserWarning" not in done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -130,16 +131,29 @@ def _load_logs(logs, spec: targets.TargetSpec):
     """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
     if logs is False or not spec.backend().applies_tuning_logs:
         return None, None
-    from .tune.database import LogStore, default_root
+    from .tune.database import LogStore, default_root, shipped_fallback
 
-    store = LogStore(default_root() if logs is None or logs is True else logs, spec)
+    root = default_root() if logs is None or logs is True else logs
+    store = LogStore(root, spec)
     db, report = store.load()
+    fallback = shipped_fallback(spec)
+    if report.records == 0 and not report.skipped and fallback is not None:  # no folder of this CPU's own
+        db, report = LogStore(root, fallback).load()
     if report.records == 0 and not report.skipped:
         return None, None
     return db, report.to_json()
 
 
-def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | None = None,
+def _build_target(target) -> targets.TargetSpec:
+    """Resolve ``target``; a CPU target this machine cannot run says so now, not only when the library is run."""
+    spec = targets.resolve(target)
+    warning = targets.not_runnable_warning(spec)
+    if warning:
+        warnings.warn(warning, stacklevel=3)
+    return spec
+
+
+def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: bool = False, logs=None, layout: str = "blocked") -> CompiledModel:
     """Compile an ONNX model for a target.
 
@@ -165,7 +179,7 @@ def compile(model, target="x86-avx512", shapes: Mapping[str, Sequence[int]] | No
     -------
     CompiledModel
     """
-    spec = targets.resolve(target)
+    spec = _build_target(target)
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     steps = Steps(3, enabled=progress)
@@ -198,7 +212,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     return cm
 
 
-def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", table=None,
+def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
              logs=None, layout: str = "blocked") -> CompiledModel:
     """Quantize an FP32 ONNX model to INT8 and compile it for a target.
@@ -249,7 +263,7 @@ def quantize(model, calib=None, method: str = "entropy", target="x86-avx512", ta
     """
     from .calibration import Quantizer
 
-    spec = targets.resolve(target)
+    spec = _build_target(target)
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked")

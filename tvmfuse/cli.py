@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import warnings
 
 import numpy as np
 
@@ -195,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile a model into a .so with a JSON manifest")
     _add_model_args(p)
-    p.add_argument("--target", default="x86-avx512",
-                   help=f"one of {', '.join(targets.names())} (default x86-avx512)")
+    p.add_argument("--target", default=targets.DEFAULT,
+                   help=f"one of {', '.join(targets.names())} (default {targets.DEFAULT}: this machine)")
     p.add_argument("-o", "--output", required=True, help="output library path (.so)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--opcheck", action="store_true",
@@ -215,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "after the inputs) or a directory of .npy files")
     p.add_argument("--method", default="entropy", help="minmax, entropy or percentile (default entropy)")
     p.add_argument("--percentile", type=float, help="percentile kept by --method percentile (default 99.99)")
-    p.add_argument("--target", default="x86-avx512", help="target name (default x86-avx512; calibration "
-                   "always runs on this CPU)")
+    p.add_argument("--target", default=targets.DEFAULT,
+                   help=f"target name (default {targets.DEFAULT}: this machine; calibration always runs on this CPU)")
     p.add_argument("-o", "--output", required=True, help="output library path (.so)")
     p.add_argument("--table", metavar="PATH", help="with --calib: write the calibration table (JSON) here; "
                    "without: load this table instead of calibrating")
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="tune a model's kernels with MetaSchedule + XGBoost into the tuning logs")
     _add_model_args(p)
-    p.add_argument("--target", default="x86-avx512", help="target name (default x86-avx512)")
+    p.add_argument("--target", default=targets.DEFAULT, help=f"target name (default {targets.DEFAULT}: this machine)")
     p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--trials-per-iter", type=int, default=16, help="candidates per measured batch (default 16)")
     p.add_argument("--logs", metavar="DIR", help="tuning logs folder (default: tuning_logs/ or $TVMFUSE_TUNING_LOGS)")
@@ -261,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("partition", help="show the partitions, the ops left out and why, and a summary")
     _add_model_args(p)
-    p.add_argument("--target", default="x86-avx512", help="target name (default x86-avx512)")
+    p.add_argument("--target", default=targets.DEFAULT, help=f"target name (default {targets.DEFAULT}: this machine)")
     p.add_argument("--opcheck", action="store_true",
                    help="also compile, run, and check each partition against the unfused path")
     p.set_defaults(func=cmd_partition)
@@ -275,9 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings(command: str) -> None:
+    """Warnings (a target this machine cannot run, skipped tuning-log lines, ...) as one line in the CLI's words,
+    not Python's ``file:line: UserWarning:`` form with its source line."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"tvmfuse {command}: warning: {message}", file=sys.stderr if file is None else file)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _one_line_warnings(args.command)
     try:
         return args.func(args)
     except TvmfuseError as e:

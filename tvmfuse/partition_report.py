@@ -175,7 +175,7 @@ def build_report(partitioned, rejections: dict, source: str, target: str, lowere
     return PartitionReport(source, target, parts, left, transforms)
 
 
-def partitions(model, target="x86-avx512", shapes=None) -> PartitionReport:
+def partitions(model, target="x86-host", shapes=None) -> PartitionReport:
     """Partition ``model`` for ``target`` (no build) and report what was grouped and what was left out."""
     from . import frontend, targets
     from .passes.pipeline import PassRecord, run_graph_passes

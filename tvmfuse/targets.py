@@ -247,6 +247,11 @@ TARGETS = {
 }
 
 
+# What every command and ``tvmfuse.compile`` build for when no target is named: this machine, as -march=native,
+# onnxruntime and OpenVINO's "CPU" do. Named targets are for building for another machine.
+DEFAULT = "x86-host"
+
+
 def names() -> list[str]:
     """Names of the registered targets."""
     return list(TARGETS)
@@ -290,6 +295,15 @@ def missing_host_features(spec: TargetSpec) -> list[str]:
 def required_cpu_flags(spec: TargetSpec) -> list[str]:
     """The /proc/cpuinfo flags a CPU needs to run code compiled for ``spec`` (recorded in manifests)."""
     return sorted(_CPUINFO_FLAG[f] for f in spec.features())
+
+
+def not_runnable_warning(spec: TargetSpec) -> str:
+    """The warning a CPU build gives when this machine cannot run it ('' when it can, or for CUDA)."""
+    missing = missing_host_features(spec) if spec.is_cpu else []
+    if not missing:
+        return ""
+    return (f"target {spec.name} uses CPU features this machine lacks ({', '.join(missing)}): the library will "
+            f"not run here (target {DEFAULT} builds for this machine)")
 
 
 def host_can_run(spec: TargetSpec) -> bool:

@@ -11,7 +11,8 @@ import pytest
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.runtime import random_inputs
-from tvmfuse.tune.database import RECORDS, WORKLOADS, LogStore, TuningLogError, default_root, target_key
+from tvmfuse.tune.database import (RECORDS, WORKLOADS, LogStore, TuningLogError, default_root, shipped_fallback,
+                                   target_key)
 
 from helpers.tune import HOST, MODEL, default_entry, task_of
 
@@ -145,6 +146,8 @@ def test_cli_compile_with_and_without_logs(tmp_path, entry, capsys):
 
 
 SHIPPED = LogStore(default_root(), HOST)
+FALLBACK = shipped_fallback(HOST)
+APPLIED = SHIPPED if SHIPPED.path.exists() or FALLBACK is None else LogStore(default_root(), FALLBACK)
 
 
 def _partition_kernels(cm) -> list[str]:
@@ -152,10 +155,23 @@ def _partition_kernels(cm) -> list[str]:
     return [n for n in tvmfuse.export.kernel_names(cm.lowered) if n.startswith("tvmfuse_")]
 
 
-@pytest.mark.skipif(not SHIPPED.path.exists(), reason=f"no shipped tuning logs for this CPU ({SHIPPED.path.name})")
+def test_x86_host_reads_the_shipped_logs_of_its_class_of_cpu(monkeypatch):
+    """Where this CPU has no folder of its own, x86-host reads x86-avx512/ (an AVX-512 + VNNI + VBMI CPU) or
+    x86-host-znver3/ (AVX2 only); a CPU with a folder of its own reads that."""
+    for cpu, key in (("znver4", "x86-avx512"), ("znver3", None), ("haswell", "x86-host-znver3")):
+        spec = targets.TargetSpec("x86-host", {"kind": "llvm", "mcpu": cpu})
+        fallback = shipped_fallback(spec)
+        assert (target_key(fallback) if fallback else None) == key
+        if fallback is not None:
+            assert (default_root() / key).is_dir()
+    assert shipped_fallback(targets.resolve("x86-avx512")) is None  # a named target reads its own folder only
+
+
+@pytest.mark.skipif(not APPLIED.path.exists(), reason=f"no shipped tuning logs for this CPU ({SHIPPED.path.name})")
 def test_shipped_logs_still_match_every_kernel_of_a_tuned_zoo_model():
     # A change to a kernel's compute changes its workload hash and silently orphans the shipped records.
     cm = tvmfuse.compile("zoo:mobilenet_v2", target=HOST)
+    assert cm.tuning_logs["path"] == str(APPLIED.path)
     assert cm.tuning_logs["skipped_lines"] == 0
     assert set(_partition_kernels(cm)) <= set(cm.tuning_logs["applied"])
 

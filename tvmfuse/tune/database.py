@@ -61,6 +61,33 @@ def target_key(spec: TargetSpec) -> str:
     return spec.name
 
 
+# The features of the CPUs that x86-avx512's shipped logs were tuned for (its own, less none).
+_AVX512_LOGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vbmi"})
+# The shipped logs of AVX2-only CPUs: tuned on a Zen 3.
+_AVX2_LOGS_CPU = "znver3"
+
+
+def shipped_fallback(spec: TargetSpec) -> TargetSpec | None:
+    """The target whose logs ``x86-host`` reads where this CPU has no folder of its own (None: no fallback).
+
+    ``x86-host`` means another CPU on every machine, and the shipped folders cover two: ``x86-avx512/`` (tuned on a
+    Zen 4) serves every CPU that can run x86-avx512 code (Zen 4 and 5, Intel from Ice Lake on), and
+    ``x86-host-znver3/`` every AVX2 CPU without AVX-512. The kernels are the same at the same vector width, so
+    the records apply; their tile sizes are those of the CPU they were tuned on (a Xeon prefers others: tune on
+    it, ``tvmfuse tune MODEL``, and its own ``x86-host-<cpu>/`` folder is read instead).
+    """
+    from .. import targets
+
+    if spec.name != "x86-host":
+        return None
+    features = spec.features()
+    if _AVX512_LOGS <= features:
+        return targets.resolve("x86-avx512")
+    if "avx2" in features and "avx512f" not in features and spec.config.get("mcpu") != _AVX2_LOGS_CPU:
+        return TargetSpec("x86-host", dict(spec.config, mcpu=_AVX2_LOGS_CPU))
+    return None
+
+
 def _target_identity(config) -> tuple[str, str]:
     """What must match between a record's target and the folder's: kind and CPU (or GPU arch)."""
     kind = str(config.get("kind", ""))

@@ -183,7 +183,7 @@ def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progre
     return TaskResult(task.name, "rejected", progress.task_trials, detail="every candidate gave wrong results")
 
 
-def tune(model, target="x86-avx512", trials: int = 64, *, logs=None, resume: bool = False,
+def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: bool = False,
          rpc: RPCSpec | None = None, shapes=None, trials_per_iter: int = 16, builder_timeout: float = 120.0,
          progress: bool = True, seed: int = 0) -> TuneReport:
     """Tune every kernel of ``model`` for ``target`` that the logs do not hold yet.
