@@ -62,7 +62,12 @@ class TargetSpec:
 
     def backend(self):
         """The target's backend (``tvmfuse.schedules.<backend_name>.Backend``); see
-        :class:`tvmfuse.schedules.backend.Backend` for what it answers."""
+        :class:`tvmfuse.schedules.backend.Backend` for what it answers. Made once per spec: a compile asks it
+        dozens of times, and an x86 backend asks LLVM for the CPU's features when made."""
+        return self._backend
+
+    @functools.cached_property
+    def _backend(self):
         return backend_class(self.kind)(self)
 
     @property
@@ -82,7 +87,11 @@ class TargetSpec:
         return tvm.target.Target(dict(self.config))
 
     def features(self) -> frozenset[str]:
-        """The checked LLVM features the target's CPU has (empty for CUDA)."""
+        """The checked LLVM features the target's CPU has (empty for CUDA); LLVM is asked once per spec."""
+        return self._features
+
+    @functools.cached_property
+    def _features(self) -> frozenset[str]:
         if not self.is_cpu:
             return frozenset()
         from tvm.target import codegen
@@ -99,6 +108,10 @@ class TargetSpec:
 
     def to_json(self) -> dict:
         return {"name": self.name, "config": dict(self.config), "host": dict(self.host) if self.host else None}
+
+    def __getstate__(self):
+        # A pickled spec (a tuning worker's) leaves its cached backend and features behind: made again there.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_features")}
 
 
 # TVM target kind -> backend folder under schedules/. A new target kind is a new folder plus one line here.
