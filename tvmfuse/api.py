@@ -134,11 +134,8 @@ def _load_logs(logs, spec: targets.TargetSpec):
     from .tune.database import LogStore, default_root, shipped_fallback
 
     root = default_root() if logs is None or logs is True else logs
-    store = LogStore(root, spec)
-    db, report = store.load()
     fallback = shipped_fallback(spec)
-    if report.records == 0 and not report.skipped and fallback is not None:  # no folder of this CPU's own
-        db, report = LogStore(root, fallback).load()
+    db, report = LogStore(root, spec).load(fill_from=LogStore(root, fallback) if fallback is not None else None)
     if report.records == 0 and not report.skipped:
         return None, None
     return db, report.to_json()

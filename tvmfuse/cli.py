@@ -53,7 +53,9 @@ def cmd_compile(args) -> int:
     print(f"kernels scheduled by: {_schedulers(cm.manifest()['scheduled_by'])}")
     if cm.tuning_logs:
         info = cm.tuning_logs
+        filled = info.get("filled_from")
         print(f"tuning logs {info['path']}: {len(info['applied'])} kernel(s) tuned, {info['records']} records read"
+              + (f" ({filled['records']} from {filled['path']})" if filled else "")
               + (f", {info['skipped_lines']} bad line(s) skipped" if info["skipped_lines"] else ""))
     return 0
 

@@ -167,6 +167,25 @@ def test_x86_host_reads_the_shipped_logs_of_its_class_of_cpu(monkeypatch):
     assert shipped_fallback(targets.resolve("x86-avx512")) is None  # a named target reads its own folder only
 
 
+def test_a_cpus_own_records_come_first_and_the_shipped_folder_fills_the_rest(tmp_path):
+    from helpers.tune import wide_conv
+
+    own_spec = targets.TargetSpec("x86-host", {"kind": "llvm", "mcpu": "haswell"})  # AVX2: falls back on znver3's
+    shipped = shipped_fallback(own_spec)
+    a, b = task_of(spec=own_spec), task_of(wide_conv(), spec=own_spec)
+    LogStore(tmp_path, shipped).append([default_entry(t, shipped, 3e-5) for t in (a, b)])
+    own = LogStore(tmp_path, own_spec)
+    db, report = own.load(fill_from=LogStore(tmp_path, shipped))  # no folder of its own yet: the shipped one
+    assert report.path == tmp_path / "x86-host-znver3" and report.records == 2 and report.filled_from is None
+    own.append([default_entry(a, own_spec, 1e-5)])  # tuned here for one kernel
+    db, report = own.load(fill_from=LogStore(tmp_path, shipped))
+    assert report.path == own.path and report.records == 2
+    assert report.to_json()["filled_from"] == {"path": str(tmp_path / "x86-host-znver3"), "records": 1}
+    assert db.has_workload(a.mod) and db.has_workload(b.mod)
+    (best,) = db.get_top_k(db.commit_workload(a.mod), 5)
+    assert [float(s) for s in best.run_secs] == [1e-5]  # this CPU's record, not the shipped one
+
+
 @pytest.mark.skipif(not APPLIED.path.exists(), reason=f"no shipped tuning logs for this CPU ({SHIPPED.path.name})")
 def test_shipped_logs_still_match_every_kernel_of_a_tuned_zoo_model():
     # A change to a kernel's compute changes its workload hash and silently orphans the shipped records.

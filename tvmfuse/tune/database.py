@@ -68,13 +68,14 @@ _AVX2_LOGS_CPU = "znver3"
 
 
 def shipped_fallback(spec: TargetSpec) -> TargetSpec | None:
-    """The target whose logs ``x86-host`` reads where this CPU has no folder of its own (None: no fallback).
+    """The target whose shipped logs serve ``x86-host`` for the kernels this CPU's own folder has no record of
+    (None: no such target).
 
     ``x86-host`` means another CPU on every machine, and the shipped folders cover two: ``x86-avx512/`` (tuned on a
     Zen 4) serves every CPU that can run x86-avx512 code (Zen 4 and 5, Intel from Ice Lake on), and
     ``x86-host-znver3/`` every AVX2 CPU without AVX-512. The kernels are the same at the same vector width, so
-    the records apply; their tile sizes are those of the CPU they were tuned on (a Xeon prefers others: tune on
-    it, ``tvmfuse tune MODEL``, and its own ``x86-host-<cpu>/`` folder is read instead).
+    the records apply; their tile sizes are those of the CPU they were tuned on (a Xeon prefers others:
+    ``tvmfuse tune MODEL`` there writes ``x86-host-<cpu>/``, whose records then come first).
     """
     from .. import targets
 
@@ -113,10 +114,15 @@ class LoadReport:
     workloads: int = 0
     records: int = 0
     skipped: list = dataclasses.field(default_factory=list)
+    # (folder, records) taken from another folder for the workloads this one has no record of (``fill_from``)
+    filled_from: tuple | None = None
 
     def to_json(self) -> dict:
-        return {"path": str(self.path), "workloads": self.workloads, "records": self.records,
-                "skipped_lines": len(self.skipped)}
+        out = {"path": str(self.path), "workloads": self.workloads, "records": self.records,
+               "skipped_lines": len(self.skipped)}
+        if self.filled_from is not None:
+            out["filled_from"] = {"path": str(self.filled_from[0]), "records": self.filled_from[1]}
+        return out
 
 
 def tensorized_with(record) -> set[str]:
@@ -203,14 +209,19 @@ class LogStore:
         report.workloads, report.records = len(workloads), len(records)
         return workloads, records, report
 
-    def load(self, warn: bool = True):
+    def load(self, warn: bool = True, fill_from: "LogStore | None" = None):
         """A MetaSchedule ``MemoryDatabase`` with every usable record, and the :class:`LoadReport`.
 
-        Lines that parse as JSON but that MetaSchedule cannot decode are skipped like corrupt ones.
+        Lines that parse as JSON but that MetaSchedule cannot decode are skipped like corrupt ones. With
+        ``fill_from``, that folder's records serve the workloads this one has no record of (``x86-host`` and
+        the shipped logs of its class of CPU, :func:`shipped_fallback`); the report then names the folder that
+        gave the records (this one, or ``fill_from`` alone when this one gave none) and counts what was taken.
         """
         from tvm.s_tir import meta_schedule as ms
 
         workloads, records, report = self.read()
+        if fill_from is not None:
+            workloads, records, report = _filled(workloads, records, report, fill_from)
         self.spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for _, r in records)))
         db = ms.database.MemoryDatabase()
         decoded = {}
@@ -266,6 +277,25 @@ class LogStore:
             _append_lines(self.path / WORKLOADS, new_workloads)
             _append_lines(self.path / RECORDS, new_records)
         return len(new_records)
+
+
+def _filled(workloads: dict, records: list, report: LoadReport, other: LogStore):
+    """``workloads``/``records`` with ``other``'s records for every workload (by structural hash) that has none
+    here; the report says where they came from."""
+    more_workloads, more_records, more = other.read()
+    if not more_records:
+        return workloads, records, report
+    if not records and not report.skipped:
+        return more_workloads, more_records, more
+    have = {workloads[i][0] for i, _ in records}
+    offset = max(workloads, default=-1) + 1
+    taken = [(i + offset, r) for i, r in more_records if more_workloads[i][0] not in have]
+    workloads = dict(workloads) | {i + offset: w for i, w in more_workloads.items()}
+    report.records += len(taken)
+    report.workloads += len({i for i, _ in taken})
+    report.skipped += more.skipped
+    report.filled_from = (other.path, len(taken))
+    return workloads, records + taken, report
 
 
 def _check_record(index, record, workloads: dict, want: tuple[str, str]) -> str | None:
