@@ -32,6 +32,16 @@ def test_stack_is_pinned():
     assert "apache-tvm-ffi==0.1.14.post0" in deps
 
 
+def test_xgboost_is_the_cpu_build_and_the_version_is_one():
+    from tvmfuse.version import __version__
+
+    config = _config()
+    deps = config["project"]["dependencies"]
+    # the CPU build: the default wheel pulls NCCL (351 MB) that the cost model never uses
+    assert any(d.startswith("xgboost-cpu") for d in deps) and not any(d.startswith("xgboost>") for d in deps)
+    assert config["project"]["version"] == __version__
+
+
 def test_top_level_schedules_import_fails_loudly():
     proc = subprocess.run([sys.executable, "-c", "import schedules"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
