@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,3 +88,29 @@ def test_cli(tmp_path, capsys):
     assert cli_main(["bundle", str(tmp_path / "site")]) == 0
     assert "TVM_USE_RUNTIME_LIB=1" in capsys.readouterr().out
     assert cli_main(["bundle", str(tmp_path / "x"), "--ffi-wheel", str(tmp_path / "none.whl")]) == 2
+
+
+def test_a_plain_python_with_numpy_alone_runs_a_library_from_the_bundle(bundle, tiny_exported, tmp_path):
+    """A fresh virtual environment (no pip, nothing installed) with numpy alone on its path: the CLI's
+    ``run`` works from the bundle (it failed on tvm_ffi's ``import typing_extensions`` before the bundle
+    carried it)."""
+    import site
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    numpy_only = tmp_path / "numpy_only"
+    numpy_only.mkdir()
+    for folder in site.getsitepackages():
+        for name in ("numpy", "numpy.libs"):
+            if (Path(folder) / name).is_dir() and not (numpy_only / name).exists():
+                (numpy_only / name).symlink_to(Path(folder) / name)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "TVM_USE_RUNTIME_LIB": "1",
+           "PYTHONPATH": f"{bundle[0]}{os.pathsep}{numpy_only}"}
+    python = tmp_path / "venv" / "bin" / "python"
+    bare = subprocess.run([str(python), "-c", "import typing_extensions"], env=dict(env, PYTHONPATH=str(numpy_only)),
+                          capture_output=True, text=True, timeout=60)
+    assert bare.returncode != 0  # the environment really lacks it
+    proc = subprocess.run([str(python), "-m", "tvmfuse", "run", str(tiny_exported)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "output: shape (1, 10) float32" in proc.stdout

@@ -21,6 +21,9 @@ from .errors import TvmfuseError
 
 # Parts of the installed tvm package a runtime-only process never reads.
 SKIP = {"libtvm_compiler.so", "3rdparty", "src", "include", "__pycache__"}
+# Pure-Python modules the runtime imports besides numpy (tvm_ffi's registry imports typing_extensions): copied
+# into the bundle, so that a plain Python with numpy runs a library from it.
+RUNTIME_DEPENDENCIES = ("typing_extensions",)
 
 
 class BundleError(TvmfuseError):
@@ -42,8 +45,24 @@ def _ffi_from_wheel(wheel: Path, dest: Path) -> None:
         raise BundleError(f"{wheel}: cannot read the tvm_ffi wheel ({type(e).__name__}: {e})") from None
 
 
+def _copy_module(name: str, dest: Path) -> None:
+    """Copy the installed pure-Python module or package ``name`` into ``dest``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise BundleError(f"the runtime needs {name}, which is not installed here: pip install {name}")
+    origin = Path(spec.origin)
+    if origin.name == "__init__.py":
+        shutil.rmtree(dest / name, ignore_errors=True)
+        shutil.copytree(origin.parent, dest / name, ignore=_ignore)
+    else:
+        shutil.copy2(origin, dest / origin.name)
+
+
 def runtime_bundle(dest: str | Path, ffi_wheel: str | Path | None = None) -> dict:
-    """Write a runtime-only bundle into ``dest`` (created; its ``tvm``, ``tvm_ffi``, ``tvmfuse`` are replaced).
+    """Write a runtime-only bundle into ``dest`` (created; its ``tvm``, ``tvm_ffi``, ``tvmfuse`` and the
+    :data:`RUNTIME_DEPENDENCIES` are replaced).
 
     Returns ``{"path", "bytes", "python"}`` where ``python`` is the Cython core's tag (``cpython-312`` ...).
     """
@@ -64,6 +83,8 @@ def runtime_bundle(dest: str | Path, ffi_wheel: str | Path | None = None) -> dic
         shutil.copytree(Path(tvm_ffi.__file__).parent, dest / "tvm_ffi", ignore=_ignore)
     else:
         _ffi_from_wheel(Path(ffi_wheel), dest)
+    for name in RUNTIME_DEPENDENCIES:
+        _copy_module(name, dest)
     cores = sorted(p.name for p in (dest / "tvm_ffi").glob("core.*.so"))
     size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
     python = "-".join(cores[0].split(".")[1].split("-")[:2]) if cores else "unknown"
