@@ -117,3 +117,31 @@ def test_a_library_this_machine_cannot_run_is_said_at_compile_time(tmp_path):
     assert len(warning) == 1 and warning[0].startswith("tvmfuse compile: warning: target x86-avx512 uses CPU "
                                                        "features this machine lacks (avx512")
     assert "will not run here" in warning[0] and "UserWarning" not in done.stderr
+
+
+def test_timing_summary_percentiles_and_spread():
+    from tvmfuse.runtime import timing_summary
+
+    s = timing_summary([float(t) for t in range(1, 12)])  # 1 .. 11 ms
+    assert (s["median_ms"], s["p10_ms"], s["p90_ms"], s["min_ms"], s["max_ms"]) == (6.0, 2.0, 10.0, 1.0, 11.0)
+    assert s["spread"] == pytest.approx(8 / 6)
+    assert timing_summary([5.0])["spread"] == 0.0
+
+
+@pytest.mark.parametrize("times, warned", [([10.0, 10.1, 10.2, 9.9, 10.0], False),
+                                           ([6.7, 15.1, 31.1, 12.0, 18.0, 15.5, 14.9], True)])
+def test_benchmark_says_the_spread_and_warns_when_it_is_wide(tiny_exported, capsys, monkeypatch, times, warned):
+    from tvmfuse import runtime
+
+    monkeypatch.setattr(runtime.LoadedModel, "benchmark",
+                        lambda self, inputs, repeat, warmup: runtime.timing_summary(times) | {"repeat": repeat,
+                                                                                               "warmup": warmup})
+    assert cli.main(["run", str(tiny_exported), "--benchmark", "--repeat", "7"]) == 0
+    captured = capsys.readouterr()
+    assert "latency: median" in captured.out and "p10" in captured.out and "p90" in captured.out
+    lines = [line for line in captured.err.splitlines() if "warning" in line]
+    if warned:
+        assert len(lines) == 1 and lines[0].startswith("tvmfuse run: warning: the runs spread over")
+        assert "tvmfuse compare" in lines[0]
+    else:
+        assert not lines

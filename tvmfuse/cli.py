@@ -145,8 +145,12 @@ def cmd_run(args) -> int:
         print(f"wrote {save_outputs(args.save, {i.name: o for i, o in zip(model.outputs, outputs)})}")
     if args.benchmark:
         r = model.benchmark(inputs, repeat=args.repeat, warmup=args.warmup)
-        print(f"latency: median {r['median_ms']:.3f} ms, min {r['min_ms']:.3f} ms, max {r['max_ms']:.3f} ms "
-              f"({r['repeat']} runs after {r['warmup']} warm-up)")
+        print(f"latency: median {r['median_ms']:.3f} ms, p10 {r['p10_ms']:.3f} ms, p90 {r['p90_ms']:.3f} ms, "
+              f"min {r['min_ms']:.3f} ms, max {r['max_ms']:.3f} ms ({r['repeat']} runs after {r['warmup']} warm-up)")
+        if r["spread"] > WIDE_SPREAD:
+            warnings.warn(f"the runs spread over {r['spread']:.0%} of the median (p10 to p90): something else ran, "
+                          "or the clock moved; the median is worth little. Time on a quiet machine, and compare "
+                          "two builds with `tvmfuse compare` (interleaved runs, confidence intervals)")
     return 0
 
 
@@ -276,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="list the built-in models")
     p.set_defaults(func=cmd_zoo)
     return parser
+
+
+# p10-to-p90 width, as a share of the median, past which `run --benchmark` warns: a quiet 2-core machine keeps
+# MobileNetV2 within a few percent; the busy one users reported spread 6.7 to 31.1 ms around 15.1.
+WIDE_SPREAD = 0.25
 
 
 def _one_line_warnings(command: str) -> None:

@@ -264,7 +264,8 @@ class Runner:
 
     def benchmark(self, inputs: Mapping[str, np.ndarray] | None = None, repeat: int = 50,
                   warmup: int = 5) -> dict:
-        """Time ``repeat`` runs after ``warmup`` runs; return median/min/max/mean in milliseconds.
+        """Time ``repeat`` runs after ``warmup`` runs; return median/min/max/mean and the 10th / 90th
+        percentiles in milliseconds, and ``spread``: (p90 - p10) / median.
 
         Runs on the calling thread's VM, so other threads may keep calling :meth:`run` meanwhile (their
         load then shows in the times).
@@ -278,8 +279,20 @@ class Runner:
             main(*args)
         timer = vm.time_evaluator("main", self._dev, number=1, repeat=repeat)
         times = [t * 1e3 for t in timer(*args).results]
-        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-                "mean_ms": statistics.fmean(times), "repeat": repeat, "warmup": warmup}
+        return timing_summary(times) | {"repeat": repeat, "warmup": warmup}
+
+
+def timing_summary(times_ms: Sequence[float]) -> dict:
+    """Median, min, max, mean, 10th and 90th percentile of ``times_ms``, and ``spread`` = (p90 - p10) / median."""
+    ordered = sorted(times_ms)
+
+    def percentile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    median = statistics.median(ordered)
+    p10, p90 = percentile(0.1), percentile(0.9)
+    return {"median_ms": median, "min_ms": ordered[0], "max_ms": ordered[-1], "mean_ms": statistics.fmean(ordered),
+            "p10_ms": p10, "p90_ms": p90, "spread": (p90 - p10) / median if median > 0 else 0.0}
 
 
 @contextlib.contextmanager
