@@ -87,7 +87,8 @@ def test_run_with_wrong_npz_names(tmp_path, tiny_exported):
     assert proc.returncode == 2 and "missing input(s) ['input']" in proc.stderr
     (tmp_path / "bad.npz").write_text("nope")
     proc = run_cli("run", tiny_exported, "--inputs", tmp_path / "bad.npz")
-    assert proc.returncode == 2 and "cannot read as .npz" in proc.stderr
+    assert proc.returncode == 2 and f"--inputs {tmp_path / 'bad.npz'}: not an .npz file" in proc.stderr
+    assert "pickle" not in proc.stderr
 
 
 def test_default_target_is_this_machine_and_the_library_runs(tmp_path):
@@ -145,3 +146,44 @@ def test_benchmark_says_the_spread_and_warns_when_it_is_wide(tiny_exported, caps
         assert "tvmfuse compare" in lines[0]
     else:
         assert not lines
+
+
+def _recognizer_input(tmp_path):
+    """x[N, 3, 48, W] -> Relu: a text recognizer's input, batch and width dynamic."""
+    from helpers import make_model
+    from onnx import helper
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ["N", 3, 48, "W"])], [("y", None)])
+    path = tmp_path / "rec.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_dynamic_dims_hint_uses_the_models_own_dims_in_each_interfaces_words(tmp_path):
+    import tvmfuse
+
+    path = _recognizer_input(tmp_path)
+    proc = run_cli("compile", path, "-o", tmp_path / "r.so", "-q")
+    assert proc.returncode == 2
+    assert "fix them with --shape x:1,3,48,W (W: the size you will run at)" in proc.stderr, proc.stderr
+    with pytest.raises(ShapeError, match=r"fix them with shapes=\{'x': \(1, 3, 48, W\)\} \(W: the size you will"):
+        tvmfuse.compile(path)
+    proc = run_cli("compile", path, "-o", tmp_path / "r.so", "-q", "--shape", "image:1,3,48,320")
+    assert proc.returncode == 2 and "error: --shape names unknown input(s) ['image']" in proc.stderr
+    with pytest.raises(ShapeError, match=r"^shapes= names unknown input\(s\) \['image'\]"):
+        tvmfuse.compile(path, shapes={"image": (1, 3, 48, 320)})
+
+
+def test_main_gives_python_its_own_words_back(tmp_path, capsys):
+    import warnings
+
+    import tvmfuse
+    from tvmfuse import errors
+
+    before = warnings.showwarning
+    path = _recognizer_input(tmp_path)
+    assert cli.main(["compile", str(path), "-o", str(tmp_path / "r.so"), "-q"]) == 2
+    assert "--shape x:1,3,48,W" in capsys.readouterr().err
+    assert errors.INTERFACE.get() == "python" and warnings.showwarning is before
+    with pytest.raises(ShapeError, match=r"shapes=\{'x'"):
+        tvmfuse.compile(path)

@@ -44,7 +44,8 @@ def test_damaged_onnx_models_raise_tvmfuse_errors(tmp_path):
     for name, blob in {**truncations(data, (0, 1, 100)), **wrong_types(), "directory": None}.items():
         path = write_case(tmp_path, f"{name}.onnx", blob)
         cases.append([name, "compile", path, {}])  # fails at load, before anything is built
-        expected[name] = (path, (f"{path} is not an ONNX model", "model path is a directory, not an ONNX file"))
+        expected[name] = (path, (f"{path} is not an ONNX file", f"{path}: truncated or corrupt ONNX file",
+                                 f"{path} is empty (0 bytes)", "model path is a directory, not an ONNX file"))
     # Flips outside the weights reach the checker, the initializers' decoding, names, types and attributes: every
     # one must import or fail as a TvmfuseError (they used to end in UnicodeDecodeError, KeyError, ValueError).
     # Flips in the weights give a valid model.
@@ -64,7 +65,7 @@ def test_cli_compile_of_a_damaged_onnx_is_one_line_exit_2(tmp_path):
     model = write_case(tmp_path, "m.onnx", data[: len(data) // 2])
     before = listing(tmp_path)
     proc = cli("compile", model, "--target", HOST, "-o", tmp_path / "out.so", "-q")
-    check_cli_error(proc, "compile", f"{model} is not an ONNX model")
+    check_cli_error(proc, "compile", f"{model}: truncated or corrupt ONNX file ({len(data) // 2:,} bytes)")
     assert listing(tmp_path) == before
 
 

@@ -178,6 +178,8 @@ def test_run_inputs_damaged_npz_is_one_line_exit_2(exported, tmp_path):
     (tmp_path / "empty.npz").write_bytes(good[:0])  # numpy: EOFError
     (tmp_path / "cut.npz").write_bytes(good[: len(good) // 2])  # zipfile: BadZipFile
     np.save(tmp_path / "single.npy", x)
-    for name in ("empty.npz", "cut.npz", "single.npy"):
+    for name in ("cut.npz", "single.npy"):
         check_cli_error(cli("run", exported, "--inputs", tmp_path / name), "run", f"--inputs {tmp_path / name}",
                         "cannot read as .npz")
+    check_cli_error(cli("run", exported, "--inputs", tmp_path / "empty.npz"), "run",
+                    f"--inputs {tmp_path / 'empty.npz'}: not an .npz file")

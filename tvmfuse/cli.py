@@ -9,11 +9,12 @@ import argparse
 import contextlib
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, TvmfuseError
-from .tensors import parse_shape
+from .errors import INTERFACE, InputError, TvmfuseError
+from .tensors import numpy_file_kind, parse_shape
 
 
 def _shapes(args) -> dict | None:
@@ -100,6 +101,8 @@ def load_inputs(path: str | None, model) -> dict:
 
     if path is None:
         return random_inputs(model.inputs)
+    if Path(path).is_file() and numpy_file_kind(path) is None:
+        raise InputError(f"--inputs {path}: not an .npz file (numpy.savez writes one: an array per input name)")
     try:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
@@ -287,27 +290,36 @@ def build_parser() -> argparse.ArgumentParser:
 WIDE_SPREAD = 0.25
 
 
-def _one_line_warnings(command: str) -> None:
-    """Warnings (a target this machine cannot run, skipped tuning-log lines, ...) as one line in the CLI's words,
-    not Python's ``file:line: UserWarning:`` form with its source line."""
+@contextlib.contextmanager
+def _in_the_clis_words(command: str):
+    """While a command runs: errors name flags, not keyword arguments (``errors.INTERFACE``), and warnings (a
+    target this machine cannot run, skipped tuning-log lines, ...) are one line in the CLI's words, not Python's
+    ``file:line: UserWarning:`` form with its source line. Both are put back after, for a caller of :func:`main`
+    that goes on in Python."""
     def show(message, category, filename, lineno, file=None, line=None):
         print(f"tvmfuse {command}: warning: {message}", file=sys.stderr if file is None else file)
 
+    token, saved = INTERFACE.set("cli"), warnings.showwarning
     warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved
+        INTERFACE.reset(token)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _one_line_warnings(args.command)
-    try:
-        return args.func(args)
-    except TvmfuseError as e:
-        print(f"tvmfuse {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"tvmfuse {args.command}: interrupted", file=sys.stderr)
-        return 130
+    with _in_the_clis_words(args.command):
+        try:
+            return args.func(args)
+        except TvmfuseError as e:
+            print(f"tvmfuse {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"tvmfuse {args.command}: interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

@@ -5,6 +5,18 @@ can print one line and exit with status 2, while bugs in tvmfuse itself still su
 """
 
 
+import contextvars
+
+# The interface a call came through: "python" (keyword arguments) or "cli" (flags). The CLI sets it, so that a
+# message names what the user typed (``--shape x:...`` in a shell, ``shapes={...}`` in Python).
+INTERFACE = contextvars.ContextVar("tvmfuse_interface", default="python")
+
+
+def spelled(python: str, cli: str) -> str:
+    """``cli`` when the call came through the command line, else ``python``."""
+    return cli if INTERFACE.get() == "cli" else python
+
+
 class TvmfuseError(Exception):
     """Base class of the errors caused by bad input, not by a bug in tvmfuse."""
 

@@ -28,6 +28,19 @@ class TensorInfo:
         return f"{self.name} {tuple(self.shape)} {self.dtype}"
 
 
+def numpy_file_kind(path) -> str | None:
+    """``"npz"`` (a zip archive, what ``numpy.savez`` writes), ``"npy"`` (``numpy.save``), or None for anything
+    else (numpy would read it as a pickle and say so; an unreadable path also gives None)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "npz"
+    return "npy" if head == b"\x93NUMPY" else None
+
+
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     """Parse ``NAME:1,3,224,224`` (the name may itself contain colons; the last one splits)."""
     name, sep, dims = text.rpartition(":")

@@ -21,12 +21,24 @@ def test_missing_file(tmp_path):
 def test_not_onnx(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x00\x01 definitely not a protobuf \xff\xfe" * 10)
-    with pytest.raises(ModelLoadError, match="bad.onnx is not an ONNX model"):
+    with pytest.raises(ModelLoadError, match=r"bad.onnx is not an ONNX file \(binary data, 310 bytes\)"):
         tvmfuse.compile(bad, target=HOST)
     text = tmp_path / "text.onnx"
-    text.write_text("hello")
-    with pytest.raises(ModelLoadError, match="text.onnx is not an ONNX model"):
+    text.write_text("hello, a text file\nnot a model\n")
+    with pytest.raises(ModelLoadError, match=r"text.onnx is not an ONNX file \(a text file, 31 bytes\)"):
         tvmfuse.compile(text, target=HOST)
+
+
+def test_truncated_and_empty_onnx_files_say_so(tmp_path):
+    data = zoo.get("tiny_convnet").SerializeToString()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=rf"cut.onnx: truncated or corrupt ONNX file \({len(data) // 2:,} bytes\)"):
+        tvmfuse.compile(cut, target=HOST)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"empty.onnx is empty \(0 bytes\)"):
+        tvmfuse.compile(empty, target=HOST)
 
 
 def test_directory_and_wrong_type(tmp_path):
@@ -63,7 +75,8 @@ def test_unsupported_default_domain_op_lists_nodes():
 def test_dynamic_dims_need_shapes():
     with pytest.raises(ShapeError) as e:
         tvmfuse.compile(conv_relu(batch="N"), target=HOST)
-    assert "'x'" in str(e.value) and "N" in str(e.value) and "--shape" in str(e.value)
+    # in Python's words, the model's own dims filled in (the CLI says --shape x:1,3,16,16: tests/test_cli.py)
+    assert "'x'" in str(e.value) and "N" in str(e.value) and "shapes={'x': (1, 3, 16, 16)}" in str(e.value)
 
 
 def test_shapes_errors():

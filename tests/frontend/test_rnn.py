@@ -216,7 +216,7 @@ def test_dynamic_sequence_length_raises():
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
     message = _error(model)
     assert message == ("m.onnx: LSTM node 'rnn_1': input 'x' needs a static sequence length (shape (?, 2, 5)); "
-                       "pass --shape")
+                       "pass shapes= for the model's inputs")
     model = recurrent_model("GRU", layout=1)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
     assert "static batch size (shape (?, 7, 5))" in _error(model)

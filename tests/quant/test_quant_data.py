@@ -153,7 +153,7 @@ def test_corrupt_files(tmp_path):
         load_calibration_data(tmp_path / "d.npz", [IMAGE])
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "x.npy").write_bytes(b"garbage")
-    with pytest.raises(CalibrationDataError, match="x.npy: not a readable .npy array"):
+    with pytest.raises(CalibrationDataError, match="x.npy: not an .npy file"):
         load_calibration_data(tmp_path / "dir", [IMAGE])
     (tmp_path / "data.txt").write_text("1 2 3")
     with pytest.raises(CalibrationDataError, match="must be an .npz file or a directory"):

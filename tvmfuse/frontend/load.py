@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import ModelLoadError, ShapeError
+from ..errors import ModelLoadError, ShapeError, spelled
 from ..tensors import TensorInfo
 
 
@@ -46,11 +46,16 @@ def load_model(model) -> tuple[onnx.ModelProto, str]:
             raise ModelLoadError(f"model path is a directory, not an ONNX file: {path}")
         try:
             proto = onnx.load(str(path))
-        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
-            raise ModelLoadError(f"{path} is not an ONNX model: {type(e).__name__}: {e}") from None
+        except Exception:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
+            raise ModelLoadError(_unreadable(path)) from None
     else:
         raise ModelLoadError(f"model must be a path, an onnx.ModelProto or 'zoo:NAME', got {type(model).__name__}")
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
+        if isinstance(model, (str, os.PathLike)) and not str(model).startswith("zoo:"):
+            if Path(model).stat().st_size == 0:
+                raise ModelLoadError(f"{source} is empty (0 bytes)")
+            if proto.ir_version <= 0:
+                raise ModelLoadError(_unreadable(Path(model)))
         raise ModelLoadError(f"{source} is not an ONNX model: it holds no graph")
     try:
         onnx.checker.check_model(proto)
@@ -63,6 +68,19 @@ def load_model(model) -> tuple[onnx.ModelProto, str]:
                              "valid UTF-8") from None
     _check_initializers(proto, source)
     return proto, source
+
+
+def _unreadable(path: Path) -> str:
+    """Why ``path`` did not parse: a file that starts as an ONNX model does (field 1, the IR version, as a varint:
+    byte 0x08) was cut short or damaged; anything else is some other kind of file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head[:1] == b"\x08":
+        return f"{path}: truncated or corrupt ONNX file ({size:,} bytes)"
+    text = head.decode("utf-8", errors="replace")
+    kind = "a text file" if all(c.isprintable() or c in "\r\n\t" for c in text) else "binary data"
+    return f"{path} is not an ONNX file ({kind}, {size:,} bytes)"
 
 
 def _check_initializers(proto: onnx.ModelProto, source: str) -> None:
@@ -127,7 +145,8 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     names = [v.name for v in inputs]
     unknown = sorted(set(shapes) - set(names))
     if unknown:
-        raise ShapeError(f"shapes= names unknown input(s) {unknown}; the model's inputs are {names}")
+        raise ShapeError(f"{spelled('shapes=', '--shape')} names unknown input(s) {unknown}; the model's inputs are "
+                         f"{names}")
     infos = []
     for value in inputs:
         kind = value.type.WhichOneof("value")
@@ -149,13 +168,25 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
         dynamic = [d if d is not None else "?" for d in dims if not isinstance(d, int)]  # names, "-1", "0", "?"
         if dynamic:
             raise ShapeError(f"input {value.name!r} has dynamic dims {dynamic} (shape {_show(dims)}); "
-                             f"fix them with shapes={{'{value.name}': (...)}} or --shape {value.name}:1,3,224,224")
+                             f"fix them with {_shape_hint(value.name, dims)}")
         shape_proto = value.type.tensor_type.shape
         shape_proto.ClearField("dim")
         for d in dims:
             shape_proto.dim.add().dim_value = int(d)
         infos.append(TensorInfo(value.name, tuple(int(d) for d in dims), _np_dtype(value)))
     return infos
+
+
+def _shape_hint(name: str, dims: list) -> str:
+    """How to fix ``name``'s dynamic dims, in the words of the interface, from the model's own dims: its fixed
+    ones kept, a dynamic batch (the first dim) as 1, every other dynamic one by its name for the user to fill."""
+    shown = [str(d) if isinstance(d, int) else "1" if i == 0 else (str(d).upper() if d and str(d) not in ("-1", "0",
+             "?") else f"D{i}") for i, d in enumerate(dims)]
+    to_fill = [s for i, s in enumerate(shown) if not isinstance(dims[i], int) and i > 0]
+    also = f" ({', '.join(to_fill)}: the size{'s' if len(to_fill) > 1 else ''} you will run at)" if to_fill else ""
+    if dims == [None]:  # no shape at all: the rank is unknown too
+        return spelled(f"shapes={{'{name}': (...)}}", f"--shape {name}:D1,D2,...")
+    return spelled(f"shapes={{'{name}': ({', '.join(shown)})}}", f"--shape {name}:{','.join(shown)}") + also
 
 
 def _show(dims) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, spelled
 from .graph import drop_unused_initializers, names_read
 from . import rnn_fused
 from .rnn_cells import Cell, Emitter, gru_step, lstm_step, rnn_step
@@ -163,15 +163,16 @@ def _static_dims(rw: _Rewriter, node: onnx.NodeProto, layout: int) -> tuple[int,
     """``(sequence length, batch size)`` from the shape of X; raises when either is not static."""
     name = node.input[_X]
     shape = rw.shape(name)
+    fix = spelled("pass shapes= for the model's inputs", "pass --shape for the model's inputs")
     if shape is None or len(shape) != 3:
         raise rw.error(node, f"input {name!r} has an unknown shape; it needs a static sequence length and "
-                             "batch size; pass --shape")
+                             f"batch size; {fix}")
     seq, batch = (shape[1], shape[0]) if layout else (shape[0], shape[1])
     shown = "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
     if seq is None:
-        raise rw.error(node, f"input {name!r} needs a static sequence length (shape {shown}); pass --shape")
+        raise rw.error(node, f"input {name!r} needs a static sequence length (shape {shown}); {fix}")
     if batch is None:
-        raise rw.error(node, f"input {name!r} needs a static batch size (shape {shown}); pass --shape")
+        raise rw.error(node, f"input {name!r} needs a static batch size (shape {shown}); {fix}")
     return seq, batch
 
 

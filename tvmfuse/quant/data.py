@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tensors import TensorInfo
+from ..tensors import TensorInfo, numpy_file_kind
 from .table import CalibrationError
 
 _INDEXED = re.compile(r"^(?P<name>.+)_(?P<index>\d+)$")
@@ -88,6 +88,8 @@ def _reason(e: Exception) -> str:
 
 
 def _load_npy(path: Path) -> np.ndarray:
+    if numpy_file_kind(path) is None:
+        raise CalibrationDataError(f"{path}: not an .npy file (numpy.save writes one)")
     try:
         array = np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - any reader error: see _reason
@@ -99,6 +101,8 @@ def _load_npy(path: Path) -> np.ndarray:
 
 
 def _from_npz(path: Path, inputs: Sequence[TensorInfo]) -> dict[str, list[np.ndarray]]:
+    if numpy_file_kind(path) is None:
+        raise CalibrationDataError(f"{path}: not an .npz file (numpy.savez writes one: an array per input name)")
     try:
         archive = np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - any reader error: see _reason
