@@ -214,7 +214,7 @@ def test_cli_calibrates_writes_the_table_then_reuses_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "needs calibration data (calib=..., --calib DATA) or a saved calibration table"),
+    ([], "quantize needs --calib DATA or --table TABLE"),
     (["--table", "missing.json"], "calibration table not found: missing.json"),
     (["--calib", "c.npz", "--method", "mse"], "unknown calibration method 'mse'"),
     (["--calib", "c.npz", "--percentile", "99"], "--percentile applies to --method percentile, not entropy"),

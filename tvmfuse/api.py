@@ -211,7 +211,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
 
 def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
-             logs=None, layout: str = "blocked") -> CompiledModel:
+             logs=None, layout: str = "blocked", preprocess=None) -> CompiledModel:
     """Quantize an FP32 ONNX model to INT8 and compile it for a target.
 
     Calibration runs the FP32 model on this CPU (target ``x86-host``, whatever ``target`` is) and records
@@ -224,8 +224,10 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     model : str, os.PathLike or onnx.ModelProto
         As for :func:`compile`.
     calib : str, os.PathLike, dict, iterable of dict or None
-        Calibration data: an ``.npz`` of input batches or a directory of ``.npy`` files
-        (:mod:`tvmfuse.quant.data`), or batches (input name -> array). None: use ``table``.
+        Calibration data (:mod:`tvmfuse.quant.data`): an ``.npz`` with one array per input, axis 0 the samples
+        and each sample the input's shape without its batch axis; a directory of ``.npy`` files; a directory
+        of images (JPEG, PNG, ...) with ``preprocess``; ``"random:N"`` (N seeded random batches, with a
+        warning: a quick check, not a library to ship); or batches (input name -> array). None: use ``table``.
     method : str
         ``"minmax"``, ``"entropy"`` or ``"percentile"``.
     target : str, dict or TargetSpec
@@ -244,6 +246,9 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     layout : str
         As for :func:`compile`; ``"blocked"`` also keeps the uint8 activations between INT8 conv kernels
         NCHW16c (16 channels of a pixel in 16 bytes), ``"nchw"`` passes them NCHW.
+    preprocess : str or tvmfuse.quant.images.Preprocess, optional
+        With a directory of images: how an image becomes an input, as the model was trained: a preset
+        (``"imagenet"``, ``"unit"``, ``"symmetric"``, ``"raw"``) or a Preprocess (mean, std, layout, ...).
 
     Returns
     -------
@@ -263,7 +268,7 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     spec = _build_target(target)
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked")
+    quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)

@@ -17,17 +17,19 @@ partitioned module to look ranges up in the :class:`~tvmfuse.quant.table.Calibra
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import frontend, targets
-from .errors import TargetError
+from .errors import TargetError, spelled
 from .export import build
 from .passes.lower import LowerPartitions
 from .passes.pipeline import PassRecord, run_graph_passes
 from .passes.quantize import QuantizeGraph
 from .quant.calibrate import create_calibrator
 from .quant.data import CalibrationDataError, check_batch, load_calibration_data
+from .quant.images import image_files, random_batches
 from .quant.keys import observed_tensors
 from .quant.table import CalibrationError, CalibrationTable
 from .targets import TargetSpec
@@ -91,16 +93,37 @@ def _is_path(value) -> bool:
     return isinstance(value, (str, os.PathLike))
 
 
-def calibration_batches(calib, inputs: Sequence[TensorInfo]) -> list[dict]:
-    """Checked calibration batches from a path (``.npz`` / ``.npy`` directory), one batch dict, or batches.
+class RandomCalibrationWarning(UserWarning):
+    """Calibrating on random data: the ranges, and so the accuracy, are not those of real inputs."""
+
+
+RANDOM = "random:"
+
+
+def calibration_batches(calib, inputs: Sequence[TensorInfo], preprocess=None) -> list[dict]:
+    """Checked calibration batches from a path (``.npz``, a directory of ``.npy`` files or of images with
+    ``preprocess``), ``"random:N"`` (N seeded random batches, with a warning), one batch dict, or batches.
 
     Raises
     ------
     CalibrationDataError
         Naming the input whose name, shape or dtype does not fit, or an empty set.
     """
+    is_images = _is_path(calib) and Path(calib).is_dir() and bool(image_files(Path(calib)))
+    if preprocess is not None and not is_images:
+        raise CalibrationDataError(spelled("preprocess= applies to a folder of images given as calib=",
+                                           "--preprocess, --mean, --std, --image-layout and --bgr apply to a folder "
+                                           "of images given to --calib"))
+    if isinstance(calib, str) and calib.startswith(RANDOM):
+        count = calib[len(RANDOM):]
+        if not count.isdigit() or int(count) < 1:
+            raise CalibrationDataError(f"calibration data {calib!r}: random:N takes a whole number of batches N >= 1")
+        warnings.warn(f"calibrating on {count} random batches: the ranges are not those of real inputs, so expect "
+                      "a loss of accuracy; calibrate on real data for a library to ship", RandomCalibrationWarning,
+                      stacklevel=4)
+        return random_batches(inputs, int(count))
     if _is_path(calib):
-        return load_calibration_data(calib, inputs)
+        return load_calibration_data(calib, inputs, preprocess)
     batches = [calib] if isinstance(calib, Mapping) else list(calib)
     if not batches:
         raise CalibrationDataError("empty calibration set: no batches were given")
@@ -210,16 +233,16 @@ class Quantizer:
     """
 
     def __init__(self, spec: TargetSpec, calib=None, method: str = "entropy", table=None,
-                 percentile: float = 99.99, blocked: bool = True):
+                 percentile: float = 99.99, blocked: bool = True, preprocess=None):
         if calib is None and table is None:
-            raise CalibrationError("quantize needs calibration data (calib=..., --calib DATA) or a saved "
-                                   "calibration table (table=..., --table PATH)")
+            raise CalibrationError(spelled("quantize needs calibration data (calib=...) or a saved calibration "
+                                           "table (table=...)", "quantize needs --calib DATA or --table TABLE"))
         if calib is not None and isinstance(table, CalibrationTable):
             raise CalibrationError("quantize got both calibration data and a CalibrationTable; pass one (with "
                                    "calibration data, table= may be a path to write the new table to)")
         if table is not None and not (_is_path(table) or isinstance(table, CalibrationTable)):
             raise CalibrationError(f"table must be a CalibrationTable or a path, got {type(table).__name__}")
-        self.spec, self.calib, self.method = spec, calib, method
+        self.spec, self.calib, self.method, self.preprocess = spec, calib, method, preprocess
         self.options = {"percentile": percentile} if method == "percentile" else {}
         if calib is not None:
             create_calibrator(method, **self.options)  # an unknown method fails before anything is built
@@ -237,7 +260,7 @@ class Quantizer:
         """Check the calibration data against the model's inputs (before anything is compiled)."""
         self.inputs, self.source = list(inputs), source
         if self.calib is not None:
-            self.batches = calibration_batches(self.calib, self.inputs)
+            self.batches = calibration_batches(self.calib, self.inputs, self.preprocess)
 
     def step_name(self) -> str:
         """The compile step this quantizer runs in, for progress lines."""
@@ -263,6 +286,19 @@ class Quantizer:
                  "options": dict(table.options) if table else dict(self.options),
                  "table": str(self.table_path) if self.table_path is not None else None,
                  "calibrated": self.calib is not None,
+                 "calibration_data": _describe_data(self.calib, self.preprocess),
                  "calibration_batches": len(self.batches) if self.batches is not None else None}
         entry.update(self.report)
         return entry
+
+
+def _describe_data(calib, preprocess) -> str | None:
+    """What the calibration data was, for the manifest: a path (with the images' preprocessing), random:N, or
+    batches given in memory; None without data (a saved table)."""
+    if calib is None:
+        return None
+    if isinstance(calib, str) and calib.startswith(RANDOM):
+        return calib
+    if _is_path(calib):
+        return str(calib) + (f" (images, preprocess {preprocess})" if preprocess is not None else "")
+    return "batches given in memory"

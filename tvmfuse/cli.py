@@ -17,6 +17,14 @@ from .errors import INTERFACE, InputError, TvmfuseError
 from .tensors import numpy_file_kind, parse_shape
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, such as 0.5,0.5,0.5") \
+            from None
+
+
 def _shapes(args) -> dict | None:
     return dict(parse_shape(s) for s in args.shape) if args.shape else None
 
@@ -68,9 +76,15 @@ def cmd_quantize(args) -> int:
     if args.percentile is not None and args.method != "percentile":
         raise CalibrationError(f"--percentile applies to --method percentile, not {args.method}")
     logs = False if args.no_logs else args.logs
+    preprocess = None
+    if any(v is not None for v in (args.preprocess, args.mean, args.std, args.image_layout, args.bgr)):
+        from .quant.images import preprocess_of
+
+        preprocess = preprocess_of(args.preprocess, mean=args.mean, std=args.std, layout=args.image_layout,
+                                   bgr=args.bgr)
     cm = api.quantize(args.model, calib=args.calib, method=args.method, target=args.target, table=args.table,
                       shapes=_shapes(args), percentile=99.99 if args.percentile is None else args.percentile,
-                      progress=not args.quiet, logs=logs)
+                      progress=not args.quiet, logs=logs, preprocess=preprocess)
     path = cm.export(args.output)
     q = cm.quantization
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
@@ -197,6 +211,7 @@ def cmd_bundle(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import targets
+    from .quant.images import PRESETS
     from .version import __version__
 
     parser = argparse.ArgumentParser(prog="tvmfuse", description="Compile ONNX CNNs into fused shared libraries.")
@@ -219,10 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activations between conv kernels: blocked NCHW[b]c (default) or plain NCHW")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("quantize", help="calibrate an FP32 model and compile it to INT8 (.so with a JSON manifest)")
+    p = sub.add_parser("quantize", help="calibrate an FP32 model and compile it to INT8 (.so with a JSON manifest)",
+                       usage="tvmfuse quantize MODEL (--calib DATA | --table TABLE) -o OUT.so [options]")
     _add_model_args(p)
-    p.add_argument("--calib", metavar="DATA", help="calibration data: an .npz of input batches (arrays named "
-                   "after the inputs) or a directory of .npy files")
+    p.add_argument("--calib", metavar="DATA", help="calibration data (required unless --table names a saved "
+                   "table): a folder of images (JPEG, PNG, ...; with --preprocess); an .npz with one array per "
+                   "input, axis 0 the samples, each sample the input's shape without its batch axis; a folder of "
+                   ".npy files; or random:N (N random batches: a quick check, warns)")
+    images = p.add_argument_group("images given to --calib (the preprocessing the model was trained with)")
+    images.add_argument("--preprocess", choices=sorted(PRESETS), help="imagenet: 0..1 then torchvision's "
+                        "mean/std; unit: 0..1; symmetric: -1..1; raw: 0..255")
+    images.add_argument("--mean", type=_floats, metavar="M[,M,M]", help="per-channel mean, in the scaled units "
+                        "(replaces the preset's)")
+    images.add_argument("--std", type=_floats, metavar="S[,S,S]", help="per-channel std (replaces the preset's)")
+    images.add_argument("--image-layout", choices=["NCHW", "NHWC"], help="the input's layout (default NCHW)")
+    images.add_argument("--bgr", action="store_true", default=None, help="channels in BGR order (default RGB)")
     p.add_argument("--method", default="entropy", help="minmax, entropy or percentile (default entropy)")
     p.add_argument("--percentile", type=float, help="percentile kept by --method percentile (default 99.99)")
     p.add_argument("--target", default=targets.DEFAULT,

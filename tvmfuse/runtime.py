@@ -20,7 +20,7 @@ import numpy as np
 from . import governor
 from .errors import InputError, ModelLoadError, TargetError
 from .integrity import MANIFEST_VERSION, read_checked_manifest  # noqa: F401 - MANIFEST_VERSION re-exported
-from .tensors import TensorInfo
+from .tensors import TensorInfo, random_inputs  # noqa: F401 - random_inputs: runtime.random_inputs for callers
 from .targets import host_cpu_flags
 
 
@@ -109,21 +109,6 @@ def check_inputs(inputs: Mapping[str, np.ndarray], expected: Sequence[TensorInfo
             raise InputError(f"input {info.name!r}: expected dtype {info.dtype}, got {arr.dtype}")
         arrays.append(np.ascontiguousarray(arr))
     return arrays
-
-
-def random_inputs(expected: Sequence[TensorInfo], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs of the right shapes and dtypes (standard normal for floats, small ints otherwise)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for info in expected:
-        dt = np.dtype(info.dtype)
-        if dt.kind == "f":
-            out[info.name] = rng.standard_normal(info.shape).astype(dt)
-        elif dt.kind == "b":
-            out[info.name] = rng.integers(0, 2, info.shape).astype(dt)
-        else:
-            out[info.name] = rng.integers(0, 8, info.shape).astype(dt)
-    return out
 
 
 def _flatten(result) -> list:

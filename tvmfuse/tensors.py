@@ -1,10 +1,12 @@
-"""TensorInfo: the name, static shape and dtype of a model input or output; the ``NAME:D1,D2`` shape parser of both
-CLIs (no TVM, no ONNX imports)."""
+"""TensorInfo: the name, static shape and dtype of a model input or output; seeded random inputs; the
+``NAME:D1,D2`` shape parser of both CLIs (no TVM, no ONNX imports)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from .errors import ShapeError
 
@@ -51,3 +53,18 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     if not sep or not name or not shape:
         raise ShapeError(f"--shape {text!r}: expected NAME:D1,D2,... such as input:1,3,224,224")
     return name, shape
+
+
+def random_inputs(expected: Sequence[TensorInfo], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs of the right shapes and dtypes (standard normal for floats, small ints otherwise)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for info in expected:
+        dt = np.dtype(info.dtype)
+        if dt.kind == "f":
+            out[info.name] = rng.standard_normal(info.shape).astype(dt)
+        elif dt.kind == "b":
+            out[info.name] = rng.integers(0, 2, info.shape).astype(dt)
+        else:
+            out[info.name] = rng.integers(0, 8, info.shape).astype(dt)
+    return out

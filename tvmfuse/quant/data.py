@@ -1,4 +1,5 @@
-"""Calibration data: read sample batches from an ``.npz`` file or a directory of ``.npy`` files, checked.
+"""Calibration data: read sample batches from an ``.npz`` file, a directory of ``.npy`` files or a directory of
+images (:mod:`.images`, with a stated preprocessing), checked.
 
 Layouts
 -------
@@ -11,6 +12,8 @@ Layouts
     are taken in index order and every input must have the same indices. For a single-input model any
     ``*.npy`` file is taken, in natural name order (``x_2.npy`` before ``x_10.npy``). Each file holds
     one sample (the shape without the batch axis), or samples/batches as in an ``.npz`` array.
+``DATA/`` (a directory of images: JPEG, PNG, ...)
+    For a single-input model: one image is one sample, made by the ``preprocess`` given (:mod:`.images`).
 
 The samples of each input, in order, are cut into batches of the model's batch size (axis 0 of its
 shape); the sample count must be a multiple of it. Arrays must have the model's dtype, except that
@@ -27,7 +30,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import spelled
 from ..tensors import TensorInfo, numpy_file_kind
+from .images import PRESETS, Preprocess, image_files, load_images, preprocess_of
 from .table import CalibrationError
 
 _INDEXED = re.compile(r"^(?P<name>.+)_(?P<index>\d+)$")
@@ -170,6 +175,20 @@ def _from_directory(path: Path, inputs: Sequence[TensorInfo]) -> dict[str, list[
     return {i.name: [_samples(_load_npy(f), i, str(f)) for f in files[i.name]] for i in inputs}
 
 
+def _from_images(path: Path, inputs: Sequence[TensorInfo], preprocess) -> dict[str, list[np.ndarray]]:
+    if any(path.glob("*.npy")):
+        raise CalibrationDataError(f"{path}: holds both .npy files and images; keep one kind in a folder")
+    if len(inputs) != 1:
+        raise CalibrationDataError(f"{path}: images calibrate a model with one input; this one has "
+                                   f"{_describe(inputs)} (give an .npz or .npy files per input)")
+    if preprocess is None:
+        raise CalibrationDataError(f"{path}: images need their preprocessing, as the model was trained: " +
+                                   spelled("preprocess=", "--preprocess ") + "|".join(PRESETS) + " or " +
+                                   spelled("a Preprocess(mean=..., std=...)", "--mean and --std"))
+    preprocess = preprocess if isinstance(preprocess, Preprocess) else preprocess_of(preprocess)
+    return {inputs[0].name: [load_images(path, inputs[0], preprocess)]}
+
+
 def check_batch(batch, inputs: Sequence[TensorInfo], where: str = "calibration batch") -> dict[str, np.ndarray]:
     """One in-memory batch checked like file data: the same names, shapes and dtypes (float64 -> float32).
 
@@ -196,15 +215,18 @@ def _batch_size(info: TensorInfo) -> int:
     return int(info.shape[0]) if info.shape else 1
 
 
-def load_calibration_data(path: str | os.PathLike, inputs: Sequence[TensorInfo]) -> list[dict[str, np.ndarray]]:
+def load_calibration_data(path: str | os.PathLike, inputs: Sequence[TensorInfo],
+                          preprocess=None) -> list[dict[str, np.ndarray]]:
     """Read calibration batches for a model whose inputs are ``inputs``.
 
     Parameters
     ----------
     path : str or os.PathLike
-        An ``.npz`` file or a directory of ``.npy`` files (layouts in the module docstring).
+        An ``.npz`` file, a directory of ``.npy`` files or of images (layouts in the module docstring).
     inputs : list of TensorInfo
         The model's inputs (static shapes; axis 0 is the batch).
+    preprocess : str, images.Preprocess or None
+        For a directory of images: how an image becomes a sample (a preset name or a Preprocess).
 
     Returns
     -------
@@ -224,7 +246,9 @@ def load_calibration_data(path: str | os.PathLike, inputs: Sequence[TensorInfo])
         raise CalibrationDataError(f"{path}: the model has no inputs to calibrate with")
     if not path.exists():
         raise CalibrationDataError(f"calibration data not found: {path}")
-    if path.is_dir():
+    if path.is_dir() and image_files(path):
+        chunks = _from_images(path, inputs, preprocess)
+    elif path.is_dir():
         chunks = _from_directory(path, inputs)
     elif path.suffix == ".npz" or zipfile.is_zipfile(path):
         chunks = _from_npz(path, inputs)
