@@ -21,7 +21,7 @@ LAYERS = (
                     "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.runs")),
     ("graph passes", ("tvmfuse.frontend", "tvmfuse.passes")),
     ("build and run", ("tvmfuse.export", "tvmfuse.runtime", "tvmfuse.governor", "tvmfuse.integrity", "tvmfuse.bundle",
-                       "tvmfuse.opcheck", "tvmfuse.tune.measure", "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
+                       "tvmfuse.opcheck", "tvmfuse.tvm_log", "tvmfuse.tune.measure", "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
     ("workflows", ("tvmfuse.api", "tvmfuse.calibration", "tvmfuse.partition_report", "tvmfuse.model_info",
                    "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),
     ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli")),

@@ -99,9 +99,9 @@ def test_library_exported_after_a_run_loads_without_scope_warnings(tiny_compiled
 
 
 def test_scope_warning_filter_passes_other_lines_on(capfd):
-    from tvmfuse.runtime import _quiet_scope_warnings
+    from tvmfuse.tvm_log import quiet_tvm_warnings
 
-    with _quiet_scope_warnings():
+    with quiet_tvm_warnings():
         os.write(2, b"[12:00:00] executable.cc:340: Warning: Scope Loaded:\nsomething else went wrong\n")
     err = capfd.readouterr().err
     assert "Scope Loaded" not in err and "something else went wrong" in err

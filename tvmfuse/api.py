@@ -14,6 +14,7 @@ from .errors import InputError
 from .export import build, export_library, kernel_names, kernel_schedulers, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
+from .tvm_log import quiet_tvm_warnings
 from .runtime import Runner, check_cpu_flags, random_inputs
 from .tensors import TensorInfo
 
@@ -150,6 +151,7 @@ def _build_target(target) -> targets.TargetSpec:
     return spec
 
 
+@quiet_tvm_warnings()
 def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: bool = False, logs=None, layout: str = "blocked") -> CompiledModel:
     """Compile an ONNX model for a target.
@@ -209,6 +211,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     return cm
 
 
+@quiet_tvm_warnings()
 def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
              logs=None, layout: str = "blocked", preprocess=None) -> CompiledModel:

@@ -9,13 +9,14 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from .version import __version__
 from .errors import TvmfuseError
 from .integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline
 from .runtime import manifest_path
 from .targets import TargetSpec, required_cpu_flags
 from .tensors import TensorInfo
+from .tvm_log import quiet_tvm_warnings
+from .version import __version__
 
 
 def build(mod, spec: TargetSpec, database=None, applied: list | None = None):
@@ -95,6 +96,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+@quiet_tvm_warnings()  # "Scope Saving:" per weight of an executable that has run
 def export_library(executable, path: str | Path, manifest: dict) -> Path:
     """Write ``path`` (a ``.so``) and its manifest beside it; return the library path.
 

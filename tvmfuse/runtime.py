@@ -6,11 +6,9 @@ process started with ``TVM_USE_RUNTIME_LIB=1``, where only ``libtvm_runtime`` is
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -22,6 +20,7 @@ from .errors import InputError, ModelLoadError, TargetError
 from .integrity import MANIFEST_VERSION, read_checked_manifest  # noqa: F401 - MANIFEST_VERSION re-exported
 from .tensors import TensorInfo, random_inputs  # noqa: F401 - random_inputs: runtime.random_inputs for callers
 from .targets import host_cpu_flags
+from .tvm_log import quiet_tvm_warnings
 
 
 def manifest_path(library: str | Path) -> Path:
@@ -280,36 +279,6 @@ def timing_summary(times_ms: Sequence[float]) -> dict:
             "p10_ms": p10, "p90_ms": p90, "spread": (p90 - p10) / median if median > 0 else 0.0}
 
 
-@contextlib.contextmanager
-def _quiet_scope_warnings():
-    """Drop TVM's ``Scope Loaded:`` log lines written to stderr meanwhile; pass every other line on.
-
-    Creating a VM records a default (empty) memory scope per constant in the shared executable
-    (``exec_->memory_scopes[i]`` in vm.cc inserts), so a library exported after a ``run`` carries one
-    entry per weight, and TVM 0.27's loader logs a warning for each: noise, 16 lines for tiny_convnet.
-    The lines come from C++, so fd 2 is pointed at a temporary file for the load (not a pipe: a full
-    pipe would block the loader).
-    """
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield
-        return
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-                    if "Scope Loaded:" not in line]
-            if kept:
-                sys.stderr.write("".join(kept))
-
-
 class LoadedModel(Runner):
     """A library exported by tvmfuse, loaded with the TVM runtime only (see :func:`load`)."""
 
@@ -329,7 +298,7 @@ class LoadedModel(Runner):
         if device in ("cuda", "gpu"):
             cuda_runtime()
         try:
-            with _quiet_scope_warnings():
+            with quiet_tvm_warnings():  # "Scope Loaded:" per weight of a library exported after a run
                 library = tvm.runtime.load_module(str(path))
         except Exception as e:  # noqa: BLE001 - the loader raises RuntimeError/TVMError with long texts
             first = str(e).strip().splitlines()
