@@ -107,3 +107,18 @@ def test_compile_warns_when_this_machine_cannot_run_the_library(monkeypatch):
         cm = tvmfuse.compile("zoo:tiny_convnet")  # the default: this machine
     assert not [w for w in caught if "lacks" in str(w.message)]
     assert cm.target.name == "x86-host" and cm.target.config["mcpu"] == "znver3"
+
+
+def test_warnings_point_at_the_callers_line(monkeypatch):
+    import warnings
+
+    from tvmfuse import targets
+
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        pytest.skip("this CPU cannot stand in for an AVX2 one")
+    monkeypatch.setenv(targets.HOST_CPU_ENV, "znver3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tvmfuse.quantize("zoo:tiny_convnet", calib="random:1", target="x86-avx512")
+    mine = [w for w in caught if "lacks" in str(w.message) or "random batches" in str(w.message)]
+    assert len(mine) == 2 and all(w.filename == __file__ for w in mine), [(w.filename, w.message) for w in mine]

@@ -147,7 +147,7 @@ def _build_target(target) -> targets.TargetSpec:
     spec = targets.resolve(target)
     warning = targets.not_runnable_warning(spec)
     if warning:
-        warnings.warn(warning, stacklevel=3)
+        warnings.warn(warning, stacklevel=4)  # the caller of compile / quantize (past quiet_tvm_warnings' frame)
     return spec
 
 

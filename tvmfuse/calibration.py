@@ -120,7 +120,7 @@ def calibration_batches(calib, inputs: Sequence[TensorInfo], preprocess=None) ->
             raise CalibrationDataError(f"calibration data {calib!r}: random:N takes a whole number of batches N >= 1")
         warnings.warn(f"calibrating on {count} random batches: the ranges are not those of real inputs, so expect "
                       "a loss of accuracy; calibrate on real data for a library to ship", RandomCalibrationWarning,
-                      stacklevel=4)
+                      stacklevel=5)  # the caller of tvmfuse.quantize (past prepare, quantize, its decorator)
         return random_batches(inputs, int(count))
     if _is_path(calib):
         return load_calibration_data(calib, inputs, preprocess)

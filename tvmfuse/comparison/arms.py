@@ -125,6 +125,9 @@ def kernel_info(cm) -> dict[str, dict]:
         if part is not None:
             ops = [op_name(b.value) for blk in part.body.blocks for b in blk.bindings]
             partition = str(part.attrs["Composite"])
+        elif fn.attrs and "tvmfuse.ops" in fn.attrs:  # an INT8 kernel: QuantizeGraph records what it computes
+            ops = str(fn.attrs["tvmfuse.ops"]).split(",")
+            partition = str(fn.attrs.get("tvmfuse.partition", ""))
         else:
             ops, partition = [name.rstrip("0123456789")], ""
         try:

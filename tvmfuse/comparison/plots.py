@@ -230,7 +230,8 @@ def draw_roofline(data: dict):
         x0, x1 = min(x0, peak / bw / 3), max(x1, peak / bw * 3)
         grid = np.geomspace(x0, x1, 200)
         ax.plot(grid, np.minimum(peak, bw * grid), color="#333333", lw=1.4, zorder=1)
-        ax.text(x0 * 1.15, bw * x0 * 1.35, f"{tables.sig3(bw)} GB/s", fontsize=8, color="#333333")
+        ax.text(x0 * 1.15, bw * x0 * 1.35, f"{tables.sig3(bw)} GB/s (1-thread copy, DRAM)", fontsize=8,
+                color="#333333")
         ax.text(peak / bw * 1.1, peak * 1.12, f"peak {tables.sig3(peak)} GFLOP/s", fontsize=8, color="#333333")
         ys.append(peak)
     for i, (name, x, y) in enumerate(points):

@@ -136,7 +136,7 @@ TEMPLATE = """\
 <h2 id="kernels">Kernels</h2>
 {% if plots_kernels %}<div class="plots">
 {{ figure("kinds", "Time per inference by kernel kind (a peer's by operator type): the largest kinds, the rest as other, and the time no kernel accounts for.") }}
-{{ figure("roofline", "Each profiled tvmfuse kernel at its arithmetic intensity (FLOPs over the bytes of its arguments, a lower bound on its traffic) and its throughput, under the memory-bandwidth slope and the compute peak.") }}
+{{ figure("roofline", "Each profiled tvmfuse kernel at its arithmetic intensity (FLOPs over the bytes of its arguments, a lower bound on its traffic) and its throughput, under the memory-bandwidth slope and the compute peak. The slope is one thread copying 128 MB, out of cache: a kernel whose arguments stay in cache, or that streams on several threads, sits above it; one above the peak would be a miscount.") }}
 </div>
 {% endif %}
 {% for t in kernels %}{{ table(t, heading=False) }}{% endfor %}
