@@ -2,7 +2,7 @@
 the summary table and the SVG plots, with no script element made from a model-supplied name.
 
 Skipped where no ``chromium`` (or ``chromium-browser``) is on PATH; CI installs Debian's ``chromium``.
-``TVMFUSE_REGEN_GOLDEN=1`` also refreshes ``docs/compare-report.png``, the README's picture of the page.
+``TVMFUSE_REGEN_GOLDEN=1`` also refreshes ``docs/compare-report.png``, the picture of the page in docs/comparing.md.
 """
 
 import json
@@ -22,7 +22,7 @@ DATA = Path(__file__).parent / "data"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TIMEOUT_S = 60
 WIDTH, HEIGHT = 1280, 3000
-DOCS_HEIGHT = 1600  # the README picture: the top of the page (summary and the first plots)
+DOCS_HEIGHT = 1600  # docs/comparing.md's picture: the top of the page (summary and the first plots)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium or chromium-browser on PATH")
 

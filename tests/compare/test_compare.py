@@ -148,11 +148,19 @@ def test_a_schema_mismatch_is_refused(tmp_path):
 def test_without_the_report_extra_json_and_markdown_are_kept(report_dir, tmp_path, monkeypatch):
     import importlib.util
 
-    from tvmfuse.comparison.report import ReportError
-
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    with pytest.raises(ReportError, match=r"needs matplotlib .*tvmfuse\[report\]"):
-        Report.load(report_dir).write(tmp_path)
+    with pytest.warns(UserWarning, match=r"index.html not written: it needs matplotlib .*tvmfuse\[report\]"):
+        assert Report.load(report_dir).write(tmp_path) == tmp_path  # finishes with what it could write
     assert (tmp_path / "report.json").exists() and (tmp_path / "report.md").exists()
     assert not (tmp_path / "index.html").exists()
+
+
+def test_a_compare_that_cannot_render_the_page_says_so_before_measuring(tmp_path, monkeypatch):
+    from tvmfuse.comparison import run
+    from tvmfuse.errors import ModelLoadError
+
+    monkeypatch.setattr(run, "html_missing", lambda: "it needs matplotlib (pip install 'tvmfuse[report]')")
+    with pytest.warns(UserWarning, match="index.html will not be written: it needs matplotlib"):
+        with pytest.raises(ModelLoadError):  # the warning came first, before the model was even read
+            run.compare(tmp_path / "missing.onnx", "x86-host", output=tmp_path / "out")

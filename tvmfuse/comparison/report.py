@@ -54,15 +54,12 @@ import importlib.util
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
-from ..errors import InputError, TvmfuseError
+from ..errors import InputError
 
 SCHEMA = "tvmfuse.compare/1"
-
-
-class ReportError(TvmfuseError):
-    """A report that cannot be written as asked (a missing optional dependency)."""
 
 
 class Report:
@@ -112,11 +109,11 @@ class Report:
 
             atomic_write(directory / "report.md", render_markdown(self.data))
         if "html" in formats:
-            missing = [m for m in ("jinja2", "matplotlib") if importlib.util.find_spec(m) is None]
-            if missing:
-                raise ReportError(f"{directory / 'index.html'} not written: it needs {' and '.join(missing)} "
-                                  f"(pip install 'tvmfuse[report]'), then tvmfuse compare --render {directory}; "
-                                  "report.json and report.md are written")
+            why = html_missing()
+            if why:  # what could be written is: a run of minutes is not lost for a plotting library
+                warnings.warn(f"{directory / 'index.html'} not written: {why}, then tvmfuse compare --render "
+                              f"{directory}; report.json and report.md are written", stacklevel=2)
+                return directory
             from .render_html import render_html
 
             atomic_write(directory / "index.html", render_html(self.data))
@@ -156,3 +153,9 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def html_missing() -> str:
+    """Why ``index.html`` cannot be rendered here ('' when it can): the ``report`` extra's libraries."""
+    missing = [m for m in ("jinja2", "matplotlib") if importlib.util.find_spec(m) is None]
+    return f"it needs {' and '.join(missing)} (pip install 'tvmfuse[report]')" if missing else ""
