@@ -110,7 +110,7 @@ def load_images(folder: Path, info: TensorInfo, preprocess: Preprocess) -> np.nd
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise CalibrationError("reading calibration images needs Pillow: pip install pillow") from None
+        raise CalibrationError("reading calibration images needs Pillow: pip install 'tvmfuse[images]'") from None
     if len(info.shape) != 4 or not info.dtype.startswith("float"):
         raise CalibrationError(f"{folder}: input {info.name!r} {tuple(info.shape)} {info.dtype} does not take "
                                "images (a float input of rank 4 does)")
