@@ -128,6 +128,10 @@ def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
     return infos
 
 
+_LOADED_LOGS: dict = {}
+_LOGS_LOCK = threading.Lock()
+
+
 def _load_logs(logs, spec: targets.TargetSpec):
     """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
     if logs is False or not spec.backend().applies_tuning_logs:
@@ -136,10 +140,18 @@ def _load_logs(logs, spec: targets.TargetSpec):
 
     root = default_root() if logs is None or logs is True else logs
     fallback = shipped_fallback(spec)
-    db, report = LogStore(root, spec).load(fill_from=LogStore(root, fallback) if fallback is not None else None)
-    if report.records == 0 and not report.skipped:
-        return None, None
-    return db, report.to_json()
+    stores = [LogStore(root, spec)] + ([LogStore(root, fallback)] if fallback is not None else [])
+    # Decoding a folder's records costs about a second; a process that compiles again (compare's arms, a test
+    # suite, a service) reuses what it decoded while the files are unchanged.
+    key = tuple((str(s.path), s.stamp()) for s in stores)
+    with _LOGS_LOCK:
+        loaded = _LOADED_LOGS.get(key)
+    if loaded is None:
+        db, report = stores[0].load(fill_from=stores[1] if len(stores) > 1 else None)
+        loaded = (None, None) if report.records == 0 and not report.skipped else (db, report.to_json())
+        with _LOGS_LOCK:
+            _LOADED_LOGS[key] = loaded
+    return loaded[0], (dict(loaded[1]) if loaded[1] is not None else None)
 
 
 def _build_target(target) -> targets.TargetSpec:

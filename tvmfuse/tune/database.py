@@ -237,6 +237,17 @@ class LogStore:
             warn_skipped(report)
         return db, report
 
+    def stamp(self) -> tuple:
+        """What identifies the folder's contents cheaply: size and modification time of both files."""
+        out = []
+        for name in (WORKLOADS, RECORDS):
+            try:
+                st = (self.path / name).stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
     # -- writing -------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self):
