@@ -19,9 +19,9 @@ Quantization convention (the rest of tvmfuse builds on it):
   ``v = fma(float32(acc), M[o], float32(r - zr) * R)`` with ``R = s_r / s_y`` (float32 output: ``R = s_r``).
   An explicit ``llvm.fma``, rounded once on every target: TVM's LLVM backend may or may not contract a
   float32 product feeding an add (one rounding instead of two), so a plain sum of two products is not
-  reproducible by a numpy reference; ``int8_ref.fma32`` is the fma's exact twin. (It used to be a float64
-  sum, exact either way, at twice the vector work: ResNet-50's 1x1 convs with a residual ran at 115-180
-  GMAC/s against 350-440 for the others.)
+  reproducible by a numpy reference; ``int8_ref.fma32`` is the fma's exact twin. (A float64 sum would be
+  exact too, at twice the vector work: ResNet-50's 1x1 convs with a residual ran at 115-180 GMAC/s that way,
+  against 350-440 for the others.)
 - Hardswish (:class:`HardSwish`): the activation is applied to the real value ``v`` (the float32 product
   above, or the fused sum with a residual), so ``M[o] = s_x * s_w[o]`` and ``R = s_r`` whatever the
   output: ``y = v * (clip(v, lo - shift, hi - shift) + shift) * K`` with ``K = 1 / (6 s_y)`` (float32

@@ -222,7 +222,7 @@ def _stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     work = math.prod(int(e) for e in extents)
     if spatial < len(iters) - 1:
         # Several reduction loops (ReduceMean over H and W of NCHW): one row of H * W. rfactor takes one
-        # loop; before this the kernel failed to schedule and ran scalar on one core (an SE block's mean
+        # loop; without the fuse the kernel fails to schedule and runs scalar on one core (an SE block's mean
         # over 64 x 160 x 160 in an INT8 PP-OCR detector: 1.35 ms).
         loops = loops[:spatial] + [sch.fuse(*loops[spatial:])]
     if spatial < len(iters):

@@ -1,8 +1,8 @@
 """Put nodes that TVM's importer converts wrongly into forms it converts right, or refuse them by name.
 
-Checked against ONNX's own node tests (``tests/frontend/test_onnx_node_suite.py``): before this pass
-TVM 0.27 silently returned wrong numbers for a downsampling ``Resize`` by scales and for a
-``ConvTranspose`` with ``output_shape``, and crashed on ``Resize(axes=...)``. Runs after constant folding
+Checked against ONNX's own node tests (``tests/frontend/test_onnx_node_suite.py``): without this pass
+TVM 0.27 silently returns wrong numbers for a downsampling ``Resize`` by scales and for a
+``ConvTranspose`` with ``output_shape``, and crashes on ``Resize(axes=...)``. Runs after constant folding
 (scales, sizes and exponents are initializers by then) and shape inference. What it does:
 
 - ``Resize``: an ``axes`` attribute becomes full-rank scales/sizes; ``keep_aspect_ratio_policy`` becomes
