@@ -81,6 +81,10 @@ class Backend:
     def __init__(self, spec):
         self.spec = spec
 
+    def int8_caution(self) -> str:
+        """What a user quantizing for this target should know before shipping it ('' when nothing)."""
+        return ""
+
     # --- lowering partitions (LowerPartitions) ---
     def vector_lanes(self) -> int | None:
         """float32 lanes of the widest vector: the block of the NCHW[b]c activation layout, and the width

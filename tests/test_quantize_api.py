@@ -291,3 +291,23 @@ def test_digits_int8_accuracy_loses_at_most_half_a_point():
         losses[method] = fp32 - digits_cnn.model_accuracy(cm, split.x_test, split.y_test)
     assert min(losses.values()) <= 0.5, losses
 
+
+
+def test_quantizing_for_a_cpu_without_vnni_says_int8_is_slower_there(monkeypatch):
+    import warnings
+
+    from tvmfuse import targets
+
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        pytest.skip("this CPU cannot stand in for an AVX2 one")
+    calib = [{"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")}]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target={"kind": "llvm", "mcpu": "znver3"})
+    said = [str(w.message) for w in caught if "no VNNI" in str(w.message)]
+    assert len(said) == 1 and "tvmfuse compare MODEL --targets custom,custom:int8" in said[0]
+    assert caught[[str(w.message) for w in caught].index(said[0])].filename == __file__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target="x86-avx512")  # VNNI: quiet
+    assert not [w for w in caught if "no VNNI" in str(w.message)]

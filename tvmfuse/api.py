@@ -283,6 +283,9 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     spec = _build_target(target)
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    caution = spec.backend().int8_caution()
+    if caution:
+        warnings.warn(caution, stacklevel=3)  # the caller of quantize (past quiet_tvm_warnings' frame)
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
