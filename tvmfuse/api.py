@@ -283,9 +283,6 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     spec = _build_target(target)
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    caution = spec.backend().int8_caution()
-    if caution:
-        warnings.warn(caution, stacklevel=3)  # the caller of quantize (past quiet_tvm_warnings' frame)
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
@@ -293,4 +290,7 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     quantizer.prepare(imported.inputs, imported.source)
     cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout)
     cm.quantization = quantizer.manifest_entry()
+    caution = spec.backend().int8_caution()
+    if caution:  # said once the library exists: bad input gets its one-line error alone
+        warnings.warn(caution, stacklevel=3)  # the caller of quantize (past quiet_tvm_warnings' frame)
     return cm
