@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from tvm import te
 
-ANCHOR = "T_batch_matmul"
+from . import families
+
+ANCHOR = families.BATCH_MATMUL.anchor_block
 PACK = "batch_matmul_pack"
 CROP = "batch_matmul_crop"
 TRANSPOSE = "T_transpose"  # topi.transpose's stage: a permute_dims the partition holds
@@ -46,5 +48,5 @@ def batch_matmul(call, a, b, lanes: int | None = None):
         b = te.compute(b.shape, lambda *i: b[i], name=PACK)
     r = te.reduce_axis((0, k), name="k")
     product = te.compute(out[:-1] + [wide], lambda *i: te.sum(
-        _broadcast(a, i[:-2], i[-2], r) * _broadcast(b, i[:-2], r, i[-1]), axis=r), name=ANCHOR, tag="batch_matmul")
+        _broadcast(a, i[:-2], i[-2], r) * _broadcast(b, i[:-2], r, i[-1]), axis=r), name=ANCHOR, tag=families.BATCH_MATMUL.name)
     return product if wide == n else te.compute(out, lambda *i: product[i], name=CROP)

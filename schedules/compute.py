@@ -18,11 +18,6 @@ from .activations import fast_sigmoid, gelu, gelu_tanh
 from .anchors import ints as _ints
 from .channel_scale import prologue, scaled_weight
 
-# Block names of the anchor stage, per family (the schedules look them up by name).
-ANCHOR_BLOCK = {"conv2d": "conv2d_nchw", "group_conv2d": "group_conv2d_nchw",
-                "depthwise_conv2d": "DepthwiseConv2d", "dense": "T_matmul_NN", "batch_matmul": "T_batch_matmul"}
-
-
 def _clip(call, x):
     lo, hi = (float(v.value) for v in call.args[1:3])
     return topi.clip(x, lo, hi)
@@ -104,11 +99,11 @@ def blockable(fn: relax.Function, lanes: int) -> bool:
     if anchor is None or not isinstance(anchor.args[1], relax.Var):
         return False
     family = families.family_of(anchor)
-    if family.blocked() is None or (family.name == "depthwise_conv2d" and families.depthwise_multiplier(anchor) != 1):
+    if family.blocked() is None or (family.blocked_check and family.blocked_check(anchor)):
         return False
     out_channels = int(anchor.ty.shape[1])
     block = out_block(anchor, lanes)
-    if family.name == "group_conv2d" and block is not None and (out_channels // int(anchor.attrs.groups)) % block \
+    if family.grouped and block is not None and (out_channels // int(anchor.attrs.groups)) % block \
             and narrow_groups(anchor, lanes) is None:
         return False  # an output block would span two groups
     return block is not None and isinstance(anchor.args[0], relax.Var)
@@ -120,7 +115,7 @@ def out_block(call, lanes: int) -> int | None:
     product, which the NCHW kernel runs with no padded work (PP-OCR's classifiers with their 88 -> 22 and
     200 -> 50 convs padded read 1.013-1.015x the model's time, Zen 4, interleaved: within this VM's noise)."""
     _, channels, h, w = _ints(call.ty.shape)
-    if families.family_of(call).name in ("conv2d", "depthwise_conv2d") and h * w > 1:
+    if families.family_of(call).padded_block and h * w > 1:
         return blocked.channel_block(channels, lanes)
     return blocked.block_for(channels, lanes)
 
@@ -141,7 +136,7 @@ def plain_output_block(call, lanes: int | None) -> int | None:
     16 -> 4 at 320x320 0.73-0.79x, 256 -> 21 at 20x20 0.61x, 96 -> 18 at 80x80 0.98-1.03x; not taken: 24 -> 12
     2x2 (pad x 4 taps = 16) 0.96-1.02x, 480 -> 60 1x3 on 1x40 (12) 0.94-1.36x, ShuffleNet's 24 -> 58 1x1 at 56x56
     1.13x."""
-    if lanes is None or families.family_of(call).name != "conv2d" or out_block(call, lanes) is not None:
+    if lanes is None or not families.family_of(call).plain_output or out_block(call, lanes) is not None:
         return None
     out_channels, in_channels, kh, kw = _ints(call.args[1].ty.shape)
     block, padded = blocked.least_padding_block(out_channels, lanes)
@@ -155,7 +150,7 @@ def narrow_groups(call, lanes: int | None) -> int | None:
     (:func:`blocked.conv2d`'s narrow groups, a shuffle step per input channel): ``g`` input and ``g`` output
     channels per group, ``g`` one of :data:`blocked.NARROW_GROUPS`, fewer than and dividing the channel block.
     None for every other conv, and without ``lanes`` (NCHW kernels)."""
-    if lanes is None or families.family_of(call).name != "group_conv2d":
+    if lanes is None or not families.family_of(call).grouped:
         return None
     groups, in_channels, out_channels = int(call.attrs.groups), int(call.args[0].ty.shape[1]), int(call.ty.shape[1])
     group = out_channels // groups
@@ -169,7 +164,7 @@ def narrow_groups(call, lanes: int | None) -> int | None:
 def group_input_block(anchor, block: int | None) -> bool:
     """Whether a conv ``anchor`` can read its data in NCHW[block]c: always for groups 1, and for a grouped
     conv when the block divides a group's input channels."""
-    if block is None or families.family_of(anchor).name != "group_conv2d":
+    if block is None or not families.family_of(anchor).grouped:
         return block is not None
     return (int(anchor.args[0].ty.shape[1]) // int(anchor.attrs.groups)) % block == 0
 
@@ -197,7 +192,7 @@ def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> packing.KernelLayou
         if blocks.get(data) != block:
             raise ValueError("a narrow-group conv needs its input blocked like its output")
         pack = ("conv", group, block)
-    elif families.family_of(anchor).name in ("conv2d", "group_conv2d"):
+    elif families.family_of(anchor).blocked_weight == "conv":
         kind = "winograd" if data in blocks and not padded and winograd_pays(anchor, lanes) else "conv"
         pack = (kind, blocks.get(data, 1), block)
     else:
@@ -224,7 +219,7 @@ def _cropped(anchor_compute, channels: int):
 def _kernel_name(family: families.Family, layout: packing.KernelLayout) -> str:
     """The kernel's ``tvmfuse.family``: the family's name, ``_nchwc`` when blocked, or ``conv2d_winograd``."""
     if any(kind == "winograd" for kind, *_ in layout.weights.values()):
-        return "conv2d_winograd"
+        return families.WINOGRAD.name
     return family.name + ("_nchwc" if layout.blocked else "")
 
 
@@ -250,12 +245,9 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
     else:
         layout = packing.KernelLayout()
         weight = param_index(fn, anchor.args[1]) if anchor is not None else None
-        if oc_block and weight is not None and family.name == "conv2d" and \
-                int(anchor.args[1].ty.shape[0]) % oc_block == 0:
-            layout.weights[weight] = ("oc", oc_block)
-        if oc_block and weight is not None and family.name == "dense" and \
-                int(anchor.args[1].ty.shape[1]) % oc_block == 0:
-            layout.weights[weight] = ("dense", oc_block)
+        if oc_block and weight is not None and family.panels is not None and \
+                int(anchor.args[1].ty.shape[family.panels[1]]) % oc_block == 0:
+            layout.weights[weight] = (family.panels[0], oc_block)
         te_ops = TE_OPS
         anchor_compute = functools.partial(family.fp32_compute(), lanes=lanes) if family is not None else None
     env, inputs = {}, []

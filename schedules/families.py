@@ -61,6 +61,12 @@ class Int8:
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
     # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.
     repacks_input: bool = False
+    # Names of the compute's stages that the rules look up: the int32 accumulation and the padded (or packed)
+    # input it reads.
+    anchor_block: str = ""
+    pad_block: str = ""
+    # "module.function": the numpy reference the kernel is bit-exact against (tests, the fuzzer)
+    reference: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,30 @@ class Family:
         The epilogue activations its pattern entries take (each of :data:`ACTIVATIONS`, or none).
     flops : callable
         anchor call -> 2 x its multiply-adds (reports, rooflines).
+    anchor_block : str
+        The name of the FP32 NCHW compute's anchor stage (the rules look it up by name).
+    layout : str
+        The activations' layout as the kernel records it (``tvmfuse.layout``).
+    constant_weight : bool
+        The pattern entries want a constant second operand (a batched matmul takes any).
+    panels : (kind, axis) or None
+        How the NCHW kernel may read its weight pre-packed: :mod:`.packing`'s weight kind, and the weight axis
+        the panel width must divide (None: as is).
+    blocked_weight : str or None
+        :mod:`.packing`'s weight kind of the blocked kernel (``conv`` may become ``winograd``).
+    blocked_check : callable or None
+        anchor call -> why the blocked kernel cannot compute it (None: it can).
+    padded_block : bool
+        The blocked kernel pads output channels to a whole block (:func:`.compute.out_block`).
+    input_like_output : bool
+        The blocked kernel reads its input blocked like its output (a depthwise conv).
+    grouped : bool
+        A grouped conv: narrow groups, regrouping (``RegroupConv``) and group-aligned input blocks apply.
+    scales_weight : bool
+        A per-input-channel scale before the anchor may be folded into its weight (``schedules/channel_scale``).
+    plain_output : bool
+        An output without a channel block may be computed blocked from a blocked input and written NCHW
+        (:func:`.compute.plain_output_block`).
     """
 
     name: str
@@ -103,6 +133,22 @@ class Family:
     anchor_check: Callable | None = None
     flops: Callable | None = None  # anchor call -> 2 x its multiply-adds
     activations: tuple = ACTIVATIONS
+    anchor_block: str = ""
+    layout: str = "NCHW"
+    constant_weight: bool = True
+    panels: tuple | None = None
+    blocked_weight: str | None = None
+    blocked_check: Callable | None = None
+    padded_block: bool = False
+    input_like_output: bool = False
+    grouped: bool = False
+    scales_weight: bool = False
+    plain_output: bool = False
+
+    @property
+    def matmul(self) -> bool:
+        """A matmul family: its weight is ``[K, N]`` (output channels last) and it has no conv attributes."""
+        return self.anchor_op == "relax.matmul"
 
     def fp32_compute(self) -> Callable:
         return resolve(self.compute)
@@ -177,41 +223,60 @@ def _grouped(call) -> str:
     return f"grouped conv2d (groups={int(call.attrs.groups)}) has no INT8 kernel"
 
 
+def _one_filter_per_channel(call) -> str | None:
+    multiplier = depthwise_multiplier(call)
+    if multiplier != 1:
+        return f"depthwise conv2d with channel multiplier {multiplier} has no blocked kernel"
+    return None
+
+
+WINOGRAD = Kernel("conv2d_winograd", {"x86": "conv2d_winograd"})
+DEPTHWISE_CONV2D = Family(
+    "depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
+    compute="anchors.depthwise_conv2d", blocked_compute="anchors.depthwise_conv2d_blocked",
+    int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
+              check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight",
+              vnni_pack="int8_depthwise.pack_weight_vnni", anchor_block="depthwise_int8", pad_block="data_pad",
+              reference="int8_ref.depthwise_conv2d_ref"),
+    kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),
+             Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
+             Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
+    anchor_check=_conv_layout, flops=_conv_flops, anchor_block="DepthwiseConv2d", blocked_weight="depthwise",
+    blocked_check=_one_filter_per_channel, padded_block=True, input_like_output=True)
+CONV2D = Family(
+    "conv2d", "relax.nn.conv2d", "conv2d", residual=True,
+    compute="anchors.conv2d", blocked_compute="anchors.conv2d_blocked",
+    int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
+              blocked_pack="int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8",
+              pad_block="data_pack", reference="int8_ref.conv2d_ref"),
+    kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
+             WINOGRAD, Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
+    anchor_check=_conv_layout, flops=_conv_flops, anchor_block="conv2d_nchw", panels=("oc", 0),
+    blocked_weight="conv", padded_block=True, scales_weight=True,
+    plain_output=True)
+# Matched by conv2d's pattern entries. NCHW: the backend's fallback; blocked (when the blocks divide a
+# group's channels, or groups of 4 or 8 share a block: compute.narrow_groups; RegroupConv merges the
+# other narrow groups): conv2d's blocked kernel and rule, per group.
+GROUP_CONV2D = Family(
+    "group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="anchors.group_conv2d",
+    blocked_compute="anchors.group_conv2d_blocked", int8=None,
+    kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
+    anchor_check=_conv_layout, flops=_conv_flops, anchor_block="group_conv2d_nchw", blocked_weight="conv",
+    grouped=True)
+DENSE = Family(
+    "dense", "relax.matmul", "dense", residual=False, compute="anchors.dense",
+    int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k", anchor_block="dense_int8",
+              pad_block="data_pad", reference="int8_ref.dense_ref"),
+    kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
+    anchor_check=_dense_operands, flops=_matmul_flops, anchor_block="T_matmul_NN", layout="NC", panels=("panels", 1))
+# An operand of rank > 2: attention's products of two activations, or a 3-D constant; FP32, no INT8.
+BATCH_MATMUL = Family(
+    "batch_matmul", "relax.matmul", "batch_matmul", residual=False, compute="batch_matmul.batch_matmul",
+    kernels=(Kernel("batch_matmul", {"x86": "batch_matmul", "cuda": "batch_matmul"}),),
+    anchor_check=_batch_operands, flops=_matmul_flops, activations=(), anchor_block="T_batch_matmul",
+    constant_weight=False)
 # Priority order: the pattern table lists the families whose ``pattern`` is their own name in this order.
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
-           compute="anchors.depthwise_conv2d", blocked_compute="anchors.depthwise_conv2d_blocked",
-           int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
-                     check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight",
-                     vnni_pack="int8_depthwise.pack_weight_vnni"),
-           kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),
-                    Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
-                    Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
-           anchor_check=_conv_layout, flops=_conv_flops),
-    Family("conv2d", "relax.nn.conv2d", "conv2d", residual=True,
-           compute="anchors.conv2d", blocked_compute="anchors.conv2d_blocked",
-           int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
-                     blocked_pack="int8_ref.pack_conv2d_weight", repacks_input=True),
-           kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
-                    Kernel("conv2d_winograd", {"x86": "conv2d_winograd"}),
-                    Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
-           anchor_check=_conv_layout, flops=_conv_flops),
-    # Matched by conv2d's pattern entries. NCHW: the backend's fallback; blocked (when the blocks divide a
-    # group's channels, or groups of 4 or 8 share a block: compute.narrow_groups; RegroupConv merges the
-    # other narrow groups): conv2d's blocked kernel and rule, per group.
-    Family("group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="anchors.group_conv2d",
-           blocked_compute="anchors.group_conv2d_blocked", int8=None,
-           kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
-           anchor_check=_conv_layout, flops=_conv_flops),
-    Family("dense", "relax.matmul", "dense", residual=False, compute="anchors.dense",
-           int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k"),
-           kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
-           anchor_check=_dense_operands, flops=_matmul_flops),
-    # An operand of rank > 2: attention's products of two activations, or a 3-D constant; FP32, no INT8.
-    Family("batch_matmul", "relax.matmul", "batch_matmul", residual=False, compute="batch_matmul.batch_matmul",
-           kernels=(Kernel("batch_matmul", {"x86": "batch_matmul", "cuda": "batch_matmul"}),),
-           anchor_check=_batch_operands, flops=_matmul_flops, activations=()),
-)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (DEPTHWISE_CONV2D, CONV2D, GROUP_CONV2D, DENSE, BATCH_MATMUL)}
 
 # Kernels that are not a family's: layout transforms and pools of blocked activations at partition borders,
 # the ops of squeeze-and-excitation on INT8 codes, and the whole-sequence LSTM/GRU kernels (:mod:`.recurrence`, written scheduled). Their one fixed schedule is
@@ -243,12 +308,13 @@ class RowFamily:
 
 
 ROW_MARK = "tvmfuse.row_kernel"
+SOFTMAX_KERNEL = Kernel("softmax", {"x86": "softmax"})
+LAYER_NORM_KERNEL = Kernel("layer_norm", {"x86": "layer_norm"})
+CHANNEL_NORM_KERNEL = Kernel("layer_norm_channels", {"x86": "layer_norm_channels"})
 ROW_FAMILIES: dict[str, RowFamily] = {f.name: f for f in (
-    RowFamily("softmax", "relax.nn.softmax", "softmax.legalize", (Kernel("softmax", {"x86": "softmax"}),)),
+    RowFamily("softmax", "relax.nn.softmax", "softmax.legalize", (SOFTMAX_KERNEL,)),
     # over the last axis; over the channels of NCHW (ConvNeXt's channels-first LayerNorm)
-    RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize",
-              (Kernel("layer_norm", {"x86": "layer_norm"}),
-               Kernel("layer_norm_channels", {"x86": "layer_norm_channels"}))),
+    RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize", (LAYER_NORM_KERNEL, CHANNEL_NORM_KERNEL)),
 )}
 ROW_KERNELS: dict[str, Kernel] = {k.name: k for f in ROW_FAMILIES.values() for k in f.kernels}
 
@@ -270,22 +336,22 @@ def family_of(call) -> Family:
     ``depthwise_conv2d`` (any channel multiplier); other groupings are ``group_conv2d``; matmul is ``dense``
     when both operands are 2-D, else ``batch_matmul`` (:func:`is_dense`).
     """
-    if call.op.name == "relax.matmul":
-        return FAMILIES["dense" if is_dense(call) else "batch_matmul"]
+    if call.op.name == DENSE.anchor_op:
+        return DENSE if is_dense(call) else BATCH_MATMUL
     groups = int(call.attrs.groups)
     if groups == 1:
-        return FAMILIES["conv2d"]
+        return CONV2D
     data, weight = static_shape(call.args[0]), static_shape(call.args[1])
     if data is not None and weight is not None and groups == data[1] and weight[1] == 1:
-        return FAMILIES["depthwise_conv2d"]
-    return FAMILIES["group_conv2d"]
+        return DEPTHWISE_CONV2D
+    return GROUP_CONV2D
 
 
 def int8_family(call) -> tuple[Family | None, str | None]:
     """(family, None) when an INT8 kernel computes anchor ``call``; (None, why not) otherwise."""
     family = family_of(call)
     if family.int8 is None:
-        return None, _grouped(call) if family.name == "group_conv2d" else f"{family.name} has no INT8 kernel"
+        return None, _grouped(call) if family.grouped else f"{family.name} has no INT8 kernel"
     why = family.int8.check(call) if family.int8.check else None
     return (None, why) if why else (family, None)
 

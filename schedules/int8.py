@@ -43,14 +43,13 @@ from __future__ import annotations
 from tvm import te, tirx
 
 # Re-exported: the epilogue's types and names are part of this module's interface.
+from . import families
 from .int8_epilogue import (EPILOGUE, OUT_DTYPES, QUANT_RANGE, TABLE_SIZE, Epilogue, HardSwish,  # noqa: F401
                             Int8KernelError, Residual, _epilogue_stage, check_table)
 
 BLOCK_O = 16  # output channels per VNNI step (int32 lanes of one zmm register)
 BLOCK_I = 4  # input channels summed by one VNNI product
 BLOCKED_LAYOUT = f"NCHW{BLOCK_O}c"  # uint8 activations between INT8 kernels: 16 channels of a pixel in 16 bytes
-ANCHOR = {"conv2d": "conv2d_int8", "depthwise_conv2d": "depthwise_int8", "dense": "dense_int8"}
-PAD = {"conv2d": "data_pack", "depthwise_conv2d": "data_pad", "dense": "data_pad"}
 
 
 def _shape(t) -> list[int]:
@@ -221,7 +220,7 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
         return valid, read_channel(data, b, ch, y - top, x - left)
 
     packed = _padded(data, [n, c_blocks, h + pad[0] + pad[2], w + pad[1] + pad[3], BLOCK_I], pack_index,
-                     input_zero_point, PAD["conv2d"])
+                     input_zero_point, families.CONV2D.int8.pad_block)
     rcb = te.reduce_axis((0, c_blocks), "rcb")
     ry, rx, rci = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx"), te.reduce_axis((0, BLOCK_I), "rci")
     acc = te.compute(
@@ -229,7 +228,7 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
         lambda b, ob, y, x, oi: te.sum(
             packed[b, rcb, y * sh + ry * dh, x * sw + rx * dw, rci].astype("int32")
             * weight[ob, rcb, ry, rx, oi, rci].astype("int32"), axis=[rcb, ry, rx, rci]),
-        name=ANCHOR["conv2d"])
+        name=families.CONV2D.int8.anchor_block)
     if out_layout != "NCHW":
         return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
     return _epilogue_stage(lambda b, o, y, x: acc[b, o // BLOCK_O, y, x, o % BLOCK_O], bias, multiplier,
@@ -259,13 +258,13 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
     out_shape = [m, out_features]
     _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape, table)
     if k % BLOCK_I:
-        data = _padded(data, [m, k_blocks * BLOCK_I], lambda i, j: (j < k, (i, j)), 0, PAD["dense"])
+        data = _padded(data, [m, k_blocks * BLOCK_I], lambda i, j: (j < k, (i, j)), 0, families.DENSE.int8.pad_block)
     rk = te.reduce_axis((0, k_blocks * BLOCK_I), "rk")
     acc = te.compute(
         (m, n_blocks * BLOCK_O),
         lambda i, j: te.sum(data[i, rk].astype("int32")
                             * weight[j // BLOCK_O, rk // BLOCK_I, j % BLOCK_O, rk % BLOCK_I].astype("int32"), axis=rk),
-        name=ANCHOR["dense"])
+        name=families.DENSE.int8.anchor_block)
     return _epilogue_stage(lambda i, j: acc[i, j], bias, multiplier, residual, epilogue, out_shape, table)
 
 

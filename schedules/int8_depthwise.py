@@ -21,11 +21,13 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from .int8 import (ANCHOR, BLOCK_O, PAD, Epilogue, _check, _check_data, _check_epilogue, _epilogue_stage, _geometry,
+from . import families
+from .int8 import (BLOCK_O, Epilogue, _check, _check_data, _check_epilogue, _epilogue_stage, _geometry,
                    _padded, _shape, out_shape_of)
 
 NAME = "INT8 depthwise conv2d"
 TAPS = 4  # taps of a row summed per 32-bit word (pack_weight_vnni)
+ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CONV2D.int8.pad_block
 BORDER = "tvmfuse.border"  # the padding stage's annotation: [top, left, height, width] of the data inside it
 
 
@@ -116,12 +118,12 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     if not blocked:
         padded = _padded(data, [n, c, rows, cols],
                          lambda b, ch, y, x: (tirx.all(y >= top, y < h + top, x >= left, x < w + left),
-                                              (b, ch, y - top, x - left)), input_zero_point, PAD["depthwise_conv2d"])
+                                              (b, ch, y - top, x - left)), input_zero_point, PAD)
         acc = te.compute(
             (n, c, out_h, out_w),
             lambda b, ch, y, x: te.sum(padded[b, ch, y * sh + ry * dh, x * sw + rx * dw].astype("int32")
                                        * weight[ch, 0, ry, rx].astype("int32"), axis=[ry, rx]),
-            name=ANCHOR["depthwise_conv2d"])
+            name=ANCHOR)
         return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
 
     def pad_index(b, cb, y, x, ci):
@@ -136,13 +138,13 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         axes, column, tap_weight = [ry, rg, rk], rg * TAPS + rk, lambda cb, ci: weight[cb, ry, rg, ci, rk]
     else:
         axes, column, tap_weight = [ry, rx], rx * dw, lambda cb, ci: weight[cb, ry, rx, ci]
-    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD["depthwise_conv2d"],
+    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD,
                      attrs)
     acc = te.compute(
         (n, blocks, out_h, out_w, BLOCK_O),
         lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype("int32")
                                        * tap_weight(cb, ci).astype("int32"), axis=axes),
-        name=ANCHOR["depthwise_conv2d"])
+        name=ANCHOR)
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
                                residual, epilogue, out_shape, table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import families
 from .int8 import BLOCK_I, BLOCK_O, Epilogue, Int8KernelError, _pair, _padding
 from .int8_epilogue import table_index
 
@@ -33,7 +34,7 @@ def _check_weight(weight: np.ndarray, ndim: int, what: str) -> np.ndarray:
 
 def pack_conv2d_weight(weight: np.ndarray) -> np.ndarray:
     """OIHW int8 -> ``[ceil(O/16), ceil(I/4), kh, kw, 16, 4]``, padding O and I with zero weights."""
-    weight = _check_weight(weight, 4, "conv2d")
+    weight = _check_weight(weight, 4, families.CONV2D.name)
     o, i, kh, kw = weight.shape
     full = np.zeros((_ceil_to(o, BLOCK_O), _ceil_to(i, BLOCK_I), kh, kw), np.int8)
     full[:o, :i] = weight
@@ -53,7 +54,7 @@ def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
 
     ONNX MatMul's ``[K, N]`` weight is ``weight.T`` here.
     """
-    weight = _check_weight(weight, 2, "dense")
+    weight = _check_weight(weight, 2, families.DENSE.name)
     n, k = weight.shape
     full = np.zeros((_ceil_to(n, BLOCK_O), _ceil_to(k, BLOCK_I)), np.int8)
     full[:n, :k] = weight

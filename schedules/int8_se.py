@@ -18,8 +18,10 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
-MEAN_STAGES = ("codes_sum", "codes_mean")
-GATE_STAGE, GATE_LANES = "codes_gate", "gate_lanes"
+from . import families
+
+MEAN_STAGES = ("codes_sum", families.CODES_MEAN.name)
+GATE_STAGE, GATE_LANES = families.CODES_GATE.name, "gate_lanes"
 
 
 def _to_code(value, zero_point: int):
@@ -95,11 +97,11 @@ def _kernel(tensors: list, kernel: str) -> tvm.tirx.PrimFunc:
 def mean_kernel(shape, zero_point: int, scale: float, out_zero_point: int) -> tvm.tirx.PrimFunc:
     """:func:`mean_codes` over uint8 ``shape``: ``(data, out)``."""
     data = te.placeholder(tuple(shape), "uint8", name="data")
-    return _kernel([data, mean_codes(data, zero_point, scale, out_zero_point)], "codes_mean")
+    return _kernel([data, mean_codes(data, zero_point, scale, out_zero_point)], families.CODES_MEAN.name)
 
 
 def gate_kernel(shape, channels: int, zero_point: int, scale: float, out_zero_point: int) -> tvm.tirx.PrimFunc:
     """:func:`gate_codes` over uint8 ``shape`` and a ``[N, channels, 1, 1]`` gate: ``(data, gate, out)``."""
     data = te.placeholder(tuple(shape), "uint8", name="data")
     gate = te.placeholder((int(shape[0]), channels, 1, 1), "float32", name="gate")
-    return _kernel([data, gate, gate_codes(data, gate, zero_point, scale, out_zero_point)], "codes_gate")
+    return _kernel([data, gate, gate_codes(data, gate, zero_point, scale, out_zero_point)], GATE_STAGE)

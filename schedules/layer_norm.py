@@ -17,6 +17,8 @@ from tvm import te
 from . import families
 
 # Stage names (the x86 rules look them up): the last-axis kernel's, the channel kernel's.
+# the kernels (``tvmfuse.family``, and the row mark on the output stage) over the last axis and over channels
+LAST_AXIS, CHANNELS = families.LAYER_NORM_KERNEL.name, families.CHANNEL_NORM_KERNEL.name
 LAYER_NORM_STAGES = ("ln_sum", "ln_delta", "ln_sqsum", "ln_rstd", "ln_norm")
 SUM, DELTA, SQSUM, RSTD, NORM = LAYER_NORM_STAGES
 CHANNEL_STAGES = ("lnc_sum", "lnc_delta", "lnc_sqsum", "lnc_rstd", "lnc_norm")
@@ -62,7 +64,7 @@ def layer_norm_channels(x, gamma, beta, epsilon: float, annotations: dict | None
     rstd = te.compute(stats, lambda *i: tvm.tirx.const(1.0, dtype) / te.sqrt(
         squares[i] * inverse + tvm.tirx.const(epsilon, dtype)), name=rstd_)
     return te.compute(x.shape, lambda n, c, *p: delta[(n, c) + p] * rstd[(n,) + p] * gamma[c] + beta[c], name=norm_,
-                      attrs={families.ROW_MARK: "layer_norm_channels", **(annotations or {})})
+                      attrs={families.ROW_MARK: CHANNELS, **(annotations or {})})
 
 
 def layer_norm(x, gamma, beta, epsilon: float, annotations: dict | None = None):
@@ -79,7 +81,7 @@ def layer_norm(x, gamma, beta, epsilon: float, annotations: dict | None = None):
     rstd = te.compute(outer, lambda *o: tvm.tirx.const(1.0, dtype) / te.sqrt(
         squares[o] * inverse + tvm.tirx.const(epsilon, dtype)), name=RSTD)
     return te.compute(x.shape, lambda *i: delta[i] * rstd[i[:-1]] * gamma[i[-1]] + beta[i[-1]], name=NORM,
-                      attrs={"axis": len(x.shape) - 1, families.ROW_MARK: "layer_norm", **(annotations or {})})
+                      attrs={"axis": len(x.shape) - 1, families.ROW_MARK: LAST_AXIS, **(annotations or {})})
 
 
 def legalize(bb, call, annotations: dict | None = None):
@@ -89,9 +91,9 @@ def legalize(bb, call, annotations: dict | None = None):
     annotations = annotations or {}
     epsilon = float(call.attrs.epsilon)
     if last_axis(call):
-        return bb.call_te(layer_norm, *call.args, epsilon=epsilon, annotations=annotations.get("layer_norm"),
-                          primfunc_name_hint="layer_norm")
+        return bb.call_te(layer_norm, *call.args, epsilon=epsilon, annotations=annotations.get(LAST_AXIS),
+                          primfunc_name_hint=LAST_AXIS)
     if channel_axis(call):
         return bb.call_te(layer_norm_channels, *call.args, epsilon=epsilon,
-                          annotations=annotations.get("layer_norm_channels"), primfunc_name_hint="layer_norm_channels")
+                          annotations=annotations.get(CHANNELS), primfunc_name_hint=CHANNELS)
     return tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")(bb, call)

@@ -74,7 +74,7 @@ class KernelLayout:
 
     ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`pack_weight`),
     ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`), ``("depthwise", b)`` or
-    ``("dense", n_block)`` (:func:`pack_dense_weight`);
+    ``("panels", n_block)`` (:func:`pack_dense_weight`);
     ``activations``: parameter index -> block of an input
     passed NCHW[b]c; ``out_block``: the output's block (None: NCHW); ``plain_out``: the output is computed in
     blocks of ``out_block`` (channels padded) and written NCHW (:func:`.blocked.plain_crop`).
@@ -102,7 +102,7 @@ class KernelLayout:
             text = f"NCHW (computed NCHW{self.out_block}c)"
         for kind, *blocks in self.weights.values():
             text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c",
-                                   "winograd": "Winograd F(2x2,3x3) {1}o", "dense": "NK{}n"}[kind].format(*blocks)
+                                   "winograd": "Winograd F(2x2,3x3) {1}o", "panels": "NK{}n"}[kind].format(*blocks)
         return text
 
     def shape(self, index: int, shape: list[int]) -> list[int]:
@@ -112,7 +112,7 @@ class KernelLayout:
         if index not in self.weights:
             return shape
         kind, *b = self.weights[index]
-        if kind == "dense":
+        if kind == "panels":
             k, n = shape
             return [n // b[0], k, b[0]]
         o, i, h, w = shape
@@ -149,6 +149,6 @@ class KernelLayout:
 
 
 _PACK = {"oc": pack_weight, "conv": pack_conv_weight, "depthwise": pack_depthwise_weight,
-         "winograd": winograd.pack_weight, "dense": pack_dense_weight}
+         "winograd": winograd.pack_weight, "panels": pack_dense_weight}
 _UNPACK = {"oc": unpack_weight, "conv": unpack_conv_weight, "depthwise": unpack_depthwise_weight,
-           "winograd": winograd.unpack_weight, "dense": unpack_dense_weight}
+           "winograd": winograd.unpack_weight, "panels": unpack_dense_weight}

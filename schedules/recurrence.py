@@ -24,6 +24,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from . import families
 from .backend import SCHEDULED_BY
 
 F32 = "float32"
@@ -65,7 +66,7 @@ def lanes_for(hidden: int) -> int:
 
 def _finish(func) -> tirx.PrimFunc:
     return func.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True, SCHEDULED_BY: RULE,
-                            "tvmfuse.family": "recurrence"})
+                            "tvmfuse.family": families.RECURRENCE.name})
 
 
 def lstm_kernel(seq: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:

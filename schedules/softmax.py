@@ -9,6 +9,7 @@ from tvm import te, topi
 from . import families
 
 # Stage names of :func:`softmax` (its schedules look them up).
+KERNEL = families.SOFTMAX_KERNEL.name
 SOFTMAX_STAGES = ("softmax_max", "T_fast_exp", "softmax_sum", "softmax_recip", "softmax_norm")
 
 
@@ -35,11 +36,11 @@ def softmax(x, axis: int = -1, annotations: dict | None = None):
     total = te.compute(reduced, lambda *i: te.sum(exp[row(i, k2)], axis=k2), name="softmax_sum")
     recip = te.compute(reduced, lambda *i: tvm.tirx.const(1.0, x.dtype) / total[i], name="softmax_recip")
     return te.compute(x.shape, lambda *i: exp[i] * recip[rest(i)], name="softmax_norm",
-                      attrs={"axis": axis, families.ROW_MARK: "softmax", **(annotations or {})})
+                      attrs={"axis": axis, families.ROW_MARK: KERNEL, **(annotations or {})})
 
 
 def legalize(bb, call, annotations: dict | None = None):
     """``relax.nn.softmax`` computed by :func:`softmax` (the ``softmax`` row family's legalization);
     ``annotations``: kernel name -> its output stage's."""
     return bb.call_te(softmax, call.args[0], axis=int(call.attrs.axis),
-                      annotations=(annotations or {}).get("softmax"), primfunc_name_hint="softmax")
+                      annotations=(annotations or {}).get(KERNEL), primfunc_name_hint=KERNEL)

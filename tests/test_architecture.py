@@ -102,3 +102,27 @@ def test_recipes_name_files_that_exist(recipe):
     for path in paths:
         if "<" not in path:  # a placeholder such as schedules/<backend>/
             assert (ROOT / path).exists(), f"{recipe} names {path}, which does not exist"
+
+
+def _name_literals(text: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string constant in ``text`` that is exactly a family's or a kernel's name."""
+    return [(n.lineno, n.value) for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names]
+
+
+REGISTERED = set(families.FAMILIES) | set(families.KERNELS) | set(families.ROW_FAMILIES)
+
+
+def test_family_and_kernel_names_are_spelled_only_in_the_registry():
+    """A pass or a compute asks the entry (``family.matmul``, ``family.grouped``, ``families.DENSE``...) instead
+    of comparing names: adding a family then touches the registry, its compute and its rules only."""
+    found = [f"{path.relative_to(ROOT)}:{line}: {name!r}" for path, text in _sources() if path.name != "families.py"
+             for line, name in _name_literals(text, REGISTERED)]
+    assert not found, "family or kernel names spelled outside schedules/families.py:\n" + "\n".join(found)
+
+
+def test_the_family_literal_check_finds_a_planted_one():
+    planted = 'def weight_axis(family):\n    return 1 if family.name == "dense" else 0\n'
+    assert _name_literals(planted, REGISTERED) == [(2, "dense")]
+    assert _name_literals('KINDS = {"depthwise_conv2d_nchwc": 1, "nchw": 2}', REGISTERED) == [(1, "depthwise_conv2d_nchwc")]
+    assert not _name_literals('"""conv2d and dense in a docstring"""\nname = f"int8_{family.name}"', REGISTERED)

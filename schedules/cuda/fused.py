@@ -8,7 +8,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from ..common import block_names, inline_epilogue, inline_producers
-from ..compute import ANCHOR_BLOCK
+from .. import families
 
 THREADS = 256
 
@@ -16,7 +16,8 @@ THREADS = 256
 def schedule(sch: s_tir.Schedule, family: str) -> bool:
     """Schedule the partition kernel of ``family`` in place; False (``sch`` untouched) when its anchor block
     is missing."""
-    anchor_name = ANCHOR_BLOCK.get(family.replace("_nchwc", ""))
+    entry = families.FAMILIES.get(family.replace("_nchwc", ""))  # the family a (blocked) kernel is named after
+    anchor_name = entry.anchor_block if entry else None
     names = block_names(sch)
     if anchor_name not in names:
         return False

@@ -29,11 +29,11 @@ def weight_block(fn, vector_bits: int) -> int | None:
     from ..compute import anchor_call
 
     call = anchor_call(fn)
-    family = families.family_of(call).name if call is not None else None
-    if family == "dense":
+    family = families.family_of(call) if call is not None else None
+    if family is families.DENSE:
         (m, k), n = (int(d) for d in call.args[0].ty.shape), int(call.ty.shape[-1])
         return dense.default_config(n, k, lanes(vector_bits), m).n_block
-    if family != "conv2d":
+    if family is not families.CONV2D:
         return None
     out_channels, out_width = int(call.ty.shape[1]), int(call.ty.shape[3])
     weight = [int(d) for d in call.args[1].ty.shape]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..common import block_names, inline_epilogue
-from ..compute import ANCHOR_BLOCK
+from .. import families
 
 
 def schedule_fused(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
@@ -22,7 +22,8 @@ def schedule_fused(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
 def schedule(sch: s_tir.Schedule, family: str) -> bool:
     """Apply the schedule to ``sch`` in place; False (``sch`` untouched) when the kernel of ``family`` does
     not have the expected structure."""
-    anchor_name = ANCHOR_BLOCK.get(family)
+    entry = families.FAMILIES.get(family)  # an NCHW kernel is named after its family
+    anchor_name = entry.anchor_block if entry else None
     names = block_names(sch)
     if anchor_name not in names:
         return False  # not our structure: leave the func to the default path
@@ -32,10 +33,10 @@ def schedule(sch: s_tir.Schedule, family: str) -> bool:
     loops = sch.get_loops(anchor)
     if last is not None:
         sch.reverse_compute_at(last, loops[1])
-    if family == "dense":
+    if entry is families.DENSE:
         sch.parallel(loops[1])
         return True
-    if family == "depthwise_conv2d":
+    if entry is families.DEPTHWISE_CONV2D:
         # Depthwise reads only its own channel: pad that channel right before use.
         for name in names[:names.index(anchor_name)]:
             if name.startswith("PaddedInput"):

@@ -28,12 +28,11 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import int8
+from .. import families, int8
 from ..common import accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor, vectorize_tile
 from .intrin import vnni
 
-ANCHOR = int8.ANCHOR["conv2d"]
-PAD = int8.PAD["conv2d"]
+ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
 # Multiply-adds below which the kernel runs serial. Zen 4, x86-avx512, 2 threads, 1x1 map with NCHW input
 # (us, parallel -> serial): 88 -> 22 channels 0.92 -> 0.17, 8 -> 2 0.87 -> 0.14; each parallel loop costs
 # about 0.7 us of thread wake-up. 8 -> 8 channels at 24x96 (147k) stays parallel.

@@ -12,13 +12,12 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import int8
+from .. import families, int8
 from ..common import anchor_loops, accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
 from .intrin import vnni
 from .int8_conv2d import accumulators, dot_kind
 
-ANCHOR = int8.ANCHOR["dense"]
-PAD = int8.PAD["dense"]
+ANCHOR, PAD = families.DENSE.int8.anchor_block, families.DENSE.int8.pad_block
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,14 +22,13 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import int8
+from .. import families, int8
 from .. import int8_depthwise as int8_dw
 from ..common import (accumulate_in_registers, anchor_loops, depthwise_row_tiles, inline_epilogue, largest_divisor,
                       loops_below, register_tile, vectorize_tile)
 from .intrin import depthwise_vnni
 
-ANCHOR = int8.ANCHOR["depthwise_conv2d"]
-PAD = int8.PAD["depthwise_conv2d"]
+ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CONV2D.int8.pad_block
 
 
 @dataclasses.dataclass(frozen=True)

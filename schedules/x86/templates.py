@@ -20,7 +20,8 @@ from ..blocked import PLAIN_CROP
 from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
 from . import (batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc,
-               layer_norm_channels, rows)
+               layer_norm, layer_norm_channels, rows, softmax)
+from .. import families
 
 PREFIX = "tvmfuse.x86."
 
@@ -160,26 +161,26 @@ def _channel_norm_config(sch, block, lanes: int) -> layer_norm_channels.Config:
     height, width = (extents[2], extents[3]) if len(extents) == 4 else (1, extents[-1])
     base = layer_norm_channels.default_config(height, width, lanes)
     if base is None:
-        raise ValueError(f"{rule_name('layer_norm_channels')}: no run of pixels is a vector")
+        raise ValueError(f"{rule_name(families.CHANNEL_NORM_KERNEL.name)}: no run of pixels is a vector")
     candidates = layer_norm_channels.runs(height, width, lanes)["rows" if base.rows else "part"]
     factor = _pick(sch, candidates, base.factor) if len(candidates) > 1 else base.factor
     return layer_norm_channels.Config(base.rows, factor)
 
 
-CONFIGS = {"conv2d": _conv2d_config, "depthwise_conv2d": _depthwise_config, "dense": _dense_config,
-           "batch_matmul": _batch_matmul_config,
-           "conv2d_nchwc": _conv2d_nchwc_config, "conv2d_winograd": _conv2d_winograd_config,
-           "depthwise_conv2d_nchwc": _depthwise_nchwc_config, "group_conv2d_nchwc": _conv2d_nchwc_config,
-           "softmax": _row_config, "layer_norm": _row_config, "layer_norm_channels": _channel_norm_config}
-# kernel -> the rule module its template applies (the registry's x86 rule): the kernels with a config here.
-RULES = {kernel: X86_RULES[kernel] for kernel in CONFIGS}
+# rule module -> its template's knobs; every kernel whose x86 rule (in the registry) is one of these has a template
+CONFIGS = {conv2d: _conv2d_config, depthwise_conv2d: _depthwise_config, dense: _dense_config,
+           batch_matmul: _batch_matmul_config, conv2d_nchwc: _conv2d_nchwc_config,
+           conv2d_winograd: _conv2d_winograd_config, depthwise_nchwc: _depthwise_nchwc_config,
+           softmax: _row_config, layer_norm: _row_config, layer_norm_channels: _channel_norm_config}
+# kernel -> the rule module its template applies
+RULES = {kernel: module for kernel, module in X86_RULES.items() if module in CONFIGS}
 
 
 def template(family: str, vector_lanes: int):
     """The MetaSchedule template function ``(sch, block) -> [sch]`` of one family."""
 
     def apply(sch: s_tir.Schedule, block) -> list:
-        config = CONFIGS[family](sch, block, vector_lanes)
+        config = CONFIGS[RULES[family]](sch, block, vector_lanes)
         sch.unannotate(block, "schedule_rule")
         if not RULES[family].schedule(sch, vector_lanes, config):
             raise ValueError(f"{rule_name(family)}: the annotated block is not a {family} kernel")

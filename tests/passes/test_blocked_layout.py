@@ -120,7 +120,7 @@ def test_weight_packing_round_trips():
     np.testing.assert_array_equal(plain[0], dw)
     np.testing.assert_array_equal(plain[1][0, 9], x5[0, 1, :, :, 1])
     dn = rng.standard_normal((24, 96)).astype("float32")  # a dense's [K, N] weight, panels of 32 columns
-    layout = packing.KernelLayout({1: ("dense", 32)})
+    layout = packing.KernelLayout({1: ("panels", 32)})
     packed = layout.pack(1, dn)
     assert packed.shape == tuple(layout.shape(1, [24, 96])) == (3, 24, 32) and packed.flags.c_contiguous
     assert packed[2, 5, 7] == dn[5, 2 * 32 + 7]

@@ -137,7 +137,7 @@ def test_dense_row_tile(m, k, n):
     func, layout = make_kernel(_partition_fn(model), targets.resolve(HOST))
     cfg = dense.default_config(n, k, _host_lanes(), m)
     assert cfg.m_block > 1
-    assert layout.weights == {1: ("dense", cfg.n_block)}  # the weight is read in panels of a tile's columns
+    assert layout.weights == {1: ("panels", cfg.n_block)}  # the weight is read in panels of a tile's columns
     s = Structure(func)
     assert s.loops["T_matmul_NN_update"][-2].kind == ForKind.UNROLLED  # the rows of the register tile
     x = np.random.default_rng(3).standard_normal((m, k)).astype("float32")
@@ -201,7 +201,7 @@ def test_dense_unit_tile(m, k, n):
     assert int(_partition_fn(model).params[1].ty.shape[1]) == -(-n // 16) * 16
     func, layout = make_kernel(_partition_fn(model, skip=("PadDenseColumns",)), targets.resolve(HOST))
     assert dense.default_config(n, k, _host_lanes()).n_block == 1
-    assert layout.weights == {1: ("dense", 1)}  # a column's K weights are contiguous
+    assert layout.weights == {1: ("panels", 1)}  # a column's K weights are contiguous
     s = Structure(func)
     assert ForKind.UNROLLED in s.kinds() and ForKind.PARALLEL not in s.kinds()  # the rule's tile, on one core
     assert not s.vectorized_not_innermost()

@@ -11,10 +11,10 @@ from tvm import s_tir
 from tvm.tirx import ForKind
 
 import tvmfuse
-from tvmfuse.schedules import x86
+from tvmfuse.schedules import families, x86
 from tvmfuse.schedules.common import block_names
 from tvmfuse.schedules.packing import pack_weight
-from tvmfuse.schedules.compute import ANCHOR_BLOCK, partition_compute
+from tvmfuse.schedules.compute import partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
 
 from helpers import HOST, ort_run
@@ -228,7 +228,7 @@ def test_grouped_conv_uses_generic_schedule():
     s = Structure(kernel)
     assert ForKind.PARALLEL in s.kinds()
     # the epilogue runs per output channel, right after that channel's accumulation
-    anchor = ANCHOR_BLOCK["group_conv2d"]
+    anchor = families.GROUP_CONV2D.anchor_block
     epilogue = [n for n in s.blocks if n not in (anchor, "pad_temp")]
     assert len(epilogue) == 1 and s.shared_loops(anchor, epilogue[0]) == 1
     # it is exactly what the generic schedule makes of the unscheduled kernel

@@ -26,9 +26,7 @@ from tvmfuse.schedules import families, int8, int8_ref
 
 from .check import HOST, OutputCheck, Result, one_line
 
-FAMILIES = ("conv2d", "depthwise_conv2d", "dense")
-REFERENCES = {"conv2d": int8_ref.conv2d_ref, "depthwise_conv2d": int8_ref.depthwise_conv2d_ref,
-              "dense": int8_ref.dense_ref}
+FAMILIES = tuple(f.name for f in (families.CONV2D, families.DEPTHWISE_CONV2D, families.DENSE))
 CODE_RANGE = {"uint8": (0, 255), "int8": (-127, 127)}  # weights: -128 excluded (int8.py)
 
 
@@ -58,24 +56,29 @@ class KernelCase:
     seed: int = 0
 
     @property
+    def matmul(self) -> bool:
+        return families.FAMILIES[self.family].matmul
+
+    @property
     def conv(self) -> dict:
-        if self.family == "dense":
+        if self.matmul:
             return {}
         return {"strides": self.strides, "padding": self.padding, "dilation": self.dilation}
 
     def in_shape(self) -> tuple[int, ...]:
-        if self.family == "dense":
+        if self.matmul:
             return self.batch, self.channels
         return (self.batch, self.channels) + tuple(self.size)
 
     def weight_shape(self) -> tuple[int, ...]:
         """Unpacked, output channel first: OIHW, depthwise ``[C, 1, k, k]``, dense ``[N, K]``."""
-        if self.family == "dense":
+        if self.matmul:
             return self.out_channels, self.channels
-        return self.out_channels, 1 if self.family == "depthwise_conv2d" else self.channels, self.kernel, self.kernel
+        depthwise = families.FAMILIES[self.family] is families.DEPTHWISE_CONV2D
+        return self.out_channels, 1 if depthwise else self.channels, self.kernel, self.kernel
 
     def out_shape(self) -> tuple[int, ...]:
-        if self.family == "dense":
+        if self.matmul:
             return self.batch, self.out_channels
         top, left, bottom, right = self.padding
         span = self.dilation * (self.kernel - 1) + 1
@@ -92,7 +95,7 @@ class KernelCase:
     def describe(self) -> str:
         shape = "x".join(map(str, self.in_shape()))
         text = f"{self.family} {shape} -> {self.out_channels}"
-        if self.family != "dense":
+        if not self.matmul:
             text += f" k{self.kernel} s{self.strides} d{self.dilation} pad{list(self.padding)}"
         text += f" za={self.input_zero_point} -> {self.out_dtype}"
         text += f" zy={self.zero_point}" if self.out_dtype != "float32" else ""
@@ -115,8 +118,8 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
                   residual=residual, extreme=bool(rng.random() < 1 / 6), seed=seed,
                   residual_zero_point=int(rng.integers(*int8.QUANT_RANGE[residual], endpoint=True)) if residual else 0,
                   residual_scale=float(rng.uniform(0.05, 0.4)))
-    if family == "dense":
-        return KernelCase("dense", int(rng.integers(1, 5)), int(rng.integers(1, 300)), int(rng.integers(1, 70)),
+    if families.FAMILIES[family].matmul:
+        return KernelCase(family, int(rng.integers(1, 5)), int(rng.integers(1, 300)), int(rng.integers(1, 70)),
                           **common)
     kernel = pick((1, 3, 3, 5, 7))
     dilation = pick((1, 1, 1, 2)) if kernel > 1 else 1
@@ -126,7 +129,7 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
     if min(size[0] + padding[0] + padding[2], size[1] + padding[1] + padding[3]) < span:
         padding = (span // 2, span // 2, span - 1 - span // 2, span - 1 - span // 2)
     channels = int(rng.integers(1, 41))
-    out = channels if family == "depthwise_conv2d" else int(rng.integers(1, 49))
+    out = channels if families.FAMILIES[family] is families.DEPTHWISE_CONV2D else int(rng.integers(1, 49))
     return KernelCase(family, pick((1, 1, 2)), channels, out, size, kernel, pick((1, 2)), padding, dilation,
                       **common)
 
@@ -194,7 +197,7 @@ def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
     result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))
     lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], result)
     window = {"input_zero_point": case.input_zero_point, **case.conv}
-    want = REFERENCES[case.family](d["x"], d["weight"], d["bias"], d["multiplier"], d["residual"],
+    want = families.resolve(family.int8.reference)(d["x"], d["weight"], d["bias"], d["multiplier"], d["residual"],
                                    epilogue=case.epilogue(), **window)
     return result.numpy(), want
 

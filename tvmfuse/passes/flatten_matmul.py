@@ -17,12 +17,12 @@ import math
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.families import FAMILIES, static_shape
+from tvmfuse.schedules.families import DENSE, static_shape
 
 from .utils import const_array, rewrite_call, rewrite_functions
 
 # The dense family's anchor (a matmul): what this pass turns N-D operands of into the 2-D form it takes.
-_MATMUL = tvm.ir.Op.get(FAMILIES["dense"].anchor_op)
+_MATMUL = tvm.ir.Op.get(DENSE.anchor_op)
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 
 

@@ -32,7 +32,7 @@ def _quantized_weight(part: Int8Partition) -> tuple[np.ndarray, QuantParams]:
     if part.quantized is not None:
         scale = np.asarray(part.quantized.scale, np.float32)
         return part.quantized.codes, QuantParams(scale, np.zeros(scale.shape, np.int32), "int8", axis=0)
-    if part.family == "dense":
+    if families.FAMILIES[part.family].matmul:
         params = weight_params(part.weight, axis=1)
         return np.ascontiguousarray(params.quantize(part.weight).T), params
     params = weight_params(part.weight, axis=0)

@@ -200,7 +200,7 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     if epilogue is None:
         return None, why
     conv = {}
-    if family.name != "dense":
+    if not family.matmul:
         a = anchor.attrs
         conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
     return Int8Partition(composite, family.name, index[data], epilogue["residual"], weight, epilogue["bias"],

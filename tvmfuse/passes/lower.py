@@ -52,7 +52,8 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = Tr
         if schedule:
             func = backend.schedule(func.with_attr("tvmfuse.family", pc.family))
     name = str(fn.attrs["Composite"])
-    layout = pc.layout.describe("NC" if pc.family == "dense" else "NCHW")
+    anchor = anchor_call(fn)
+    layout = pc.layout.describe(families.family_of(anchor).layout if anchor is not None else "NCHW")
     return func.with_attrs({"tvmfuse.partition": name, "tvmfuse.family": pc.family, "tvmfuse.layout": layout,
                             "tvmfuse.ops": ",".join(pc.ops), "op_pattern": OPAQUE}), pc.layout
 
@@ -129,7 +130,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         anchor = anchor_call(fn)
         data = data_param(fn, anchor)
         # a depthwise or narrow-group conv reads its input blocked like its output (transformed if it is not)
-        input_like_out = families.family_of(anchor).name == "depthwise_conv2d" or \
+        input_like_out = families.family_of(anchor).input_like_output or \
             narrow_groups(anchor, self.lanes) is not None
         block = out_block(anchor, self.lanes)  # a depthwise input's and a residual's too
         out_shape = [int(d) for d in anchor.ty.shape]
@@ -180,7 +181,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         time), and weights with more values per input channel than the map has pixels."""
         anchor = anchor_call(fn)
         index = param_index(fn, anchor.args[0])
-        if index is None or families.family_of(anchor).name != "conv2d" or winograd_pays(anchor, self.lanes):
+        if index is None or not families.family_of(anchor).scales_weight or winograd_pays(anchor, self.lanes):
             return fn, args
         product = args[index]
         if product not in self.scaled or len(self.users.get(product, [])) != 1 \

@@ -15,14 +15,14 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules.common import largest_divisor
-from tvmfuse.schedules.families import FAMILIES, static_shape
+from tvmfuse.schedules.families import DENSE, static_shape
 
 from .utils import const_array, rewrite_call, rewrite_functions
 
 PAD_TO = 16  # columns: a multiple of both AVX2's (8) and AVX-512's (16) float lanes
 MAX_BLOCK = 4 * PAD_TO  # the dense rule's largest column block for a count without whole vectors
 
-_MATMUL = tvm.ir.Op.get(FAMILIES["dense"].anchor_op)
+_MATMUL = tvm.ir.Op.get(DENSE.anchor_op)
 _ADD, _SLICE = (tvm.ir.Op.get(n) for n in ("relax.add", "relax.strided_slice"))
 
 

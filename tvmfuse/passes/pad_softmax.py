@@ -24,13 +24,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.families import FAMILIES, static_shape
+from tvmfuse.schedules.families import DENSE, static_shape
 
 from .utils import bindings_of, const_array, op_name, users_of
 
 VECTOR = 16  # AVX-512's float lanes (two of AVX2's)
 MIN_WIDTH = 4 * VECTOR  # narrower rows: the padding's share of the work outweighs whole vectors
-_MATMUL = FAMILIES["dense"].anchor_op
+_MATMUL = DENSE.anchor_op
 
 
 def needs_padding(n: int) -> bool:

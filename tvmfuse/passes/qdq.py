@@ -153,10 +153,10 @@ def _codes_of(graph: _Graph, expr, what: str) -> tuple[relax.Var, QuantParams]:
     return call.args[0], _qparams(call, str(call.args[0].ty.dtype), what)
 
 
-def _weight(graph: _Graph, expr, family: str) -> QuantizedWeight:
+def _weight(graph: _Graph, expr, family: families.Family) -> QuantizedWeight:
     """The model's int8 weight, output channel first, and its scale per output channel."""
     call, transposed = graph.value(expr), False
-    if family == "dense" and _op(call) == "relax.permute_dims":
+    if family.matmul and _op(call) == "relax.permute_dims":
         if call.attrs.axes is None or _ints(call.attrs.axes) != [1, 0]:
             raise _Refused("the weight's permute_dims is not a transpose")
         call, transposed = graph.value(call.args[0]), True
@@ -170,7 +170,7 @@ def _weight(graph: _Graph, expr, family: str) -> QuantizedWeight:
         raise _Refused(f"{codes.dtype} weight (the kernels take int8 weights)")
     if np.any(zero_point != 0):
         raise _Refused("weight zero point is not 0 (the kernels take symmetric weights)")
-    out_axis = 1 if family == "dense" and not transposed else 0  # matmul's weight is [K, N]
+    out_axis = 1 if family.matmul and not transposed else 0  # matmul's weight is [K, N]
     channels = codes.shape[out_axis]
     if scale.size == 1:
         scale = np.full(channels, float(scale.reshape(())), np.float32)
@@ -208,8 +208,8 @@ def _bias(graph: _Graph, expr, out_shape) -> tuple[np.ndarray, np.ndarray | None
     return bias, codes, np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), codes.shape).copy()
 
 
-def _check_anchor(anchor, family: str) -> None:
-    if family == "dense":
+def _check_anchor(anchor, family: families.Family) -> None:
+    if family.matmul:
         if len(anchor.args[0].ty.shape) != 2 or len(anchor.args[1].ty.shape) != 2:
             raise _Refused(f"matmul of a rank-{len(anchor.args[0].ty.shape)} input (the INT8 dense is 2-D)")
         return
@@ -267,10 +267,9 @@ def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax
 def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
     """The chain starting at ``anchor`` as an INT8 kernel, or _Refused."""
     kind = short_op_name(anchor.op.name)
-    int8_family, why = families.int8_family(anchor)
-    if int8_family is None:
+    family, why = families.int8_family(anchor)
+    if family is None:
         raise _Refused(why)
-    family = int8_family.name
     _check_anchor(anchor, family)
     data, x = _codes_of(graph, anchor.args[0], "the input")
     weight = _weight(graph, anchor.args[1], family)
@@ -280,16 +279,16 @@ def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
     weight = dataclasses.replace(weight, bias_codes=bias_codes, bias_scale=bias_scale)
     out_shape = tuple(_ints(end.ty.shape))
     conv = {}
-    if family != "dense":
+    if not family.matmul:
         a = anchor.attrs
         conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
     shape = [1] * weight.codes.ndim
     shape[0] = -1
     real = weight.codes.astype(np.float32) * weight.scale.reshape(shape)
-    composite = "tvmfuse.qdq_" + "_".join([family] + found.ops)
+    composite = "tvmfuse.qdq_" + "_".join([family.name] + found.ops)
     # data / residual: positions in the kernel call (data, weight, bias, multiplier[, residual]).
-    part = Int8Partition(composite, family, 0, 4 if found.residual else None,
-                         real.T if family == "dense" else real, bias, found.clip, conv, out_shape,
+    part = Int8Partition(composite, family.name, 0, 4 if found.residual else None,
+                         real.T if family.matmul else real, bias, found.clip, conv, out_shape,
                          [kind] + found.ops, weight)
     if x.dtype == "int8":
         x = QuantParams(x.scale, x.zero_point + SHIFT, "uint8")
@@ -325,7 +324,8 @@ def _transforms_left(mod: tvm.IRModule) -> int:
     """uint8 layout transforms ``main`` still calls after dead-code elimination."""
     calls = [b.value for block in mod["main"].body.blocks for b in block.bindings
              if isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.call_tir")]
-    return sum(str((mod[c.args[0]].attrs or {}).get("tvmfuse.family", "")) == "layout_transform" for c in calls)
+    transform = families.LAYOUT_TRANSFORM.name
+    return sum(str((mod[c.args[0]].attrs or {}).get("tvmfuse.family", "")) == transform for c in calls)
 
 
 def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa: N802

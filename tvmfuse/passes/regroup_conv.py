@@ -22,14 +22,14 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules.compute import narrow_groups
-from tvmfuse.schedules.families import FAMILIES, family_of, static_shape
+from tvmfuse.schedules.families import GROUP_CONV2D, family_of, static_shape
 
 from .utils import const_array, rewrite_call, rewrite_functions
 
 BLOCK = 16  # output channels per merged group: a multiple of AVX2's (8) and AVX-512's (16) block
 MAX_FACTOR = 4  # at most 4x the multiply-adds
 
-_CONV = tvm.ir.Op.get(FAMILIES["group_conv2d"].anchor_op)
+_CONV = tvm.ir.Op.get(GROUP_CONV2D.anchor_op)
 
 
 def factor(out_channels: int, groups: int) -> int | None:
@@ -63,7 +63,7 @@ class _Regroup(relax.PyExprMutator):
         return rewrite_call(super().visit_call_(call), {_CONV: self._regroup})
 
     def _regroup(self, call):
-        if family_of(call).name != "group_conv2d" or narrow_groups(call, self.lanes) is not None:
+        if not family_of(call).grouped or narrow_groups(call, self.lanes) is not None:
             return None
         weight, shape = const_array(call.args[1]), static_shape(call)
         a = call.attrs

@@ -17,7 +17,7 @@ def make_anchor_pattern(family: str) -> tuple[DFPattern, dict]:
     """conv2d (also depthwise: the checks tell them apart) or dense, with a constant weight; a batched matmul
     with any second operand, read through a ``permute_dims`` the partition then holds (attention's ``K^T``)."""
     data, weight = wildcard(), is_const()
-    if family == "batch_matmul":
+    if not FAMILIES[family].constant_weight:
         operand = wildcard()
         weight = is_op("relax.permute_dims")(operand) | operand
     root = is_op(FAMILIES[family].anchor_op)(data, weight)
