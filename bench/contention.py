@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     policies = args.policies.split(",")
     envs = {p: policy_env(p) for p in policies}
     loads = [int(b) for b in args.busy.split(",")]
-    target = args.target or ("x86-avx512" if targets.host_can_run(targets.resolve("x86-avx512")) else "x86-host")
+    target = args.target or ("x86-avx512" if targets.resolve("x86-avx512").backend().runs_on_this_cpu() else "x86-host")
     print(f"machine: {machine()}, {len(os.sched_getaffinity(0))} cores; target {target}; {THREADS} threads; "
           f"rounds {args.rounds} x block {args.block} after {args.settle} s", flush=True)
     results = []

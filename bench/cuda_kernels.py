@@ -83,10 +83,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--kinds", default="depthwise,conv,dense")
     args = p.parse_args(argv)
-    from tvmfuse import targets
+    from tvmfuse import cuda_driver
     CASES = _grid().CASES
 
-    if not targets.cuda_available():
+    if not cuda_driver.cuda_available():
         print("bench/cuda_kernels.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 1
     kinds = args.kinds.split(",")

@@ -109,9 +109,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--torch", action="store_true", help="also time torchvision's model (needs torch + GPU)")
     args = p.parse_args(argv)
-    from tvmfuse import targets
+    from tvmfuse import cuda_driver
 
-    if not targets.cuda_available():
+    if not cuda_driver.cuda_available():
         print("bench/gpu.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 1
     rows = [measure(m, args.target, args.repeat, args.torch) for m in args.models.split(",")]

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=30)
     args = p.parse_args(argv)
     spec = targets.resolve(args.target)
-    if not targets.host_can_run(spec):
+    if not spec.backend().runs_on_this_cpu():
         print(f"this CPU cannot run {args.target} code (missing {targets.missing_host_features(spec)})")
         return 2
     rng = np.random.default_rng(0)

@@ -1,10 +1,10 @@
-"""The backend interface: everything a target kind contributes to a compile, asked in one place.
+"""The backend interface: everything a backend contributes to a compile, and what it says about the device.
 
 Each folder ``schedules/<name>/`` is a backend; its ``__init__`` defines ``Backend``, a subclass of
-:class:`Backend`. ``tvmfuse.targets`` maps a TVM target kind to its folder and ``TargetSpec.backend()``
-returns the instance; the passes, the tuner and the API ask it and never branch on the target kind.
-The defaults here describe a backend that contributes nothing: kernels stay as lowered, NCHW only, no
-INT8 kernels, no templates, no tuning logs.
+:class:`Backend`. A target names its folder (``TargetSpec.backend_name``) and ``TargetSpec.backend()``
+returns the instance, made once per target; the passes, the tuner, the API and the reports ask it and never
+branch on the target kind. The defaults here describe a backend that contributes nothing: kernels stay as
+lowered, NCHW only, no INT8 kernels, no templates, no tuning logs, nothing runnable here.
 """
 
 from __future__ import annotations
@@ -84,6 +84,28 @@ class Backend:
     def int8_caution(self) -> str:
         """What a user quantizing for this target should know before shipping it ('' when nothing)."""
         return ""
+
+    # --- the device (asked where the compiler is present; a runtime-only process has the manifest's
+    # ``device`` and ``cpu_flags`` instead) ---
+    def why_not_runnable(self) -> str:
+        """Why code compiled for the target cannot run on this machine ('' when it can)."""
+        return f"backend {self.name!r} runs nothing here"
+
+    def can_run(self) -> bool:
+        """Whether code compiled for the target runs on this machine."""
+        return not self.why_not_runnable()
+
+    def runs_on_this_cpu(self) -> bool:
+        """Whether the code runs on this machine's CPU (calibration and op-check run the model there)."""
+        return self.device == "cpu" and self.can_run()
+
+    def build_warning(self) -> str:
+        """A line a compile warns with when the library it writes cannot run here ('' when none is due)."""
+        return ""
+
+    def device_label(self) -> str:
+        """The device key of report rows measured with code for the target (``cpu: <CPU>``, ``cuda: <GPU>``)."""
+        return self.device
 
     # --- lowering partitions (LowerPartitions) ---
     def vector_lanes(self) -> int | None:

@@ -267,7 +267,8 @@ DENSE = Family(
     "dense", "relax.matmul", "dense", residual=False, compute="anchors.dense",
     int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k", anchor_block="dense_int8",
               pad_block="data_pad", reference="int8_ref.dense_ref"),
-    kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}), Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
+    kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}),
+             Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
     anchor_check=_dense_operands, flops=_matmul_flops, anchor_block="T_matmul_NN", layout="NC", panels=("panels", 1))
 # An operand of rank > 2: attention's products of two activations, or a 3-D constant; FP32, no INT8.
 BATCH_MATMUL = Family(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import HOST
 
-from tvmfuse import targets
+from tvmfuse import cuda_driver, targets
 
 
 # Test modules whose expectations or code paths follow the host's vector width or CPU features (x86 rules and
@@ -38,11 +38,11 @@ HOST_CPU_MODULES = {
 
 
 def pytest_collection_modifyitems(config, items):
-    avx512 = targets.host_can_run(targets.resolve("x86-avx512"))
+    avx512 = targets.resolve("x86-avx512").backend().runs_on_this_cpu()
     reason = "needs a CPU with AVX-512 and VNNI to run x86-avx512 code"
     if os.environ.get(targets.HOST_CPU_ENV):
         reason += f" ({targets.HOST_CPU_ENV}={os.environ[targets.HOST_CPU_ENV]} takes this machine for a CPU without)"
-    gpu = targets.cuda_available()
+    gpu = cuda_driver.cuda_available()
     tests = Path(__file__).parent
     for item in items:
         if item.path.relative_to(tests).as_posix() in HOST_CPU_MODULES:

@@ -11,7 +11,7 @@ from tvmfuse import targets
 from tvmfuse.schedules import families
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = {ROOT / "schedules" / name for name in set(targets.BACKENDS.values())}
+BACKENDS = {ROOT / "schedules" / name for name in targets.backend_names()}
 
 # Branching on the target kind, or naming a backend, anywhere but targets.py and the backends themselves.
 TARGET_KIND = [
@@ -87,10 +87,14 @@ def test_every_registered_rule_module_exists():
             assert (ROOT / "schedules" / backend / f"{module}.py").is_file(), (kernel.name, backend, module)
 
 
-def test_every_target_kind_has_a_backend_folder():
-    for kind, name in targets.BACKENDS.items():
-        cls = targets.backend_class(kind)
-        assert cls.name == name and (ROOT / "schedules" / name / "__init__.py").is_file()
+def test_every_named_target_names_a_backend_folder():
+    assert targets.backend_names() == ["cuda", "x86"]
+    for name in targets.names():
+        spec = targets.resolve(name)
+        cls = targets.backend_class(spec.backend_name)
+        assert cls.name == spec.backend_name and (ROOT / "schedules" / cls.name / "__init__.py").is_file()
+    for kind, name in targets.KIND_BACKENDS.items():  # what a raw dict of each kind compiles with
+        assert name in targets.backend_names(), kind
 
 
 @pytest.mark.parametrize("recipe", ["Adding an op family", "Adding a target"])
@@ -124,5 +128,6 @@ def test_family_and_kernel_names_are_spelled_only_in_the_registry():
 def test_the_family_literal_check_finds_a_planted_one():
     planted = 'def weight_axis(family):\n    return 1 if family.name == "dense" else 0\n'
     assert _name_literals(planted, REGISTERED) == [(2, "dense")]
-    assert _name_literals('KINDS = {"depthwise_conv2d_nchwc": 1, "nchw": 2}', REGISTERED) == [(1, "depthwise_conv2d_nchwc")]
+    kinds = 'KINDS = {"depthwise_conv2d_nchwc": 1, "nchw": 2}'
+    assert _name_literals(kinds, REGISTERED) == [(1, "depthwise_conv2d_nchwc")]
     assert not _name_literals('"""conv2d and dense in a docstring"""\nname = f"int8_{family.name}"', REGISTERED)

@@ -174,15 +174,18 @@ def test_int8_kernel_1x1_depthwise_bit_exact():
 
 
 def test_int8_kernel_check_can_fail(monkeypatch):
+    from tvmfuse.schedules import families
+
     case = int8.random_case(1)
-    ref = int8.REFERENCES[case.family]
+    module, name = families.FAMILIES[case.family].int8.reference.rsplit(".", 1)
+    ref = families.resolve(f"{module}.{name}")
 
     def one_element_off(*args, **kwargs):
         out = ref(*args, **kwargs).copy()
         out.flat[0] = 7 if out.flat[0] != 7 else 8
         return out
 
-    monkeypatch.setitem(int8.REFERENCES, case.family, one_element_off)
+    monkeypatch.setattr(f"{families.PACKAGE}.{module}.{name}", one_element_off)
     result = int8.check_case(case)
     assert result.status == "mismatch" and "elements differ" in result.line()
 

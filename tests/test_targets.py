@@ -20,7 +20,7 @@ def test_unknown_name_lists_known_ones():
 
 def test_x86_avx512_is_avx512_vnni_without_sapphire_rapids_only_extensions():
     spec = targets.resolve("x86-avx512")
-    assert spec.is_cpu and spec.vector_bits() == 512 and spec.config["mcpu"] == "sapphirerapids"
+    assert spec.backend_name == "x86" and spec.vector_bits() == 512 and spec.config["mcpu"] == "sapphirerapids"
     assert spec.features() == {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vbmi"}
     # VBMI is Ice Lake's and Zen 4's: a Cascade Lake is refused with a message rather than a SIGILL.
     assert targets.required_cpu_flags(spec) == ["avx2", "avx512_vnni", "avx512bw", "avx512f", "avx512vbmi",
@@ -71,7 +71,7 @@ def test_x86_avx512_int8_runs_and_matches_the_host_build():
 
 def test_x86_host_runs_here():
     spec = targets.resolve("x86-host")
-    assert targets.host_can_run(spec)
+    assert spec.backend().runs_on_this_cpu()
     assert spec.vector_bits() in (256, 512)
 
 
@@ -87,10 +87,10 @@ def test_host_mcpu_from_flags_for_intel_and_llvm_name_for_amd():
 def test_cuda_targets_have_generic_host():
     for name, arch in (("cuda-sm80", "sm_80"), ("cuda-sm90", "sm_90")):
         spec = targets.resolve(name)
-        assert spec.is_cuda and spec.config["arch"] == arch
+        assert spec.backend_name == "cuda" and spec.config["arch"] == arch
         # The host code runs on whatever CPU drives the GPU.
         assert spec.host == {"kind": "llvm"}
-        assert not targets.host_can_run(spec)
+        assert not spec.backend().runs_on_this_cpu()
 
 
 def test_raw_dict():
@@ -110,7 +110,7 @@ def test_avx512_build_uses_zmm_registers(tiny_compiled):
     cm = tvmfuse.compile("zoo:tiny_convnet", target="x86-avx512")
     asm = cm.executable.mod.imports[0].inspect_source("asm")
     assert "zmm" in asm
-    if not targets.host_can_run(cm.target):
+    if not cm.target.backend().runs_on_this_cpu():
         with pytest.raises(TargetError, match="lacks"):
             cm.run({"input": None})
 
@@ -142,10 +142,10 @@ def test_host_cpu_env_makes_x86_host_an_avx2_cpu(monkeypatch):
     _stand_in_for_avx2(monkeypatch)
     host = targets.resolve("x86-host")
     assert targets.host_mcpu() == host.config["mcpu"] == "znver3" and host.vector_bits() == 256
-    assert targets.host_can_run(host)
+    assert host.backend().runs_on_this_cpu()
     avx512 = targets.resolve("x86-avx512")
-    assert not targets.host_can_run(avx512)
-    assert "avx512f" in targets.why_not_runnable(avx512)
+    assert not avx512.backend().runs_on_this_cpu()
+    assert "avx512f" in avx512.backend().why_not_runnable()
     assert not {"avx512f", "avx512_vnni", "avx512bw"} & targets.host_cpu_flags()
     assert targets.host_cpu_flags() <= targets._cpuinfo_flags()
 

@@ -8,26 +8,23 @@ where neither TVM nor onnx is installed.
 
 from __future__ import annotations
 
+from . import errors  # noqa: F401
+from .errors import TvmfuseError
 from .version import __version__  # noqa: F401 - the package's version, defined in a leaf
 
-# TVM's thread pool assumes hyper-threading and uses half the CPUs it sees (1 of 2 here, halving speed), and
-# sees neither the affinity mask nor a cgroup quota. Default to the CPUs this process may use (see
-# tvmfuse.threads); the pool reads this when first used, and a value the user set wins.
-from . import threads as _threads  # noqa: E402
-
-_threads.configure()
-
-from . import cuda_driver, errors  # noqa: E402
-
-cuda_driver.preload()  # before anything imports tvm: lets a driverless machine build loadable CUDA libraries
-from .errors import TvmfuseError  # noqa: E402
-from .runtime import load  # noqa: E402
+# Importing tvmfuse (and so any of its modules, tvmfuse.schedules too) sets no environment variable and maps or
+# builds nothing: the runtime configures TVM's thread pool when imported (tvmfuse.runtime), and a CUDA target's
+# backend maps the driver, or a build stub, when made (tvmfuse.cuda_driver).
 
 __all__ = ["CompiledModel", "TvmfuseError", "compare", "compile", "errors", "load", "partitions", "quantize", "zoo"]
 
 
 def __getattr__(name: str):
-    # The compiler side is imported on first use, keeping `import tvmfuse` + `tvmfuse.load` runtime-only.
+    # Imported on first use: `import tvmfuse` costs nothing, and `tvmfuse.load` stays runtime-only.
+    if name == "load":
+        from .runtime import load
+
+        return load
     if name in ("compile", "CompiledModel", "quantize"):
         from . import api
 

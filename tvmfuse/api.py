@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import frontend, opcheck, targets
-from .errors import InputError
+from .errors import InputError, TargetError
 from .export import build, export_library, kernel_names, kernel_schedulers, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
@@ -60,6 +60,10 @@ class CompiledModel:
                 if self._runner is None:
                     check_cpu_flags(targets.required_cpu_flags(self.target),
                                     f"model compiled for {self.target.name} ({self.target.config.get('mcpu')})")
+                    backend = self.target.backend()
+                    if backend.device == "cpu" and not backend.can_run():  # another CPU's code: never executed
+                        raise TargetError(f"model compiled for {self.target.name} cannot run here: "
+                                          f"{backend.why_not_runnable()}")
                     self._runner = Runner(self.executable, self.inputs, self.outputs,
                                           device=self.target.backend().device)
                 runner = self._runner
@@ -70,7 +74,7 @@ class CompiledModel:
 
         With ``TVMFUSE_OPCHECK=1`` every partition is also checked against the unfused reference.
         """
-        if opcheck.enabled() and targets.host_can_run(self.target):
+        if opcheck.enabled() and self.target.backend().runs_on_this_cpu():
             return opcheck.run_checked(self, inputs)[0]
         return self._get_runner().run(inputs)
 
@@ -157,7 +161,7 @@ def _load_logs(logs, spec: targets.TargetSpec):
 def _build_target(target) -> targets.TargetSpec:
     """Resolve ``target``; a CPU target this machine cannot run says so now, not only when the library is run."""
     spec = targets.resolve(target)
-    warning = targets.not_runnable_warning(spec)
+    warning = spec.backend().build_warning()
     if warning:
         warnings.warn(warning, stacklevel=4)  # the caller of compile / quantize (past quiet_tvm_warnings' frame)
     return spec

@@ -81,7 +81,7 @@ def _build_observer(partitioned_mod, spec: targets.TargetSpec):
 
 def _check_target(target) -> targets.TargetSpec:
     spec = targets.resolve(target)
-    if not targets.host_can_run(spec):
+    if not spec.backend().runs_on_this_cpu():
         missing = targets.missing_host_features(spec)
         why = (f"this CPU lacks {', '.join(missing)} needed by target {spec.name!r}" if missing
                else f"code for target {spec.name!r} does not run on this CPU")

@@ -5,7 +5,8 @@ that library links ``libcuda.so.1``, the driver. Without a driver TVM keeps the 
 the exported library (a "fallback" module), which is not what a deployment should ship. The CUDA toolkit
 solves the same problem for linking with a stub driver; tvmfuse does it at run time: where no
 ``libcuda.so.1`` can be loaded, it compiles a stub with the few entry points TVM's runtime links against
-(each answers "no device"), caches it under ``~/.cache/tvmfuse``, and loads it before TVM is imported.
+(each answers "no device"), caches it under ``~/.cache/tvmfuse``, and maps it, then TVM's CUDA runtime, when a
+CUDA target's backend is made.
 ``tvm.cuda(0).exist`` stays False, nothing can run on the stub, and nvcc produces real cubins.
 
 Also: TVM compiles CUDA with NVRTC through the ``cuda-bindings`` package by default; where that package is
@@ -66,15 +67,16 @@ def build_stub(directory: Path) -> Path | None:
 
 
 def preload() -> str:
-    """Make sure TVM's CUDA runtime can load; call before ``import tvm``. Returns the driver state."""
+    """Make sure TVM's CUDA runtime is mapped, so that CUDA kernels build to cubins: the driver, or the stub
+    where there is none, then ``libtvm_runtime_cuda.so``. Called when a CUDA target's backend is made (never at
+    import: importing tvmfuse builds and maps nothing). Returns the driver state."""
     if state["driver"] != "unchecked":
         return state["driver"]
-    # Off when asked, when tvm is already imported (too late), in runtime-only processes (which run
-    # libraries, never build them: a real driver, if any, is found by TVM itself), and where CUDA cannot be
-    # compiled anyway (neither nvcc nor cuda-bindings): CPU-only start-up then pays nothing.
+    # Off when asked, in runtime-only processes (which run libraries, never build them: they map TVM's CUDA
+    # runtime with map_runtime), and where CUDA cannot be compiled anyway (neither nvcc nor cuda-bindings).
     nvcc, nvrtc = shutil.which("nvcc"), importlib.util.find_spec("cuda") is not None
-    if (os.environ.get("TVMFUSE_CUDA_STUB", "1") == "0" or "tvm" in sys.modules
-            or os.environ.get("TVM_USE_RUNTIME_LIB") == "1" or not (nvcc or nvrtc)):
+    if (os.environ.get("TVMFUSE_CUDA_STUB", "1") == "0" or os.environ.get("TVM_USE_RUNTIME_LIB") == "1"
+            or not (nvcc or nvrtc)):
         state["driver"] = "off"
         return state["driver"]
     try:
@@ -91,7 +93,41 @@ def preload() -> str:
         state["driver"] = "stub" if lib is not None else "none"
     if not nvrtc:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    if state["driver"] != "none":
+        try:
+            map_runtime()
+        except OSError:  # the build then keeps the kernels as source, and says so (cuda Backend.build_info)
+            pass
     return state["driver"]
+
+
+def map_runtime() -> None:
+    """Map TVM's CUDA runtime (``libtvm_runtime_cuda.so``: the CUDA device API, the loader of CUDA modules and
+    what makes the compiler emit cubins) where it is not mapped yet. TVM maps it at import only when a driver
+    is present; a runtime-only process (``TVM_USE_RUNTIME_LIB=1``) never does ("a loader of that name is not
+    registered" for every CUDA library).
+
+    Raises
+    ------
+    OSError
+        The library is missing or cannot be mapped (no NVIDIA driver: it links ``libcuda.so.1``).
+    """
+    import tvm
+    import tvm_ffi
+
+    if tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None:
+        return
+    ctypes.CDLL(str(Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"), mode=ctypes.RTLD_GLOBAL)
+
+
+def cuda_available() -> bool:
+    """True when an NVIDIA GPU is visible to the TVM runtime."""
+    try:
+        import tvm
+
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - a runtime without CUDA support raises various errors
+        return False
 
 
 def cuda_codegen_ready() -> bool:

@@ -56,7 +56,7 @@ def run_checked(cm, inputs: Mapping[str, np.ndarray], rtol: float = 1e-4, atol: 
     """
     import tvm
 
-    if not targets.host_can_run(cm.target):
+    if not cm.target.backend().runs_on_this_cpu():
         raise TargetError(f"op-check runs the model on this CPU; code for target {cm.target.name} cannot run here")
     kernels = cm.record.kernels
     calls: list[tuple[str, list[np.ndarray]]] = []

@@ -15,12 +15,19 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import governor
+from . import cuda_driver, governor, threads
 from .errors import InputError, ModelLoadError, TargetError
 from .integrity import MANIFEST_VERSION, read_checked_manifest  # noqa: F401 - MANIFEST_VERSION re-exported
 from .tensors import TensorInfo, random_inputs  # noqa: F401 - random_inputs: runtime.random_inputs for callers
 from .targets import host_cpu_flags
 from .tvm_log import quiet_tvm_warnings
+
+
+# TVM's thread pool assumes hyper-threading and uses half the CPUs it sees (1 of 2 here, halving speed), and
+# sees neither the affinity mask nor a cgroup quota. Every path that runs a kernel (compile's checks, calibration,
+# tuning workers, loading a library) imports this module first, and the pool reads the variable when first used;
+# a value the user set wins.
+threads.configure()
 
 
 def manifest_path(library: str | Path) -> Path:
@@ -38,29 +45,18 @@ def check_cpu_flags(required: Sequence[str], what: str) -> None:
 
 
 def cuda_runtime() -> None:
-    """Map TVM's CUDA runtime (``libtvm_runtime_cuda.so``: the CUDA device API and the loader of CUDA modules)
-    where it is not mapped yet. A runtime-only process (``TVM_USE_RUNTIME_LIB=1``) maps ``libtvm_runtime``
-    alone, and every CUDA library failed to load there ("a loader of that name is not registered").
-    :class:`LoadedModel` calls it before mapping a CUDA library; a process with TVM's compiler has it already
-    wherever a driver (or tvmfuse's build stub) is present, and without one keeps answering "no CUDA GPU".
+    """Map TVM's CUDA runtime before a CUDA library is mapped (:func:`tvmfuse.cuda_driver.map_runtime`).
 
     Raises
     ------
     ModelLoadError
         The library is missing or cannot be mapped (no NVIDIA driver: it links ``libcuda.so.1``).
     """
-    import ctypes
-
-    import tvm
-    import tvm_ffi
-
-    if tvm_ffi.get_global_func("device_api.cuda", allow_missing=True) is not None:
-        return
-    lib = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
     try:
-        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        cuda_driver.map_runtime()
     except OSError as e:
-        raise ModelLoadError(f"cannot load TVM's CUDA runtime {lib}: {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0]
+        raise ModelLoadError(f"cannot load TVM's CUDA runtime libtvm_runtime_cuda.so: {first}") from None
 
 
 def _device(name: str):

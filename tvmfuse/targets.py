@@ -44,21 +44,25 @@ class TargetSpec:
         The TVM target dict (``{"kind": "llvm", "mcpu": ...}``).
     host : dict or None
         The host target dict for device targets (CUDA).
+    backend_name : str
+        The backend that compiles for it: the folder ``schedules/<backend_name>/``. Named by the target, not
+        derived from TVM's kind (an Arm CPU is an ``llvm`` target too); a raw dict gets its kind's default
+        (:data:`KIND_BACKENDS`) unless it names one (``"backend"``).
     """
 
     name: str
     config: Mapping[str, Any]
     host: Mapping[str, Any] | None = None
+    backend_name: str = ""
+
+    def __post_init__(self):
+        if not self.backend_name:
+            object.__setattr__(self, "backend_name", KIND_BACKENDS.get(self.kind, ""))
 
     @property
     def kind(self) -> str:
         """TVM target kind: ``"llvm"`` or ``"cuda"``."""
         return str(self.config["kind"])
-
-    @property
-    def backend_name(self) -> str:
-        """The backend that compiles for this target: the folder ``schedules/<backend_name>/``."""
-        return BACKENDS[self.kind]
 
     def backend(self):
         """The target's backend (``tvmfuse.schedules.<backend_name>.Backend``); see
@@ -68,15 +72,7 @@ class TargetSpec:
 
     @functools.cached_property
     def _backend(self):
-        return backend_class(self.kind)(self)
-
-    @property
-    def is_cpu(self) -> bool:
-        return self.kind == "llvm"
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.kind == "cuda"
+        return backend_class(self.backend_name)(self)
 
     def tvm_target(self):
         """Build the ``tvm.target.Target`` (imports the TVM compiler)."""
@@ -92,7 +88,7 @@ class TargetSpec:
 
     @functools.cached_property
     def _features(self) -> frozenset[str]:
-        if not self.is_cpu:
+        if self.kind != "llvm":  # LLVM's CPU features: none for a device target
             return frozenset()
         from tvm.target import codegen
 
@@ -107,22 +103,24 @@ class TargetSpec:
         return 256 if "avx2" in feats else 128
 
     def to_json(self) -> dict:
-        return {"name": self.name, "config": dict(self.config), "host": dict(self.host) if self.host else None}
+        return {"name": self.name, "config": dict(self.config), "host": dict(self.host) if self.host else None,
+                "backend": self.backend_name}
 
     def __getstate__(self):
         # A pickled spec (a tuning worker's) leaves its cached backend and features behind: made again there.
         return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_features")}
 
 
-# TVM target kind -> backend folder under schedules/. A new target kind is a new folder plus one line here.
-BACKENDS = {"llvm": "x86", "cuda": "cuda"}
+# The backend a raw target dict of each TVM kind compiles with when it names none. Named targets (TARGETS) name
+# their own: a new backend is a folder under schedules/ and the TargetSpec lines that name it.
+KIND_BACKENDS = {"llvm": "x86", "cuda": "cuda"}
 
 
-def backend_class(kind: str):
-    """The Backend class of TVM target kind ``kind`` (imports the backend, and with it the TVM compiler)."""
+def backend_class(name: str):
+    """The Backend class of the backend folder ``schedules/<name>/`` (imports it, and with it the TVM compiler)."""
     import importlib
 
-    return importlib.import_module(f"tvmfuse.schedules.{BACKENDS[kind]}").Backend
+    return importlib.import_module(f"tvmfuse.schedules.{name}").Backend
 
 
 def _cores() -> int:
@@ -237,11 +235,11 @@ X86_AVX512_OFF = ("-avxvnni", "-avx512fp16", "-avx512bf16", "-amx-tile", "-amx-i
 
 def _x86_avx512() -> TargetSpec:
     return TargetSpec("x86-avx512", {"kind": "llvm", "mcpu": "sapphirerapids", "mattr": list(X86_AVX512_OFF),
-                                     "num-cores": _cores()})
+                                     "num-cores": _cores()}, backend_name="x86")
 
 
 def _x86_host() -> TargetSpec:
-    return TargetSpec("x86-host", {"kind": "llvm", "mcpu": host_mcpu(), "num-cores": _cores()})
+    return TargetSpec("x86-host", {"kind": "llvm", "mcpu": host_mcpu(), "num-cores": _cores()}, backend_name="x86")
 
 
 def _cuda(arch: str, name: str):
@@ -249,7 +247,7 @@ def _cuda(arch: str, name: str):
     # are those of TVM's nvidia/nvidia-a100 and -h100 tags; MetaSchedule's GPU verifier needs them.
     config = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
               "thread_warp_size": 32}
-    return lambda: TargetSpec(name, dict(config), host={"kind": "llvm"})
+    return lambda: TargetSpec(name, dict(config), host={"kind": "llvm"}, backend_name="cuda")
 
 
 TARGETS = {
@@ -287,20 +285,40 @@ def resolve(target: str | Mapping[str, Any] | TargetSpec) -> TargetSpec:
         return TARGETS[target]()
     if isinstance(target, Mapping):
         config = dict(target)
-        host = config.pop("host", None)
-        if config.get("kind") not in BACKENDS:
-            raise TargetError(f"target dict must have kind {' or '.join(repr(k) for k in BACKENDS)}, "
+        host, backend = config.pop("host", None), config.pop("backend", None)
+        if config.get("kind") not in KIND_BACKENDS:
+            raise TargetError(f"target dict must have kind {' or '.join(repr(k) for k in KIND_BACKENDS)}, "
                               f"got {config.get('kind')!r}")
+        if backend is not None and not _is_backend(backend):
+            raise TargetError(f"target dict names backend {backend!r}; the backends are {', '.join(backend_names())}")
         if config["kind"] == "cuda" and host is None:
             host = {"kind": "llvm"}
-        return TargetSpec("custom", config, host)
+        return TargetSpec("custom", config, host, backend or "")
     raise TargetError(f"target must be a name, a dict or a TargetSpec, got {type(target).__name__}")
 
 
+def backend_names() -> list[str]:
+    """The backend folders under ``schedules/`` (each a package with a ``Backend``)."""
+    import importlib.util
+    import pkgutil
+
+    schedules = importlib.util.find_spec("tvmfuse.schedules")
+    return sorted(m.name for m in pkgutil.iter_modules(schedules.submodule_search_locations) if m.ispkg)
+
+
+def _is_backend(name: str) -> bool:
+    import importlib.util
+    import sys
+
+    module = f"tvmfuse.schedules.{name}"
+    return name.isidentifier() and (module in sys.modules or importlib.util.find_spec(module) is not None)
+
+
 def missing_host_features(spec: TargetSpec) -> list[str]:
-    """CPU features the target's code uses that this host lacks (empty when it can run here)."""
+    """CPU features the target's code uses that this host lacks (empty when it can run here, and for a device
+    target: LLVM reports no CPU features for it)."""
     flags = host_cpu_flags()
-    if not spec.is_cpu or not flags:
+    if not flags:
         return []
     return sorted(f for f in spec.features() if _CPUINFO_FLAG[f] not in flags)
 
@@ -308,35 +326,3 @@ def missing_host_features(spec: TargetSpec) -> list[str]:
 def required_cpu_flags(spec: TargetSpec) -> list[str]:
     """The /proc/cpuinfo flags a CPU needs to run code compiled for ``spec`` (recorded in manifests)."""
     return sorted(_CPUINFO_FLAG[f] for f in spec.features())
-
-
-def not_runnable_warning(spec: TargetSpec) -> str:
-    """The warning a CPU build gives when this machine cannot run it ('' when it can, or for CUDA)."""
-    missing = missing_host_features(spec) if spec.is_cpu else []
-    if not missing:
-        return ""
-    return (f"target {spec.name} uses CPU features this machine lacks ({', '.join(missing)}): the library will "
-            f"not run here (target {DEFAULT} builds for this machine)")
-
-
-def host_can_run(spec: TargetSpec) -> bool:
-    """True when code compiled for ``spec`` runs on this machine's CPU."""
-    return spec.is_cpu and not missing_host_features(spec)
-
-
-def cuda_available() -> bool:
-    """True when an NVIDIA GPU is visible to the TVM runtime."""
-    try:
-        import tvm
-
-        return bool(tvm.cuda(0).exist)
-    except Exception:  # noqa: BLE001 - a runtime without CUDA support raises various errors
-        return False
-
-
-def why_not_runnable(spec: TargetSpec) -> str:
-    """Why code compiled for ``spec`` cannot run on this machine ('' when it can)."""
-    if spec.is_cuda:
-        return "" if cuda_available() else "no CUDA device on this machine"
-    missing = missing_host_features(spec)
-    return f"this CPU lacks {', '.join(missing)}" if missing else ""

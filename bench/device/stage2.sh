@@ -7,4 +7,4 @@ if [ ! -s $S/tvm/lib/libtvm_compiler.so ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S .dev2/*.whl
 fi
 . bench/device/env.sh
-python3 -c "import tvm, tvmfuse, xgboost; print('tvm', tvm.__version__, 'xgboost', xgboost.__version__); from tvmfuse import targets; print('avx512 runs:', targets.host_can_run(targets.resolve('x86-avx512')), 'cuda:', targets.cuda_available())"
+python3 -c "import tvm, tvmfuse, xgboost; print('tvm', tvm.__version__, 'xgboost', xgboost.__version__); from tvmfuse import cuda_driver, targets; print('avx512 runs:', targets.resolve('x86-avx512').backend().runs_on_this_cpu(), 'cuda:', cuda_driver.cuda_available())"

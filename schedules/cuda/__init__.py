@@ -16,6 +16,8 @@ import warnings
 
 from tvm import s_tir
 
+from tvmfuse import cuda_driver
+
 from .. import families
 from ..backend import SCHEDULED_BY, kernel_of
 from ..backend import Backend as _Base
@@ -80,6 +82,17 @@ class Backend(_Base):
     def __init__(self, spec):
         super().__init__(spec)
         self.sms = sm_count(str(spec.config.get("arch", "")))
+        cuda_driver.preload()  # before the first build: kernels compile to cubins only with TVM's CUDA runtime
+
+    def why_not_runnable(self) -> str:
+        return "" if cuda_driver.cuda_available() else "no CUDA device on this machine"
+
+    def device_label(self) -> str:
+        if cuda_driver.cuda_available():
+            import tvm
+
+            return f"cuda: {tvm.cuda(0).device_name}"
+        return f"cuda: {self.spec.config.get('arch', '')}"
 
     def weight_block(self, fn) -> int | None:
         """1 for a dense of fewer than ``dense.GEMM_ROWS`` rows: its ``[K, N]`` weight packed ``[N, K, 1]``
@@ -136,12 +149,10 @@ class Backend(_Base):
     def build_info(self) -> dict:
         """``cuda_code``: how the library will hold its kernels, ``"binary"`` (cubin) or ``"source"``, with a
         warning (no TVM CUDA runtime loaded, so a GPU machine may not load the library)."""
-        from tvmfuse import cuda_driver
-
         if cuda_driver.cuda_codegen_ready():
             return {"cuda_code": "binary"}
         warnings.warn("TVM's CUDA runtime is not loaded (no NVIDIA driver, and the build stub was off or could not "
                       f"be built: {cuda_driver.state['driver']}), so the CUDA kernels are kept as source, which a "
-                      "GPU machine may not load; import tvmfuse before tvm, and keep a C compiler on PATH",
+                      "GPU machine may not load; keep a C compiler on PATH (TVMFUSE_CUDA_STUB=0 turns the stub off)",
                       stacklevel=4)
         return {"cuda_code": "source"}

@@ -12,6 +12,8 @@ import importlib
 
 from tvm import s_tir, tirx
 
+from tvmfuse import host, targets
+
 from .. import families
 from ..backend import Backend as _Base
 from ..backend import kernel_of
@@ -130,6 +132,20 @@ class Backend(_Base):
         return (f"target {self.spec.name} has no VNNI: tvmfuse's INT8 kernels run slower than its FP32 ones on such "
                 "CPUs today (about 2x on an AMD Zen 3); time both with tvmfuse compare MODEL --targets "
                 f"{self.spec.name},{self.spec.name}:int8 before shipping the INT8 library")
+
+    def why_not_runnable(self) -> str:
+        missing = targets.missing_host_features(self.spec)
+        return f"this CPU lacks {', '.join(missing)}" if missing else ""
+
+    def build_warning(self) -> str:
+        missing = targets.missing_host_features(self.spec)
+        if not missing:
+            return ""
+        return (f"target {self.spec.name} uses CPU features this machine lacks ({', '.join(missing)}): the library "
+                f"will not run here (target {targets.DEFAULT} builds for this machine)")
+
+    def device_label(self) -> str:
+        return f"cpu: {host.cpu_name()}"
 
     def vector_lanes(self) -> int:
         return lanes(self.vector_bits)

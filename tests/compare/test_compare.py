@@ -71,7 +71,7 @@ def test_profile_accounts_for_the_end_to_end_time(report_dir):
 @pytest.mark.skipif(not NVCC, reason="nvcc not installed: no CUDA arm to build")
 def test_cuda_arm_is_a_build_only_row_with_its_reason(report_dir):
     row = Report.load(report_dir).row("cuda-sm90")
-    if targets.why_not_runnable(targets.resolve("cuda-sm90")):
+    if targets.resolve("cuda-sm90").backend().why_not_runnable():
         assert row["status"] == "build-only" and row["reason"] == "no CUDA device on this machine"
         assert row["latency"] is None and row["device"] == "cuda: sm_90"
     assert row["build"]["kernels"] >= 1 and (report_dir / row["build"]["library"]).exists()

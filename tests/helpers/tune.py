@@ -44,7 +44,7 @@ def default_entry(task, spec=HOST, run_secs=1e-5):
     from tvmfuse.tune.measure import light_tensor_intrin
 
     templates.register(spec.vector_bits())
-    light_tensor_intrin(spec.kind)  # as the tuner does: TuneContext would import every target's intrinsics (20-50 s)
+    light_tensor_intrin(spec.backend_name)  # as the tuner does: TuneContext would import every target's intrinsics (20-50 s)
     ctx = ms.TuneContext(mod=task.mod, target=spec.tvm_target(), space_generator=templates.space_generator(),
                          search_strategy="evolutionary", task_name=task.name)
     trace = ctx.generate_design_space()[0].trace

@@ -310,7 +310,7 @@ def test_register_overrides_tvm_stock_vnni_for_metaschedule():
 
     from tvmfuse.tune.measure import light_tensor_intrin
 
-    light_tensor_intrin("llvm")
+    light_tensor_intrin("x86")
     __import__(vnni.STOCK_MODULE)
     if not vnni.stock_overridden():  # another test of this session may have registered already
         with pytest.raises(Exception, match="(?i)verif|signature"):

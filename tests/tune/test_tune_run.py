@@ -116,10 +116,10 @@ def test_target_without_templates_is_refused(tmp_path):
 def test_target_this_host_cannot_run_needs_rpc(tmp_path):
     # Sapphire Rapids with every extension (AMX, AVX512-FP16): what few CI hosts have (the device host does).
     full_spr = targets.resolve({"kind": "llvm", "mcpu": "sapphirerapids"})
-    if not targets.host_can_run(full_spr):
+    if not full_spr.backend().runs_on_this_cpu():
         with pytest.raises(TuningError, match="cannot run on this machine.*lacks .*amx.*--rpc"):
             tune(MODEL, full_spr, trials=2, logs=tmp_path)
-    if not targets.host_can_run(targets.resolve("x86-avx512")):
+    if not targets.resolve("x86-avx512").backend().runs_on_this_cpu():
         with pytest.raises(TuningError, match="cannot run on this machine.*lacks avx512"):
             tune(MODEL, "x86-avx512", trials=2, logs=tmp_path)
 

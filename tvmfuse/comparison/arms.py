@@ -13,7 +13,6 @@ from pathlib import Path
 
 from .. import targets
 from ..errors import InputError, TvmfuseError
-from . import environment
 
 PRECISIONS = ("fp32", "int8")
 
@@ -66,7 +65,7 @@ def parse_arms(text: str) -> list[Arm]:
 
 def device_of(spec: targets.TargetSpec) -> str:
     """The report's device key for code compiled for ``spec`` (its backend's runtime device)."""
-    return environment.device_label(spec.backend().device, str(spec.config.get("arch", "")))
+    return spec.backend().device_label()
 
 
 def build(arm: Arm, model, shapes, calib, method: str, libs: Path) -> tuple[dict, object]:
@@ -102,7 +101,7 @@ def build(arm: Arm, model, shapes, calib, method: str, libs: Path) -> tuple[dict
     if cm.quantization is not None:
         row["build"]["quantization"] = {k: cm.quantization.get(k) for k in ("method", "int8_partitions",
                                                                            "fp32_partitions") if k in cm.quantization}
-    row["reason"] = targets.why_not_runnable(spec)
+    row["reason"] = spec.backend().why_not_runnable()
     return row, cm
 
 

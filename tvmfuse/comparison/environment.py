@@ -11,54 +11,12 @@ import time
 import numpy as np
 
 from .. import targets
+from ..host import FEATURES, cpu_name
 from ..threads import cpu_budget
-
-# The features that decide which tvmfuse kernels run, as /proc/cpuinfo spells them, and as reports name them.
-_FEATURES = (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"), ("AVX2", "avx2"),
-             ("AMX", "amx_tile"))
-
-
-def cpu_info() -> dict[str, str]:
-    """The first processor's fields from /proc/cpuinfo (empty where it cannot be read)."""
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if not key.strip():
-                    break  # the first processor's block ends with an empty line
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return info
-
-
-def cpu_name() -> str:
-    """``AMD EPYC (family 25 model 17; AVX-512, VNNI, AVX2)``: the CPU and the vector features that matter."""
-    info = cpu_info()
-    if not info:
-        return platform.processor() or platform.machine()
-    flags = set(info.get("flags", "").split())
-    features = [name for name, flag in _FEATURES if flag in flags]
-    return (f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} model "
-            f"{info.get('model', '?')}; {', '.join(features) or 'no AVX2'})")
-
 
 def cpu_device() -> str:
     """The device key of rows measured on this CPU."""
     return f"cpu: {cpu_name()}"
-
-
-def device_label(device: str, arch: str = "") -> str:
-    """The device key of rows run on TVM runtime device ``device`` (``"cpu"``, ``"cuda"``): this CPU, or
-    the GPU's name when one is present, else the architecture the code was built for."""
-    if device == "cpu":
-        return cpu_device()
-    if targets.cuda_available():
-        import tvm
-
-        return f"{device}: {tvm.device(device, 0).device_name}"
-    return f"{device}: {arch}"
 
 
 def versions() -> dict[str, str | None]:
@@ -119,7 +77,7 @@ def roofline(seconds: float = 1.0) -> dict:
 
 def environment(threads: int, measure_roofline: bool = True) -> dict:
     """The report's ``environment`` entry, with ``load_before`` filled in; the caller sets ``load_after``."""
-    shown = {flag for _, flag in _FEATURES} | {"fma", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_int8"}
+    shown = {flag for _, flag in FEATURES} | {"fma", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_int8"}
     flags = sorted(targets.host_cpu_flags() & shown)
     env = {"host": socket.gethostname(), "cpu": cpu_name(), "cpu_flags": flags, "cores": os.cpu_count(),
            "cpu_budget": cpu_budget(), "threads": threads, "load_before": load(), "load_after": None,

@@ -62,7 +62,7 @@ def measure_only(directory, output=None, budget: float | None = None, threads: i
         row = dict(old, run=run, status="build-only", threads=None, correctness=None, latency=None, profile=None)
         spec = targets.resolve(old["target"])
         row["device"] = arms_mod.device_of(spec)
-        row["reason"] = targets.why_not_runnable(spec)
+        row["reason"] = spec.backend().why_not_runnable()
         if not (directory / old["build"]["library"]).exists():
             row.update(status="failed", reason=f"library {old['build']['library']} is missing from {directory}")
         data["contenders"].append(row)

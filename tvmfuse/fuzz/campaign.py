@@ -42,7 +42,7 @@ def int8_targets(target=check.HOST) -> list:
 
     chosen = [target]
     spec, avx2 = targets.resolve(target), targets.resolve(AVX2)
-    if "avx512vnni" in spec.features() and targets.host_can_run(avx2):
+    if "avx512vnni" in spec.features() and avx2.backend().runs_on_this_cpu():
         chosen.append(AVX2)
     return chosen
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import signal
 import sys
@@ -18,8 +19,13 @@ import threading
 import time
 import types
 
+from .. import threads
 from ..errors import TvmfuseError
 from ..targets import TargetSpec
+
+# The runner's workers inherit the environment: TVM's pool in each sizes itself by the CPUs this process may use
+# (see tvmfuse.threads; a value the user set wins).
+threads.configure()
 from .workers import close_pool, new_pool, track_pool, worker_initializer
 
 INTRIN = "tvm.s_tir.tensor_intrin"
@@ -29,25 +35,26 @@ class TuningError(TvmfuseError):
     """Tuning could not produce a usable result (nothing built, nothing valid, no RPC device)."""
 
 
-def build_candidate(mod, target, _params):
-    """Build one scheduled candidate (MetaSchedule ``f_build``; runs in a builder process)."""
+def build_candidate(mod, target, _params, backend: str | None = None):
+    """Build one scheduled candidate (MetaSchedule ``f_build``; runs in a builder process). ``backend``: the
+    target's backend (:func:`make_builder` binds it), else the default of the TVM target's kind."""
     import tvm
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from tvmfuse.targets import backend_class
+    from tvmfuse.targets import KIND_BACKENDS, backend_class
 
-    kind = str(target.kind.name)
-    light_tensor_intrin(kind)
+    backend = backend or KIND_BACKENDS[str(target.kind.name)]
+    light_tensor_intrin(backend)
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # The backend's passes on scheduled kernels, as compile runs them: the candidate is timed as it will run.
-    mod = tvm.transform.Sequential(backend_class(kind).kernel_passes())(mod)
+    mod = tvm.transform.Sequential(backend_class(backend).kernel_passes())(mod)
     return tvm_build(mod, target=target)
 
 
-def light_tensor_intrin(kind: str) -> None:
-    """Make ``import tvm.s_tir.tensor_intrin`` load only the intrinsics the backend of TVM target ``kind``
-    needs (``Backend.tensor_intrin``).
+def light_tensor_intrin(backend: str) -> None:
+    """Make ``import tvm.s_tir.tensor_intrin`` load only the intrinsics ``backend`` needs
+    (``Backend.tensor_intrin``).
 
     The package is put in ``sys.modules`` as a namespace over the real folder, so any other intrinsic module
     can still be imported explicitly (``import tvm.s_tir.tensor_intrin.arm_cpu``). A no-op once the real
@@ -62,9 +69,9 @@ def light_tensor_intrin(kind: str) -> None:
     package.__path__ = list(spec.submodule_search_locations)
     package.__package__ = INTRIN
     sys.modules[INTRIN] = package
-    from ..targets import BACKENDS, backend_class
+    from ..targets import backend_class
 
-    for name in backend_class(kind).tensor_intrin if kind in BACKENDS else ():
+    for name in backend_class(backend).tensor_intrin:
         setattr(package, name, importlib.import_module(f"{INTRIN}.{name}"))
 
 
@@ -154,9 +161,11 @@ def _builder_class():
 _BUILDER = None
 
 
-def make_builder(timeout_sec: float = 120.0):
+def make_builder(timeout_sec: float = 120.0, backend: str | None = None):
+    """The builder of candidates for a target of ``backend`` (None: the default of each target's kind)."""
+    f_build = build_candidate if backend is None else functools.partial(build_candidate, backend=backend)
     # The constructor's own worker check runs under the timeout too: build it with room, then apply ours.
-    builder = _builder_class()(f_build=build_candidate, timeout_sec=max(timeout_sec, 60.0),
+    builder = _builder_class()(f_build=f_build, timeout_sec=max(timeout_sec, 60.0),
                                initializer=worker_initializer())
     builder.timeout_sec = timeout_sec
     return builder
@@ -272,6 +281,4 @@ def progress_callback(progress: Progress):
 
 
 def target_runs_here(spec: TargetSpec) -> bool:
-    from ..targets import host_can_run
-
-    return host_can_run(spec)
+    return spec.backend().runs_on_this_cpu()

@@ -210,8 +210,8 @@ def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: 
         raise TuningError(f"target {spec.name}: tuning is not supported yet (its backend, {spec.backend().name}, has no "
                           "MetaSchedule templates and compile applies no tuning logs for it)")
     if rpc is None and not target_runs_here(spec):
-        missing = ", ".join(targets.missing_host_features(spec)) or spec.kind
-        raise TuningError(f"target {spec.name} cannot run on this machine (lacks {missing}): measure on a device "
+        why = spec.backend().why_not_runnable() or f"its code runs on {spec.backend().device}, not this CPU"
+        raise TuningError(f"target {spec.name} cannot run on this machine ({why}): measure on a device "
                           "that can with rpc (tvmfuse tune --rpc HOST:PORT --key KEY)")
     start = time.monotonic()
     store = LogStore(logs if logs is not None else default_root(), spec)
@@ -245,7 +245,7 @@ class _Session:
         spec = self.spec
         self.staging = self._open_run()
         self.done = self.staging.trials_by_workload()
-        light_tensor_intrin(spec.kind)
+        light_tensor_intrin(spec.backend_name)
         backend = spec.backend()
         backend.register_templates()
         self.sizes = {t.key: backend.space_size(t.mod) if t.family else None for t in todo}
@@ -260,7 +260,7 @@ class _Session:
 
         self.builder = self.runner = None
         try:
-            self.builder, self.runner = make_builder(self.builder_timeout), make_runner(self.rpc)
+            self.builder, self.runner = make_builder(self.builder_timeout, self.spec.backend_name), make_runner(self.rpc)
             self.cost_model = ms.cost_model.CostModel.create("xgb", num_tuning_cores=targets._cores())
             self.db = self.staging.database()
             # Tuned kernels are checked (and timed against the default) where they will run.
