@@ -8,7 +8,7 @@ lowers to with, per backend, the rule module that schedules each (``schedules/<b
 backend's templates, e.g. ``schedules/x86/templates.py``, say which of them are also MetaSchedule templates).
 
 Readers: the pattern table (``tvmfuse.patterns``), the TE computes (:mod:`.compute`), the INT8 kernels
-(``tvmfuse.passes.int8_kernels``), the backends and the tuner. Computes and rules are named by string
+(``tvmfuse.passes.int8.kernels``), the backends and the tuner. Computes and rules are named by string
 (``"module.function"`` under ``tvmfuse.schedules``) and imported on first use, so this module imports
 nothing of tvmfuse and every layer can read it.
 
@@ -55,7 +55,7 @@ class Int8:
     # ``compute`` with ``out_layout="NCHW16c"``); None: the family's INT8 kernel reads and writes NCHW only.
     blocked_pack: str | None = None
     # "module.function" packing the weight for the NCHW16c kernel on AVX512-VNNI targets where the layout
-    # allows (``passes.int8_kernels.vnni_packed``); the compute takes ``kernel_width`` with it. None:
+    # allows (``passes.int8.kernels.vnni_packed``); the compute takes ``kernel_width`` with it. None:
     # ``blocked_pack`` there too.
     vnni_pack: str | None = None
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):

@@ -17,7 +17,7 @@ import pytest
 
 import tvmfuse
 from tvmfuse import cli
-from tvmfuse.passes.quantize import QuantizeWarning
+from tvmfuse.passes.int8.quantize import QuantizeWarning
 from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError
 

@@ -26,7 +26,7 @@ from .errors import TargetError, spelled
 from .export import build
 from .passes.lower import LowerPartitions
 from .passes.pipeline import PassRecord, run_graph_passes
-from .passes.quantize import QuantizeGraph
+from .passes.int8.quantize import QuantizeGraph
 from .quant.calibrate import create_calibrator
 from .quant.data import CalibrationDataError, check_batch, load_calibration_data
 from .quant.images import image_files, random_batches

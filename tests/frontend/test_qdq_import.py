@@ -30,8 +30,8 @@ from helpers.qdq import X_SCALE, ZERO_POINT, Spec, agreement, op_counts, ort_qua
 from helpers.quantize_graph import call_kinds
 from tvmfuse import frontend, targets, zoo
 from tvmfuse.passes.canonicalize import CanonicalizeClip
-from tvmfuse.passes.int8_kernels import model_multiplier
-from tvmfuse.passes.qdq import FuseQDQ, QDQWarning
+from tvmfuse.passes.int8.kernels import model_multiplier
+from tvmfuse.passes.int8.qdq import FuseQDQ, QDQWarning
 from tvmfuse.quant.params import QuantParams
 from tvmfuse.schedules import int8, int8_ref
 

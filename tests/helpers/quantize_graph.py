@@ -9,7 +9,7 @@ from tvm import relax
 from helpers import HOST
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
-from tvmfuse.passes.quantize import QuantizeGraph
+from tvmfuse.passes.int8.quantize import QuantizeGraph
 from tvmfuse.quant.keys import observed_tensors
 from tvmfuse.quant.table import CalibrationTable
 

@@ -20,7 +20,7 @@ from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, gr
 from helpers.quantize_graph import SPEC, calib_table, call_kinds, kernel_args, main_calls, partitioned, quantized
 from tvmfuse import targets
 from tvmfuse.passes.utils import bindings_of
-from tvmfuse.passes.quantize import QuantizeGraph, QuantizeWarning
+from tvmfuse.passes.int8.quantize import QuantizeGraph, QuantizeWarning
 from tvmfuse.quant.keys import observed_tensors
 
 
@@ -216,7 +216,7 @@ def test_hardswish_partition_joins_the_int8_region():
 
 @pytest.mark.parametrize("spelling", ["paddle", "torch"])
 def test_hardswish_spellings_read_their_constants(spelling):
-    from tvmfuse.passes.int8_partition import analyze
+    from tvmfuse.passes.int8.match import analyze
 
     for shift in (3.0, 2.5):
         mod = partitioned(spelt_hardswish(spelling, shift))

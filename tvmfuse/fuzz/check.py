@@ -218,7 +218,7 @@ def check_quantized(model: onnx.ModelProto, target=HOST, bound: float = INT8_BOU
     partitions that became INT8 kernels and those that stayed FP32 (grouped convs, sigmoid epilogues, ...).
     """
     from tvmfuse import api
-    from tvmfuse.passes.quantize import QuantizeWarning
+    from tvmfuse.passes.int8.quantize import QuantizeWarning
 
     calib = calibration_batches(model, batches, seed)
     names = [o.name for o in model.graph.output]

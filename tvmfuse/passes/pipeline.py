@@ -22,7 +22,7 @@ class PassRecord:
         :class:`tvmfuse.schedules.packing.KernelLayout`: packed weights, blocked activations).
     qdq : dict
         What ``FuseQDQ`` did with a quantized (QDQ) model: ``int8_kernels`` and ``kept_float`` (anchor, op,
-        reason), see :func:`tvmfuse.passes.qdq.FuseQDQ`.
+        reason), see :func:`tvmfuse.passes.int8.qdq.FuseQDQ`.
     """
 
     partitioned: object = None
@@ -50,7 +50,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     from .fold_scale import FoldScaleShift
     from .gelu import FuseGeluTanh
     from .layer_norm import FuseLayerNorm
-    from .qdq import FuseQDQ
+    from .int8.qdq import FuseQDQ
     from .regroup_conv import RegroupConv
 
     # CanonicalizeClip first: it folds the importer's Clip guards cheaply before FoldConstant sees them, and

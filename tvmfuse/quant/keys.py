@@ -1,7 +1,7 @@
 """Tensor keys: how calibration tables name the tensors that enter or leave a partition.
 
 A low module (it needs only TVM's IR): calibration (:mod:`tvmfuse.calibration`) writes tables under these
-keys and ``QuantizeGraph`` (:mod:`tvmfuse.passes.quantize`) looks ranges up by them, both from the same
+keys and ``QuantizeGraph`` (:mod:`tvmfuse.passes.int8.quantize`) looks ranges up by them, both from the same
 partitioned module.
 """
 

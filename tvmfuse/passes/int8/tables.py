@@ -21,10 +21,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..quant.params import QuantParams
-from .int8_kernels import OutputTable
-from .int8_partition import clip_bounds, short_op_name
-from .utils import bindings_of, const_array, float_scalar
+from ...quant.params import QuantParams
+from .kernels import OutputTable
+from .match import clip_bounds, short_op_name
+from ..utils import bindings_of, const_array, float_scalar
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tvm
 
-from .utils import bindings_of, op_name
+from ..utils import bindings_of, op_name
 
 
 def _int8_vars(sites) -> tuple[set, list]:

@@ -1,12 +1,12 @@
 """INT8 kernels for partitions: what a partition computes, and the INT8 kernel that replaces it.
 
-:func:`.int8_partition.analyze` reads a partition function (anchor, bias, residual add, activation) and
+:func:`.match.analyze` reads a partition function (anchor, bias, residual add, activation) and
 says whether the INT8 kernels of :mod:`tvmfuse.schedules.int8` can compute it, and if not, why.
 :func:`make_int8_kernel` builds the kernel and its constant arguments from the calibrated quantization parameters, all in numpy at compile
 time: weights quantized per output channel (:func:`tvmfuse.quant.params.weight_params`) and packed for
 VNNI, the bias quantized to int32 with the input zero point folded in, requantize multipliers in float32.
 A partition taken from a quantized model (:mod:`.qdq`) carries the model's own int8 weight, scales and int32
-bias (:class:`.int8_partition.QuantizedWeight`), which are used as they are instead of being derived from the
+bias (:class:`.match.QuantizedWeight`), which are used as they are instead of being derived from the
 float weight.
 """
 
@@ -21,10 +21,10 @@ from tvm import relax, te
 from tvmfuse.schedules import families, int8, int8_ref
 from tvmfuse.schedules.blocked import to_blocked, to_plain
 
-from ..quant.params import QuantParams, bias_params, weight_params
-from .layout import transform_call
-from .int8_partition import Int8Partition
-from .utils import OPAQUE
+from ...quant.params import QuantParams, bias_params, weight_params
+from ..layout import transform_call
+from .match import Int8Partition
+from ..utils import OPAQUE
 
 
 def _quantized_weight(part: Int8Partition) -> tuple[np.ndarray, QuantParams]:

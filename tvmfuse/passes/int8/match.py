@@ -14,7 +14,7 @@ from tvm import relax
 from tvmfuse.patterns.builders import AFFINE
 from tvmfuse.schedules import families
 
-from .utils import bindings_of, const_array
+from ..utils import bindings_of, const_array
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,8 +15,8 @@ from tvm import relax
 
 from tvmfuse.schedules.int8 import BLOCKED_LAYOUT
 
-from .int8_kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
-from .utils import emit_like
+from .kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
+from ..utils import emit_like
 
 SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 

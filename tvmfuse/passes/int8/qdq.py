@@ -56,12 +56,12 @@ from tvm import relax
 from tvmfuse.schedules import families
 from tvmfuse.schedules.int8 import Int8KernelError
 
-from ..quant.params import QuantParams, QuantParamsError
-from ..targets import TargetSpec
-from .int8_kernels import has_vnni, make_int8_kernel
-from .int8_partition import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
+from ...quant.params import QuantParams, QuantParamsError
+from ...targets import TargetSpec
+from .kernels import has_vnni, make_int8_kernel
+from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
-from .utils import const_array
+from ..utils import const_array
 
 CODES = ("uint8", "int8")
 

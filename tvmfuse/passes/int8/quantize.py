@@ -18,7 +18,7 @@ Borders, with every activation uint8 and quantized per tensor:
   (dequantize fused) when none is; uint8 plus one ``relax.dequantize`` for the FP32 consumers when mixed.
   A model output counts as an FP32 consumer.
 - A max-pool between INT8 partitions pools the uint8 codes (exact); squeeze-and-excitation's spatial mean
-  and channel gate inside an INT8 region run on codes too (``int8_codes``: no float tensor, no quantize).
+  and channel gate inside an INT8 region run on codes too (``codes``: no float tensor, no quantize).
 
 Layout (``blocked``, the default): an INT8 kernel with an NCHW16c form writes its uint8 codes NCHW16c when
 another such kernel, or an op on codes that keeps their layout (max-pool, mean, gate), reads them
@@ -40,17 +40,17 @@ from tvmfuse.schedules import int8_se
 from tvmfuse.schedules.blocked import pool2d
 from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
 
-from ..quant.keys import observed_tensors
-from ..quant.params import QuantParams, activation_params
-from ..targets import TargetSpec
-from .int8_kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape,
+from ...quant.keys import observed_tensors
+from ...quant.params import QuantParams, activation_params
+from ...targets import TargetSpec
+from .kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape,
                            make_int8_kernel, relayout)
-from .int8_partition import Int8Partition, analyze
-from .int8_codes import float_read, uint8_gates, uint8_means, uint8_pools
-from .layout import POOL_FAMILY, transform_call
-from .int8_tables import Chain, find_chains, output_table
-from .partition import is_partition
-from .utils import bindings_of, emit_like, users_of
+from .match import Int8Partition, analyze
+from .codes import float_read, uint8_gates, uint8_means, uint8_pools
+from ..layout import POOL_FAMILY, transform_call
+from .tables import Chain, find_chains, output_table
+from ..partition import is_partition
+from ..utils import bindings_of, emit_like, users_of
 
 
 class QuantizeWarning(UserWarning):
@@ -106,7 +106,7 @@ def _find_sites(mod: tvm.IRModule, table, keys: dict) -> list[_Site]:
 
 
 def _attach_tables(mod: tvm.IRModule, sites: list[_Site], users: dict, table, keys: dict) -> None:
-    """Give an INT8 site the elementwise chain after it (:mod:`.int8_tables`) when an INT8 site reads the
+    """Give an INT8 site the elementwise chain after it (:mod:`.tables`) when an INT8 site reads the
     chain's result and calibration observed both ends: its kernel then writes the result's codes."""
     int8 = {s.var: s for s in sites if s.part is not None}
     for start, chain in find_chains(mod["main"], set(int8), users).items():
@@ -197,7 +197,7 @@ class _Rewrite(relax.PyExprMutator):
         return have[layout]
 
     def _pool_codes(self, binding) -> None:
-        """A max-pool of codes (:func:`.int8_codes.uint8_pools`): NCHW16c codes pooled blocked by the blocked
+        """A max-pool of codes (:func:`.codes.uint8_pools`): NCHW16c codes pooled blocked by the blocked
         pool kernel (its padding, the dtype's minimum, is code 0 too), NCHW codes by the Relax op."""
         pool, var = binding.value, binding.var
         codes = self._codes_of(self.pools[var], None)
@@ -231,7 +231,7 @@ class _Rewrite(relax.PyExprMutator):
         self.codes[var] = {layout: self._emit_like(call, var, "_u8" if layout == "NCHW" else "_u8_nchw16c")}
 
     def _mean_codes(self, var) -> None:
-        """The codes of a spatial mean (:func:`.int8_codes.uint8_means`) from its input's codes."""
+        """The codes of a spatial mean (:func:`.codes.uint8_means`) from its input's codes."""
         x = self.means[var]
         codes = self._codes_of(x, None)
         px, pm = self.qparams(x), self.qparams(var)
@@ -240,7 +240,7 @@ class _Rewrite(relax.PyExprMutator):
         self._codes_kernel(var, kernel, "mean_codes", [codes], shape[:2] + [1, 1] + shape[4:])
 
     def _gate_codes(self, var) -> None:
-        """The codes of a channel gate's product (:func:`.int8_codes.uint8_gates`) from the codes of ``x`` and the gate."""
+        """The codes of a channel gate's product (:func:`.codes.uint8_gates`) from the codes of ``x`` and the gate."""
         x, gate = self.gates[var]
         codes = self._codes_of(x, None)
         px, pp = self.qparams(x), self.qparams(var)
