@@ -15,28 +15,9 @@ import sys
 
 
 def build(model, target: str, graph: bool, shapes=None):
-    import tvm
-
     import tvmfuse
-    from tvmfuse import export
 
-    real = export.build
-
-    def build_with(mod, spec, database=None, applied=None):
-        target_ = spec.tvm_target()
-        config = {"relax.backend.use_cuda_graph": graph}
-        with target_, tvm.transform.PassContext(opt_level=3, config=config):
-            lowered = export.relax_pipeline(spec, target_, database, applied)(mod)
-            return tvm.compile(lowered, target=target_, relax_pipeline=None), lowered
-
-    export.build = build_with
-    import tvmfuse.api as api
-
-    api.build = build_with
-    try:
-        return tvmfuse.compile(model, target=target, shapes=shapes)
-    finally:
-        export.build = api.build = real
+    return tvmfuse.compile(model, target=target, shapes=shapes, cuda_graph=graph)
 
 
 def main(argv=None) -> int:

@@ -171,6 +171,13 @@ class Backend:
         return "post-order-apply"
 
     # --- build ---
-    def build_info(self) -> dict:
-        """Manifest entries the backend adds for a build (checked before building)."""
+    captures_graphs = False  # whether its runtime can replay a model's kernel launches as one graph
+
+    def build_info(self, graph: bool = False) -> dict:
+        """Manifest entries the backend adds for a build (checked before building); ``graph``: the build
+        captures its launches in a graph (see :meth:`pass_config`)."""
+        return {}
+
+    def pass_config(self, graph: bool = False) -> dict:
+        """TVM ``PassContext`` options for a build (``graph``: capture the launches, where it can)."""
         return {}

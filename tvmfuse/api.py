@@ -169,7 +169,7 @@ def _build_target(target) -> targets.TargetSpec:
 
 @quiet_tvm_warnings()
 def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: bool = False, logs=None, layout: str = "blocked") -> CompiledModel:
+            progress: bool = False, logs=None, layout: str = "blocked", cuda_graph: bool = True) -> CompiledModel:
     """Compile an ONNX model for a target.
 
     Parameters
@@ -189,6 +189,9 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     layout : str
         Activation layout between conv partitions on CPU targets: ``"blocked"`` (NCHW[b]c, b the vector
         width; layout transforms only where a plain tensor is needed) or ``"nchw"`` (every kernel NCHW).
+    cuda_graph : bool
+        CUDA targets: capture the model's kernel launches in a CUDA graph on the first run and replay it after
+        (on by default; the manifest's ``cuda_graph`` says which). Other targets ignore it.
 
     Returns
     -------
@@ -200,11 +203,19 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
-    return _compile_imported(imported, spec, steps, logs, layout=layout)
+    return _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph)
+
+
+def _graph_capture(spec: targets.TargetSpec, asked: bool) -> bool:
+    """Whether the build captures its launches in a graph: asked, and the backend can (a graph replays fixed
+    allocations: every tvmfuse model has static shapes, the import fixes them)."""
+    if not isinstance(asked, bool):
+        raise InputError(f"cuda_graph must be True or False, got {asked!r}")
+    return asked and spec.backend().captures_graphs
 
 
 def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, quantizer=None,
-                      layout: str = "blocked") -> CompiledModel:
+                      layout: str = "blocked", cuda_graph: bool = True) -> CompiledModel:
     """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
     tvm_target = spec.tvm_target()
     record = PassRecord()
@@ -212,10 +223,11 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
                                blocked=layout == "blocked")
     database, log_info = _load_logs(logs, spec)
-    build_info = spec.backend().build_info()
+    graph = _graph_capture(spec, cuda_graph)
+    build_info = spec.backend().build_info(graph)
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
-        executable, lowered = build(mod, spec, database, applied)
+        executable, lowered = build(mod, spec, database, applied, graph)
     names = [o.name for o in imported.outputs]
     outputs = _relax_output_infos(mod, names)
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)

@@ -54,11 +54,14 @@ def cmd_compile(args) -> int:
 
     logs = False if args.no_logs else args.logs
     cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs,
-                     layout=args.layout)
+                     layout=args.layout, cuda_graph=not args.no_cuda_graph)
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
+    if "cuda_graph" in cm.build_info:
+        print("kernel launches: " + ("captured in a CUDA graph on the first run, replayed after" if cm.build_info["cuda_graph"]
+                                      else "one by one on every run (no CUDA graph)"))
     print(f"kernels scheduled by: {_schedulers(cm.manifest()['scheduled_by'])}")
     if cm.tuning_logs:
         info = cm.tuning_logs
@@ -232,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
     p.add_argument("--layout", choices=["blocked", "nchw"], default="blocked",
                    help="activations between conv kernels: blocked NCHW[b]c (default) or plain NCHW")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="CUDA targets: launch every kernel on each run instead of replaying a captured CUDA graph")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("quantize", help="calibrate an FP32 model and compile it to INT8 (.so with a JSON manifest)",

@@ -19,10 +19,11 @@ from .tvm_log import quiet_tvm_warnings
 from .version import __version__
 
 
-def build(mod, spec: TargetSpec, database=None, applied: list | None = None):
+def build(mod, spec: TargetSpec, database=None, applied: list | None = None, graph: bool = False):
     """Compile ``mod`` for ``spec``, with tuned schedules from ``database`` where it has them.
 
-    ``applied`` (optional list) receives the names of the kernels a tuning record scheduled.
+    ``applied`` (optional list) receives the names of the kernels a tuning record scheduled; ``graph``: capture
+    the kernel launches in a graph where the backend can (``Backend.pass_config``).
 
     Returns
     -------
@@ -33,7 +34,7 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None):
     import tvm
 
     target = spec.tvm_target()
-    with target, tvm.transform.PassContext(opt_level=3):
+    with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(graph)):
         lowered = relax_pipeline(spec, target, database, applied)(mod)
         return tvm.compile(lowered, target=target, relax_pipeline=None), lowered
 
