@@ -139,23 +139,26 @@ def _conv_args(call) -> tuple[list[int], list[int], list[int]]:
     return ints(a.strides), ints(a.padding), ints(a.dilation)
 
 
-def conv2d(call, data, weight, lanes: int | None = None):
+def conv2d(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
     """groups = 1 conv2d; a 5-D weight is packed by :func:`.packing.pack_weight` (see ``compute.partition_compute``).
     With ``lanes`` and a channel count no vector divides (so the kernel's vectors run along rows), rows
     whose pixel vectors (:func:`common.row_vector`) would be short are computed in whole vectors, then
-    cropped (:func:`whole_vector_rows`)."""
+    cropped (:func:`whole_vector_rows`). ``out_dtype``: the accumulator's (float32 for float16 operands; None:
+    the operands')."""
     if len(weight.shape) == 5:
         out_channels, out_width = int(call.ty.shape[1]), int(call.ty.shape[3])
         wide = whole_vector_rows(out_width, lanes) if lanes and out_channels % lanes else None
-        return _conv2d_packed(data, weight, *_conv_args(call), call.ty.dtype, wide)
-    return topi.nn.conv2d_nchw(data, weight, *_conv_args(call))
+        return _conv2d_packed(data, weight, *_conv_args(call), out_dtype or call.ty.dtype, wide)
+    return topi.nn.conv2d_nchw(data, weight, *_conv_args(call), out_dtype=out_dtype)
 
 
-def depthwise_conv2d(call, data, weight, lanes: int | None = None):
+def depthwise_conv2d(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
     """Depthwise conv2d; rows computed in whole vectors of ``lanes`` where that pays (see the helpers). Without
     ``lanes`` (a backend with no vectors: CUDA, where a thread computes a strip of outputs from a tile in shared
     memory) topi's plain form: padding, then the window."""
     strides, padding, dilation = _conv_args(call)
+    if out_dtype not in (None, str(data.dtype)):
+        lanes = None  # the whole-vector forms are the CPU's, in the operands' type
     if lanes and phase_split_pays(strides[1], dilation[1], int(call.ty.shape[3]), int(weight.shape[3])):
         return _depthwise_phase_split(data, weight, strides, padding, dilation, lanes)
     if lanes and int(call.ty.shape[3]) % lanes:
@@ -164,24 +167,26 @@ def depthwise_conv2d(call, data, weight, lanes: int | None = None):
     in_channels = int(data.shape[1])
     multiplier = int(weight.shape[0]) // in_channels
     filt = topi.reshape(weight, (in_channels, multiplier, int(weight.shape[2]), int(weight.shape[3])))
-    return topi.nn.depthwise_conv2d_nchw(data, filt, strides, padding, dilation)
+    return topi.nn.depthwise_conv2d_nchw(data, filt, strides, padding, dilation, out_dtype=out_dtype)
 
 
-def group_conv2d(call, data, weight, lanes: int | None = None):
+def group_conv2d(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
     del lanes
-    return topi.nn.group_conv2d_nchw(data, weight, *_conv_args(call), int(call.attrs.groups))
+    return topi.nn.group_conv2d_nchw(data, weight, *_conv_args(call), int(call.attrs.groups), out_dtype=out_dtype)
 
 
-def dense(call, data, weight, lanes: int | None = None):
+def dense(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
     """``data[M, K] x weight[K, N]``; a 3-D weight is packed ``[N/n_block, K, n_block]``
     (:func:`.packing.pack_dense_weight`). Both name the product ``T_matmul_NN``, as topi does."""
     del lanes
     if len(weight.shape) == 2:
-        return topi.nn.matmul(data, weight)
+        return topi.nn.matmul(data, weight, out_dtype=out_dtype)
     (m, k), (panels, _, n_block) = ([int(d) for d in data.shape], [int(d) for d in weight.shape])
+    acc = out_dtype or str(data.dtype)
     r = te.reduce_axis((0, k), name="k")
-    return te.compute((m, panels * n_block), lambda i, j: te.sum(data[i, r] * weight[j // n_block, r, j % n_block],
-                                                                  axis=r), name="T_matmul_NN", tag="matmul")
+    return te.compute((m, panels * n_block), lambda i, j: te.sum(
+        data[i, r].astype(acc) * weight[j // n_block, r, j % n_block].astype(acc), axis=r), name="T_matmul_NN",
+        tag="matmul")
 
 
 def conv2d_blocked(call, data, weight):

@@ -53,6 +53,8 @@ class Backend:
         The folder under ``schedules/``.
     device : str
         The TVM runtime device the code runs on (``"cpu"``, ``"cuda"``).
+    precisions : tuple of str
+        The float precisions it builds (``fp32``; ``fp16``: float16 tensors, float32 accumulation).
     int8_kernels : bool
         Whether the INT8 kernels (``QuantizeGraph``, ``FuseQDQ``) can be scheduled for it.
     int8_vnni : bool
@@ -71,6 +73,7 @@ class Backend:
 
     name = ""
     device = "cpu"
+    precisions: tuple = ("fp32",)  # what compile(precision=...) may ask of it
     int8_kernels = False
     int8_vnni = False
     applies_tuning_logs = False

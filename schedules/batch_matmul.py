@@ -34,7 +34,7 @@ def padded_width(n: int, lanes: int | None) -> int:
     return -(-n // lanes) * lanes
 
 
-def batch_matmul(call, a, b, lanes: int | None = None):
+def batch_matmul(call, a, b, lanes: int | None = None, out_dtype: str | None = None):
     """``relax.matmul`` of rank >= 2 operands into ``call``'s output shape; ``B`` packed (see the module).
     An N no vector divides is computed :func:`padded_width` wide from a zero-padded pack, then cropped."""
     out = [int(d) for d in call.ty.shape]
@@ -46,7 +46,9 @@ def batch_matmul(call, a, b, lanes: int | None = None):
             i[-1] < n, source[i[:-1] + (te.min(i[-1], n - 1),)], te.const(0.0, b.dtype)), name=PACK)
     elif isinstance(b.op, te.ComputeOp) and b.op.name == TRANSPOSE:
         b = te.compute(b.shape, lambda *i: b[i], name=PACK)
+    acc = out_dtype or str(a.dtype)
     r = te.reduce_axis((0, k), name="k")
     product = te.compute(out[:-1] + [wide], lambda *i: te.sum(
-        _broadcast(a, i[:-2], i[-2], r) * _broadcast(b, i[:-2], r, i[-1]), axis=r), name=ANCHOR, tag=families.BATCH_MATMUL.name)
+        _broadcast(a, i[:-2], i[-2], r).astype(acc) * _broadcast(b, i[:-2], r, i[-1]).astype(acc), axis=r),
+        name=ANCHOR, tag=families.BATCH_MATMUL.name)
     return product if wide == n else te.compute(out, lambda *i: product[i], name=CROP)

@@ -66,7 +66,39 @@ class PartitionCompute:
         return self.layout.packed
 
     def prim_func(self) -> tvm.tirx.PrimFunc:
-        return te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
+        func = te.create_prim_func(self.inputs + [self.output]).without_attr("global_symbol")
+        return _inline_widening(func) if any(str(t.dtype) == "float16" for t in self.inputs) else func
+
+
+# Stage name of an operand widened to the accumulator's type (float16 kernels: see :func:`_widened`)
+WIDEN = "widen_fp32"
+ACCUMULATOR = "float32"  # of every float16 kernel: its products are summed, and its epilogue applied, in float32
+
+
+def _inline_widening(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` with its operand-widening stages inlined into their readers: one kernel reads float16 and
+    computes in float32, with no float32 copy of an operand in memory."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    widening = [n for n in names if n.startswith(WIDEN)]
+    for name in widening:
+        sch.compute_inline(sch.get_sblock(name))
+    return sch.mod["main"] if widening else func
+
+
+def _widen(t: te.Tensor) -> te.Tensor:
+    if str(t.dtype) != "float16":
+        return t
+    return te.compute(t.shape, lambda *i: t(*i).astype(ACCUMULATOR), name=WIDEN, tag=topi.tag.ELEMWISE)
+
+
+def _widened(ops: dict) -> dict:
+    """TE_OPS of a float16 kernel: the epilogue applied in float32 to the accumulator, its float16 operands
+    (bias, residual) read widened."""
+    return {name: (lambda op: lambda call, *args: op(call, *[_widen(a) for a in args]))(op)
+            for name, op in ops.items()}
 
 
 def anchor_call(fn: relax.Function):
@@ -250,6 +282,9 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
             layout.weights[weight] = (family.panels[0], oc_block)
         te_ops = TE_OPS
         anchor_compute = functools.partial(family.fp32_compute(), lanes=lanes) if family is not None else None
+        if anchor is not None and str(anchor.ty.dtype) == "float16":  # float16 operands, float32 accumulation
+            te_ops = _widened(TE_OPS)
+            anchor_compute = functools.partial(family.fp32_compute(), lanes=lanes, out_dtype=ACCUMULATOR)
     env, inputs = {}, []
     for i, p in enumerate(fn.params):
         t = te.placeholder(layout.shape(i, _ints(p.ty.shape)), p.ty.dtype, name=f"p{i}")
@@ -274,6 +309,8 @@ def partition_compute(fn: relax.Function, oc_block: int | None = None, lanes: in
             ops.append(name.replace("relax.nn.", "").replace("relax.", ""))
     kernel = _kernel_name(family, layout) if family is not None else "unknown"
     out = env[fn.body.body]
+    if str(out.dtype) != str(fn.ret_ty.dtype):  # a float16 kernel rounds once, at its store
+        out = topi.cast(out, str(fn.ret_ty.dtype))
     if layout.blocked and not layout.plain_out and int(anchor.ty.shape[1]) % layout.out_block:
         out = blocked.zero_padding(out, int(anchor.ty.shape[1]))  # a padded block: zeros in its padded lanes
     return PartitionCompute(inputs, out, kernel, ops, layout)

@@ -13,6 +13,7 @@ from . import frontend, opcheck, targets
 from .errors import InputError, TargetError
 from .export import build, export_library, kernel_names, kernel_schedulers, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
+from .passes.precision import PRECISIONS
 from .progress import Steps
 from .tvm_log import quiet_tvm_warnings
 from .runtime import Runner, check_cpu_flags, random_inputs
@@ -51,6 +52,7 @@ class CompiledModel:
         self.layout = "blocked"
         self.build_info: dict = {}  # the backend's manifest entries (CUDA: "cuda_code", see cuda_driver)
         self.quantization: dict | None = None
+        self.precision = "fp32"  # of the float kernels: "fp16" for float16 tensors, float32 accumulation
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
@@ -101,7 +103,7 @@ class CompiledModel:
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
         extra = {"kernels": kernel_names(self.lowered), "scheduled_by": kernel_schedulers(self.lowered),
-                 "layout": self.layout, "tuning_logs": self.tuning_logs}
+                 "layout": self.layout, "precision": self.precision, "tuning_logs": self.tuning_logs}
         extra.update(self.build_info)
         if self.quantization is not None:
             extra["quantization"] = self.quantization
@@ -169,7 +171,8 @@ def _build_target(target) -> targets.TargetSpec:
 
 @quiet_tvm_warnings()
 def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: bool = False, logs=None, layout: str = "blocked", cuda_graph: bool = True) -> CompiledModel:
+            progress: bool = False, logs=None, layout: str = "blocked", cuda_graph: bool = True,
+            precision: str = "fp32") -> CompiledModel:
     """Compile an ONNX model for a target.
 
     Parameters
@@ -192,6 +195,10 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     cuda_graph : bool
         CUDA targets: capture the model's kernel launches in a CUDA graph on the first run and replay it after
         (on by default; the manifest's ``cuda_graph`` says which). Other targets ignore it.
+    precision : str
+        ``"fp32"``, or ``"fp16"`` where the target's backend builds it (CUDA): weights and activations in
+        float16, every conv and matmul accumulating in float32, Softmax/LayerNorm/means in float32; inputs and
+        outputs stay float32. The manifest records it.
 
     Returns
     -------
@@ -200,10 +207,20 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     spec = _build_target(target)
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    _check_precision(spec, precision)
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
-    return _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph)
+    return _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision)
+
+
+def _check_precision(spec: targets.TargetSpec, precision) -> None:
+    known = spec.backend().precisions
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in known:
+        raise InputError(f"precision {precision} is not built for target {spec.name} (backend "
+                         f"{spec.backend().name}: {', '.join(known)})")
 
 
 def _graph_capture(spec: targets.TargetSpec, asked: bool) -> bool:
@@ -215,13 +232,13 @@ def _graph_capture(spec: targets.TargetSpec, asked: bool) -> bool:
 
 
 def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, quantizer=None,
-                      layout: str = "blocked", cuda_graph: bool = True) -> CompiledModel:
+                      layout: str = "blocked", cuda_graph: bool = True, precision: str = "fp32") -> CompiledModel:
     """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
     tvm_target = spec.tvm_target()
     record = PassRecord()
     with steps.step("partition and fuse" if quantizer is None else quantizer.step_name()):
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
-                               blocked=layout == "blocked")
+                               blocked=layout == "blocked", precision=precision)
     database, log_info = _load_logs(logs, spec)
     graph = _graph_capture(spec, cuda_graph)
     build_info = spec.backend().build_info(graph)
@@ -234,6 +251,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     cm.record = record
     cm.layout = layout
     cm.build_info = build_info
+    cm.precision = precision
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
     return cm

@@ -54,7 +54,7 @@ def cmd_compile(args) -> int:
 
     logs = False if args.no_logs else args.logs
     cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs,
-                     layout=args.layout, cuda_graph=not args.no_cuda_graph)
+                     layout=args.layout, cuda_graph=not args.no_cuda_graph, precision=args.precision)
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
@@ -235,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
     p.add_argument("--layout", choices=["blocked", "nchw"], default="blocked",
                    help="activations between conv kernels: blocked NCHW[b]c (default) or plain NCHW")
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16 (CUDA targets): float16 weights and activations, float32 accumulation; inputs and "
+                        "outputs stay float32 (default fp32)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="CUDA targets: launch every kernel on each run instead of replaying a captured CUDA graph")
     p.set_defaults(func=cmd_compile)

@@ -77,6 +77,7 @@ class Backend(_Base):
 
     name = NAME
     device = "cuda"
+    precisions = ("fp32", "fp16")
     tensor_intrin = ("cuda",)
 
     def __init__(self, spec):

@@ -111,7 +111,8 @@ def test_correctness_flags_a_wrong_row():
 
 @pytest.mark.parametrize("args,message", [
     (["zoo:tiny_convnet", "--targets", "x86-nope", "-o", "{tmp}"], "unknown target 'x86-nope'"),
-    (["zoo:tiny_convnet", "--targets", "x86-host:fp16", "-o", "{tmp}"], "precision 'fp16'"),
+    (["zoo:tiny_convnet", "--targets", "x86-host:bf16", "-o", "{tmp}"], "precision 'bf16'"),
+    (["zoo:tiny_convnet", "--targets", "x86-host:fp16", "-o", "{tmp}"], "target x86-host does not build fp16"),
     (["zoo:tiny_convnet", "--targets", "x86-host,x86-host", "-o", "{tmp}"], "given twice"),
     (["zoo:tiny_convnet", "--targets", "x86-host@/no/such/dir", "-o", "{tmp}"], "does not exist"),
     (["zoo:tiny_convnet", "--targets", "x86-host", "--peers", "tensorrt", "-o", "{tmp}"], "unknown peer"),

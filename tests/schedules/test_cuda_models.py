@@ -28,7 +28,7 @@ def _check(scheduled_by: dict) -> None:
     assert not off, f"partitions not on a tvmfuse CUDA rule: {off}"
 
 
-def _scheduled_by(model, target: str, shapes) -> dict:
+def _scheduled_by(model, target: str, shapes, precision: str = "fp32") -> dict:
     """Who schedules each kernel, from the Relax pipeline alone (what compile runs before nvcc)."""
     import tvm
 
@@ -38,7 +38,7 @@ def _scheduled_by(model, target: str, shapes) -> dict:
 
     spec = targets.resolve(target)
     tvm_target = spec.tvm_target()
-    mod = run_graph_passes(frontend.import_model(model, shapes).mod, spec, tvm_target)
+    mod = run_graph_passes(frontend.import_model(model, shapes).mod, spec, tvm_target, precision=precision)
     with tvm_target, tvm.transform.PassContext(opt_level=3):
         return kernel_schedulers(relax_pipeline(spec, tvm_target)(mod))
 
@@ -66,15 +66,24 @@ def test_zoo_partitions_on_tvmfuse_rules_for_sm80(name):
     _check(_scheduled_by(zoo.get(name), "cuda-sm80", zoo.default_shapes(name)))
 
 
+@pytest.mark.parametrize("target", ["cuda-sm80", "cuda-sm90"])
+@pytest.mark.parametrize("name", zoo.names())
+def test_fp16_zoo_partitions_on_tvmfuse_rules(name, target):
+    """fp16 kernels (float16 operands, float32 accumulators) take the same rules; nvcc builds them in
+    tests/test_precision.py."""
+    _check(_scheduled_by(zoo.get(name), target, zoo.default_shapes(name), precision="fp16"))
+
+
 def _cached_corpus() -> list:
     cached = [pytest.param(m, id=m.name) for m in corpus.MODELS if corpus.local_path(m).exists()]
     return cached or [pytest.param(None, marks=pytest.mark.skip(reason="no corpus model cached (bench/real_models.py "
                                                                         "fetches them)"))]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("model", _cached_corpus())
-def test_corpus_partitions_on_tvmfuse_rules(model):
-    _check(_scheduled_by(str(corpus.local_path(model)), "cuda-sm90", {model.input: model.shape}))
+def test_corpus_partitions_on_tvmfuse_rules(model, precision):
+    _check(_scheduled_by(str(corpus.local_path(model)), "cuda-sm90", {model.input: model.shape}, precision))
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Arms of a comparison: ``TARGET[:fp32|:int8][@LOGS]``, each compiled, exported and described.
+"""Arms of a comparison: ``TARGET[:fp32|:fp16|:int8][@LOGS]``, each compiled, exported and described.
 
 An arm's library is exported into the report folder (``libs/``) and measured from there, as a user would
 load it; ``--measure-only`` measures the same files on another machine.
@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import targets
 from ..errors import InputError, TvmfuseError
 
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "fp16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Arm:
 
 
 def parse_arm(text: str) -> Arm:
-    """Parse ``TARGET[:fp32|:int8][@LOGS]`` (``@none``: no tuning logs; ``@DIR``: that logs folder)."""
+    """Parse ``TARGET[:fp32|:fp16|:int8][@LOGS]`` (``@none``: no tuning logs; ``@DIR``: that logs folder)."""
     spec, _, logs = text.strip().partition("@")
     target, _, precision = spec.partition(":")
     precision = precision or "fp32"
@@ -45,6 +45,8 @@ def parse_arm(text: str) -> Arm:
         raise InputError(f"arm {text!r}: unknown target {target!r}; known: {', '.join(targets.names())}")
     if precision not in PRECISIONS:
         raise InputError(f"arm {text!r}: precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and "fp16" not in targets.resolve(target).backend().precisions:
+        raise InputError(f"arm {text!r}: target {target} does not build fp16 (a CUDA target does)")
     if logs and logs != "none" and not Path(logs).is_dir():
         raise InputError(f"arm {text!r}: tuning logs folder {logs!r} does not exist")
     return Arm(text.strip(), target, precision, logs or "default")
@@ -82,7 +84,7 @@ def build(arm: Arm, model, shapes, calib, method: str, libs: Path) -> tuple[dict
         if arm.precision == "int8":
             cm = api.quantize(model, calib=calib, method=method, target=spec, shapes=shapes, logs=arm.logs_arg)
         else:
-            cm = api.compile(model, target=spec, shapes=shapes, logs=arm.logs_arg)
+            cm = api.compile(model, target=spec, shapes=shapes, logs=arm.logs_arg, precision=arm.precision)
         seconds = time.perf_counter() - start
         path = cm.export(libs / arm.library_name)
     except TvmfuseError as e:

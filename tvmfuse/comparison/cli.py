@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", help="an .onnx file or zoo:NAME")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="static shape for an input with dynamic dims (repeatable)")
-    p.add_argument("--targets", metavar="ARM[,ARM...]", help="arms TARGET[:fp32|:int8][@LOGS], e.g. "
+    p.add_argument("--targets", metavar="ARM[,ARM...]", help="arms TARGET[:fp32|:fp16|:int8][@LOGS], e.g. "
                    "x86-avx512,x86-avx512:int8,x86-host@none,cuda-sm90 (@none: no tuning logs; @DIR: that folder)")
     p.add_argument("--peers", default="onnxruntime", help="onnxruntime and/or openvino, comma-separated, or "
                    "'none' (default onnxruntime)")

@@ -1,7 +1,9 @@
 """Is each contender right? Its outputs on the comparison inputs against onnxruntime FP32.
 
-FP32 rows must match within ``max abs error <= FP32_ATOL * max(1, max |reference|)``; INT8 rows within a
-relative L2 error of ``INT8_REL`` (quantization error, not a bug, is expected there). Top-1 agreement is
+FP32 rows must match within ``max abs error <= FP32_ATOL * max(1, max |reference|)``; fp16 rows within a
+relative L2 error of ``FP16_REL`` (float16 rounding of weights and activations: the zoo's models measure
+0.03-0.21% on the CPU path, so 1% flags a kernel bug, not rounding); INT8 rows within ``INT8_REL``
+(quantization error, not a bug, is expected there). Top-1 agreement is
 the share of samples whose first output has its largest value at the same position as the reference's;
 with labels, accuracy is the share whose top-1 position is the label.
 """
@@ -17,6 +19,7 @@ from ..errors import InputError, TvmfuseError
 from ..tensors import TensorInfo
 
 FP32_ATOL = 1e-3
+FP16_REL = 0.01
 INT8_REL = 0.2
 SAMPLES = 4  # seeded random samples when no --inputs are given
 
@@ -80,9 +83,10 @@ def check(outputs: list, reference: list, precision: str, y: np.ndarray | None =
            "accuracy": float(np.mean(picks == y)) if y is not None else None, "fp32_agreement": None}
     if fp32_outputs is not None:
         out["fp32_agreement"] = float(np.mean(picks == top1(fp32_outputs)))
-    if precision == "int8":
-        out["tolerance"] = f"relative L2 error <= {INT8_REL}"
-        out["within_tolerance"] = bool(rel <= INT8_REL)
+    if precision in ("int8", "fp16"):
+        bound = INT8_REL if precision == "int8" else FP16_REL
+        out["tolerance"] = f"relative L2 error <= {bound}"
+        out["within_tolerance"] = bool(rel <= bound)
     else:
         out["tolerance"] = f"max abs error <= {FP32_ATOL:g} x max(1, max |reference|) = {FP32_ATOL * scale:.3g}"
         out["within_tolerance"] = bool(err <= FP32_ATOL * scale)

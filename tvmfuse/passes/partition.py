@@ -13,13 +13,14 @@ from tvm import relax
 from .. import patterns
 
 
-def Partition(rejections: dict | None = None, int8: bool = False) -> tvm.transform.Pass:  # noqa: N802
+def Partition(rejections: dict | None = None, int8: bool = False,  # noqa: N802
+              dtype: str = "float32") -> tvm.transform.Pass:
     """The partition pass. ``rejections`` (optional dict) collects why candidate groups were refused;
-    ``int8``: partition a model to be quantized (:func:`tvmfuse.patterns.table`)."""
+    ``int8``: partition a model to be quantized; ``dtype``: the build's float type (:func:`tvmfuse.patterns.table`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="Partition")
     def _partition(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        fuse = relax.transform.FuseOpsByPattern(patterns.table(rejections, int8), bind_constants=False,
+        fuse = relax.transform.FuseOpsByPattern(patterns.table(rejections, int8, dtype), bind_constants=False,
                                                 annotate_codegen=False)
         return fuse(mod)
 

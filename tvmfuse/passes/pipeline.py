@@ -66,13 +66,15 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
-                     quantize=None, blocked: bool = True, int8: bool = False):
+                     quantize=None, blocked: bool = True, int8: bool = False, precision: str = "fp32"):
     """Canonicalize, partition and lower partitions to fused kernels, under the target context.
 
     ``quantize`` (optional): a function or module pass applied to the partitioned module before lowering,
     e.g. ``QuantizeGraph``; partitions it leaves are lowered to FP32 kernels. ``blocked``: see
     :func:`tvmfuse.passes.lower.LowerPartitions`. ``int8`` (implied by ``quantize``): partition with the
     INT8 pattern table (:func:`tvmfuse.patterns.table`), as calibration must to observe the same tensors.
+    ``precision`` ``"fp16"``: the canonical graph computed in float16 (:class:`tvmfuse.passes.precision.ToFloat16`)
+    before partitioning.
     """
     import tvm
 
@@ -84,9 +86,13 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
         int8 = int8 or quantize is not None
         passes = canonicalize_passes(spec, record.qdq, blocked, int8)
         mod = tvm.transform.Sequential(passes, name="tvmfuse.Canonicalize")(mod)
+        if precision == "fp16":
+            from .precision import ToFloat16
+
+            mod = ToFloat16(mod)
         if not partition:
             return mod
-        mod = Partition(record.rejections, int8)(mod)
+        mod = Partition(record.rejections, int8, "float16" if precision == "fp16" else "float32")(mod)
         record.partitioned = mod
         if quantize is not None:
             mod = quantize(mod)

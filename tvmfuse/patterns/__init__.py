@@ -48,17 +48,18 @@ def entry_name(family: str, residual: bool, activation: str | None, affine: bool
             + ("_" + AFFINE if affine else ""))
 
 
-def table(rejections: dict | None = None, int8: bool = False) -> list[FusionPattern]:
+def table(rejections: dict | None = None, int8: bool = False, dtype: str = "float32") -> list[FusionPattern]:
     """The ordered pattern table. ``rejections`` (optional) collects why a match was refused. ``int8``: the
     table of a model being quantized, without the entries no INT8 kernel computes (an activation no INT8
     epilogue applies, such as SiLU, sigmoid or GELU; a scale and shift after the activation): its partitions
     are the units calibration observes and the INT8 kernels replace. Such an activation then follows its
     INT8 conv as an elementwise kernel of its own, which TVM fuses with the quantize of its INT8 readers, so
-    the conv is INT8 instead of the whole partition staying FP32 (YOLOv8n: 7 -> 64 INT8 partitions)."""
+    the conv is INT8 instead of the whole partition staying FP32 (YOLOv8n: 7 -> 64 INT8 partitions).
+    ``dtype``: of the tensors the kernels compute on (``float16`` in an fp16 build)."""
     patterns = []
     for family in PATTERN_FAMILIES:
         for residual, act, affine in _entries(family, int8):
-            check = functools.partial(check_fused, family=family, rejections=rejections)
+            check = functools.partial(check_fused, family=family, rejections=rejections, dtype=dtype)
             name = entry_name(family, residual, act, affine)
             # A residual entry is two patterns under one name, one per add operand order.
             for residual_first in ((False, True) if residual else (False,)):

@@ -12,8 +12,6 @@ from tvm.relax.transform import PatternCheckContext
 
 from tvmfuse.schedules.families import FAMILIES, family_of, static_shape
 
-SUPPORTED_DTYPES = ("float32",)
-
 
 def _reject(ctx: PatternCheckContext, reason: str, rejections: dict | None) -> bool:
     if rejections is not None:
@@ -72,12 +70,14 @@ def _check_residual(ctx: PatternCheckContext, rejections) -> bool:
     return True
 
 
-def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None = None) -> bool:
-    """The check for every table entry: anchor family, dtype/layout support, no leak, legal residual."""
+def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None = None,
+                dtype: str = "float32") -> bool:
+    """The check for every table entry: anchor family, dtype (``dtype``: the build's; float16 only in an fp16
+    build, whose kernels accumulate in float32) and layout support, no leak, legal residual."""
     root = ctx.annotated_expr["root"]
-    dtype = root.ty.dtype
-    if dtype not in SUPPORTED_DTYPES or any(a.ty.dtype != dtype for a in root.args):
-        return _reject(ctx, f"dtype {dtype} not supported by the {family} kernels", rejections)
+    found = root.ty.dtype
+    if found != dtype or any(a.ty.dtype != found for a in root.args):
+        return _reject(ctx, f"dtype {found} not supported by the {family} kernels", rejections)
     if family_of(root).pattern != family:
         return False  # another family's entry takes it (and says why it refuses, if it does)
     why = FAMILIES[family].anchor_check(root)
