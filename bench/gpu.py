@@ -1,13 +1,18 @@
 """Batch-1 latency on an NVIDIA GPU: tvmfuse against plain TVM (and PyTorch where installed), in one run.
 
-    python bench/gpu.py [--models mobilenet_v2,resnet50] [--target cuda-sm90] [--repeat 50]
+    python bench/gpu.py [--models mobilenet_v2,resnet50] [--target cuda-sm90] [--precisions fp32,fp16]
+                        [--repeat 50] [--torch] [--json OUT.json]
 
 Needs a CUDA GPU. For each zoo model:
 
 - tvmfuse: ``tvmfuse.compile(model, target)``, checked against onnxruntime (CPU) on the same seeded input;
 - plain TVM: from_onnx + ``tvm.compile`` with TVM's default CUDA pipeline (dlight schedules);
 - PyTorch (only with ``--torch`` and torchvision installed): torchvision's model of the same name and
-  architecture (its own random weights), eager and cuDNN, as a GPU user's everyday reference.
+  architecture (its own random weights), eager with cuDNN (``cudnn.benchmark``, channels_last), in the row's
+  precision (``.half()`` for fp16), as a GPU user's everyday reference.
+
+fp16 rows are tvmfuse's ``precision="fp16"`` build against onnxruntime FP32 (relative L2 error); plain TVM is
+FP32 in every row (its fp16 path, ToMixedPrecision, fails on the clip of these graphs).
 
 All timings are GPU-synchronized medians (``time_evaluator`` for TVM, CUDA events for PyTorch). Prints a
 Markdown table with the ratios to plain TVM.
@@ -50,7 +55,7 @@ def plain_tvm_ms(model, spec, x: dict, repeat: int) -> tuple[float, np.ndarray]:
     return statistics.median(timer(*args).results) * 1e3, out
 
 
-def torch_ms(name: str, shape, repeat: int) -> float | None:
+def torch_ms(name: str, shape, repeat: int, precision: str = "fp32") -> float | None:
     try:
         import torch
         import torchvision
@@ -58,8 +63,11 @@ def torch_ms(name: str, shape, repeat: int) -> float | None:
         return None
     if name not in TORCHVISION:
         return None
-    net = getattr(torchvision.models, TORCHVISION[name])().eval().cuda()
-    x = torch.randn(*shape, device="cuda")
+    torch.backends.cudnn.benchmark = True
+    net = getattr(torchvision.models, TORCHVISION[name])().eval().cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(*shape, device="cuda").to(memory_format=torch.channels_last)
+    if precision == "fp16":
+        net, x = net.half(), x.half()
     times = []
     with torch.inference_mode():
         for _ in range(10):
@@ -75,14 +83,14 @@ def torch_ms(name: str, shape, repeat: int) -> float | None:
     return statistics.median(times)
 
 
-def measure(name: str, target: str, repeat: int, with_torch: bool) -> dict:
+def measure(name: str, target: str, repeat: int, with_torch: bool, precision: str = "fp32") -> dict:
     import tvmfuse
     from tvmfuse import targets, zoo
 
     spec = targets.resolve(target)
     model = zoo.get(name)
     start = time.perf_counter()
-    cm = tvmfuse.compile(model, target=target)
+    cm = tvmfuse.compile(model, target=target, shapes=zoo.default_shapes(name), precision=precision)
     compile_s = time.perf_counter() - start
     x = inputs_for(cm.inputs)
     ref = ort_session(model).run(None, x)[0]
@@ -90,16 +98,23 @@ def measure(name: str, target: str, repeat: int, with_torch: bool) -> dict:
     ours_ms = cm.benchmark(x, repeat=repeat)["median_ms"]
     plain_ms, plain_out = plain_tvm_ms(model, spec, x, repeat)
     scale = float(np.abs(ref).max()) or 1.0
-    row = {"model": name, "tvmfuse ms": f"{ours_ms:.3f}", "plain TVM ms": f"{plain_ms:.3f}",
+    rel = float(np.linalg.norm(ours - ref) / (np.linalg.norm(ref) or 1.0))
+    row = {"model": name, "precision": precision, "tvmfuse ms": f"{ours_ms:.3f}", "plain TVM ms": f"{plain_ms:.3f}",
            "tvmfuse / plain TVM": f"{ours_ms / plain_ms:.2f}x",
            "max abs diff vs onnxruntime (tvmfuse / plain)":
                f"{np.abs(ours - ref).max() / scale:.1e} / {np.abs(plain_out - ref).max() / scale:.1e} (of max)",
-           "compile s": f"{compile_s:.1f}"}
+           "tvmfuse relative L2 error": f"{rel:.1e}", "compile s": f"{compile_s:.1f}"}
     if with_torch:
-        t = torch_ms(name, cm.inputs[0].shape, repeat)
+        t = torch_ms(name, cm.inputs[0].shape, repeat, precision)
         row["PyTorch ms"] = f"{t:.3f}" if t is not None else "-"
         row["tvmfuse / PyTorch"] = f"{ours_ms / t:.2f}x" if t else "-"
     return row
+
+
+def _gpu_name() -> str:
+    import tvm
+
+    return str(tvm.cuda(0).device_name)
 
 
 def main(argv=None) -> int:
@@ -107,15 +122,29 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--target", default="cuda-sm90")
     p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, fp16 (default fp32)")
     p.add_argument("--torch", action="store_true", help="also time torchvision's model (needs torch + GPU)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON, after each model")
     args = p.parse_args(argv)
     from tvmfuse import cuda_driver
 
     if not cuda_driver.cuda_available():
         print("bench/gpu.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 1
-    rows = [measure(m, args.target, args.repeat, args.torch) for m in args.models.split(",")]
-    columns = list(rows[0])
+    import json
+
+    from tvmfuse.comparison.environment import cpu_name, versions
+
+    rows = []
+    for m in args.models.split(","):
+        for precision in args.precisions.split(","):
+            rows.append(measure(m, args.target, args.repeat, args.torch, precision))
+            if args.json:  # written as it comes: a call cut off at its limit keeps the rows done
+                Path(args.json).write_text(json.dumps({"target": args.target, "repeat": args.repeat,
+                                                       "device": _gpu_name(), "host cpu": cpu_name(),
+                                                       "versions": versions(),
+                                                       "rows": rows}, indent=1))
+    columns = list(dict.fromkeys(c for r in rows for c in r))
     print(f"target {args.target}, batch 1, GPU-synchronized medians of {args.repeat} x 10 runs\n")
     print(table(rows, columns))
     return 0

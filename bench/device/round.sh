@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The prepared GPU round: run right after stage2.sh on the same warm machine, in one call (about 8 minutes;
+# give the call timeout_s 560). Every step has its own timeout and writes under $OUT as it goes, so a step
+# that runs long loses only itself. Commit what comes back (the GPU named in gpu_models.json) and the figures
+# in docs/results.md.
+set -u
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in $OUT/steps.txt
+    local name=$1 limit=$2; shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+    echo "$name: exit $? in $((SECONDS - start)) s" >> "$OUT/steps.txt"
+}
+# 1. numerics on the device: every CUDA rule against numpy, every zoo model against onnxruntime in FP32 and fp16,
+#    CUDA graphs against plain launches
+step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
+    tests/schedules/test_cuda_rules.py tests/schedules/test_cuda_models.py tests/schedules/test_cuda_graph.py \
+    tests/test_precision.py
+# 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
+step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
+    --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
+# 3. CUDA graphs on and off, whole models
+step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
+cat "$OUT/steps.txt"
