@@ -61,6 +61,9 @@ class Backend:
         Whether its INT8 kernels take the weights a family packs for AVX512-VNNI (``Int8.vnni_pack``).
     applies_tuning_logs : bool
         Whether compile applies records from ``tuning_logs/<target>/``.
+    online_tuning : bool
+        Whether ``tvmfuse tune`` searches its templates with MetaSchedule (else only offline candidates,
+        :meth:`candidates`).
     fused_recurrence : bool
         Whether LSTM/GRU directions import as the whole-sequence kernels of :mod:`.recurrence` (serial CPU
         loops) instead of unrolled steps.
@@ -77,6 +80,7 @@ class Backend:
     int8_kernels = False
     int8_vnni = False
     applies_tuning_logs = False
+    online_tuning = False  # MetaSchedule templates: `tvmfuse tune` searches and measures here (or over RPC)
     fused_recurrence = False
     tensor_intrin: tuple = ()
     channel_layer_norm = False
@@ -168,6 +172,11 @@ class Backend:
     def space_size(self, mod) -> int | None:
         """How many schedules the template of ``mod``'s kernel can give (None: no template)."""
         return None
+
+    def candidates(self, mod) -> list:
+        """``(config as a dict, trace)`` of each schedule an offline tuning round builds here and times on the
+        device (``tvmfuse tune --export-candidates``), the default first; [] for a kernel without knobs."""
+        return []
 
     def space_generator(self):
         """The MetaSchedule design space for kernels with a template."""

@@ -102,6 +102,17 @@ def cmd_tune(args) -> int:
     from .tune.measure import RPCSpec, TuningError
     from .tune.tuner import tune
 
+    if args.import_results:
+        return _import_results(args)
+    if args.model is None:
+        raise InputError("tune: give a MODEL (or --import-results FILE)")
+    if args.export_candidates:
+        from .tune.offline import export_candidates
+
+        files = export_candidates(args.model, args.target, args.export_candidates, _shapes(args), args.precision)
+        print(f"wrote the candidates of {len(files)} kernel(s) to {args.export_candidates}; time them on the device "
+              f"with bench/device/time_candidates.py, then tvmfuse tune --import-results RESULTS.json")
+        return 0
     if bool(args.rpc) != bool(args.key):
         raise TuningError("--rpc HOST:PORT and --key KEY go together")
     rpc = RPCSpec.parse(args.rpc, args.key) if args.rpc else None
@@ -109,6 +120,22 @@ def cmd_tune(args) -> int:
                   shapes=_shapes(args), trials_per_iter=args.trials_per_iter, progress=not args.quiet)
     print(report.table())
     print(f"{report.records_written} record(s) written to {report.logs} in {report.seconds:.0f} s")
+    return 0
+
+
+def _import_results(args) -> int:
+    from .tune.offline import import_results
+
+    directory = args.candidates or str(Path(args.import_results).parent)
+    outcome = import_results(args.import_results, directory, args.logs)
+    written = {k: v for k, v in outcome.items() if "candidate" in v}
+    for kernel, v in sorted(outcome.items()):
+        if "candidate" in v:
+            gain = f" ({v['default_us'] / v['us']:.2f}x the default)" if v.get("default_us") else ""
+            print(f"{kernel}: {v['candidate']} {v['us']:.1f} us{gain}")
+        else:
+            print(f"{kernel}: skipped, {v['skipped']}")
+    print(f"{len(written)} record(s) written to the tuning logs")
     return 0
 
 
@@ -271,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("tune", help="tune a model's kernels with MetaSchedule + XGBoost into the tuning logs")
-    _add_model_args(p)
+    p.add_argument("model", nargs="?", help="an .onnx file or zoo:NAME (see `tvmfuse zoo`)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                   help="static shape for an input with dynamic dims (repeatable)")
     p.add_argument("--target", default=targets.DEFAULT, help=f"target name (default {targets.DEFAULT}: this machine)")
     p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--trials-per-iter", type=int, default=16, help="candidates per measured batch (default 16)")
@@ -279,6 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the newest unfinished run for this target")
     p.add_argument("--rpc", metavar="HOST:PORT", help="measure on devices registered with this TVM RPC tracker")
     p.add_argument("--key", help="device key of the RPC servers (with --rpc)")
+    offline = p.add_argument_group("offline tuning (a device no tracker reaches: a lent GPU)")
+    offline.add_argument("--export-candidates", metavar="DIR", help="build every kernel's candidate schedules into "
+                         "DIR (one library per kernel) instead of tuning here")
+    offline.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                         help="with --export-candidates: the precision the model will be compiled in")
+    offline.add_argument("--import-results", metavar="FILE", help="write the fastest correct candidate of each "
+                         "kernel timed in FILE (bench/device/time_candidates.py) into the tuning logs")
+    offline.add_argument("--candidates", metavar="DIR", help="with --import-results: the candidates folder "
+                         "(default: FILE's folder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_tune)
 

@@ -24,4 +24,10 @@ step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite
     --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
 # 3. CUDA graphs on and off, whole models
 step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
+# 4. offline tuning: the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
+#    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
+#    .candidates`
+if [ -d .candidates ]; then
+    step candidates 120 python3 bench/device/time_candidates.py .candidates "$OUT/candidate_times.json"
+fi
 cat "$OUT/steps.txt"

@@ -6,7 +6,8 @@ shared-memory tile and a register strip per thread (:mod:`.depthwise_conv2d`), c
 conv2d) gets :mod:`.fused`. Kernels outside every partition (pools, reshapes, softmax) are scheduled by TVM's
 dlight rules, as TVM's own CUDA pipeline does. Every kernel records who scheduled it in its
 ``tvmfuse.scheduled_by`` attribute (``tvmfuse.cuda.<rule>``, ``dlight.<Rule>``), which the manifest lists.
-INT8 kernels and tuning logs are x86's only so far.
+INT8 kernels are x86's only so far. Tuning is offline: candidates built here, timed on a GPU
+(``tvmfuse.tune.offline``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class Backend(_Base):
     device = "cuda"
     precisions = ("fp32", "fp16")
     tensor_intrin = ("cuda",)
+    # Records of tuning_logs/cuda-<arch>/ (written by `tvmfuse tune --import-results` from times measured on a
+    # GPU) are applied before the rules.
+    applies_tuning_logs = True
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -111,6 +115,21 @@ class Backend(_Base):
         if sch is None:
             return func
         return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULED_BY: f"tvmfuse.cuda.{rule}"})
+
+    def candidates(self, mod) -> list:
+        """The rule's configs (``kernel_candidates`` of its module: the GEMM tiles of conv2d and dense), each
+        scheduled; the first is the default, so its trace is :meth:`default_trace`'s."""
+        import dataclasses
+
+        func = mod["main"]
+        module = RULES.get(kernel_of(func))
+        finder = getattr(module, "kernel_candidates", None)
+        found = []
+        for config in finder(func, self.sms) if finder is not None else ():
+            sch = s_tir.Schedule(func)
+            if module.schedule(sch, self.sms, config):
+                found.append((dataclasses.asdict(config), sch.trace))
+        return found
 
     def default_trace(self, mod):
         sch, _ = scheduled(mod["main"], kernel_of(mod["main"]), self.sms)

@@ -70,6 +70,37 @@ def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
     return fitting[-1]
 
 
+STEPS_K = (8, 16, 32)  # the reduction step a tile is staged in (shared memory: (tile_i + tile_j) x step_k words)
+
+
+def candidates(i: int, j: int, k: int, sms: int = 132) -> list[Config]:
+    """The configs an offline tuning round times for a GEMM of ``I x J x K``: the default first (what compile
+    gives without logs), then every tile of :data:`TILES` with every reduction step no longer than K, each
+    once."""
+    default = default_config(i, j, k, sms)
+    steps = [s for s in STEPS_K if s <= max(k, STEPS_K[0])]
+    found = [default] + [Config(*tile, step_k=s) for tile in TILES for s in steps]
+    return list(dict.fromkeys(found))
+
+
+def gemm_dims(func, anchor: str = ANCHOR) -> tuple[int, int, int] | None:
+    """(I, J, K) of the GEMM ``func``'s ``anchor`` block is seen as, None when it is not one or is a GEMV
+    (a one-pixel conv: no tile to choose)."""
+    from tvm.s_tir.dlight.gpu.matmul import get_index_map
+
+    sch = s_tir.Schedule(func)
+    main = _main_block(sch, anchor)
+    if main is None or not get_index_map(sch.get(main)):
+        return None
+    if anchor == ANCHOR:
+        out_h, out_w = (int(iv.dom.extent) for iv in sch.get(main).iter_vars[2:4])
+        if out_h == out_w == 1:
+            return None
+    block_map = get_index_map(sch.get(main))[0]
+    sch.transform_block_layout(main, block_map)
+    return gemm_shape(sch, main)
+
+
 def gemm_shape(sch: s_tir.Schedule, block) -> tuple[int, int, int]:
     """(I, J, K) of the re-indexed main block."""
     extents = [int(iv.dom.extent) for iv in sch.get(block).iter_vars]
@@ -83,6 +114,12 @@ def _main_block(sch: s_tir.Schedule, anchor: str):
     if not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars):
         return None
     return block
+
+
+def kernel_candidates(func, sms: int) -> list[Config]:
+    """The tiles an offline tuning round times for a conv2d kernel (:func:`candidates`); none for a GEMV."""
+    dims = gemm_dims(func)
+    return candidates(*dims, sms) if dims else []
 
 
 def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> bool:

@@ -19,15 +19,25 @@ ANCHOR = "T_matmul_NN"
 GEMM_ROWS = 16
 
 
-def schedule(sch: s_tir.Schedule, sms: int) -> bool:
+def kernel_candidates(func, sms: int) -> list[conv2d.Config]:
+    """The GEMM tiles an offline tuning round times (:func:`.conv2d.candidates`); none for a GEMV."""
+    sch = s_tir.Schedule(func)
+    found = anchor_loops(sch, ANCHOR, 3)
+    if found is None or int(sch.get(found[1][0]).extent) < GEMM_ROWS:
+        return []
+    dims = conv2d.gemm_dims(func, ANCHOR)
+    return conv2d.candidates(*dims, sms) if dims else []
+
+
+def schedule(sch: s_tir.Schedule, sms: int, config: conv2d.Config | None = None) -> bool:
     """Schedule a dense partition kernel in place; False (``sch`` untouched) when it is not one, or has few
-    rows and an unpacked weight."""
+    rows and an unpacked weight. ``config``: the GEMM tiles (from ``GEMM_ROWS`` rows up)."""
     found = anchor_loops(sch, ANCHOR, 3)
     if found is None:
         return False
     main, (rows, _, _) = found
     if int(sch.get(rows).extent) >= GEMM_ROWS:
-        return conv2d.schedule_gemm(sch, ANCHOR, sms)
+        return conv2d.schedule_gemm(sch, ANCHOR, sms, config)
     if any(len(r.region) == 3 for r in sch.get(main).reads):  # weight [N, K, 1]
         return gemv.schedule_rows(sch, ANCHOR)
     return False

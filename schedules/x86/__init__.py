@@ -112,6 +112,7 @@ class Backend(_Base):
     device = "cpu"
     int8_kernels = True
     applies_tuning_logs = True
+    online_tuning = True
     fused_recurrence = True
     tensor_intrin = ("x86",)
     channel_layer_norm = True  # schedules/x86/layer_norm_channels.py

@@ -229,7 +229,7 @@ class LogStore:
             try:
                 if index not in decoded:
                     decoded[index] = db.commit_workload(ms.database.Workload.from_json(workloads[index]).mod)
-                db.commit_tuning_record(ms.database.TuningRecord.from_json(record, decoded[index]))
+                db.commit_tuning_record(decoded_record(record, decoded[index]))
             except Exception as err:  # noqa: BLE001 - any decode failure of one line is that line's problem
                 report.records -= 1
                 report.skipped.append((RECORDS, None, f"undecodable record: {str(err).splitlines()[0][:200]}"))
@@ -288,6 +288,48 @@ class LogStore:
             _append_lines(self.path / WORKLOADS, new_workloads)
             _append_lines(self.path / RECORDS, new_records)
         return len(new_records)
+
+
+TVM_OBJECT = "tvm_json"  # a record's value JSON cannot spell (an IndexMap of transform_layout), in TVM's JSON
+
+
+def record_json(record) -> list:
+    """A tuning record as plain JSON. MetaSchedule's own export fails on the IndexMap a ``transform_layout``
+    step carries (the CUDA GEMM rule re-indexes its operands with them); such objects are kept in TVM's JSON
+    as ``{"tvm_json": ...}``, which :func:`decoded_record` hands back as that string: the form the instruction
+    reads its attribute from."""
+    import tvm
+    from tvm_ffi import Array, Map
+    from tvm.s_tir.meta_schedule import _ffi_api
+
+    def plain(obj):
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+            return obj.value
+        if isinstance(obj, (Array, list, tuple)):
+            return [plain(i) for i in obj]
+        if isinstance(obj, (Map, dict)):
+            return {str(k): plain(v) for k, v in obj.items()}
+        return {TVM_OBJECT: tvm.ir.save_json(obj)}
+
+    return plain(_ffi_api.TuningRecordAsJSON(record))
+
+
+def decoded_record(record: list, workload):
+    """The MetaSchedule record of a record line's JSON (:func:`record_json`) for ``workload``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    def objects(obj):
+        if isinstance(obj, list):
+            return [objects(i) for i in obj]
+        if isinstance(obj, dict):
+            if set(obj) == {TVM_OBJECT}:
+                return obj[TVM_OBJECT]  # read back from TVM's JSON string by the instruction itself
+            return {k: objects(v) for k, v in obj.items()}
+        return obj
+
+    return ms.database.TuningRecord.from_json(objects(record), workload)
 
 
 def _filled(workloads: dict, records: list, report: LoadReport, other: LogStore):

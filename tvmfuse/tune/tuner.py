@@ -72,15 +72,15 @@ class TuneReport:
         return "\n".join(rows)
 
 
-def extract_tasks(model, spec, shapes=None) -> list[Task]:
-    """The distinct kernels of ``model`` compiled for ``spec`` (deduplicated structurally), but the layout
-    transforms between NCHW and NCHW[b]c and the blocked pooling kernels."""
+def extract_tasks(model, spec, shapes=None, precision: str = "fp32") -> list[Task]:
+    """The distinct kernels of ``model`` compiled for ``spec`` in ``precision`` (deduplicated structurally), but
+    the layout transforms between NCHW and NCHW[b]c and the blocked pooling kernels."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
     imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
     target = spec.tvm_target()
-    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord()), spec, target)
+    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord(), precision=precision), spec, target)
     tasks = []
     for extracted in ms.relax_integration.extract_tasks(mod, target):
         task_mod = extracted.dispatched[0]
@@ -206,9 +206,10 @@ def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: 
     if trials < 1:
         raise TuningError(f"trials must be at least 1, got {trials}")
     spec = targets.resolve(target)
-    if not spec.backend().applies_tuning_logs:
-        raise TuningError(f"target {spec.name}: tuning is not supported yet (its backend, {spec.backend().name}, has no "
-                          "MetaSchedule templates and compile applies no tuning logs for it)")
+    if not spec.backend().online_tuning:
+        raise TuningError(f"target {spec.name}: its backend ({spec.backend().name}) has no MetaSchedule templates to "
+                          f"tune here; tune it offline: tvmfuse tune MODEL --target {spec.name} --export-candidates DIR, "
+                          "time DIR on the device (bench/device/time_candidates.py), then tvmfuse tune --import-results")
     if rpc is None and not target_runs_here(spec):
         why = spec.backend().why_not_runnable() or f"its code runs on {spec.backend().device}, not this CPU"
         raise TuningError(f"target {spec.name} cannot run on this machine ({why}): measure on a device "

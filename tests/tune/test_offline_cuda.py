@@ -1,0 +1,147 @@
+"""Offline CUDA tuning: candidates built here (one library per kernel, real cubins), their times imported back as
+tuning records that compile applies. The timing itself runs on a GPU (bench/device/time_candidates.py); here the
+results file is written by the test."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import tvm
+import tvm_ffi
+
+import tvmfuse
+from helpers import conv_relu
+from tvmfuse import cli, targets
+from tvmfuse.errors import InputError
+from tvmfuse.schedules.cuda import conv2d
+from tvmfuse.tune import offline
+from tvmfuse.tune.database import decoded_record
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = conv_relu(batch=1)  # one conv: 3 -> 8 channels on 16x16, a GEMM of 256 x 8 x 27
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("candidates")
+    (path,) = offline.export_candidates(MODEL, "cuda-sm90", directory)
+    return directory, path, json.loads(path.read_text())
+
+
+def _results(info: dict, file: str, times: dict, wrong=()) -> dict:
+    rows = [{"function": c["function"], "ok": c["function"] not in wrong, "us": times.get(c["function"], 50.0)}
+            for c in info["candidates"]]
+    return {"format": offline.TIMES, "format_version": 1, "device": "test",
+            "kernels": {info["kernel"]: {"key": info["key"], "file": file, "candidates": rows}}}
+
+
+def test_each_kernel_with_knobs_gets_a_library_of_its_candidates(exported):
+    directory, path, info = exported
+    assert info["format"] == offline.CANDIDATES and info["kernel"].startswith("tvmfuse_conv2d")
+    configs = [c["config"] for c in info["candidates"]]
+    assert configs[0] == conv2d.Config(**configs[0]).__dict__ and len(configs) == len(conv2d.candidates(256, 8, 27))
+    assert conv2d.Config(**configs[0]) == conv2d.default_config(256, 8, 27, 132)  # the default first
+    data = (directory / info["library"]).read_bytes()
+    at = data.find(struct.pack("<Q", 4) + b"cuda") + 20
+    (length,) = struct.unpack("<Q", data[at:at + 8])
+    assert data[at + 8:at + 8 + length] in (b"cubin", b"fatbin")  # nvcc built them
+    assert info["args"][0] == {"shape": [1, 3, 16, 16], "dtype": "float32"}
+
+
+def test_candidate_zero_replays_to_the_default_schedule(exported):
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    _, _, info = exported
+    workload = ms.database.Workload.from_json(info["workload"])
+    record = decoded_record(info["candidates"][0]["record"], workload)  # through JSON, IndexMaps and all
+    sch = s_tir.Schedule(workload.mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    default = targets.resolve("cuda-sm90").backend().schedule(workload.mod["main"])
+    assert tvm_ffi.structural_equal(sch.mod["main"].body, default.body)
+
+
+def test_imported_winners_are_applied_by_compile(exported, tmp_path):
+    directory, path, info = exported
+    pick = info["candidates"][3]
+    times = {"candidate0": 40.0, "candidate1": 5.0, pick["function"]: 10.0}
+    results = directory / "results.json"
+    results.write_text(json.dumps(_results(info, path.name, times, wrong={"candidate1"})))
+    outcome = offline.import_results(results, directory, tmp_path / "logs")
+    assert outcome == {info["kernel"]: {"candidate": pick["function"], "us": 10.0, "default_us": 40.0}}
+    cm = tvmfuse.compile(MODEL, target="cuda-sm90", logs=tmp_path / "logs")
+    (kernel,) = [k for k in cm.manifest()["scheduled_by"] if k.startswith("tvmfuse_conv2d")]
+    assert cm.manifest()["scheduled_by"][kernel] == "tuning_log" and cm.tuning_logs["applied"] == [kernel]
+    source = cm.executable.mod.imports[0].imports[0].inspect_source()
+    threads = conv2d.Config(**pick["config"]).threads
+    assert re.search(rf"__launch_bounds__\({threads}\) {kernel}_kernel\(", source)  # the imported tile
+
+
+def test_a_kernel_without_a_correct_candidate_is_skipped(exported, tmp_path):
+    directory, path, info = exported
+    results = tmp_path / "results.json"
+    every = {c["function"] for c in info["candidates"]}
+    results.write_text(json.dumps(_results(info, path.name, {}, wrong=every)))
+    outcome = offline.import_results(results, directory, tmp_path / "logs")
+    assert outcome == {info["kernel"]: {"skipped": "no candidate matched candidate0's output"}}
+    assert not (tmp_path / "logs").exists()
+
+
+def test_bad_results_are_one_line_errors(exported, tmp_path, capsys):
+    directory, _, _ = exported
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match=r"^results .*bad.json: not JSON"):
+        offline.import_results(bad, directory, tmp_path / "logs")
+    assert cli.main(["tune", "--import-results", str(tmp_path / "missing.json")]) == 2
+    assert cli.main(["tune", "--target", "cuda-sm90"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "missing.json: cannot read" in err[0] and "give a MODEL" in err[1]
+
+
+def test_the_cli_exports_candidates(tmp_path, capsys):
+    import onnx
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(MODEL, model)
+    assert cli.main(["tune", str(model), "--target", "cuda-sm90", "--export-candidates", str(tmp_path / "c")]) == 0
+    assert "wrote the candidates of 1 kernel(s)" in capsys.readouterr().out
+    assert len(list((tmp_path / "c").glob("*.so"))) == 1
+
+
+def _fake_candidates(directory):
+    """A library of three llvm candidates of y = 2x (the second wrong) and its candidate file: what the device
+    script reads, runnable on this CPU."""
+    from tvm import te
+
+    x = te.placeholder((64,), "float32", name="x")
+    funcs = {}
+    for name, extra in (("candidate0", 0.0), ("candidate1", 1.0), ("candidate2", 0.0)):
+        y = te.compute((64,), lambda i: x[i] * 2.0 + extra, name="y")
+        funcs[name] = te.create_prim_func([x, y]).with_attr("global_symbol", name)
+    tvm.compile(tvm.IRModule(funcs), target="llvm").export_library(str(directory / "000_k.so"))
+    info = {"format": offline.CANDIDATES, "kernel": "k", "key": "123", "library": "000_k.so",
+            "args": [{"shape": [64], "dtype": "float32"}] * 2,
+            "candidates": [{"function": f"candidate{i}"} for i in range(3)]}
+    (directory / "000_k.json").write_text(json.dumps(info))
+
+
+def test_the_device_script_checks_and_times_every_candidate(tmp_path):
+    import importlib.util
+
+    _fake_candidates(tmp_path)
+    spec = importlib.util.spec_from_file_location("time_candidates", ROOT / "bench" / "device" / "time_candidates.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path), str(tmp_path / "times.json"), "--device", "cpu", "--repeat", "2"]) == 0
+    times = json.loads((tmp_path / "times.json").read_text())
+    assert times["format"] == offline.TIMES
+    rows = times["kernels"]["k"]["candidates"]
+    assert [r["ok"] for r in rows] == [True, False, True] and rows[1]["max_abs_diff"] == pytest.approx(1.0)
+    assert all(r["us"] > 0 for r in rows) and times["kernels"]["k"]["file"] == "000_k.json"
