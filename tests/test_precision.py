@@ -88,6 +88,17 @@ def test_fp16_zoo_models_match_onnxruntime_fp32(name):
     assert error <= correctness.FP16_REL, error
 
 
+def test_constants_past_float16_range_saturate():
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype("float32"), "W")
+    mask = numpy_helper.from_array(np.array([0, -1e9, 0, 1e9], "float32"), "M")
+    model = make_model([helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "M"], ["y"])],
+                       [("x", [1, 4])], [("y", None)], [w, mask])
+    x = {"x": rng.standard_normal((1, 4)).astype("float32")}
+    (got,) = _cpu_outputs(model, "fp16", x)
+    assert np.all(np.isfinite(got)) and got[0, 1] == -np.finfo(np.float16).max and got[0, 3] == np.finfo(np.float16).max
+
+
 def test_the_float32_ops_keep_their_precision():
     from helpers import ort_run
 

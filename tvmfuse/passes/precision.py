@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 PRECISIONS = ("fp32", "fp16")
+FLOAT16_MAX = float(np.finfo(np.float16).max)
 FLOAT32_OPS = frozenset({"relax.nn.softmax", "relax.nn.log_softmax", "relax.nn.layer_norm", "relax.nn.group_norm",
                          "relax.nn.batch_norm", "relax.mean", "relax.sum", "relax.variance"})
 
@@ -57,7 +58,10 @@ class _Half(relax.PyExprMutator):
 
     def visit_generic_const_(self, const):
         if _float32_tensor(const):
-            return relax.const(const.value.numpy().astype(np.float16), "float16")
+            # Past float16's range a constant saturates instead of becoming infinite (an attention mask's
+            # -1e9 stays a large negative number: exp of it is 0, where -inf - -inf would be NaN).
+            value = np.clip(const.value.numpy(), -FLOAT16_MAX, FLOAT16_MAX)
+            return relax.const(value.astype(np.float16), "float16")
         return const
 
     def visit_var_(self, var):
