@@ -117,7 +117,8 @@ class Backend(_Base):
         return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULED_BY: f"tvmfuse.cuda.{rule}"})
 
     def candidates(self, mod) -> list:
-        """The rule's configs (``kernel_candidates`` of its module: the GEMM tiles of conv2d and dense), each
+        """The rule's configs (``kernel_candidates`` of its module: the GEMM tiles of conv2d and dense, the
+        depthwise tiles), each
         scheduled; the first is the default, so its trace is :meth:`default_trace`'s."""
         import dataclasses
 

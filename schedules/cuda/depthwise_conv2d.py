@@ -83,6 +83,37 @@ def default_config(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=
     return config
 
 
+def candidates(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 1), dilation=(1, 1),
+               sms: int = 132) -> list[Config]:
+    """The configs an offline tuning round times: the default first, then for each strip (4, 2, 1 outputs a
+    thread) blocks of about 64, 128, 256 and 512 threads built as the default builds its one (whole rows up to 32
+    threads, then rows, then stacked channels), each that fits shared memory and 1,024 threads, once."""
+    default = default_config(channels, out_h, out_w, kernel, stride, dilation, sms)
+    found = [default] if default is not None else []
+    for strip in (s for s in (4, 2, 1) if out_w % s == 0):
+        tile_w = out_w if out_w // strip <= 32 else largest_divisor(out_w, 32 * strip, strip)
+        row_threads = tile_w // strip
+        for threads in (64, 128, 256, 512):
+            tile_h = largest_divisor(out_h, max(1, threads // row_threads))
+            per_channel = tile_h * row_threads
+            stacked = largest_divisor(channels, max(1, threads // per_channel)) if per_channel < threads else 1
+            config = Config(stacked, tile_h, tile_w, strip)
+            if config.threads <= 1024 and config.shared_bytes(kernel, stride, dilation) <= MAX_SHARED_BYTES:
+                found.append(config)
+    return list(dict.fromkeys(found))
+
+
+def kernel_candidates(func, sms: int) -> list[Config]:
+    """:func:`candidates` for a depthwise partition kernel; [] when ``func`` is not one."""
+    sch = s_tir.Schedule(func)
+    found = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
+    if found is None:
+        return []
+    anchor, loops = found
+    shape = [int(sch.get(loop).extent) for loop in loops]
+    return candidates(shape[1], shape[2], shape[3], *_conv_attrs(sch, anchor), sms)
+
+
 def _conv_attrs(sch: s_tir.Schedule, anchor) -> tuple:
     """(window, stride, dilation) read off the anchor block's input index ``y * stride + ry * dilation``."""
     from tvm.sym.pattern import detect_linear_equation

@@ -145,3 +145,22 @@ def test_the_device_script_checks_and_times_every_candidate(tmp_path):
     rows = times["kernels"]["k"]["candidates"]
     assert [r["ok"] for r in rows] == [True, False, True] and rows[1]["max_abs_diff"] == pytest.approx(1.0)
     assert all(r["us"] > 0 for r in rows) and times["kernels"]["k"]["file"] == "000_k.json"
+
+
+def test_depthwise_kernels_export_their_tiles(tmp_path):
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from helpers import make_model
+    from tvmfuse.schedules.cuda import depthwise_conv2d
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 1, 3, 3)).astype("float32"), "W")
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], group=8),
+                        helper.make_node("Relu", ["c"], ["y"])], [("x", [1, 8, 16, 16])], [("y", None)], [w])
+    (path,) = offline.export_candidates(model, "cuda-sm90", tmp_path)
+    info = json.loads(path.read_text())
+    assert info["kernel"].startswith("tvmfuse_depthwise_conv2d")
+    configs = [depthwise_conv2d.Config(**c["config"]) for c in info["candidates"]]
+    assert configs == depthwise_conv2d.candidates(8, 16, 16, sms=132) and len(configs) > 2
+    assert configs[0] == depthwise_conv2d.default_config(8, 16, 16, sms=132)
+    assert all(c.threads <= 1024 for c in configs)

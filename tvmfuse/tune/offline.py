@@ -4,7 +4,7 @@ A GPU is lent now and then, for minutes, with no network path to it, so MetaSche
 measure there. Instead:
 
 1. here, :func:`export_candidates` builds, for every kernel of a model whose rule has knobs
-   (``Backend.candidates``: the CUDA GEMM tiles of conv2d and dense), one library holding each candidate
+   (``Backend.candidates``: the CUDA GEMM tiles of conv2d and dense, the depthwise tiles), one library holding each candidate
    schedule as a function ``candidate<i>`` (real cubins; the default schedule is ``candidate0``), and a JSON
    file per kernel with the tuning record of each candidate;
 2. there, ``bench/device/time_candidates.py`` (TVM runtime only) checks every candidate's output against
