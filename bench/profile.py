@@ -21,7 +21,7 @@ from common import THREADS, inputs_for, named_model, table  # noqa: E402
 
 import tvmfuse  # noqa: E402
 from tvmfuse.comparison.contenders import kernel_times as instrumented  # noqa: E402
-from tvmfuse.schedules.compute import anchor_call  # noqa: E402
+from tvmfuse.schedules.computes.partition import anchor_call  # noqa: E402
 
 
 def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:

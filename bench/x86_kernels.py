@@ -24,8 +24,8 @@ import tvm  # noqa: E402
 
 from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
-from tvmfuse.schedules import winograd as winograd_rule  # noqa: E402
-from tvmfuse.schedules.blocked import block_for  # noqa: E402
+from tvmfuse.schedules.computes import winograd as winograd_rule  # noqa: E402
+from tvmfuse.schedules.computes.blocked import block_for  # noqa: E402
 
 # (name, in channels, out channels, input size, kernel, stride, groups)
 LAYERS = [

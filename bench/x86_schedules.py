@@ -47,7 +47,7 @@ def depthwise_row(target_name: str, bandwidth: float, repeat: int) -> dict:
     from onnx import helper, numpy_helper
 
     from tvmfuse.passes.lower import make_kernel
-    from tvmfuse.schedules.blocked import block_for
+    from tvmfuse.schedules.computes.blocked import block_for
 
     c, h = 144, 56
     rng = np.random.default_rng(0)

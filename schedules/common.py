@@ -6,7 +6,7 @@ import math
 
 from tvm import s_tir
 
-from .int8_epilogue import TABLE_STAGE
+from .computes.int8_epilogue import TABLE_STAGE
 
 
 def block_names(sch: s_tir.Schedule) -> list[str]:

@@ -7,7 +7,7 @@ which epilogues they take, its TE computes (FP32 NCHW, FP32 blocked NCHW[b]c, IN
 lowers to with, per backend, the rule module that schedules each (``schedules/<backend>/<module>.py``; the
 backend's templates, e.g. ``schedules/x86/templates.py``, say which of them are also MetaSchedule templates).
 
-Readers: the pattern table (``tvmfuse.patterns``), the TE computes (:mod:`.compute`), the INT8 kernels
+Readers: the pattern table (``tvmfuse.patterns``), the TE computes (:mod:`.computes.partition`), the INT8 kernels
 (``tvmfuse.passes.int8.kernels``), the backends and the tuner. Computes and rules are named by string
 (``"module.function"`` under ``tvmfuse.schedules``) and imported on first use, so this module imports
 nothing of tvmfuse and every layer can read it.
@@ -110,7 +110,7 @@ class Family:
     blocked_check : callable or None
         anchor call -> why the blocked kernel cannot compute it (None: it can).
     padded_block : bool
-        The blocked kernel pads output channels to a whole block (:func:`.compute.out_block`).
+        The blocked kernel pads output channels to a whole block (:func:`.computes.partition.out_block`).
     input_like_output : bool
         The blocked kernel reads its input blocked like its output (a depthwise conv).
     grouped : bool
@@ -233,11 +233,11 @@ def _one_filter_per_channel(call) -> str | None:
 WINOGRAD = Kernel("conv2d_winograd", {"x86": "conv2d_winograd"})
 DEPTHWISE_CONV2D = Family(
     "depthwise_conv2d", "relax.nn.conv2d", "depthwise_conv2d", residual=True,
-    compute="anchors.depthwise_conv2d", blocked_compute="anchors.depthwise_conv2d_blocked",
-    int8=Int8("int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
-              check=_depthwise_multiplier_one, blocked_pack="int8_depthwise.pack_weight",
-              vnni_pack="int8_depthwise.pack_weight_vnni", anchor_block="depthwise_int8", pad_block="data_pad",
-              reference="int8_ref.depthwise_conv2d_ref"),
+    compute="computes.anchors.depthwise_conv2d", blocked_compute="computes.anchors.depthwise_conv2d_blocked",
+    int8=Int8("computes.int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
+              check=_depthwise_multiplier_one, blocked_pack="computes.int8_depthwise.pack_weight",
+              vnni_pack="computes.int8_depthwise.pack_weight_vnni", anchor_block="depthwise_int8", pad_block="data_pad",
+              reference="computes.int8_ref.depthwise_conv2d_ref"),
     kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),
              Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
              Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
@@ -245,34 +245,34 @@ DEPTHWISE_CONV2D = Family(
     blocked_check=_one_filter_per_channel, padded_block=True, input_like_output=True)
 CONV2D = Family(
     "conv2d", "relax.nn.conv2d", "conv2d", residual=True,
-    compute="anchors.conv2d", blocked_compute="anchors.conv2d_blocked",
-    int8=Int8("int8.conv2d_kernel", "int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
-              blocked_pack="int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8",
-              pad_block="data_pack", reference="int8_ref.conv2d_ref"),
+    compute="computes.anchors.conv2d", blocked_compute="computes.anchors.conv2d_blocked",
+    int8=Int8("computes.int8.conv2d_kernel", "computes.int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
+              blocked_pack="computes.int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8",
+              pad_block="data_pack", reference="computes.int8_ref.conv2d_ref"),
     kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
              WINOGRAD, Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
     anchor_check=_conv_layout, flops=_conv_flops, anchor_block="conv2d_nchw", panels=("oc", 0),
     blocked_weight="conv", padded_block=True, scales_weight=True,
     plain_output=True)
 # Matched by conv2d's pattern entries. NCHW: the backend's fallback; blocked (when the blocks divide a
-# group's channels, or groups of 4 or 8 share a block: compute.narrow_groups; RegroupConv merges the
+# group's channels, or groups of 4 or 8 share a block: partition.narrow_groups; RegroupConv merges the
 # other narrow groups): conv2d's blocked kernel and rule, per group.
 GROUP_CONV2D = Family(
-    "group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="anchors.group_conv2d",
-    blocked_compute="anchors.group_conv2d_blocked", int8=None,
+    "group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="computes.anchors.group_conv2d",
+    blocked_compute="computes.anchors.group_conv2d_blocked", int8=None,
     kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
     anchor_check=_conv_layout, flops=_conv_flops, anchor_block="group_conv2d_nchw", blocked_weight="conv",
     grouped=True)
 DENSE = Family(
-    "dense", "relax.matmul", "dense", residual=False, compute="anchors.dense",
-    int8=Int8("int8.dense_kernel", "int8_ref.pack_dense_weight", "NC, weight NK16n4k", anchor_block="dense_int8",
-              pad_block="data_pad", reference="int8_ref.dense_ref"),
+    "dense", "relax.matmul", "dense", residual=False, compute="computes.anchors.dense",
+    int8=Int8("computes.int8.dense_kernel", "computes.int8_ref.pack_dense_weight", "NC, weight NK16n4k",
+              anchor_block="dense_int8", pad_block="data_pad", reference="computes.int8_ref.dense_ref"),
     kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}),
              Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
     anchor_check=_dense_operands, flops=_matmul_flops, anchor_block="T_matmul_NN", layout="NC", panels=("panels", 1))
 # An operand of rank > 2: attention's products of two activations, or a 3-D constant; FP32, no INT8.
 BATCH_MATMUL = Family(
-    "batch_matmul", "relax.matmul", "batch_matmul", residual=False, compute="batch_matmul.batch_matmul",
+    "batch_matmul", "relax.matmul", "batch_matmul", residual=False, compute="computes.batch_matmul.batch_matmul",
     kernels=(Kernel("batch_matmul", {"x86": "batch_matmul", "cuda": "batch_matmul"}),),
     anchor_check=_batch_operands, flops=_matmul_flops, activations=(), anchor_block="T_batch_matmul",
     constant_weight=False)
@@ -313,9 +313,10 @@ SOFTMAX_KERNEL = Kernel("softmax", {"x86": "softmax"})
 LAYER_NORM_KERNEL = Kernel("layer_norm", {"x86": "layer_norm"})
 CHANNEL_NORM_KERNEL = Kernel("layer_norm_channels", {"x86": "layer_norm_channels"})
 ROW_FAMILIES: dict[str, RowFamily] = {f.name: f for f in (
-    RowFamily("softmax", "relax.nn.softmax", "softmax.legalize", (SOFTMAX_KERNEL,)),
+    RowFamily("softmax", "relax.nn.softmax", "computes.softmax.legalize", (SOFTMAX_KERNEL,)),
     # over the last axis; over the channels of NCHW (ConvNeXt's channels-first LayerNorm)
-    RowFamily("layer_norm", "relax.nn.layer_norm", "layer_norm.legalize", (LAYER_NORM_KERNEL, CHANNEL_NORM_KERNEL)),
+    RowFamily("layer_norm", "relax.nn.layer_norm", "computes.layer_norm.legalize",
+              (LAYER_NORM_KERNEL, CHANNEL_NORM_KERNEL)),
 )}
 ROW_KERNELS: dict[str, Kernel] = {k.name: k for f in ROW_FAMILIES.values() for k in f.kernels}
 

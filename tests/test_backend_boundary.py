@@ -75,6 +75,8 @@ def test_a_raw_dict_may_name_its_backend(arm_target):
     assert targets.resolve({"kind": "cuda", "arch": "sm_90"}).backend_name == "cuda"
     with pytest.raises(TargetError, match="names backend 'rocm'; the backends are .*cuda.*x86"):
         targets.resolve({"kind": "llvm", "backend": "rocm"})
+    with pytest.raises(TargetError, match="names backend 'computes'"):  # a package of schedules/, not a backend
+        targets.resolve({"kind": "llvm", "backend": "computes"})
 
 
 def test_backends_answer_the_device_questions():
@@ -91,7 +93,7 @@ def test_importing_the_schedules_sets_no_environment_and_maps_nothing():
     made)."""
     code = ("import os, sys\n"
             "before = dict(os.environ)\n"
-            "import tvmfuse.schedules, tvmfuse.schedules.families, tvmfuse.schedules.compute\n"
+            "import tvmfuse.schedules, tvmfuse.schedules.families, tvmfuse.schedules.computes.partition\n"
             "import tvmfuse.schedules.x86, tvmfuse.schedules.cuda\n"
             "from tvmfuse import cuda_driver\n"
             "changed = sorted(k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k))\n"

@@ -10,7 +10,7 @@ import tvmfuse
 from tvmfuse import cli, model_info, targets
 from tvmfuse.opcheck import OpCheckError
 from tvmfuse.partition_report import partitions
-from tvmfuse.schedules import blocked
+from tvmfuse.schedules.computes import blocked
 
 from helpers import HOST
 from helpers import make_model

@@ -105,7 +105,7 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
 
     from tvmfuse.quant.params import activation_params, bias_params, weight_params
     from tvmfuse.quant.table import CalibrationTable
-    from tvmfuse.schedules import int8, int8_ref
+    from tvmfuse.schedules.computes import int8, int8_ref
 
     model = residual_block(from_input=False)
     cm = tvmfuse.quantize(model, calib=_random_batches((1, 8, 6, 6), 4, 1), method="minmax", target=HOST,

@@ -60,7 +60,8 @@ def cmd_compile(args) -> int:
     path = cm.export(args.output)
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
     if "cuda_graph" in cm.build_info:
-        print("kernel launches: " + ("captured in a CUDA graph on the first run, replayed after" if cm.build_info["cuda_graph"]
+        captured = cm.build_info["cuda_graph"]
+        print("kernel launches: " + ("captured in a CUDA graph on the first run, replayed after" if captured
                                       else "one by one on every run (no CUDA graph)"))
     print(f"kernels scheduled by: {_schedulers(cm.manifest()['scheduled_by'])}")
     if cm.tuning_logs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import TargetError
@@ -298,20 +299,25 @@ def resolve(target: str | Mapping[str, Any] | TargetSpec) -> TargetSpec:
 
 
 def backend_names() -> list[str]:
-    """The backend folders under ``schedules/`` (each a package with a ``Backend``)."""
+    """The backend folders under ``schedules/``: the packages whose ``__init__`` defines a ``Backend`` (read, not
+    imported: importing one imports TVM's compiler)."""
     import importlib.util
     import pkgutil
 
     schedules = importlib.util.find_spec("tvmfuse.schedules")
-    return sorted(m.name for m in pkgutil.iter_modules(schedules.submodule_search_locations) if m.ispkg)
+    found = []
+    for module in pkgutil.iter_modules(schedules.submodule_search_locations):
+        init = Path(module.module_finder.path) / module.name / "__init__.py"
+        if module.ispkg and init.is_file() and "\nclass Backend(" in init.read_text():
+            found.append(module.name)
+    return sorted(found)
 
 
 def _is_backend(name: str) -> bool:
-    import importlib.util
     import sys
 
-    module = f"tvmfuse.schedules.{name}"
-    return name.isidentifier() and (module in sys.modules or importlib.util.find_spec(module) is not None)
+    module = sys.modules.get(f"tvmfuse.schedules.{name}")  # one made in the process (a test's stub backend)
+    return hasattr(module, "Backend") if module is not None else name in backend_names()
 
 
 def missing_host_features(spec: TargetSpec) -> list[str]:

@@ -102,7 +102,7 @@ class Backend(_Base):
     def weight_block(self, fn) -> int | None:
         """1 for a dense of fewer than ``dense.GEMM_ROWS`` rows: its ``[K, N]`` weight packed ``[N, K, 1]``
         (each output's weights contiguous, for :func:`.gemv.schedule_rows`); None (kept as is) otherwise."""
-        from ..compute import anchor_call
+        from ..computes.partition import anchor_call
         from . import dense
 
         call = anchor_call(fn)
@@ -145,7 +145,7 @@ class Backend(_Base):
         from tvm import relax
         from tvm.relax.backend.cuda import pipeline as cuda
 
-        from .. import activations
+        from ..computes import activations
 
         passes = cuda.legalize_passes(target)
         assert type(passes[-1]).__name__ == "ApplyDefaultSchedule", passes[-1]

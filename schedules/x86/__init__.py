@@ -28,7 +28,7 @@ RULES = {name: importlib.import_module(f"{__name__}.{k.rules[NAME]}")
 
 def weight_block(fn, vector_bits: int) -> int | None:
     """oc_block to pre-pack a partition's conv2d weight with, or a dense's column panel (None: keep as is)."""
-    from ..compute import anchor_call
+    from ..computes.partition import anchor_call
 
     call = anchor_call(fn)
     family = families.family_of(call) if call is not None else None
@@ -182,7 +182,7 @@ class Backend(_Base):
         from tvm import relax, topi
         from tvm.relax.backend.cpu_generic import pipeline as generic
 
-        from .. import activations, resize
+        from ..computes import activations, resize
         from . import templates
 
         def unary(fn, name):

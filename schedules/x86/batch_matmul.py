@@ -13,7 +13,7 @@ import dataclasses
 
 from tvm import s_tir
 
-from ..batch_matmul import ANCHOR, PACK
+from ..computes.batch_matmul import ANCHOR, PACK
 from ..common import (accumulate_in_registers, block_names, dividing_vector, inline_epilogue, inline_producers,
                       vectorize_tile)
 from . import dense

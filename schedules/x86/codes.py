@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from ..common import block_names, iterations
-from ..int8_se import GATE_LANES, GATE_STAGE, MEAN_STAGES
+from ..computes.int8_se import GATE_LANES, GATE_STAGE, MEAN_STAGES
 from .generic import PARALLEL_MIN
 
 

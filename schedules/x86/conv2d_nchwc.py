@@ -16,9 +16,9 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..blocked import CONV_ANCHOR, NARROW_GROUP, PLAIN_CROP, SUBSAMPLE
+from ..computes.blocked import CONV_ANCHOR, NARROW_GROUP, PLAIN_CROP, SUBSAMPLE
 from ..common import accumulate_in_registers, anchor_loops, block_names, inline_epilogue, register_tile, vectorize_tile
-from ..channel_scale import SCALED_WEIGHT
+from ..computes.channel_scale import SCALED_WEIGHT
 from .intrin import group_shuffle
 
 ANCHOR = CONV_ANCHOR

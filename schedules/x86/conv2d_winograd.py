@@ -14,7 +14,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import winograd
+from ..computes import winograd
 from ..common import block_names, inline_epilogue, register_tile, vectorize_tile
 from .conv2d_nchwc import inline_views
 

@@ -12,7 +12,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from ..common import anchor_loops, block_names, depthwise_row_tiles, inline_epilogue, largest_divisor, vectorize_tile
-from ..anchors import PHASE_SPLIT
+from ..computes.anchors import PHASE_SPLIT
 
 ANCHOR = "DepthwiseConv2d"
 

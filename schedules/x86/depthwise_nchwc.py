@@ -12,7 +12,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from ..blocked import DEPTHWISE_ANCHOR
+from ..computes.blocked import DEPTHWISE_ANCHOR
 from ..common import anchor_loops, inline_epilogue, register_tile, vectorize_tile
 from .conv2d_nchwc import inline_views
 

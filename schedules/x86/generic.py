@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad builds
 
 from ..common import dividing_vector, largest_divisor, vectorize_steps
-from ..resize import KEEP
+from ..computes.resize import KEEP
 
 PARALLEL_MIN = 4096  # iterations below which a parallel loop costs more than it saves (thread wake-up)
 TAIL_ROW = 8  # rows of at least this many vectors take whole vectors and a scalar tail over partial vectors

@@ -1,4 +1,4 @@
-"""INT8 conv2d (:func:`tvmfuse.schedules.int8.conv2d_compute`) on x86.
+"""INT8 conv2d (:func:`tvmfuse.schedules.computes.int8.conv2d_compute`) on x86.
 
 The accumulator tile is ``oc_blocks`` x 16 output channels by ``ow_block`` output pixels of one row, kept in
 vector registers over the whole reduction (input-channel blocks of 4, kernel rows, kernel columns) and
@@ -28,7 +28,8 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import families, int8
+from .. import families
+from ..computes import int8
 from ..common import accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor, vectorize_tile
 from .intrin import vnni
 

@@ -1,4 +1,4 @@
-"""INT8 dense (:func:`tvmfuse.schedules.int8.dense_compute`) on x86.
+"""INT8 dense (:func:`tvmfuse.schedules.computes.int8.dense_compute`) on x86.
 
 Each task owns ``n_blocks`` x 16 output features; ``m_block`` rows by those features accumulate in vector
 registers while the packed weight streams through once per row tile (at batch 1 the kernel is bound by
@@ -12,7 +12,8 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import families, int8
+from .. import families
+from ..computes import int8
 from ..common import anchor_loops, accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
 from .intrin import vnni
 from .int8_conv2d import accumulators, dot_kind

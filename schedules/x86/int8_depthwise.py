@@ -1,4 +1,4 @@
-"""INT8 depthwise conv2d (:func:`tvmfuse.schedules.int8_depthwise.depthwise_conv2d_compute`) on x86.
+"""INT8 depthwise conv2d (:func:`tvmfuse.schedules.computes.int8_depthwise.depthwise_conv2d_compute`) on x86.
 
 Without taps in fours (NCHW, a dilated row, a target without VNNI) the kernel sums int32 products: a
 depthwise conv has no channel reduction for VNNI's 4-wide dot product.
@@ -22,8 +22,9 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
-from .. import families, int8
-from .. import int8_depthwise as int8_dw
+from .. import families
+from ..computes import int8
+from ..computes import int8_depthwise as int8_dw
 from ..common import (accumulate_in_registers, anchor_loops, depthwise_row_tiles, inline_epilogue, largest_divisor,
                       loops_below, register_tile, vectorize_tile)
 from .intrin import depthwise_vnni

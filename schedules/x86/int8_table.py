@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..common import block_names
-from ..int8_epilogue import EPILOGUE, TABLE_STAGE
+from ..computes.int8_epilogue import EPILOGUE, TABLE_STAGE
 from .intrin import table_vbmi
 
 _INNER = (tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED)

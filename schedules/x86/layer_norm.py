@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..layer_norm import LAYER_NORM_STAGES, NORM, RSTD, SQSUM, SUM
+from ..computes.layer_norm import LAYER_NORM_STAGES, NORM, RSTD, SQSUM, SUM
 from . import rows
 
 ANCHOR = NORM  # the block its template's mark is on (the legalization puts it there)

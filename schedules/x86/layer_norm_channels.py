@@ -19,7 +19,7 @@ import math
 from tvm import s_tir
 
 from ..common import block_names
-from ..layer_norm import CHANNEL_STAGES
+from ..computes.layer_norm import CHANNEL_STAGES
 from . import rows
 from .generic import PARALLEL_MIN, row_lanes
 

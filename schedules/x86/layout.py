@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..blocked import TO_BLOCKED, TO_PLAIN
+from ..computes.blocked import TO_BLOCKED, TO_PLAIN
 from ..common import block_names, dividing_vector
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..blocked import POOL_ANCHORS, SPATIAL_SUM
+from ..computes.blocked import POOL_ANCHORS, SPATIAL_SUM
 from ..common import block_names, largest_divisor, register_tile, vectorize_tile
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..common import vectorize_steps
-from ..softmax import SOFTMAX_STAGES
+from ..computes.softmax import SOFTMAX_STAGES
 from . import rows
 
 MAX, EXP, SUM, RECIP, NORM = SOFTMAX_STAGES

@@ -16,7 +16,7 @@ import dataclasses
 import tvm
 from tvm import s_tir, tirx
 
-from ..blocked import PLAIN_CROP
+from ..computes.blocked import PLAIN_CROP
 from ..common import block_names, dividing_vector
 from . import RULES as X86_RULES
 from . import (batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc,

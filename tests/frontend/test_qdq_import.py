@@ -7,7 +7,7 @@ and refused matches (each with its reason, the chain staying float); op counts o
 - hand-built chains against onnxruntime's INT8 output, bit for bit. Their weights are 7-bit (see
   qdq_helpers): onnxruntime's AVX2 u8 x s8 kernel saturates int16 pair sums with full-range weights, where
   ours is exact; with 7-bit weights both compute the exact integer result, so equality is the right bar.
-- full-range weights holding -128 against the exact numpy integer reference (schedules/int8_ref.py);
+- full-range weights holding -128 against the exact numpy integer reference (schedules/computes/int8_ref.py);
 - zoo mobilenet_v2 quantized by onnxruntime's ``quantize_static`` (QDQ and QOperator), against onnxruntime.
 """
 
@@ -33,7 +33,7 @@ from tvmfuse.passes.canonicalize import CanonicalizeClip
 from tvmfuse.passes.int8.kernels import model_multiplier
 from tvmfuse.passes.int8.qdq import FuseQDQ, QDQWarning
 from tvmfuse.quant.params import QuantParams
-from tvmfuse.schedules import int8, int8_ref
+from tvmfuse.schedules.computes import int8, int8_ref
 
 FLOAT_FAMILIES = {"conv2d", "depthwise_conv2d", "dense", "conv2d_nchwc", "depthwise_conv2d_nchwc"}  # FP32 kernels
 

@@ -8,7 +8,7 @@ import tvm
 import tvmfuse
 from tvmfuse import frontend, targets
 from tvmfuse.frontend import rnn_fused
-from tvmfuse.schedules import recurrence
+from tvmfuse.schedules.computes import recurrence
 
 from helpers import HOST, ort_run
 from test_rnn import feeds, recurrent_model

@@ -12,8 +12,8 @@ from tvmfuse.passes.lower import make_kernel
 from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.passes.utils import const_array
-from tvmfuse.schedules import blocked
-from tvmfuse.schedules.compute import anchor_call
+from tvmfuse.schedules.computes import blocked
+from tvmfuse.schedules.computes.partition import anchor_call
 
 from helpers import HOST, make_model
 

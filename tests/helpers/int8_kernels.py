@@ -9,7 +9,7 @@ import numpy as np
 import tvm
 
 from tvmfuse import targets
-from tvmfuse.schedules import int8
+from tvmfuse.schedules.computes import int8
 
 from . import HOST
 

@@ -19,8 +19,8 @@ from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.schedules import x86
 from tvmfuse.schedules.common import block_names, largest_divisor
-from tvmfuse.schedules.packing import pack_weight, unpack_weight
-from tvmfuse.schedules.compute import partition_compute
+from tvmfuse.schedules.computes.packing import pack_weight, unpack_weight
+from tvmfuse.schedules.computes.partition import partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
 
 from helpers import HOST, ort_run

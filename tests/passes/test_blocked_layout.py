@@ -1,4 +1,4 @@
-"""Blocked NCHW[b]c kernels (schedules/blocked.py, x86 conv2d_nchwc / depthwise_nchwc) and the layout plan
+"""Blocked NCHW[b]c kernels (schedules/computes/blocked.py, x86 conv2d_nchwc / depthwise_nchwc) and the layout plan
 of LowerPartitions: each kernel against onnxruntime over a grid of shapes, weight packing, where layout
 transforms appear, and whole models in both layouts."""
 
@@ -13,7 +13,7 @@ from tvm.tirx import ForKind
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
-from tvmfuse.schedules import blocked, packing
+from tvmfuse.schedules.computes import blocked, packing
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 
 from helpers import HOST, ort_run

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 import tvmfuse
 from tvmfuse.opcheck import run_checked
-from tvmfuse.schedules.channel_scale import SCALED_WEIGHT
+from tvmfuse.schedules.computes.channel_scale import SCALED_WEIGHT
 
 from helpers import HOST, make_model, ort_run
 

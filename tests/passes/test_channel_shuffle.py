@@ -12,7 +12,7 @@ from tvm import te
 
 import tvmfuse
 from tvmfuse import targets
-from tvmfuse.schedules import blocked
+from tvmfuse.schedules.computes import blocked
 
 from helpers import HOST, make_model, ort_run
 from helpers.layout import to_blocked, to_plain, transforms

@@ -20,7 +20,7 @@ import tvmfuse
 from tvmfuse import frontend, targets
 from tvmfuse.passes.partition import composites
 from tvmfuse.passes.pipeline import canonicalize_passes
-from tvmfuse.schedules.anchors import phase_split_pays
+from tvmfuse.schedules.computes.anchors import phase_split_pays
 
 from helpers import HOST, ort_run
 from helpers import make_model

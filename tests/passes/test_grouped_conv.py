@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.passes.regroup_conv import factor, merge_groups
-from tvmfuse.schedules.blocked import NARROW_GROUP
+from tvmfuse.schedules.computes.blocked import NARROW_GROUP
 
 from helpers import HOST, make_model, ort_run
 

@@ -101,7 +101,7 @@ def test_layer_normalization_runs_on_the_row_kernel(shape):
 def test_the_rule_schedules_the_kernel_in_whole_vectors():
     from tvm import te
 
-    from tvmfuse.schedules.layer_norm import layer_norm
+    from tvmfuse.schedules.computes.layer_norm import layer_norm
 
     x, g, b = te.placeholder((6, 96), name="x"), te.placeholder((96,), name="g"), te.placeholder((96,), name="b")
     func = te.create_prim_func([x, g, b, layer_norm(x, g, b, 1e-5)])

@@ -17,7 +17,7 @@ from tvmfuse import frontend
 from tvmfuse.passes.pad_softmax import PadSoftmaxRows
 from tvmfuse.passes.pipeline import canonicalize_passes
 from tvmfuse.passes.utils import bindings_of, const_array
-from tvmfuse.schedules.softmax import softmax
+from tvmfuse.schedules.computes.softmax import softmax
 from tvmfuse.schedules.x86 import softmax as softmax_rule
 from tvmfuse.schedules.x86 import templates
 

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
-from tvmfuse.schedules import blocked
+from tvmfuse.schedules.computes import blocked
 
 from helpers import HOST, make_model, ort_run
 from helpers.blocked import partition_call

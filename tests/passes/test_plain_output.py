@@ -15,8 +15,9 @@ from tvm.tirx import ForKind
 import tvmfuse
 from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
-from tvmfuse.schedules import blocked, x86
-from tvmfuse.schedules.compute import plain_output_block
+from tvmfuse.schedules import x86
+from tvmfuse.schedules.computes import blocked
+from tvmfuse.schedules.computes.partition import plain_output_block
 from tvmfuse.schedules.x86 import conv2d_nchwc, templates
 
 from helpers import HOST, make_model, ort_run

@@ -48,7 +48,7 @@ def test_counts_with_a_vector_wide_block_are_left_alone():
 
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_softmax_runs_the_vectorizable_fast_softmax_within_its_stated_error(axis):
-    """x86 legalizes Softmax with schedules/softmax.py (fast_exp: at most 4.1e-6 relative error)."""
+    """x86 legalizes Softmax with schedules/computes/softmax.py (fast_exp: at most 4.1e-6 relative error)."""
     model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], [("x", [3, 7, 40])], [("y", None)])
     x = {"x": (RNG.standard_normal((3, 7, 40)) * 8).astype("float32")}
     cm = tvmfuse.compile(model, target=HOST)

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from tvm import s_tir, te, topi
 
 import tvmfuse
-from tvmfuse.schedules import batch_matmul as compute
+from tvmfuse.schedules.computes import batch_matmul as compute
 from tvmfuse.schedules.x86 import batch_matmul as rule
 
 from helpers import HOST, make_model, ort_run

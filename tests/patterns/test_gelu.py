@@ -15,7 +15,7 @@ from tvm import te
 
 import tvmfuse
 from tvmfuse import targets
-from tvmfuse.schedules.activations import gelu, gelu_tanh
+from tvmfuse.schedules.computes.activations import gelu, gelu_tanh
 
 from helpers import HOST, make_model, ort_run
 from helpers.patterns import composite_calls

@@ -1,4 +1,4 @@
-"""Pooling of blocked activations (schedules/blocked.py pool2d / spatial_mean, schedules/x86/pool.py): a
+"""Pooling of blocked activations (schedules/computes/blocked.py pool2d / spatial_mean, schedules/x86/pool.py): a
 max/average pool between blocked convs stays blocked, a global average reads the last feature map blocked;
 each against onnxruntime, where the layout transforms go, the schedules' structure, and no tuning task."""
 
@@ -13,7 +13,8 @@ from tvm.tirx import ForKind
 import tvmfuse
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
-from tvmfuse.schedules import blocked, x86
+from tvmfuse.schedules import x86
+from tvmfuse.schedules.computes import blocked
 
 from helpers import HOST, ort_run
 from helpers import make_model

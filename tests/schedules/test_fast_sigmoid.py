@@ -11,7 +11,7 @@ from tvm import te
 
 import tvmfuse
 from tvmfuse import targets
-from tvmfuse.schedules.activations import fast_sigmoid
+from tvmfuse.schedules.computes.activations import fast_sigmoid
 
 from helpers import HOST, make_model, ort_run
 

@@ -1,4 +1,4 @@
-"""The numpy side of the INT8 kernels (tvmfuse.schedules.int8_ref) and the epilogue parameters: weight packing,
+"""The numpy side of the INT8 kernels (tvmfuse.schedules.computes.int8_ref) and the epilogue parameters: weight packing,
 zero-point folding, requantization by known answers, activation bounds."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvmfuse.schedules import int8, int8_ref
+from tvmfuse.schedules.computes import int8, int8_ref
 
 
 def test_pack_conv2d_weight_layout_and_padding():

@@ -1,4 +1,4 @@
-"""Squeeze-and-excitation on uint8 codes (schedules/int8_se.py, x86 rule schedules/x86/codes.py): the mean and
+"""Squeeze-and-excitation on uint8 codes (schedules/computes/int8_se.py, x86 rule schedules/x86/codes.py): the mean and
 the channel gate kernels bit-exact against their numpy twins, NCHW16c (with a padded last block) on the x86
 rule and NCHW on the generic schedule, and the rule's vectors whole."""
 
@@ -10,7 +10,7 @@ import tvm
 from tvm import s_tir
 
 from tvmfuse import targets
-from tvmfuse.schedules import int8_se
+from tvmfuse.schedules.computes import int8_se
 from tvmfuse.schedules.x86 import codes as rule
 
 from helpers import HOST

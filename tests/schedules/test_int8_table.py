@@ -12,7 +12,8 @@ import tvm
 from tvm import te
 
 from tvmfuse import targets
-from tvmfuse.schedules import int8, int8_depthwise, int8_ref, x86
+from tvmfuse.schedules import x86
+from tvmfuse.schedules.computes import int8, int8_depthwise, int8_ref
 from tvmfuse.schedules.x86.intrin.table_vbmi import MARK, rewrite_lookups
 
 from helpers import HOST

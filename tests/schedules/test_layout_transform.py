@@ -15,7 +15,7 @@ from tvm import te
 from tvm.tirx import ForKind
 
 from tvmfuse import targets
-from tvmfuse.schedules import blocked
+from tvmfuse.schedules.computes import blocked
 from tvmfuse.schedules.x86 import layout
 
 from helpers import HOST

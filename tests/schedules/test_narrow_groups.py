@@ -9,8 +9,8 @@ from tvm.topi.testing import conv2d_nchw_python
 
 from tvmfuse import targets
 from tvmfuse.passes.regroup_conv import RegroupConv
-from tvmfuse.schedules import blocked, packing
-from tvmfuse.schedules.compute import narrow_groups
+from tvmfuse.schedules.computes import blocked, packing
+from tvmfuse.schedules.computes.partition import narrow_groups
 from tvmfuse.schedules.x86 import conv2d_nchwc, templates
 from tvmfuse.schedules.x86.intrin import group_shuffle
 

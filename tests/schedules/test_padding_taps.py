@@ -14,7 +14,8 @@ from tvm import te, tirx, topi
 from tvm.topi.testing import conv2d_nchw_python, dilate_python
 
 import tvmfuse
-from tvmfuse.schedules import blocked, packing, padding_taps, x86
+from tvmfuse.schedules import padding_taps, x86
+from tvmfuse.schedules.computes import blocked, packing
 from tvmfuse.schedules.padding_taps import skip_padding_taps
 from tvmfuse.schedules.x86 import conv2d_nchwc, depthwise_nchwc
 

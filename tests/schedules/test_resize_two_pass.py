@@ -1,4 +1,4 @@
-"""A bilinear resize of plain NCHW runs in two passes on x86 (``schedules/resize.py``): the rows once per input
+"""A bilinear resize of plain NCHW runs in two passes on x86 (``schedules/computes/resize.py``): the rows once per input
 row, kept as a stage of their own, then the columns with whole-vector loads. Equal to onnxruntime for each
 coordinate mode, up and down, whole and fractional ratios, alone and fused with a consumer; other resizes keep
 TVM's compute."""
@@ -11,7 +11,7 @@ import tvm
 from onnx import helper, numpy_helper
 
 import tvmfuse
-from tvmfuse.schedules import resize
+from tvmfuse.schedules.computes import resize
 from tvmfuse.schedules.x86 import generic
 
 from helpers import HOST, make_model, ort_run

@@ -15,8 +15,8 @@ import tvmfuse
 from tvmfuse import targets
 from tvmfuse.schedules import families
 from tvmfuse.schedules.backend import kernel_of
-from tvmfuse.schedules.softmax import softmax
-from tvmfuse.schedules.layer_norm import layer_norm
+from tvmfuse.schedules.computes.softmax import softmax
+from tvmfuse.schedules.computes.layer_norm import layer_norm
 from tvmfuse.schedules.x86 import layer_norm as ln_rule
 from tvmfuse.schedules.x86 import rows, templates
 from tvmfuse.schedules.x86 import softmax as softmax_rule
@@ -152,7 +152,7 @@ def test_a_tuning_run_covers_the_row_space_and_compile_applies_it(tmp_path):
 
 
 def _channel_kernel(shape):
-    from tvmfuse.schedules.layer_norm import layer_norm_channels
+    from tvmfuse.schedules.computes.layer_norm import layer_norm_channels
 
     x = te.placeholder(shape, name="x")
     g, b = te.placeholder((shape[1],), name="g"), te.placeholder((shape[1],), name="b")

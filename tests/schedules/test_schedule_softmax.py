@@ -1,4 +1,4 @@
-"""Softmax on x86 (schedules/softmax.py + schedules/x86/softmax.py): one row per parallel task, each
+"""Softmax on x86 (schedules/computes/softmax.py + schedules/x86/softmax.py): one row per parallel task, each
 exponential computed once and each row scaled by one reciprocal; close to float64 numpy and to
 onnxruntime; what the rule leaves to the generic schedule."""
 
@@ -13,7 +13,7 @@ from tvm.tirx import ForKind
 
 import tvmfuse
 from tvmfuse import targets
-from tvmfuse.schedules.softmax import softmax
+from tvmfuse.schedules.computes.softmax import softmax
 from tvmfuse.schedules.x86 import softmax as rule
 
 from helpers import HOST, make_model, ort_run

@@ -7,8 +7,8 @@ from tvm import s_tir, te, topi
 from tvm.topi.testing import conv2d_nchw_python
 
 from tvmfuse import targets
-from tvmfuse.schedules.packing import pack_weight
-from tvmfuse.schedules.anchors import _conv2d_packed
+from tvmfuse.schedules.computes.packing import pack_weight
+from tvmfuse.schedules.computes.anchors import _conv2d_packed
 from tvmfuse.schedules.x86 import templates
 from tvmfuse.tune.measure import make_builder
 
@@ -57,7 +57,7 @@ def test_dense_template_keeps_the_packed_panel_and_its_trace_serializes(m, k, n,
     # The columns are the weight's packed panel; rows and K unrolling are the knobs. A column knob once
     # reached the trace as FloorDiv(n_block, n_block), which MetaSchedule cannot write to its log: every
     # dense tuning task failed.
-    from tvmfuse.schedules.anchors import dense as dense_compute
+    from tvmfuse.schedules.computes.anchors import dense as dense_compute
     from tvmfuse.schedules.x86 import dense
 
     data = te.placeholder((m, k), name="p0")
@@ -75,7 +75,7 @@ def test_batch_matmul_template_default_is_the_rule_and_its_trace_serializes(tran
     # Rows and K unrolling are the knobs; the first decisions give the rule's kernel (K^T packed or not).
     from tvm import topi
 
-    from tvmfuse.schedules import batch_matmul as compute
+    from tvmfuse.schedules.computes import batch_matmul as compute
     from tvmfuse.schedules.x86 import batch_matmul as rule
 
     call = type("Call", (), {"ty": type("Ty", (), {"shape": (1, 8, 40, 40)})()})()
@@ -120,7 +120,7 @@ def test_tiny_tuning_run_is_correct(tmp_path):
 
 
 def _blocked_kernels():
-    from tvmfuse.schedules import blocked
+    from tvmfuse.schedules.computes import blocked
 
     data = te.placeholder((1, 2, 14, 14, 8), name="p0")
     conv = blocked.conv2d(data, te.placeholder((4, 2, 3, 3, 8, 8), name="p1"), [1, 1], [1] * 4, [1, 1])

@@ -13,8 +13,8 @@ from tvmfuse import targets
 from tvmfuse.passes.lower import make_kernel
 from tvmfuse.schedules import x86
 from tvmfuse.schedules.common import block_names, largest_divisor
-from tvmfuse.schedules.packing import pack_weight, unpack_weight
-from tvmfuse.schedules.compute import partition_compute
+from tvmfuse.schedules.computes.packing import pack_weight, unpack_weight
+from tvmfuse.schedules.computes.partition import partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d
 
 from helpers import HOST

@@ -1,4 +1,4 @@
-"""INT8 kernels on x86: bit-exact against the numpy references (tvmfuse.schedules.int8_ref) on this host, the
+"""INT8 kernels on x86: bit-exact against the numpy references (tvmfuse.schedules.computes.int8_ref) on this host, the
 VNNI build for x86-avx512 (assembly), and the explicit registration of the VNNI intrinsic.
 
 Kernels run here with the host's own path (the exact AVX2 16x4 step), with the generic step (the
@@ -18,8 +18,8 @@ import tvm
 from tvm import te
 
 from tvmfuse import targets
-from tvmfuse.schedules import int8, int8_ref
-from tvmfuse.schedules import int8_depthwise as int8_dw
+from tvmfuse.schedules.computes import int8, int8_ref
+from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86.intrin import vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 

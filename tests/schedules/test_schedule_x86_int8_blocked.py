@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tvm import te
 
-from tvmfuse.schedules import blocked, int8, int8_ref
-from tvmfuse.schedules import int8_depthwise as int8_dw
+from tvmfuse.schedules.computes import blocked, int8, int8_ref
+from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86 import int8_conv2d, int8_depthwise
 
 from helpers.layout import to_blocked as blocked_array, to_plain

@@ -13,8 +13,8 @@ from tvm.tirx import ForKind
 import tvmfuse
 from tvmfuse.schedules import families, x86
 from tvmfuse.schedules.common import block_names
-from tvmfuse.schedules.packing import pack_weight
-from tvmfuse.schedules.compute import partition_compute
+from tvmfuse.schedules.computes.packing import pack_weight
+from tvmfuse.schedules.computes.partition import partition_compute
 from tvmfuse.schedules.x86 import conv2d, dense, depthwise_conv2d, fused
 
 from helpers import HOST, ort_run

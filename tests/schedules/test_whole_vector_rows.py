@@ -8,7 +8,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import tvmfuse
-from tvmfuse.schedules import anchors
+from tvmfuse.schedules.computes import anchors
 from tvmfuse.schedules.common import row_vector
 
 from tvmfuse import targets

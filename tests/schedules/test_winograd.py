@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) conv2d (schedules/winograd.py, x86 conv2d_winograd): where it is chosen, its weight
+"""Winograd F(2x2, 3x3) conv2d (schedules/computes/winograd.py, x86 conv2d_winograd): where it is chosen, its weight
 transform, its numbers against onnxruntime (odd sizes, residual, batch, 16-channel blocks) and its schedule."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tvm.tirx import ForKind
 
 import tvmfuse
 from tvmfuse import targets
-from tvmfuse.schedules import winograd
+from tvmfuse.schedules.computes import winograd
 from tvmfuse.schedules.x86 import conv2d_winograd, templates
 
 from helpers import HOST, ort_run

@@ -2,7 +2,7 @@
 
 Instead of unrolling a direction's steps, :func:`emit_direction` writes one node ``Recurrence`` (domain
 ``tvmfuse``) reading the direction's rows of the input projection; :func:`converter` turns it into a
-``call_tir`` of :mod:`tvmfuse.schedules.recurrence`'s kernel during TVM's ONNX import
+``call_tir`` of :mod:`tvmfuse.schedules.computes.recurrence`'s kernel during TVM's ONNX import
 (:func:`tvmfuse.frontend.importer.to_relax`). ORT cannot run such a node: it only exists between
 :func:`tvmfuse.frontend.prepare` (with ``fused_recurrence``) and the import.
 

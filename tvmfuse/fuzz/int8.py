@@ -9,7 +9,7 @@ residual; one case in six draws only the ends of the ranges (0/255 inputs, -127/
 The kernel comes from the family registry (``families.FAMILIES[family].int8``: compute and weight packing)
 and is scheduled by the target's backend from its ``tvmfuse.family`` attribute, as ``ScheduleKernels`` does
 in a compile (on x86: VNNI, the exact AVX2 16x4 step, or the generic step, by the target's features). The
-reference is :mod:`tvmfuse.schedules.int8_ref`, whose arithmetic the kernels repeat operation by operation:
+reference is :mod:`tvmfuse.schedules.computes.int8_ref`, whose arithmetic the kernels repeat operation by operation:
 every output, float32 ones included, must be equal. (Grouped convolutions have no INT8 kernel; the quantized
 graphs of :func:`tvmfuse.fuzz.check.check_quantized` cover them staying FP32.)
 """
@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from tvmfuse import targets
-from tvmfuse.schedules import families, int8, int8_ref
+from tvmfuse.schedules import families
+from tvmfuse.schedules.computes import int8, int8_ref
 
 from .check import HOST, OutputCheck, Result, one_line
 

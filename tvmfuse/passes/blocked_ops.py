@@ -11,7 +11,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.blocked import (CHANNEL_SHUFFLE, blocked_shape, channel_shuffle, depth_to_space, pool2d,
+from tvmfuse.schedules.computes.blocked import (CHANNEL_SHUFFLE, blocked_shape, channel_shuffle, depth_to_space, pool2d,
                                        spatial_mean)
 
 from .channel_scale import channel_scale

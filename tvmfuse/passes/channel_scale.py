@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from tvmfuse.schedules.channel_scale import SCALE_PARAM
+from tvmfuse.schedules.computes.channel_scale import SCALE_PARAM
 
 MULTIPLY = "relax.multiply"
 

@@ -67,7 +67,7 @@ def _rewritable(call) -> bool:
 def phase_weight(w: np.ndarray, strides: tuple[int, int], groups: int = 1) -> np.ndarray:
     """IOHW transposed-conv weight -> the OIHW weight of its phase conv, ``[O*sh*sw, I/groups, Mh, Mw]``,
     output channel ``(phase a*sw + b) * O + o``: phase-major, so each phase's channels are whole blocks of
-    the blocked layout and the depth-to-space moves whole vectors (``tvmfuse.schedules.blocked.depth_to_space``).
+    the blocked layout and the depth-to-space moves whole vectors (``tvmfuse.schedules.computes.blocked.depth_to_space``).
 
     With groups, each group's phases are its own block of output channels (group-major, as a grouped conv
     and the depth-to-space after it both want), phase-major within it."""

@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from tvmfuse.schedules.activations import TANH_BETA, TANH_KAPPA
+from tvmfuse.schedules.computes.activations import TANH_BETA, TANH_KAPPA
 
 from .utils import commuted, const_array, float_scalar
 

@@ -4,7 +4,7 @@
 Exporters that predate ONNX's ``LayerNormalization`` (opset 17), and Paddle's, write
 ``(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * gamma + beta`` as nine ops. TVM fuses them into three
 kernels that pass over the tensor five times; as one op the CPU backends compute it a row at a time
-(``schedules/layer_norm.py``).
+(``schedules/computes/layer_norm.py``).
 
 Matched: both means over the same one axis with ``keepdims`` (the last, or axis 1 of a tensor of rank 3 or
 more: ConvNeXt's channels-first LayerNorm, which the x86 backend computes a run of pixels at a time), the

@@ -1,4 +1,4 @@
-"""Layout transform kernels between NCHW and NCHW[b]c (see ``tvmfuse.schedules.blocked``), and the pooling
+"""Layout transform kernels between NCHW and NCHW[b]c (see ``tvmfuse.schedules.computes.blocked``), and the pooling
 kernels that keep a blocked activation blocked.
 
 ``LowerPartitions`` inserts transforms only at partition boundaries where a plain tensor is needed (a

@@ -1,6 +1,6 @@
 """LowerPartitions: replace each partition call by one ``call_tir`` to a fused TE kernel.
 
-The kernel is interpreted from the partition body (``tvmfuse.schedules.compute``), carries what schedules
+The kernel is interpreted from the partition body (``tvmfuse.schedules.computes.partition``), carries what schedules
 and reports need (``tvmfuse.partition``, ``tvmfuse.family``, ``tvmfuse.layout``, ``tvmfuse.ops``), is marked
 opaque so TVM's FuseOps leaves it whole. Scheduling comes later (``passes.schedule``), after tuning logs.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.blocked import block_for, blocked_shape, channel_block, to_blocked, to_plain
-from tvmfuse.schedules.packing import KernelLayout
+from tvmfuse.schedules.computes.blocked import block_for, blocked_shape, channel_block, to_blocked, to_plain
+from tvmfuse.schedules.computes.packing import KernelLayout
 from tvmfuse.schedules import families
-from tvmfuse.schedules.compute import (anchor_call, blockable, data_param, group_input_block, narrow_groups, out_block,
-                                       param_index, partition_compute, plain_output_block, winograd_pays)
+from tvmfuse.schedules.computes.partition import (anchor_call, blockable, data_param, group_input_block,
+                                                  narrow_groups, out_block, param_index, partition_compute,
+                                                  plain_output_block, winograd_pays)
 
 from ..targets import TargetSpec
 from .blocked_ops import BlockedOps, is_activation
@@ -37,7 +38,7 @@ def make_kernel(fn: relax.Function, spec: TargetSpec | None, schedule: bool = Tr
     kernel also gets the backend's default schedule; LowerPartitions passes False and leaves scheduling to
     ``ScheduleKernels``, after tuning logs are applied. ``blocks`` (backends with a blocked layout) makes a
     blocked kernel: parameter index -> block of each activation passed NCHW[b]c (see
-    :func:`tvmfuse.schedules.compute.partition_compute`).
+    :func:`tvmfuse.schedules.computes.partition.partition_compute`).
 
     Returns the kernel and how its parameters and output differ from ``fn``'s (packed weights, blocked
     activations).
@@ -73,7 +74,7 @@ def _pack_args(args: list, layout: KernelLayout) -> list:
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator, BlockedOps):
     """Partition calls -> ``call_tir``; on backends with a blocked layout, blockable partitions (see
-    ``compute.blockable``) keep their activations NCHW[b]c between them, with a layout transform only where a
+    ``partition.blockable``) keep their activations NCHW[b]c between them, with a layout transform only where a
     plain tensor is needed: the NCHW value of every blocked output is bound to the original variable, read by
     whatever is not a blocked kernel, and removed as dead code when nothing is. The blocked forms of ops
     outside partitions come from :class:`.blocked_ops.BlockedOps`."""
@@ -150,7 +151,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
 
     def _plain_output_args(self, fn, args) -> tuple[list, dict] | None:
         """``(args, blocks)`` for a conv that reads its already-blocked input in place and writes NCHW (its output
-        channels have no block, :func:`~tvmfuse.schedules.compute.plain_output_block`); None where the NCHW
+        channels have no block, :func:`~tvmfuse.schedules.computes.partition.plain_output_block`); None where the NCHW
         kernel reads a plain input (made by a ``to_plain`` when the input was blocked)."""
         anchor = anchor_call(fn)
         data = data_param(fn, anchor) if anchor is not None else None
@@ -177,7 +178,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         """``(fn, args)`` of a conv2d partition whose data is a squeeze-and-excitation product read by nothing
         else, with the product moved into the kernel (``channel_scale.with_prologue``: ``x`` in the data's
         place, the scale appended, both blocked like the product was; the kernel scales its weight, see
-        ``schedules/channel_scale.py``); as given otherwise: Winograd kernels (weights transformed at compile
+        ``schedules/computes/channel_scale.py``); as given otherwise: Winograd kernels (weights transformed at compile
         time), and weights with more values per input channel than the map has pixels."""
         anchor = anchor_call(fn)
         index = param_index(fn, anchor.args[0])
@@ -223,7 +224,7 @@ def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None, 
     """Lower every partition call to ``call_tir``; the partition functions are then dropped.
 
     ``record`` (optional dict) receives kernel name -> (the partition function it came from, its
-    :class:`~tvmfuse.schedules.packing.KernelLayout`). ``blocked`` (backends with a blocked layout):
+    :class:`~tvmfuse.schedules.computes.packing.KernelLayout`). ``blocked`` (backends with a blocked layout):
     chain blockable partitions in NCHW[b]c; False keeps every kernel NCHW.
     """
 

@@ -19,7 +19,7 @@ class PassRecord:
         Anchor var name -> why a candidate group was refused.
     kernels : dict
         Kernel (PrimFunc) name -> (the partition's Relax function it was lowered from, its
-        :class:`tvmfuse.schedules.packing.KernelLayout`: packed weights, blocked activations).
+        :class:`tvmfuse.schedules.computes.packing.KernelLayout`: packed weights, blocked activations).
     qdq : dict
         What ``FuseQDQ`` did with a quantized (QDQ) model: ``int8_kernels`` and ``kept_float`` (anchor, op,
         reason), see :func:`tvmfuse.passes.int8.qdq.FuseQDQ`.

@@ -4,7 +4,7 @@
 first, then rounded once) and before partitioning, so the partitions are the FP32 ones with float16 tensors:
 every float32 constant becomes float16, each float32 input is cast once where it is first read, and each
 output is cast back to float32, so a caller feeds and reads float32 as with an FP32 library. The kernels
-accumulate in float32 (the anchor computes take ``out_dtype``, see ``tvmfuse.schedules.compute``) and round
+accumulate in float32 (the anchor computes take ``out_dtype``, see ``tvmfuse.schedules.computes.partition``) and round
 once, at their store.
 
 Ops whose float16 result loses what a model relies on keep float32 (:data:`FLOAT32_OPS`): Softmax and the

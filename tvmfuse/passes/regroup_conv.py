@@ -11,7 +11,7 @@ multiply-adds (2x or 4x for ResNeXt) on a kernel that runs them ~30x faster. The
 sum: the added terms are exact zeros (unless an input is inf or NaN, where ``0 * inf`` is NaN).
 
 Where the target's blocked FP32 kernel runs the groups as they are (4 or 8 channels per group on x86,
-:func:`~tvmfuse.schedules.compute.narrow_groups`: a shuffle step per channel, no extra multiply-adds), the
+:func:`~tvmfuse.schedules.computes.partition.narrow_groups`: a shuffle step per channel, no extra multiply-adds), the
 conv is left grouped; the rest (NCHW kernels, INT8 graphs, CUDA, groups of 2) are merged as above.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.compute import narrow_groups
+from tvmfuse.schedules.computes.partition import narrow_groups
 from tvmfuse.schedules.families import GROUP_CONV2D, family_of, static_shape
 
 from .utils import const_array, rewrite_call, rewrite_functions
@@ -81,7 +81,7 @@ class _Regroup(relax.PyExprMutator):
 
 def RegroupConv(lanes: int | None = None):  # noqa: N802 - a pass, named like TVM's
     """The pass. ``lanes``: the blocked layout's vector width where the target runs narrow groups as they are
-    (:func:`~tvmfuse.schedules.compute.narrow_groups`, FP32 on x86); those convs are left grouped. None merges
+    (:func:`~tvmfuse.schedules.computes.partition.narrow_groups`, FP32 on x86); those convs are left grouped. None merges
     every group it can (NCHW kernels, CUDA, INT8)."""
 
     @tvm.transform.module_pass(opt_level=0, name="RegroupConv")

@@ -4,8 +4,8 @@ A GPU is lent now and then, for minutes, with no network path to it, so MetaSche
 measure there. Instead:
 
 1. here, :func:`export_candidates` builds, for every kernel of a model whose rule has knobs
-   (``Backend.candidates``: the CUDA GEMM tiles of conv2d and dense, the depthwise tiles), one library holding each candidate
-   schedule as a function ``candidate<i>`` (real cubins; the default schedule is ``candidate0``), and a JSON
+   (``Backend.candidates``: the CUDA GEMM tiles of conv2d and dense, the depthwise tiles), one library holding
+   each candidate schedule as a function ``candidate<i>`` (real cubins; the default schedule is ``candidate0``), and a JSON
    file per kernel with the tuning record of each candidate;
 2. there, ``bench/device/time_candidates.py`` (TVM runtime only) checks every candidate's output against
    ``candidate0`` on the same inputs and times it, writing one results JSON;
@@ -32,7 +32,8 @@ def _args(func) -> list[dict]:
     """Shape and dtype of each buffer parameter, in order (the output last)."""
     from tvm.s_tir import meta_schedule as ms
 
-    return [{"shape": [int(d) for d in a.shape], "dtype": str(a.dtype)} for a in ms.arg_info.ArgInfo.from_prim_func(func)]
+    return [{"shape": [int(d) for d in a.shape], "dtype": str(a.dtype)}
+            for a in ms.arg_info.ArgInfo.from_prim_func(func)]
 
 
 def export_candidates(model, target, directory, shapes=None, precision: str = "fp32") -> list[Path]:

@@ -207,9 +207,10 @@ def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: 
         raise TuningError(f"trials must be at least 1, got {trials}")
     spec = targets.resolve(target)
     if not spec.backend().online_tuning:
-        raise TuningError(f"target {spec.name}: its backend ({spec.backend().name}) has no MetaSchedule templates to "
-                          f"tune here; tune it offline: tvmfuse tune MODEL --target {spec.name} --export-candidates DIR, "
-                          "time DIR on the device (bench/device/time_candidates.py), then tvmfuse tune --import-results")
+        raise TuningError(f"target {spec.name}: its backend ({spec.backend().name}) has no MetaSchedule templates "
+                          f"to tune here; tune it offline: tvmfuse tune MODEL --target {spec.name} --export-candidates "
+                          "DIR, time DIR on the device (bench/device/time_candidates.py), then tvmfuse tune "
+                          "--import-results")
     if rpc is None and not target_runs_here(spec):
         why = spec.backend().why_not_runnable() or f"its code runs on {spec.backend().device}, not this CPU"
         raise TuningError(f"target {spec.name} cannot run on this machine ({why}): measure on a device "

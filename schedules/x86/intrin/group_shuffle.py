@@ -26,7 +26,7 @@ from tvm import tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ...blocked import NARROW_GROUPS
+from ...computes.blocked import NARROW_GROUPS
 
 F32, LOCAL = "float32", "local"  # names, not literals, in TVMScript signatures (linters read those as types)
 

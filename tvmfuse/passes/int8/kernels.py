@@ -1,7 +1,7 @@
 """INT8 kernels for partitions: what a partition computes, and the INT8 kernel that replaces it.
 
 :func:`.match.analyze` reads a partition function (anchor, bias, residual add, activation) and
-says whether the INT8 kernels of :mod:`tvmfuse.schedules.int8` can compute it, and if not, why.
+says whether the INT8 kernels of :mod:`tvmfuse.schedules.computes.int8` can compute it, and if not, why.
 :func:`make_int8_kernel` builds the kernel and its constant arguments from the calibrated quantization parameters, all in numpy at compile
 time: weights quantized per output channel (:func:`tvmfuse.quant.params.weight_params`) and packed for
 VNNI, the bias quantized to int32 with the input zero point folded in, requantize multipliers in float32.
@@ -18,8 +18,9 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from tvmfuse.schedules import families, int8, int8_ref
-from tvmfuse.schedules.blocked import to_blocked, to_plain
+from tvmfuse.schedules import families
+from tvmfuse.schedules.computes import int8, int8_ref
+from tvmfuse.schedules.computes.blocked import to_blocked, to_plain
 
 from ...quant.params import QuantParams, bias_params, weight_params
 from ..layout import transform_call
@@ -99,7 +100,7 @@ def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParam
 @dataclasses.dataclass(frozen=True)
 class OutputTable:
     """Elementwise ops after an INT8 kernel as one table: ``codes[q]`` is the output code for the requantized
-    code ``q`` (:func:`tvmfuse.schedules.int8_epilogue.table_index`), ``ops`` their names (recorded on the
+    code ``q`` (:func:`tvmfuse.schedules.computes.int8_epilogue.table_index`), ``ops`` their names (recorded on the
     kernel)."""
 
     codes: np.ndarray

@@ -1,6 +1,6 @@
 """What a partition computes, read for the INT8 kernels: :func:`analyze` takes a partition function (anchor,
 bias, residual add, activation) and returns the :class:`Int8Partition` an INT8 kernel of
-:mod:`tvmfuse.schedules.int8` computes, or why none does. :mod:`.int8_kernels` builds the kernel from it;
+:mod:`tvmfuse.schedules.computes.int8` computes, or why none does. :mod:`.int8_kernels` builds the kernel from it;
 :mod:`.qdq` builds the same description from a quantized model's QDQ chains.
 """
 

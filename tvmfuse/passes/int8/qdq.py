@@ -19,7 +19,7 @@ chain. The chains are walked by hand from each conv2d / matmul rather than match
 one walk covers the optional pieces (bias with or without reshape, Gemm's transposed weight, residual in
 either operand order, activation) and names the reason whenever a candidate is refused.
 
-Conventions (those of :mod:`tvmfuse.schedules.int8`) and what stays float. A refused chain keeps today's
+Conventions (those of :mod:`tvmfuse.schedules.computes.int8`) and what stays float. A refused chain keeps today's
 path, quantize / dequantize around float ops, which computes the model's own semantics, only slower; the
 reason goes to the report.
 
@@ -54,7 +54,7 @@ import tvm
 from tvm import relax
 
 from tvmfuse.schedules import families
-from tvmfuse.schedules.int8 import Int8KernelError
+from tvmfuse.schedules.computes.int8 import Int8KernelError
 
 from ...quant.params import QuantParams, QuantParamsError
 from ...targets import TargetSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.int8 import BLOCKED_LAYOUT
+from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT
 
 from .kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
 from ..utils import emit_like

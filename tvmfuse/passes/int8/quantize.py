@@ -36,9 +36,9 @@ import warnings
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules import int8_se
-from tvmfuse.schedules.blocked import pool2d
-from tvmfuse.schedules.int8 import BLOCKED_LAYOUT, Int8KernelError
+from tvmfuse.schedules.computes import int8_se
+from tvmfuse.schedules.computes.blocked import pool2d
+from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT, Int8KernelError
 
 from ...quant.keys import observed_tensors
 from ...quant.params import QuantParams, activation_params

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tvm
 from tvm import te, topi
 
-from . import families
+from .. import families
 
 # Stage names of :func:`softmax` (its schedules look them up).
 KERNEL = families.SOFTMAX_KERNEL.name

@@ -24,8 +24,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from . import families
-from .backend import SCHEDULED_BY
+from .. import families
+from ..backend import SCHEDULED_BY
 
 F32 = "float32"
 RULE = "tvmfuse.recurrence"

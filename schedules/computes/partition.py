@@ -13,7 +13,8 @@ import functools
 import tvm
 from tvm import relax, te, topi
 
-from . import blocked, families, packing, winograd
+from .. import families
+from . import blocked, packing, winograd
 from .activations import fast_sigmoid, gelu, gelu_tanh
 from .anchors import ints as _ints
 from .channel_scale import prologue, scaled_weight

@@ -1,6 +1,6 @@
 """The anchors' TE computes, one per family (``families.Family.compute`` / ``blocked_compute`` name them):
 conv2d, depthwise and grouped conv2d, dense, in NCHW (from ``topi.nn`` or here) and in NCHW[b]c (from
-:mod:`.blocked` and :mod:`.winograd`). :mod:`.compute` interprets the rest of a partition around them.
+:mod:`.blocked` and :mod:`.winograd`). :mod:`.partition` interprets the rest of a partition around them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from tvm import te, topi
 
 from . import blocked, winograd
 from .blocked import out_size
-from .common import row_vector
+from ..common import row_vector
 
 # The even/odd column split of a stride-2 depthwise kernel's padded input.
 PHASE_SPLIT = "PhaseSplit"
@@ -140,7 +140,7 @@ def _conv_args(call) -> tuple[list[int], list[int], list[int]]:
 
 
 def conv2d(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
-    """groups = 1 conv2d; a 5-D weight is packed by :func:`.packing.pack_weight` (see ``compute.partition_compute``).
+    """groups = 1 conv2d; a 5-D weight is packed by :func:`.packing.pack_weight` (see ``partition.partition_compute``).
     With ``lanes`` and a channel count no vector divides (so the kernel's vectors run along rows), rows
     whose pixel vectors (:func:`common.row_vector`) would be short are computed in whole vectors, then
     cropped (:func:`whole_vector_rows`). ``out_dtype``: the accumulator's (float32 for float16 operands; None:
@@ -190,14 +190,14 @@ def dense(call, data, weight, lanes: int | None = None, out_dtype: str | None = 
 
 
 def conv2d_blocked(call, data, weight):
-    """NCHW[b]c conv2d; a 5-D weight packed by ``winograd.pack_weight`` selects Winograd (``compute._blocked_layout``)."""
+    """NCHW[b]c conv2d; a 5-D weight packed by ``winograd.pack_weight`` selects Winograd (``partition._blocked_layout``)."""
     if len(weight.shape) == 5:
         return winograd.conv2d(data, weight, call.ty.dtype)
     return blocked.conv2d(data, weight, *_conv_args(call), call.ty.dtype)
 
 
 def group_conv2d_blocked(call, data, weight):
-    """NCHW[b]c grouped conv2d whose blocks divide a group's channels (see :func:`.compute.blockable`)."""
+    """NCHW[b]c grouped conv2d whose blocks divide a group's channels (see :func:`.partition.blockable`)."""
     return blocked.conv2d(data, weight, *_conv_args(call), call.ty.dtype, groups=int(call.attrs.groups))
 
 

@@ -1,6 +1,6 @@
 """Numpy side of the INT8 kernels: weight packing, zero-point folding, multipliers and reference results.
 
-The conventions are those of :mod:`tvmfuse.schedules.int8`. The references compute the *mathematical*
+The conventions are those of :mod:`tvmfuse.schedules.computes.int8`. The references compute the *mathematical*
 definition, ``acc[o] = sum((x - za) * w[o]) + bias[o]`` over zero-padded ``x - za``, with the original bias;
 the kernels compute ``sum(x * w[o]) + fold_zero_point(bias, w, za)[o]`` over ``za``-padded codes. The two
 agree exactly, which the tests check. The epilogue (:func:`requantize`) repeats the kernel's float
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import families
+from .. import families
 from .int8 import BLOCK_I, BLOCK_O, Epilogue, Int8KernelError, _pair, _padding
 from .int8_epilogue import table_index
 

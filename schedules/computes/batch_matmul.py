@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvm import te
 
-from . import families
+from .. import families
 
 ANCHOR = families.BATCH_MATMUL.anchor_block
 PACK = "batch_matmul_pack"

@@ -7,7 +7,7 @@ Quantization convention (the rest of tvmfuse builds on it):
   (-128 is excluded: VNNI's u8 x s8 products then stay within what every backend sums exactly.)
 - The kernel sums raw codes: ``acc[o] = sum(x_u8 * w_s8) + bias_i32[o]``. Mathematically the convolution
   of the real input needs ``sum((x - za) * w)``; the difference ``za * sum(w[o])`` is folded into the int32
-  bias at compile time (:func:`tvmfuse.schedules.int8_ref.fold_zero_point`). Spatial padding is therefore
+  bias at compile time (:func:`tvmfuse.schedules.computes.int8_ref.fold_zero_point`). Spatial padding is therefore
   filled with ``za`` (the code of a real 0), not with 0.
 - Epilogue (:class:`Epilogue`), applied per output element inside the kernel:
   quantized output: ``y = clip(round(float32(acc) * M[o]) + zy, lo, hi)`` with ``M[o] = s_x * s_w[o] / s_y``
@@ -30,7 +30,7 @@ Quantization convention (the rest of tvmfuse builds on it):
 - Weight layouts: conv2d OIHW -> ``[ceil(O/16), ceil(I/4), kh, kw, 16, 4]`` int8 (VNNI: the 16x4 block of
   one step is 64 contiguous bytes; O and I padded with zero weights); dense ``[N, K]`` (output features
   first, i.e. ONNX MatMul's ``[K, N]`` transposed) -> ``[ceil(N/16), ceil(K/4), 16, 4]``; depthwise keeps
-  ``[C, 1, kh, kw]``. Packing helpers: :mod:`tvmfuse.schedules.int8_ref`.
+  ``[C, 1, kh, kw]``. Packing helpers: :mod:`tvmfuse.schedules.computes.int8_ref`.
 
 Stage (block) names, which the schedules look up: conv2d ``data_pack`` (input to NCHW4c, padded with
 ``za``) -> ``conv2d_int8`` (int32 accumulator in NCHW16c over the padded channels) -> ``requantize``
@@ -43,7 +43,7 @@ from __future__ import annotations
 from tvm import te, tirx
 
 # Re-exported: the epilogue's types and names are part of this module's interface.
-from . import families
+from .. import families
 from .int8_epilogue import (EPILOGUE, OUT_DTYPES, QUANT_RANGE, TABLE_SIZE, Epilogue, HardSwish,  # noqa: F401
                             Int8KernelError, Residual, _epilogue_stage, check_table)
 

@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
-from . import families
+from .. import families
 
 MEAN_STAGES = ("codes_sum", families.CODES_MEAN.name)
 GATE_STAGE, GATE_LANES = families.CODES_GATE.name, "gate_lanes"

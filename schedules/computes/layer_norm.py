@@ -14,7 +14,7 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
-from . import families
+from .. import families
 
 # Stage names (the x86 rules look them up): the last-axis kernel's, the channel kernel's.
 # the kernels (``tvmfuse.family``, and the row mark on the output stage) over the last axis and over channels

@@ -1,6 +1,6 @@
 """The INT8 kernels' epilogue: what happens to the int32 accumulator of one output element (requantize,
 clip, residual add, hardswish), as TE and as the dataclasses that describe it. The arithmetic and why it is
-bit-exact against :mod:`tvmfuse.schedules.int8_ref` are in :mod:`tvmfuse.schedules.int8`'s docstring."""
+bit-exact against :mod:`tvmfuse.schedules.computes.int8_ref` are in :mod:`tvmfuse.schedules.computes.int8`'s docstring."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """TE compute of the INT8 depthwise conv2d (multiplier 1), NCHW or NCHW16c, with the requantize epilogue.
 
-The conventions are :mod:`tvmfuse.schedules.int8`'s: uint8 codes in, int8 weights, the input zero point
+The conventions are :mod:`tvmfuse.schedules.computes.int8`'s: uint8 codes in, int8 weights, the input zero point
 folded into the int32 bias and spatial padding filled with it. A depthwise conv has no channel reduction
 for VNNI's 4-wide dot product: the plain forms sum int32 products, the taps-in-fours form gives it 4 taps of
 a kernel row instead.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from . import families
+from .. import families
 from .int8 import (BLOCK_O, Epilogue, _check, _check_data, _check_epilogue, _epilogue_stage, _geometry,
                    _padded, _shape, out_shape_of)
 
@@ -80,7 +80,7 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     NCHW16c data does not tell (None: the data's channels, padded ones included). NCHW16c data with a
     weight packed by :func:`pack_weight_vnni` (``[ceil(C/16), kh, ceil(kw/4), 16, 4]``, dilation 1 along
     the row) sums the taps in fours; ``kernel_width`` is then kw, which the packing rounds up. The rest as
-    in :func:`tvmfuse.schedules.int8.conv2d_compute`.
+    in :func:`tvmfuse.schedules.computes.int8.conv2d_compute`.
     """
     _check_data(NAME, data)
     wshape = _shape(weight)
