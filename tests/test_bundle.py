@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvmfuse.bundle import BundleError, runtime_bundle
+from tvmfuse.runtime.bundle import BundleError, runtime_bundle
 from tvmfuse.cli import main as cli_main
 
 CHILD = r"""
@@ -36,7 +36,7 @@ def test_bundle_leaves_the_compiler_out(bundle):
     path, made = bundle
     files = {p.name for p in path.rglob("*") if p.is_file()}
     assert "libtvm_runtime.so" in files and "libtvm_compiler.so" not in files
-    assert (path / "tvmfuse" / "runtime.py").is_file()
+    assert (path / "tvmfuse" / "runtime" / "__init__.py").is_file() and (path / "tvmfuse" / "targets.py").is_file()
     assert made["bytes"] < 60 * 2**20, made
     assert made["python"] == f"cpython-{sys.version_info.major}{sys.version_info.minor}"
 

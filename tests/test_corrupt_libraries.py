@@ -162,7 +162,7 @@ def test_cli_run_with_a_bad_manifest_is_one_line_exit_2(exported, tmp_path, labe
 
 
 def test_export_seals_the_manifest(exported):
-    from tvmfuse.integrity import MANIFEST_VERSION, file_sha256, manifest_digest
+    from tvmfuse.runtime.integrity import MANIFEST_VERSION, file_sha256, manifest_digest
 
     manifest = json.loads(exported.with_suffix(".json").read_text())
     size, sha = file_sha256(exported)

@@ -1,4 +1,4 @@
-"""tvmfuse.governor: the per-thread choice between the whole pool and one thread, its rules on scripted clocks
+"""tvmfuse.runtime.governor: the per-thread choice between the whole pool and one thread, its rules on scripted clocks
 (the governor in a real Runner and process: ``test_governor_runner.py``)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from tvmfuse import governor
-from tvmfuse.governor import (IDLE_S, MIN_HOLD_S, POOL_CALLS, PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, UNCALM_HOLDS,
+from tvmfuse.runtime import governor
+from tvmfuse.runtime.governor import (IDLE_S, MIN_HOLD_S, POOL_CALLS, PROBE_CALLS, PROBE_SHARE, SLOW_CALLS, UNCALM_HOLDS,
                               WARM_CALLS, WARM_S, Governor)
 
 

@@ -1,4 +1,4 @@
-"""tvmfuse.governor in a real Runner and process: turned off by ``TVMFUSE_THREADS=fixed``, outputs exact whichever
+"""tvmfuse.runtime.governor in a real Runner and process: turned off by ``TVMFUSE_THREADS=fixed``, outputs exact whichever
 pool size a call ran on, profiles on the whole pool, and busy processes moving calls to one thread (its rules
 on scripted clocks: ``test_governor.py``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvmfuse import governor
+from tvmfuse.runtime import governor
 
 
 def test_fixed_turns_it_off(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 
 import tvmfuse
 from tvmfuse.errors import ModelLoadError, TargetError
-from tvmfuse.integrity import manifest_digest
+from tvmfuse.runtime.integrity import manifest_digest
 
 CHILD = r"""
 import json, sys
@@ -99,7 +99,7 @@ def test_library_exported_after_a_run_loads_without_scope_warnings(tiny_compiled
 
 
 def test_scope_warning_filter_passes_other_lines_on(capfd):
-    from tvmfuse.tvm_log import quiet_tvm_warnings
+    from tvmfuse.runtime.tvm_log import quiet_tvm_warnings
 
     with quiet_tvm_warnings():
         os.write(2, b"[12:00:00] executable.cc:340: Warning: Scope Loaded:\nsomething else went wrong\n")

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tvmfuse import tvm_log
+from tvmfuse.runtime import tvm_log
 
 WARNING = b"[12:00:00] /project/src/runtime/vm/executable.cc:276: Warning: Scope Saving:\n"
 

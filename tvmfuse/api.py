@@ -15,7 +15,7 @@ from .export import build, export_library, kernel_names, kernel_schedulers, make
 from .passes.pipeline import PassRecord, run_graph_passes
 from .passes.precision import PRECISIONS
 from .progress import Steps
-from .tvm_log import quiet_tvm_warnings
+from .runtime.tvm_log import quiet_tvm_warnings
 from .runtime import Runner, check_cpu_flags, random_inputs
 from .tensors import TensorInfo
 

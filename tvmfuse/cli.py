@@ -232,7 +232,7 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bundle(args) -> int:
-    from .bundle import runtime_bundle
+    from .runtime.bundle import runtime_bundle
 
     made = runtime_bundle(args.dest, args.ffi_wheel)
     print(f"wrote {made['path']} ({made['bytes'] / 2**20:.1f} MiB, tvm_ffi for {made['python']}); there: "

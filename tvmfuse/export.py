@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import TvmfuseError
-from .integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
+from .runtime.integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline
 from .runtime import manifest_path
 from .targets import TargetSpec, required_cpu_flags
 from .tensors import TensorInfo
-from .tvm_log import quiet_tvm_warnings
+from .runtime.tvm_log import quiet_tvm_warnings
 from .version import __version__
 
 
@@ -69,7 +69,7 @@ def versions() -> dict:
 def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
                   source: str, extra: dict | None = None) -> dict:
     """The manifest written beside every exported library (:func:`export_library` adds the seal: the library's
-    size and sha256 and the manifest's digest, see :mod:`tvmfuse.integrity`)."""
+    size and sha256 and the manifest's digest, see :mod:`tvmfuse.runtime.integrity`)."""
     manifest = {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
@@ -103,7 +103,7 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
 
     The library is written to a temporary name first, so an interrupted export never leaves a truncated
     ``.so`` under the final name. The manifest written is ``manifest`` sealed with the library's size and
-    sha256 and its own digest (:func:`tvmfuse.integrity.seal_manifest`), which :func:`tvmfuse.load` checks
+    sha256 and its own digest (:func:`tvmfuse.runtime.integrity.seal_manifest`), which :func:`tvmfuse.load` checks
     before it maps the library.
     """
     path = Path(path)

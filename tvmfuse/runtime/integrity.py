@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 MANIFEST_FORMAT = "tvmfuse-manifest"
 MANIFEST_VERSION = 2  # 2: "library" (size, sha256) and "digest"; 1: neither (loaded unchecked, with a warning)

@@ -15,11 +15,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import cuda_driver, governor, threads
-from .errors import InputError, ModelLoadError, TargetError
+from .. import cuda_driver, threads
+from . import governor
+from ..errors import InputError, ModelLoadError, TargetError
 from .integrity import MANIFEST_VERSION, read_checked_manifest  # noqa: F401 - MANIFEST_VERSION re-exported
-from .tensors import TensorInfo, random_inputs  # noqa: F401 - random_inputs: runtime.random_inputs for callers
-from .targets import host_cpu_flags
+from ..tensors import TensorInfo, random_inputs  # noqa: F401 - random_inputs: runtime.random_inputs for callers
+from ..targets import host_cpu_flags
 from .tvm_log import quiet_tvm_warnings
 
 
@@ -142,7 +143,7 @@ class Runner:
     grows with the number of threads that call the model: serve it from a bounded pool of threads. TVM's
     CPU thread pool is per calling thread: N threads running at once each launch parallel kernels on
     every core (results stay exact; lower ``TVM_NUM_THREADS`` to avoid oversubscription), and each
-    calling thread has its own :class:`tvmfuse.governor.Governor`, which moves that thread's calls to
+    calling thread has its own :class:`tvmfuse.runtime.governor.Governor`, which moves that thread's calls to
     one pool thread while the cores are contended. A thread's first call starts its pool (about 1 ms,
     rough), and after the thread exits the pool's workers spin ``TVM_THREAD_POOL_SPIN_COUNT`` times
     (``sched_yield``; tvmfuse sets 10,000, TVM's own default is 300,000: about 0.5 s) before they end,
@@ -281,7 +282,7 @@ class LoadedModel(Runner):
     def __init__(self, path: str | Path, device: str = "cpu"):
         path = Path(path)
         # Before anything native is mapped: the library is the file export wrote (size, sha256) and the
-        # manifest is unedited (digest) and well-formed; see tvmfuse.integrity.
+        # manifest is unedited (digest) and well-formed; see tvmfuse.runtime.integrity.
         self.manifest = read_checked_manifest(path, manifest_path(path))
         inputs = [TensorInfo.from_json(d) for d in self.manifest["inputs"]]
         outputs = [TensorInfo.from_json(d) for d in self.manifest["outputs"]]
@@ -318,7 +319,7 @@ def load(path: str | Path, device: str = "cpu") -> LoadedModel:
     ModelLoadError
         One line naming the file and what is wrong: missing, not a regular file, a manifest that is not
         one or was edited after export, a library whose size or sha256 differs from its manifest (damaged
-        or replaced). All checked before the library is mapped (:mod:`tvmfuse.integrity`).
+        or replaced). All checked before the library is mapped (:mod:`tvmfuse.runtime.integrity`).
     TargetError
         The library uses CPU features this machine lacks, or an unknown device.
     """

@@ -17,7 +17,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from .errors import TvmfuseError
+from ..errors import TvmfuseError
 
 # Parts of the installed tvm package a runtime-only process never reads.
 SKIP = {"libtvm_compiler.so", "3rdparty", "src", "include", "__pycache__"}
@@ -78,7 +78,7 @@ def runtime_bundle(dest: str | Path, ffi_wheel: str | Path | None = None) -> dic
     for name in ("tvm", "tvm_ffi", "tvmfuse"):
         shutil.rmtree(dest / name, ignore_errors=True)
     shutil.copytree(Path(tvm.__file__).parent, dest / "tvm", ignore=_ignore)
-    shutil.copytree(Path(__file__).parent, dest / "tvmfuse", ignore=_ignore)
+    shutil.copytree(Path(__file__).parents[1], dest / "tvmfuse", ignore=_ignore)  # the whole package
     if ffi_wheel is None:
         shutil.copytree(Path(tvm_ffi.__file__).parent, dest / "tvm_ffi", ignore=_ignore)
     else:
