@@ -27,7 +27,7 @@ from tvm import te  # noqa: E402
 
 from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
-from tvmfuse.schedules import int8  # noqa: E402
+from tvmfuse.schedules.computes import int8  # noqa: E402
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw  # noqa: E402
 from tvmfuse.schedules.x86.intrin import vnni  # noqa: E402
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise  # noqa: E402

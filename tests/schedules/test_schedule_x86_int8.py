@@ -259,7 +259,7 @@ def test_conv2d_vnni_bit_exact_on_avx512_hardware(case):
 
 
 def test_nothing_is_registered_at_import():
-    code = ("import sys; from tvmfuse.schedules import int8, int8_ref; "
+    code = ("import sys; from tvmfuse.schedules.computes import int8, int8_ref; "
             "from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise; "
             "from tvmfuse.schedules.x86.intrin import vnni; "
             "names = [vnni.intrin_name(k, s) for k in vnni.KINDS for s in vnni.SCOPES]; "

@@ -83,7 +83,7 @@ def converter():
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-    from ..schedules import recurrence
+    from ..schedules.computes import recurrence
 
     class Recurrence(OnnxOpConverter):
         @classmethod
