@@ -145,3 +145,60 @@ def test_the_cycle_check_fails_on_a_planted_pair(tmp_path):
     planted["tvmfuse.cli"].write_text("from .comparison.cli import add_parser\n")
     planted["tvmfuse.comparison.cli"].write_text("def f():\n    from ..cli import parse_shape\n")
     assert mutual_imports(planted) == ["tvmfuse.cli <-> tvmfuse.comparison.cli"]
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Names a module binds at its top level (definitions, assignments, imports), and what its ``__getattr__``
+    may answer is not counted: a name a module only serves lazily must be imported from its own module."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def missing_imports(mods: dict[str, Path]) -> list[str]:
+    """``from tvmfuse... import name`` (function-level ones too) whose module does not exist, or that names neither
+    a submodule nor a top-level name of it: what a moved module leaves behind."""
+    bad = []
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "tvmfuse" or target == PACKAGE_ROOT:
+                continue
+            if target not in mods:
+                bad.append(f"{path.name}:{node.lineno}: {name} imports {target}, which does not exist")
+                continue
+            for alias in node.names:
+                if alias.name != "*" and f"{target}.{alias.name}" not in mods \
+                        and alias.name not in _defined_names(mods[target]):
+                    bad.append(f"{path.name}:{node.lineno}: {name} imports {alias.name} from {target}, which has none")
+    return bad
+
+
+def test_every_import_names_something_that_exists():
+    bad = missing_imports(modules())
+    assert not bad, "imports of nothing:\n" + "\n".join(bad)
+
+
+def test_the_import_check_finds_a_moved_module(tmp_path):
+    planted = dict(modules())
+    planted["tvmfuse.frontend.stale"] = tmp_path / "stale.py"
+    planted["tvmfuse.frontend.stale"].write_text("def f():\n    from ..schedules import recurrence\n"
+                                                 "    from ..schedules.computes.winograd import nothing_here\n")
+    bad = missing_imports(planted)
+    assert bad == ["stale.py:2: tvmfuse.frontend.stale imports recurrence from tvmfuse.schedules, which has none",
+                   "stale.py:3: tvmfuse.frontend.stale imports nothing_here from tvmfuse.schedules.computes.winograd, "
+                   "which has none"]
