@@ -112,3 +112,12 @@ def test_every_path_that_runs_kernels_sets_the_thread_count(module):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().isdigit()
+
+
+def test_the_api_imports_no_tvm_until_it_compiles():
+    """``import tvmfuse.api`` (the CLI's, every workflow's) stays cheap: TVM (0.7 s here) is imported by the
+    first compile, not by the import."""
+    code = "import sys, tvmfuse.api, tvmfuse.cli\nprint('tvm' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

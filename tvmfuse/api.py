@@ -13,7 +13,6 @@ from . import frontend, opcheck, targets
 from .errors import InputError, TargetError
 from .export import build, export_library, kernel_names, kernel_schedulers, make_manifest
 from .passes.pipeline import PassRecord, run_graph_passes
-from .passes.precision import PRECISIONS
 from .progress import Steps
 from .runtime.tvm_log import quiet_tvm_warnings
 from .runtime import Runner, check_cpu_flags, random_inputs
@@ -216,8 +215,8 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
 
 def _check_precision(spec: targets.TargetSpec, precision) -> None:
     known = spec.backend().precisions
-    if precision not in PRECISIONS:
-        raise InputError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in targets.PRECISIONS:
+        raise InputError(f"precision {precision!r} is not one of {', '.join(targets.PRECISIONS)}")
     if precision not in known:
         raise InputError(f"precision {precision} is not built for target {spec.name} (backend "
                          f"{spec.backend().name}: {', '.join(known)})")

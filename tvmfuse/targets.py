@@ -259,6 +259,10 @@ TARGETS = {
 }
 
 
+# The float precisions a build may ask for (``compile(precision=...)``); each backend says which it builds
+# (``Backend.precisions``).
+PRECISIONS = ("fp32", "fp16")
+
 # What every command and ``tvmfuse.compile`` build for when no target is named: this machine, as -march=native,
 # onnxruntime and OpenVINO's "CPU" do. Named targets are for building for another machine.
 DEFAULT = "x86-host"

@@ -20,7 +20,6 @@ import numpy as np
 import tvm
 from tvm import relax
 
-PRECISIONS = ("fp32", "fp16")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 FLOAT32_OPS = frozenset({"relax.nn.softmax", "relax.nn.log_softmax", "relax.nn.layer_norm", "relax.nn.group_norm",
                          "relax.nn.batch_norm", "relax.mean", "relax.sum", "relax.variance"})
