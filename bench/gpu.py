@@ -29,7 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# bench/profile.py would shadow the standard library's profile, which torch's import reaches (cProfile): load the
+# real one before this folder goes on the path (the round's PyTorch rows failed on it, 2026-11-27).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+import cProfile  # noqa: E402,F401
+
+sys.path.insert(0, str(_HERE))
 from common import inputs_for, ort_session, table  # noqa: E402
 
 import numpy as np  # noqa: E402
