@@ -41,7 +41,7 @@ def default_entry(task, spec=HOST, run_secs=1e-5):
     from tvm.s_tir import meta_schedule as ms
 
     from tvmfuse.schedules.x86 import templates
-    from tvmfuse.tune.measure import light_tensor_intrin
+    from tvmfuse.tvmscript import light_tensor_intrin
 
     templates.register(spec.vector_bits())
     light_tensor_intrin(spec.backend_name)  # as the tuner does: TuneContext would import every target's intrinsics (20-50 s)

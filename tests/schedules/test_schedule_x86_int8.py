@@ -308,7 +308,7 @@ def test_register_overrides_tvm_stock_vnni_for_metaschedule():
     (``light_tensor_intrin``: the x86 module alone; the whole package takes 20-50 s)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tvmfuse.tune.measure import light_tensor_intrin
+    from tvmfuse.tvmscript import light_tensor_intrin
 
     light_tensor_intrin("x86")
     __import__(vnni.STOCK_MODULE)

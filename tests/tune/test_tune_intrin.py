@@ -1,4 +1,4 @@
-"""Tuning loads only its target's tensor intrinsics (``tvmfuse.tune.measure.light_tensor_intrin``).
+"""Tuning loads only its target's tensor intrinsics (``tvmfuse.tvmscript.light_tensor_intrin``).
 
 A MetaSchedule ``TuneContext`` imports ``tvm.s_tir.tensor_intrin``, whose ``__init__`` parses ~500 TVMScript
 intrinsics of every GPU and DSP TVM supports, each parse walking the stack with ``inspect``: 18 s in a fresh
@@ -44,7 +44,7 @@ print(json.dumps(loaded()))
 def test_a_light_package_still_imports_any_target_on_request():
     """TuneContext works on the light package, and another target's module still imports explicitly."""
     proc = run_script(_LOADED + """
-from tvmfuse.tune.measure import light_tensor_intrin
+from tvmfuse.tvmscript import light_tensor_intrin
 from helpers.tune import default_entry, task_of
 light_tensor_intrin("x86")
 default_entry(task_of())  # creates a TuneContext and its design space
@@ -59,7 +59,7 @@ print(json.dumps([before, "arm_cpu" in dir(sys.modules[PACKAGE]), loaded()]))
 
 def test_cuda_tuning_loads_the_cuda_intrinsics_alone():
     proc = run_script(_LOADED + """
-from tvmfuse.tune.measure import light_tensor_intrin
+from tvmfuse.tvmscript import light_tensor_intrin
 light_tensor_intrin("cuda")
 print(json.dumps(loaded()))
 """)

@@ -4,7 +4,8 @@ MetaSchedule's default build function imports ``tvm.s_tir.tensor_intrin`` in eve
 registers the intrinsics of every GPU and DSP TVM supports: 30-60 s on a 2-core machine, and the builder
 pool is restarted for every batch, so with the default 30 s timeout every candidate "times out" and tuning
 finds "0 valid samples". Our build function imports only what the target needs (scheduled candidates carry
-their intrinsics inlined already), and the same trick keeps ``TuneContext`` from paying it in this process.
+their intrinsics inlined already; :func:`tvmfuse.tvmscript.light_tensor_intrin`), and the same trick keeps
+``TuneContext`` from paying it in this process.
 """
 
 from __future__ import annotations
@@ -12,24 +13,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
 import signal
 import sys
 import threading
 import time
-import types
 
 from .. import threads
 from ..errors import TvmfuseError
 from ..targets import TargetSpec
+from ..tvmscript import light_tensor_intrin
 
 # The runner's workers inherit the environment: TVM's pool in each sizes itself by the CPUs this process may use
 # (see tvmfuse.threads; a value the user set wins).
 threads.configure()
 from .workers import close_pool, new_pool, track_pool, worker_initializer
-
-INTRIN = "tvm.s_tir.tensor_intrin"
-
 
 class TuningError(TvmfuseError):
     """Tuning could not produce a usable result (nothing built, nothing valid, no RPC device)."""
@@ -50,29 +47,6 @@ def build_candidate(mod, target, _params, backend: str | None = None):
     # The backend's passes on scheduled kernels, as compile runs them: the candidate is timed as it will run.
     mod = tvm.transform.Sequential(backend_class(backend).kernel_passes())(mod)
     return tvm_build(mod, target=target)
-
-
-def light_tensor_intrin(backend: str) -> None:
-    """Make ``import tvm.s_tir.tensor_intrin`` load only the intrinsics ``backend`` needs
-    (``Backend.tensor_intrin``).
-
-    The package is put in ``sys.modules`` as a namespace over the real folder, so any other intrinsic module
-    can still be imported explicitly (``import tvm.s_tir.tensor_intrin.arm_cpu``). A no-op once the real
-    package is loaded.
-    """
-    if INTRIN in sys.modules:
-        return
-    importlib.import_module("tvm.s_tir")  # the parent package must exist first
-
-    spec = importlib.util.find_spec(INTRIN)
-    package = types.ModuleType(INTRIN, "tvmfuse: tensor intrinsics loaded on demand")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__package__ = INTRIN
-    sys.modules[INTRIN] = package
-    from ..targets import backend_class
-
-    for name in backend_class(backend).tensor_intrin:
-        setattr(package, name, importlib.import_module(f"{INTRIN}.{name}"))
 
 
 @dataclasses.dataclass(frozen=True)
