@@ -16,6 +16,7 @@ from tvm import relax
 
 import tvmfuse
 from helpers import conv_relu, make_model
+from helpers.unscheduled import cpu_outputs
 from tvmfuse import cli, frontend, zoo
 from tvmfuse.comparison import arms, correctness
 from tvmfuse.errors import InputError
@@ -40,13 +41,7 @@ def _attention_block():
 
 def _cpu_outputs(model, precision: str, inputs: dict, shapes=None) -> list[np.ndarray]:
     """The model's outputs with tvmfuse's graph passes and partition kernels (unscheduled) built for LLVM."""
-    target = tvm.target.Target("llvm")
-    imported = frontend.import_model(model, shapes)
-    mod = run_graph_passes(imported.mod, None, target, PassRecord(), blocked=False, precision=precision)
-    with target:
-        vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(inputs[i.name]) for i in imported.inputs])
-    return [o.numpy() for o in ([out] if hasattr(out, "numpy") else out)]
+    return cpu_outputs(model, precision, inputs, shapes)
 
 
 def _relative(got: list, want: list) -> float:
@@ -130,9 +125,11 @@ def test_an_fp16_cuda_build_puts_every_partition_on_a_tvmfuse_rule(tmp_path):
     partitions = {k: v for k, v in manifest["scheduled_by"].items() if k.startswith("tvmfuse_")}
     assert partitions and all(v.startswith("tvmfuse.cuda.") for v in partitions.values()), partitions
     source = cm.executable.mod.imports[0].imports[0].inspect_source()
-    # operands in float16 (shared-memory tiles too), accumulators in float32 registers
+    # operands in float16 (shared-memory tiles too), accumulators in float32: the depthwise kernels' registers,
+    # the tensor cores' fragments (conv2d and dense, tests/schedules/test_cuda_tensor_core.py)
     assert "half* __restrict__ p0_ptr" in source and "__shared__ alignas(64) half" in source
-    assert re.search(r"float conv2d_nchw\w*_local_ptr\[", source)
+    assert re.search(r"float DepthwiseConv2d\w*_local_ptr\[", source)
+    assert "nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>" in source
     assert [i.dtype for i in cm.inputs] == ["float32"] and [o.dtype for o in cm.outputs] == ["float32"]
 
 

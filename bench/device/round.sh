@@ -14,10 +14,12 @@ step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in $OUT/s
     timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
     echo "$name: exit $? in $((SECONDS - start)) s" >> "$OUT/steps.txt"
 }
-# 1. numerics on the device: every CUDA rule against numpy, every zoo model against onnxruntime in FP32 and fp16,
+# 1. numerics on the device: every CUDA rule against numpy (the fp16 tensor-core conv/dense too), every zoo model
+#    against onnxruntime in FP32 and fp16,
 #    CUDA graphs against plain launches
 step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
-    tests/schedules/test_cuda_rules.py tests/schedules/test_cuda_models.py tests/schedules/test_cuda_graph.py \
+    tests/schedules/test_cuda_rules.py tests/schedules/test_cuda_tensor_core.py tests/schedules/test_cuda_models.py \
+    tests/schedules/test_cuda_graph.py \
     tests/test_precision.py
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \

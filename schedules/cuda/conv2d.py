@@ -22,6 +22,7 @@ import dataclasses
 
 from tvm import s_tir, tirx
 
+from .. import families
 from ..common import block_names
 
 ANCHOR = "conv2d_nchw"
@@ -116,10 +117,25 @@ def _main_block(sch: s_tir.Schedule, anchor: str):
     return block
 
 
-def kernel_candidates(func, sms: int) -> list[Config]:
-    """The tiles an offline tuning round times for a conv2d kernel (:func:`candidates`); none for a GEMV."""
-    dims = gemm_dims(func)
-    return candidates(*dims, sms) if dims else []
+def gemm_candidates(func, sms: int, anchor: str = ANCHOR) -> list:
+    """The tiles an offline tuning round times for the GEMM of ``func``'s ``anchor`` block: the tensor-core
+    tiles (:func:`.tensor_core.candidates`) for float16 operands, else :func:`candidates`; none for a GEMV."""
+    from . import tensor_core
+
+    dims = gemm_dims(func, anchor)
+    if not dims:
+        return []
+    return (tensor_core.candidates if _half_operands(func, anchor) else candidates)(*dims, sms)
+
+
+def _half_operands(func, anchor: str) -> bool:
+    sch = s_tir.Schedule(func)
+    return all(sch.get(sch.get_sblock(anchor)).reads[n].source.dtype == "float16" for n in (0, 1))
+
+
+def kernel_candidates(func, sms: int) -> list:
+    """The tiles an offline tuning round times for a conv2d kernel (:func:`gemm_candidates`)."""
+    return gemm_candidates(func, sms)
 
 
 def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> bool:
@@ -134,14 +150,18 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
     return schedule_gemm(sch, ANCHOR, sms, config)
 
 
-def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config: Config | None = None) -> bool:
+def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bool:
     """Schedule the kernel whose reduction block is ``anchor`` (``conv2d_nchw``, ``T_matmul_NN``) in place;
-    False (``sch`` untouched) when it is not a GEMM-shaped reduction."""
+    False (``sch`` untouched) when it is not a GEMM-shaped reduction. Float16 operands go to the tensor cores
+    (:mod:`.tensor_core`; ``config`` then one of its configs)."""
     from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers, get_index_map
+
+    from . import tensor_core
 
     main = _main_block(sch, anchor)
     if main is None or not get_index_map(sch.get(main)):
         return False
+    half = all(sch.get(main).reads[n].source.dtype == "float16" for n in (0, 1))
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
     reindex_c = sch.reindex(main, ("write", 0))
@@ -151,6 +171,10 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config: Config | N
     sch.transform_layout(reindex_c, ("read", 0), c_map)
     sch.transform_block_layout(main, block_map)
     i, j, k = gemm_shape(sch, main)
+    if half:
+        config = config or tensor_core.default_config(i, j, k, sms)
+        tensor_core.schedule_gemm(sch, main, config, pixels_inner=anchor != families.DENSE.anchor_block)
+        return True
     if config is None:
         config = default_config(i, j, k, sms)
     sch.pad_einsum(main, [1, config.tile_i, config.tile_j, config.step_k])

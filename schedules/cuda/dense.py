@@ -19,17 +19,16 @@ ANCHOR = "T_matmul_NN"
 GEMM_ROWS = 16
 
 
-def kernel_candidates(func, sms: int) -> list[conv2d.Config]:
-    """The GEMM tiles an offline tuning round times (:func:`.conv2d.candidates`); none for a GEMV."""
+def kernel_candidates(func, sms: int) -> list:
+    """The GEMM tiles an offline tuning round times (:func:`.conv2d.gemm_candidates`); none for a GEMV."""
     sch = s_tir.Schedule(func)
     found = anchor_loops(sch, ANCHOR, 3)
     if found is None or int(sch.get(found[1][0]).extent) < GEMM_ROWS:
         return []
-    dims = conv2d.gemm_dims(func, ANCHOR)
-    return conv2d.candidates(*dims, sms) if dims else []
+    return conv2d.gemm_candidates(func, sms, ANCHOR)
 
 
-def schedule(sch: s_tir.Schedule, sms: int, config: conv2d.Config | None = None) -> bool:
+def schedule(sch: s_tir.Schedule, sms: int, config=None) -> bool:
     """Schedule a dense partition kernel in place; False (``sch`` untouched) when it is not one, or has few
     rows and an unpacked weight. ``config``: the GEMM tiles (from ``GEMM_ROWS`` rows up)."""
     found = anchor_loops(sch, ANCHOR, 3)

@@ -41,3 +41,15 @@ def guarded_partial_sums(source: str) -> list[str]:
             found.append(kernel)
         previous = line
     return sorted(set(found))
+
+
+def dynamic_shared_bytes(func, target) -> int:
+    """Bytes of dynamic shared memory the kernel of the scheduled PrimFunc ``func`` launches with: the size of
+    the buffer TVM merges every ``shared.dyn`` allocation into (the CUDA source declares it unsized)."""
+    import tvm
+
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
+    with target, tvm.transform.PassContext(opt_level=3):
+        lowered = tvm.tirx.get_tir_pipeline("default")[0](mod)
+    found = re.findall(r'buf_dyn_shmem = T\.alloc_buffer\(\((\d+),\), "uint8", scope="shared\.dyn"', lowered.script())
+    return max((int(n) for n in found), default=0)

@@ -1,0 +1,212 @@
+"""fp16 conv2d and dense on tensor cores: the implicit GEMM of :mod:`.conv2d` computed by ``wmma`` 16x16x16
+fragments (float16 operands, float32 accumulators).
+
+The kernel is seen as ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` as in :mod:`.conv2d` (conv2d: I the output
+pixels, J the output channels, K = input channels x window; the im2col gather happens on the load into shared
+memory). A thread block owns a ``tile_i x tile_j`` tile of C:
+
+- its warps form a ``warps_i x warps_j`` grid, each warp ``frags_i x frags_j`` accumulator fragments;
+- K is walked ``step_k`` at a time; both operand tiles are staged in shared memory, double-buffered (the next
+  step's global loads are issued, through registers, while the tensor cores work on this one), rows padded
+  by 8 halves so ``ldmatrix``-style fragment loads do not conflict on banks;
+- the accumulators are stored to shared memory (the operand buffers' space, reused) and the epilogue (bias,
+  folded batch-norm, residual add, activation, the cast to fp16) is applied on the way to the single global
+  store, consecutive threads writing consecutive output pixels.
+
+The tile shrinks until the grid has a block for every SM, skipping tiles that pad the GEMM by more than the
+conv2d rule allows; ``step_k`` is the largest that keeps the block's shared memory within 48 KiB. This is
+TVM's own ``wmma`` recipe (dlight's ``MatmulTensorization``) with tvmfuse's tile choice: dlight's fixed
+128x128 tile padded a 64-channel ResNet layer to 128 columns and gave 25 blocks to 132 SMs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir
+
+from .common import MAX_SHARED_BYTES, WARP
+
+FRAG = 16  # the wmma fragment edge
+PAD_HALVES = 8  # row padding of a shared operand tile
+VECTOR = 4  # halves per thread in an operand copy
+# (warps_i, warps_j, frags_i, frags_j), largest tile first.
+TILES = ((2, 2, 4, 2), (2, 2, 2, 4), (2, 2, 2, 2), (2, 2, 2, 1), (2, 2, 1, 2), (2, 2, 1, 1), (2, 1, 1, 1),
+         (1, 1, 1, 1))
+STEPS_K = (64, 32, 16)
+MAX_WASTE = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    warps_i: int
+    warps_j: int
+    frags_i: int
+    frags_j: int
+    step_k: int = 32
+
+    @property
+    def tile_i(self) -> int:
+        return self.warps_i * self.frags_i * FRAG
+
+    @property
+    def tile_j(self) -> int:
+        return self.warps_j * self.frags_j * FRAG
+
+    @property
+    def warps(self) -> int:
+        return self.warps_i * self.warps_j
+
+    def operand_bytes(self, rows: int) -> int:
+        """Shared memory of one double-buffered operand tile of ``rows`` rows."""
+        return 2 * rows * (self.step_k + PAD_HALVES) * 2
+
+    @property
+    def pad_floats(self) -> int | None:
+        """Row padding of the shared accumulator tile: a multiple of 4 (wmma's store), at least 4, and enough
+        that the tile is larger than either operand tile; None when that takes a padding of 32 or more (the
+        operand tiles are then long in K for their width: not a config worth building). TVM's StorageRewrite
+        would otherwise place the float32 tile in a dead, larger float16 operand buffer, whose accesses
+        through the wmma store then fail to lower (``tvm_access_ptr element type must match the source
+        buffer``)."""
+        for pad in range(4, 32, 4):
+            if self.tile_i * (self.tile_j + pad) * 4 > max(self.operand_bytes(self.tile_i),
+                                                           self.operand_bytes(self.tile_j)):
+                return pad
+        return None
+
+    def shared_bytes(self) -> int:
+        """Shared memory of one block: the double-buffered operand tiles, or the accumulator tile that reuses
+        their space after the main loop, whichever is larger."""
+        operands = self.operand_bytes(self.tile_i) + self.operand_bytes(self.tile_j)
+        return max(operands, self.tile_i * (self.tile_j + (self.pad_floats or 0)) * 4)
+
+
+def _steps(k: int) -> list[int]:
+    """The reduction steps for a K: those not longer than K rounded up to whole fragments."""
+    return [s for s in STEPS_K if s <= -(-k // FRAG) * FRAG]
+
+
+def _fits(config: Config) -> bool:
+    return config.pad_floats is not None and config.shared_bytes() <= MAX_SHARED_BYTES
+
+
+def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
+    """The largest tile whose grid gives every SM a block (else the smallest that pads least), with the
+    largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory."""
+    steps = _steps(k)
+
+    def waste(c: Config) -> float:
+        return (-(-i // c.tile_i) * c.tile_i * -(-j // c.tile_j) * c.tile_j) / (i * j) - 1
+
+    configs = []
+    for tile in TILES:
+        fitting = [Config(*tile, step_k=s) for s in steps if _fits(Config(*tile, step_k=s))]
+        if fitting:
+            configs.append(fitting[0])
+    allowed = max(MAX_WASTE, min(waste(c) for c in configs) + 0.01)
+    fitting = [c for c in configs if waste(c) <= allowed]
+    for config in fitting:
+        if -(-i // config.tile_i) * -(-j // config.tile_j) >= sms:
+            return config
+    return fitting[-1]
+
+
+def candidates(i: int, j: int, k: int, sms: int = 132) -> list[Config]:
+    """The configs an offline tuning round times: the default first, then every tile with every step that fits
+    shared memory and is not longer than K, each once."""
+    steps = _steps(k)
+    found = [default_config(i, j, k, sms)] + [Config(*t, step_k=s) for t in TILES for s in steps
+                                              if _fits(Config(*t, step_k=s))]
+    return list(dict.fromkeys(found))
+
+
+def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool) -> None:
+    """Schedule the re-indexed GEMM block ``main`` (``C[S, I, J] += A[S, I, K] * B[S, J, K]``, float16
+    operands cast to a float32 sum) on wmma fragments, in place. ``pixels_inner``: the output is contiguous
+    along I (an NCHW conv's pixels), so the store walks I innermost; else J (a dense's columns)."""
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers
+    from tvmfuse.tvmscript import light_tensor_intrin
+
+    light_tensor_intrin("cuda")
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+    sch.pad_einsum(main, [1, config.tile_i, config.tile_j, config.step_k])
+    batch, i, j, k = sch.get_loops(main)
+    i, i_frag = sch.split(i, [None, FRAG])
+    j, j_frag = sch.split(j, [None, FRAG])
+    k, k_frag = sch.split(k, [None, FRAG])
+    sch.reorder(i, j, k, i_frag, j_frag, k_frag)
+    inner = main
+    outer = sch.blockize(i_frag)
+
+    bi, wi, fi = sch.split(i, [None, config.warps_i, config.frags_i])
+    bj, wj, fj = sch.split(j, [None, config.warps_j, config.frags_j])
+    ko, ki = sch.split(k, [None, config.step_k // FRAG])
+    sch.reorder(bi, bj, wi, wj, ko, ki, fi, fj)
+    # Two-stage pipeline over K: the next step's operand loads (global -> registers -> shared) overlap this
+    # step's fragment loads and mma (TVM's software pipelining; the order lists the blocks under ko).
+    if config.step_k > FRAG:  # (with one fragment per step, ki vanishes and the pipeline fails to lower)
+        sch.annotate(ko, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+        sch.annotate(ki, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(ki, "software_pipeline_stage", [0, 0, 1])
+    block_x = sch.fuse(batch, bi, bj)
+    warp = sch.fuse(wi, wj)
+    sch.bind(block_x, "blockIdx.x")
+    sch.bind(warp, "threadIdx.y")
+
+    for index in (0, 1):
+        fetch = sch.cache_read(outer, index, "shared.dyn")
+        sch.compute_at(fetch, ko)
+        fused = sch.fuse(*sch.get_loops(fetch)[-2:])
+        _, ty, tx, vec = sch.split(fused, [None, config.warps, WARP, VECTOR])
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.vectorize(vec)
+        sch.storage_align(fetch, 0, axis=-2, factor=16, offset=PAD_HALVES)
+        sch.annotate(fetch, "tirx.manifest_shared_memory_local_stage", 1)
+        sch.annotate(fetch, "double_buffer_scope", 0)
+        auto_inline_producers(sch, fetch)
+
+    frag_a = sch.cache_read(outer, 0, "wmma.matrix_a")
+    frag_b = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(frag_a, ki)
+    sch.compute_at(frag_b, ki)
+    staged = sch.cache_write(outer, 0, "shared.dyn")
+    store = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(store, warp)
+    sch.reverse_compute_at(staged, warp)
+    si, sj = sch.get_loops(store)[-2:]
+    si0, si1 = sch.split(si, [None, FRAG])
+    sj0, sj1 = sch.split(sj, [None, FRAG])
+    sch.reorder(si0, sj0, si1, sj1)
+    init = sch.get_child_blocks(sch.decompose_reduction(outer, ko))[0]
+
+    intrin = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="float16",
+                                   out_dtype="float32", trans_b=True)
+    for frag, name in ((frag_a, "load_a"), (frag_b, "load_b")):
+        fi_, fj_ = sch.get_loops(frag)[-2:]
+        fi0, fi1 = sch.split(fi_, [None, FRAG])
+        fj0, fj1 = sch.split(fj_, [None, FRAG])
+        sch.reorder(fi0, fj0, fi1, fj1)
+        sch.unroll(fi0)
+        sch.unroll(fj0)
+        sch.tensorize(fi1, intrin[name])
+    sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+    store_name = sch.get(store).name_hint
+    sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
+    # Rows of the shared accumulator tile padded, set on the block the tensorized store became (tensorize
+    # drops the annotation of the block it replaces).
+    stride = config.tile_j + config.pad_floats
+    sch.storage_align(sch.get_sblock(store_name + "_o"), 0, -2, 32, stride % 32)
+    sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
+
+    auto_inline_consumer_chain(sch, staged)
+    # The epilogue and store, the output's contiguous axis innermost: a warp writes a run of neighbours.
+    oi, oj = sch.get_loops(staged)[-2:]
+    if pixels_inner:
+        sch.reorder(oj, oi)
+        oi, oj = oj, oi
+    _, tx = sch.split(sch.fuse(oi, oj), [None, WARP])
+    sch.bind(tx, "threadIdx.x")

@@ -1,0 +1,135 @@
+"""fp16 conv2d and dense on tensor cores (``tvmfuse.schedules.cuda.tensor_core``): every tile the rule or a
+tuning round may pick lowers and builds (nvcc) with ``wmma`` fragments and within 48 KiB of shared memory, the
+default tile fills the SMs, fp16 one-op models take the rule; on a GPU (marker ``gpu``) they match onnxruntime
+FP32 within the fp16 tolerance."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, tirx
+
+import tvmfuse
+from helpers import ort_run
+from helpers.cuda_source import dynamic_shared_bytes, kernels
+from tvmfuse import frontend, targets
+from tvmfuse.comparison import correctness
+from tvmfuse.passes.pipeline import fused_module, run_graph_passes
+from tvmfuse.schedules.cuda import conv2d, tensor_core
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cuda_rules import conv_model, dense_model  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+TARGET = "cuda-sm90"
+# (cin, cout, size, window, stride, dilation, epilogue), the CUDA-core rule's grid: stem, 1x1, residual 3x3,
+# strided, a 7x7-map 1x1 to 2,048 channels, a dilated 5x5, odd channel counts.
+CONV = [(3, 16, 224, 3, 2, 1, "relu6"), (16, 96, 112, 1, 1, 1, "relu6"), (64, 64, 56, 3, 1, 1, "bn_residual"),
+        (128, 256, 28, 3, 2, 1, "relu"), (512, 2048, 7, 1, 1, 1, "bn_residual"), (24, 40, 29, 5, 1, 2, "silu"),
+        (7, 10, 13, 3, 1, 1, "hardswish")]
+DENSE = [(16, 100, 7, "relu"), (32, 256, 100, "relu"), (64, 768, 3072, "silu")]
+
+
+def _kernel(model):
+    """The fp16 partition kernel of a one-op model, before scheduling, and the TVM target."""
+    spec = targets.resolve(TARGET)
+    target = spec.tvm_target()
+    spec.backend()  # maps TVM's CUDA runtime, so builds make cubins
+    mod = fused_module(run_graph_passes(frontend.import_model(model).mod, spec, target, precision="fp16"), spec, target)
+    (func,) = [f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("tvmfuse_")]
+    return func, target
+
+
+@pytest.fixture(scope="module")
+def conv_kernel():
+    return _kernel(conv_model(64, 64, 56, 3, epilogue="bn_residual"))  # a GEMM of 3136 x 64 x 576
+
+
+def test_every_candidate_tile_builds_on_wmma_within_shared_memory(conv_kernel):
+    func, target = conv_kernel
+    configs = conv2d.kernel_candidates(func, 132)
+    assert configs and all(isinstance(c, tensor_core.Config) for c in configs)
+    assert configs[0] == tensor_core.default_config(3136, 64, 576, 132)
+    assert {c.step_k for c in configs} == {16, 32, 64} and len({(c.tile_i, c.tile_j) for c in configs}) == 8
+    for config in configs:
+        sch = s_tir.Schedule(func)
+        assert conv2d.schedule(sch, 132, config), config
+        scheduled = sch.mod["main"]
+        used = dynamic_shared_bytes(scheduled, target)
+        assert 0 < used <= config.shared_bytes() <= 48 * 1024, (config, used)
+        mod = tvm.IRModule({"main": scheduled.with_attr("global_symbol", "k")})
+        with target:
+            source = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+        assert "nvcuda::wmma::mma_sync" in source and "wmma::accumulator, 16, 16, 16, float" in source, config
+        assert f"__launch_bounds__({config.warps * 32})" in source, config
+
+
+def test_the_default_tile_fills_the_sms_and_pads_little():
+    # ResNet-50's layers (I pixels, J channels, K): the tile shrinks until every SM has a block.
+    for dims in [(3136, 64, 576), (784, 128, 1152), (196, 256, 2304), (49, 512, 4608), (12544, 32, 27)]:
+        config = tensor_core.default_config(*dims, sms=132)
+        i, j, _ = dims
+        blocks = -(-i // config.tile_i) * -(-j // config.tile_j)
+        assert blocks >= 132 or (config.tile_i, config.tile_j) == (16, 16), (dims, config)
+        assert config.shared_bytes() <= 48 * 1024
+    assert tensor_core.default_config(12544, 32, 27).step_k == 32  # K = 27 is one padded step
+    assert tensor_core.default_config(3136, 256, 64, sms=108).tile_i * tensor_core.default_config(
+        3136, 256, 64, sms=108).tile_j >= 64 * 64
+
+
+def test_a_config_whose_accumulator_tile_would_alias_an_operand_tile_is_not_offered():
+    # TVM's StorageRewrite puts a float32 tile into a larger dead float16 buffer and then fails to lower the
+    # wmma store into it; the accumulator rows are padded to stay larger, or the config is dropped.
+    for tile in tensor_core.TILES:
+        for step in tensor_core.STEPS_K:
+            config = tensor_core.Config(*tile, step_k=step)
+            pad = config.pad_floats
+            if pad is None:
+                assert config not in tensor_core.candidates(4096, 4096, 4096)
+                continue
+            assert pad % 4 == 0 and 4 <= pad < 32
+            staged = config.tile_i * (config.tile_j + pad) * 4
+            assert staged > max(config.operand_bytes(config.tile_i), config.operand_bytes(config.tile_j))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    cache = {}
+
+    def get(kind, case):
+        if (kind, case) not in cache:
+            model = conv_model(*case[:6], epilogue=case[6]) if kind == "conv" else dense_model(*case)
+            cache[kind, case] = (model, tvmfuse.compile(model, target=TARGET, precision="fp16"))
+        return cache[kind, case]
+
+    return get
+
+
+CASES = [("conv", c) for c in CONV] + [("dense", c) for c in DENSE]
+IDS = [f"{kind}-" + "-".join(str(v) for v in case) for kind, case in CASES]
+
+
+@pytest.mark.parametrize("kind,case", CASES, ids=IDS)
+def test_fp16_conv_and_dense_take_the_tensor_cores(compiled, kind, case):
+    _, cm = compiled(kind, case)
+    partitions = {k: v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_")}
+    assert list(partitions.values()) == [f"tvmfuse.cuda.{'conv2d' if kind == 'conv' else 'dense'}"]
+    bodies = kernels(cm.executable.mod.imports[0].imports[0].inspect_source())
+    (body,) = [b for n, b in bodies.items() if n.startswith(next(iter(partitions)))]
+    assert "nvcuda::wmma::mma_sync" in body and "half" in body
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,case", CASES, ids=IDS)
+def test_fp16_tensor_core_rule_matches_onnxruntime_on_gpu(compiled, kind, case):
+    model, cm = compiled(kind, case)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = {"x": np.random.default_rng(1).standard_normal(shape).astype("float32")}
+    got, want = cm.run(x)[0], ort_run(model, x)[0]
+    error = float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+    assert error <= correctness.FP16_REL, error
