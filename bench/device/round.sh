@@ -19,7 +19,7 @@ step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in $OUT/s
 #    CUDA graphs against plain launches
 step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
     tests/schedules/test_cuda_rules.py tests/schedules/test_cuda_tensor_core.py tests/schedules/test_cuda_models.py \
-    tests/schedules/test_cuda_graph.py \
+    tests/schedules/test_cuda_group_conv.py tests/schedules/test_cuda_graph.py \
     tests/test_precision.py
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \

@@ -171,8 +171,35 @@ def depthwise_conv2d(call, data, weight, lanes: int | None = None, out_dtype: st
 
 
 def group_conv2d(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
-    del lanes
+    """Grouped conv2d. Without ``lanes`` (NCHW kernels: CUDA) the groups are an axis of their own, so the
+    kernel is a batched GEMM (``C[g, I, J] += A[g, I, K] * B[g, J, K]``) the GEMM rules tile; topi's form
+    reads the input at ``f // (O / G) * (C / G) + c`` and is no GEMM to them."""
+    if lanes is None:
+        return _group_conv2d_batched(data, weight, *_conv_args(call), int(call.attrs.groups), out_dtype)
     return topi.nn.group_conv2d_nchw(data, weight, *_conv_args(call), int(call.attrs.groups), out_dtype=out_dtype)
+
+
+def _group_conv2d_batched(data, weight, strides, padding, dilation, groups: int, out_dtype: str | None):
+    batch, _, height, width = (int(d) for d in data.shape)
+    out_channels, group_in, kh, kw = (int(d) for d in weight.shape)
+    group_out = out_channels // groups
+    top, left, bottom, right = padding if len(padding) == 4 else (padding[0], padding[1]) * 2
+    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    padded = topi.nn.pad(data, (0, 0, top, left), (0, 0, bottom, right), name="pad_temp")
+    acc = out_dtype or str(data.dtype)
+    rc = te.reduce_axis((0, group_in), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    grouped = te.compute(
+        (batch, groups, group_out, out_h, out_w),
+        lambda n, g, f, y, x: te.sum(
+            padded[n, g * group_in + rc, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1]]
+            .astype(acc) * weight[g * group_out + f, rc, ry, rx].astype(acc), axis=[rc, ry, rx]),
+        name="group_conv2d_nchw", tag="group_conv2d_nchw")
+    return te.compute((batch, out_channels, out_h, out_w),
+                      lambda n, c, y, x: grouped[n, c // group_out, c % group_out, y, x], name="group_conv2d_out",
+                      tag=topi.tag.INJECTIVE)
 
 
 def dense(call, data, weight, lanes: int | None = None, out_dtype: str | None = None):
