@@ -1,7 +1,7 @@
 """Batch-1 latency on an NVIDIA GPU: tvmfuse against plain TVM (and PyTorch where installed), in one run.
 
     python bench/gpu.py [--models mobilenet_v2,resnet50] [--target cuda-sm90] [--precisions fp32,fp16]
-                        [--repeat 50] [--torch] [--json OUT.json]
+                        [--repeat 50] [--torch [--torch-compile]] [--json OUT.json]
 
 Needs a CUDA GPU. For each zoo model:
 
@@ -9,7 +9,8 @@ Needs a CUDA GPU. For each zoo model:
 - plain TVM: from_onnx + ``tvm.compile`` with TVM's default CUDA pipeline (dlight schedules);
 - PyTorch (only with ``--torch`` and torchvision installed): torchvision's model of the same name and
   architecture (its own random weights), eager with cuDNN (``cudnn.benchmark``, channels_last), in the row's
-  precision (``.half()`` for fp16), as a GPU user's everyday reference.
+  precision (``.half()`` for fp16), as a GPU user's everyday reference; with ``--torch-compile`` also under
+  ``torch.compile(mode="reduce-overhead")`` (Inductor's kernels in a CUDA graph), with its compile time.
 
 fp16 rows are tvmfuse's ``precision="fp16"`` build against onnxruntime FP32 (relative L2 error); plain TVM is
 FP32 in every row (its fp16 path, ToMixedPrecision, fails on the clip of these graphs).
@@ -61,7 +62,11 @@ def plain_tvm_ms(model, spec, x: dict, repeat: int) -> tuple[float, np.ndarray]:
     return statistics.median(timer(*args).results) * 1e3, out
 
 
-def torch_ms(name: str, shape, repeat: int, precision: str = "fp32") -> float | None:
+def torch_ms(name: str, shape, repeat: int, precision: str = "fp32", compiled: bool = False) -> dict | None:
+    """PyTorch's median ms (``ms``) for torchvision's model of ``name``: eager, or with ``compiled``
+    ``torch.compile(mode="reduce-overhead")`` (Inductor's kernels replayed from a CUDA graph, as tvmfuse's
+    are), whose first calls' time is ``compile_s``; ``error`` instead when PyTorch raised. None without
+    torch/torchvision or for a model torchvision does not have."""
     try:
         import torch
         import torchvision
@@ -69,27 +74,36 @@ def torch_ms(name: str, shape, repeat: int, precision: str = "fp32") -> float | 
         return None
     if name not in TORCHVISION:
         return None
-    torch.backends.cudnn.benchmark = True
-    net = getattr(torchvision.models, TORCHVISION[name])().eval().cuda().to(memory_format=torch.channels_last)
-    x = torch.randn(*shape, device="cuda").to(memory_format=torch.channels_last)
-    if precision == "fp16":
-        net, x = net.half(), x.half()
-    times = []
-    with torch.inference_mode():
-        for _ in range(10):
-            net(x)
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    try:
+        torch.backends.cudnn.benchmark = True
+        net = getattr(torchvision.models, TORCHVISION[name])().eval().cuda().to(memory_format=torch.channels_last)
+        x = torch.randn(*shape, device="cuda").to(memory_format=torch.channels_last)
+        if precision == "fp16":
+            net, x = net.half(), x.half()
+        start = time.perf_counter()
+        if compiled:
+            net = torch.compile(net, mode="reduce-overhead")
+        times = []
+        with torch.inference_mode():
             for _ in range(10):
                 net(x)
-            end.record()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 10)
-    return statistics.median(times)
+            compile_s = time.perf_counter() - start
+            for _ in range(repeat):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(10):
+                    net(x)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(begin.elapsed_time(end) / 10)
+        return {"ms": statistics.median(times), "compile_s": compile_s}
+    except Exception as e:  # noqa: BLE001 - a contender that fails is reported in its row, the round goes on
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
 
 
-def measure(name: str, target: str, repeat: int, with_torch: bool, precision: str = "fp32") -> dict:
+def measure(name: str, target: str, repeat: int, with_torch: bool, precision: str = "fp32",
+            with_compile: bool = False) -> dict:
     import tvmfuse
     from tvmfuse import targets, zoo
 
@@ -110,10 +124,12 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
            "max abs diff vs onnxruntime (tvmfuse / plain)":
                f"{np.abs(ours - ref).max() / scale:.1e} / {np.abs(plain_out - ref).max() / scale:.1e} (of max)",
            "tvmfuse relative L2 error": f"{rel:.1e}", "compile s": f"{compile_s:.1f}"}
-    if with_torch:
-        t = torch_ms(name, cm.inputs[0].shape, repeat, precision)
-        row["PyTorch ms"] = f"{t:.3f}" if t is not None else "-"
-        row["tvmfuse / PyTorch"] = f"{ours_ms / t:.2f}x" if t else "-"
+    for label, compiled in [("PyTorch", False), ("torch.compile", True)][:1 + with_compile] if with_torch else []:
+        t = torch_ms(name, cm.inputs[0].shape, repeat, precision, compiled) or {}
+        row[f"{label} ms"] = f"{t['ms']:.3f}" if "ms" in t else t.get("error", "-")
+        row[f"tvmfuse / {label}"] = f"{ours_ms / t['ms']:.2f}x" if "ms" in t else "-"
+        if compiled and "compile_s" in t:
+            row["torch.compile s"] = f"{t['compile_s']:.1f}"
     return row
 
 
@@ -130,6 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, fp16 (default fp32)")
     p.add_argument("--torch", action="store_true", help="also time torchvision's model (needs torch + GPU)")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="with --torch, also time it under torch.compile(mode='reduce-overhead')")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON, after each model")
     args = p.parse_args(argv)
     from tvmfuse import cuda_driver
@@ -144,7 +162,7 @@ def main(argv=None) -> int:
     rows = []
     for m in args.models.split(","):
         for precision in args.precisions.split(","):
-            rows.append(measure(m, args.target, args.repeat, args.torch, precision))
+            rows.append(measure(m, args.target, args.repeat, args.torch, precision, args.torch_compile))
             if args.json:  # written as it comes: a call cut off at its limit keeps the rows done
                 Path(args.json).write_text(json.dumps({"target": args.target, "repeat": args.repeat,
                                                        "device": _gpu_name(), "host cpu": cpu_name(),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU round: run right after stage2.sh on the same warm machine, in one call (about 8 minutes;
-# give the call timeout_s 560). Every step has its own timeout and writes under $OUT as it goes, so a step
+# The prepared GPU round: run right after stage2.sh on the same warm machine, in one call (about 9 minutes:
+# bench/device/README.md gives the call). Every step has its own timeout and writes under $OUT as it goes, so a step
 # that runs long loses only itself. Commit what comes back (the GPU named in gpu_models.json) and the figures
 # in docs/results.md.
 set -u
@@ -24,12 +24,16 @@ step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
     --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
-# 3. CUDA graphs on and off, whole models
-step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
-# 4. offline tuning: the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
+# 3. offline tuning: the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
 #    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
 #    .candidates`
 if [ -d .candidates ]; then
     step candidates 120 python3 bench/device/time_candidates.py .candidates "$OUT/candidate_times.json"
 fi
+# 4. torch.compile, the fp16 contender of the bar (Inductor compiles each model: its own step, so a slow compile
+#    loses only itself)
+step torch_compile 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions fp16 \
+    --repeat 30 --torch --torch-compile --json "$OUT/gpu_torch_compile.json"
+# 5. CUDA graphs on and off, whole models (measured on 2026-11-22 and -27: last, what a long round drops)
+step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
 cat "$OUT/steps.txt"
