@@ -10,12 +10,14 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from onnx import helper, numpy_helper
 
 import tvmfuse
-from helpers import conv_relu
+from helpers import conv_relu, make_model
 from tvmfuse import cli, targets
 from tvmfuse.errors import InputError
 from tvmfuse.schedules.cuda import conv2d
@@ -164,3 +166,16 @@ def test_depthwise_kernels_export_their_tiles(tmp_path):
     assert configs == depthwise_conv2d.candidates(8, 16, 16, sms=132) and len(configs) > 2
     assert configs[0] == depthwise_conv2d.default_config(8, 16, 16, sms=132)
     assert all(c.threads <= 1024 for c in configs)
+
+
+def test_fp16_candidates_are_the_tensor_core_tiles(tmp_path):
+    from tvmfuse.schedules.cuda import tensor_core
+
+    weight = numpy_helper.from_array(np.ones((64, 32, 1, 1), "float32"), "W")
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[1, 1])],
+                       [("x", [1, 32, 16, 16])], [("y", None)], [weight])
+    (path,) = offline.export_candidates(model, "cuda-sm90", tmp_path, precision="fp16")
+    info = json.loads(path.read_text())
+    configs = [tensor_core.Config(**c["config"]) for c in info["candidates"]]
+    assert configs == tensor_core.candidates(256, 64, 32)  # a GEMM of 256 pixels x 64 channels x 32
+    assert info["args"][0]["dtype"] == "float16"
