@@ -123,8 +123,9 @@ def candidates(i: int, j: int, k: int, sms: int = 132) -> list[Config]:
 
 def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool) -> None:
     """Schedule the re-indexed GEMM block ``main`` (``C[S, I, J] += A[S, I, K] * B[S, J, K]``, float16
-    operands cast to a float32 sum) on wmma fragments, in place. ``pixels_inner``: the output is contiguous
-    along I (an NCHW conv's pixels), so the store walks I innermost; else J (a dense's columns)."""
+    operands cast to a float32 sum) on wmma fragments, in place. ``pixels_inner``: a conv (A, the input, and
+    the output contiguous along I, the pixels; B, the OIHW weight, along K); else a dense (A along K; B, the
+    ``[K, N]`` weight, and the output along J)."""
     from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers
     from tvmfuse.tvmscript import light_tensor_intrin
 
@@ -156,14 +157,21 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
     sch.bind(block_x, "blockIdx.x")
     sch.bind(warp, "threadIdx.y")
 
-    for index in (0, 1):
+    # Each operand tile is read along the axis its global tensor is contiguous in, so a warp's loads coalesce:
+    # an NCHW conv's input along the pixels (I), a dense's [K, N] weight along the columns (J), the rest
+    # along K (in vectors of 4).
+    for index, rows_inner in ((0, pixels_inner), (1, not pixels_inner)):
         fetch = sch.cache_read(outer, index, "shared.dyn")
         sch.compute_at(fetch, ko)
-        fused = sch.fuse(*sch.get_loops(fetch)[-2:])
-        _, ty, tx, vec = sch.split(fused, [None, config.warps, WARP, VECTOR])
+        rows, red = sch.get_loops(fetch)[-2:]
+        if rows_inner:
+            sch.reorder(red, rows)
+            _, ty, tx = sch.split(sch.fuse(red, rows), [None, config.warps, WARP])
+        else:
+            _, ty, tx, vec = sch.split(sch.fuse(rows, red), [None, config.warps, WARP, VECTOR])
+            sch.vectorize(vec)
         sch.bind(tx, "threadIdx.x")
         sch.bind(ty, "threadIdx.y")
-        sch.vectorize(vec)
         sch.storage_align(fetch, 0, axis=-2, factor=16, offset=PAD_HALVES)
         sch.annotate(fetch, "tirx.manifest_shared_memory_local_stage", 1)
         sch.annotate(fetch, "double_buffer_scope", 0)
