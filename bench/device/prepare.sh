@@ -18,3 +18,5 @@ for w in apache-tvm-ffi==$FFI xgboost-cpu==$XGB tornado==$TOR; do
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .dev2 "$w"
 done
 du -sh .dev1 .dev2
+# The round's fuzz slice: random CNNs built for CUDA here (about 3 minutes), carried by stage 1.
+rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && du -sh .fuzz

@@ -24,6 +24,11 @@ step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
     --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
+# 2b. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
+#     stage 1) against onnxruntime outputs computed here
+if [ -d /root/stash/fuzz ]; then
+    step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$OUT/fuzz.json"
+fi
 # 3. offline tuning: the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
 #    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
 #    .candidates`
