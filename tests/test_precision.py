@@ -162,3 +162,18 @@ def test_fp16_zoo_on_the_gpu_matches_onnxruntime(name):
     x = {i.name: rng.standard_normal(i.shape).astype("float32") for i in cm.inputs}
     error = _relative(cm.run(x), ort_run(model, x))
     assert error <= correctness.FP16_REL, error
+
+
+def test_a_clip_open_on_one_side_builds_in_fp16():
+    # Conv -> Clip(-1, 2): the lower bound joins the conv's epilogue and a clip bounded above only (below by
+    # float32's largest value) stays outside; TVM refused that bound as a float16 literal (fuzz seed 2).
+    from helpers import ort_run
+    from tvmfuse.fuzz import graphs
+
+    from tvmfuse.fuzz.check import random_inputs
+
+    model = graphs.random_cnn(2)
+    x = random_inputs(model)
+    assert [n.op_type for n in model.graph.node][:2] == ["Conv", "Clip"]
+    error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
+    assert error <= correctness.FP16_REL, error

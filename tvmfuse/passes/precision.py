@@ -68,6 +68,12 @@ class _Half(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip" and _float16_tensor(call.args[0]):
+            # A clip with one open side is bounded by float32's largest value (CanonicalizeClip), which a
+            # float16 clip cannot cast (TVM refuses the literal): bounds saturate like constants do.
+            lo, hi = (min(max(float(getattr(b.value, "value", b.value)), -FLOAT16_MAX), FLOAT16_MAX)
+                      for b in call.args[1:])
+            return relax.op.clip(call.args[0], lo, hi)
         if not isinstance(call.op, tvm.ir.Op) or call.op.name not in FLOAT32_OPS:
             return call
         args = [self.builder_.emit(relax.op.astype(a, "float32")) if _float16_tensor(a) else a for a in call.args]
