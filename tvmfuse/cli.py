@@ -110,7 +110,8 @@ def cmd_tune(args) -> int:
     if args.export_candidates:
         from .tune.offline import export_candidates
 
-        files = export_candidates(args.model, args.target, args.export_candidates, _shapes(args), args.precision)
+        files = export_candidates(args.model, args.target, args.export_candidates, _shapes(args), args.precision,
+                                  args.max_candidates, args.logs)
         print(f"wrote the candidates of {len(files)} kernel(s) to {args.export_candidates}; time them on the device "
               f"with bench/device/time_candidates.py, then tvmfuse tune --import-results RESULTS.json")
         return 0
@@ -136,7 +137,9 @@ def _import_results(args) -> int:
             print(f"{kernel}: {v['candidate']} {v['us']:.1f} us{gain}")
         else:
             print(f"{kernel}: skipped, {v['skipped']}")
-    print(f"{len(written)} record(s) written to the tuning logs")
+    samples = next((v["model_samples"] for v in written.values() if "model_samples" in v), None)
+    learnt = f"; the cost model has {samples} sample(s)" if samples is not None else ""
+    print(f"{len(written)} record(s) written to the tuning logs{learnt}")
     return 0
 
 
@@ -314,8 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "DIR (one library per kernel) instead of tuning here")
     offline.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
                          help="with --export-candidates: the precision the model will be compiled in")
+    offline.add_argument("--max-candidates", type=int, metavar="N",
+                         help="with --export-candidates: per kernel, the default and the N - 1 the cost model "
+                         "learnt from imported results ranks fastest (all until it has learnt enough)")
     offline.add_argument("--import-results", metavar="FILE", help="write the fastest correct candidate of each "
-                         "kernel timed in FILE (bench/device/time_candidates.py) into the tuning logs")
+                         "kernel timed in FILE (bench/device/time_candidates.py) into the tuning logs, and teach "
+                         "the cost model every correct candidate's time")
     offline.add_argument("--candidates", metavar="DIR", help="with --import-results: the candidates folder "
                          "(default: FILE's folder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -76,7 +76,9 @@ def test_imported_winners_are_applied_by_compile(exported, tmp_path):
     results = directory / "results.json"
     results.write_text(json.dumps(_results(info, path.name, times, wrong={"candidate1"})))
     outcome = offline.import_results(results, directory, tmp_path / "logs")
-    assert outcome == {info["kernel"]: {"candidate": pick["function"], "us": 10.0, "default_us": 40.0}}
+    learnt = len(info["candidates"]) - 1  # every correct candidate's time teaches the cost model
+    assert outcome == {info["kernel"]: {"candidate": pick["function"], "us": 10.0, "default_us": 40.0,
+                                        "model_samples": learnt}}
     cm = tvmfuse.compile(MODEL, target="cuda-sm90", logs=tmp_path / "logs")
     (kernel,) = [k for k in cm.manifest()["scheduled_by"] if k.startswith("tvmfuse_conv2d")]
     assert cm.manifest()["scheduled_by"][kernel] == "tuning_log" and cm.tuning_logs["applied"] == [kernel]
@@ -179,3 +181,39 @@ def test_fp16_candidates_are_the_tensor_core_tiles(tmp_path):
     configs = [tensor_core.Config(**c["config"]) for c in info["candidates"]]
     assert configs == tensor_core.candidates(256, 64, 32)  # a GEMM of 256 pixels x 64 channels x 32
     assert info["args"][0]["dtype"] == "float16"
+
+
+def _slow_by_config(config: dict, round_: int) -> float:
+    """Made-up device times: small tiles and short K steps are slow (the same in every round, plus a hair)."""
+    return 100.0 / (config["threads_i"] * config["threads_j"]) + 64.0 / config["step_k"] + 0.01 * round_
+
+
+def test_the_cost_model_learns_from_imports_and_ranks_the_next_export(exported, tmp_path):
+    from tvmfuse.tune import cost_model
+
+    directory, path, info = exported
+    logs = tmp_path / "logs"
+    n = len(info["candidates"])
+    times = lambda r: {c["function"]: _slow_by_config(c["config"], r) for c in info["candidates"]}  # noqa: E731
+    (directory / "r0.json").write_text(json.dumps(_results(info, path.name, times(0))))
+    first = offline.import_results(directory / "r0.json", directory, logs)
+    assert first[info["kernel"]]["model_samples"] == n
+    assert (logs / "cuda-sm90" / cost_model.FILE).is_file()
+    again = offline.import_results(directory / "r0.json", directory, logs)  # the same file: nothing new
+    assert again[info["kernel"]]["model_samples"] == n
+    # Below MIN_SAMPLES every candidate is built.
+    (few,) = offline.export_candidates(MODEL, "cuda-sm90", tmp_path / "few", max_candidates=3, logs=logs)
+    few = json.loads(few.read_text())
+    assert len(few["candidates"]) == n and few["ranked_by_cost_model"] is None
+    for r in range(1, -(-cost_model.MIN_SAMPLES // n) + 1):
+        (directory / f"r{r}.json").write_text(json.dumps(_results(info, path.name, times(r))))
+        offline.import_results(directory / f"r{r}.json", directory, logs)
+    (ranked,) = offline.export_candidates(MODEL, "cuda-sm90", tmp_path / "ranked", max_candidates=4, logs=logs)
+    ranked = json.loads(ranked.read_text())
+    assert ranked["ranked_by_cost_model"]["kept"] == 4 and ranked["ranked_by_cost_model"]["samples"] >= 64
+    configs = [c["config"] for c in ranked["candidates"]]
+    assert configs[0] == info["candidates"][0]["config"]  # the default stays candidate0
+    fastest = sorted(info["candidates"], key=lambda c: _slow_by_config(c["config"], 0))[:3]
+    assert any(c["config"] in configs[1:] for c in fastest), configs  # the model learnt what is fast
+    with pytest.raises(InputError, match="--max-candidates 0: give at least 1"):
+        offline.export_candidates(MODEL, "cuda-sm90", tmp_path / "none", max_candidates=0, logs=logs)

@@ -10,7 +10,9 @@ measure there. Instead:
 2. there, ``bench/device/time_candidates.py`` (TVM runtime only) checks every candidate's output against
    ``candidate0`` on the same inputs and times it, writing one results JSON;
 3. here, :func:`import_results` writes each kernel's fastest correct candidate into the target's tuning logs
-   (``tuning_logs/<target>/``) with its time, and compile applies it (``scheduled_by``: ``tuning_log``).
+   (``tuning_logs/<target>/``) with its time, and compile applies it (``scheduled_by``: ``tuning_log``); every
+   correct candidate's time trains the XGBoost cost model kept with the logs (:mod:`.cost_model`), which
+   picks what the next round builds (``max_candidates``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from .. import targets
 from ..errors import InputError
+from . import cost_model
 from .database import LogStore, decoded_record, default_root, record_json
 
 CANDIDATES = "tvmfuse-candidates"  # format of a kernel's candidate file
@@ -36,9 +39,12 @@ def _args(func) -> list[dict]:
             for a in ms.arg_info.ArgInfo.from_prim_func(func)]
 
 
-def export_candidates(model, target, directory, shapes=None, precision: str = "fp32") -> list[Path]:
+def export_candidates(model, target, directory, shapes=None, precision: str = "fp32",
+                      max_candidates: int | None = None, logs=None) -> list[Path]:
     """Build the candidates of every kernel of ``model`` with knobs for ``target`` into ``directory``; return
-    the candidate files written (one ``<index>_<kernel>.json`` + ``.so`` pair per kernel)."""
+    the candidate files written (one ``<index>_<kernel>.json`` + ``.so`` pair per kernel). ``max_candidates``:
+    per kernel, the default and the best the cost model of the tuning logs ``logs`` (default: the shipped
+    folder) predicts, once it has learnt enough (:mod:`.cost_model`); every candidate until then."""
     import tvm
     from tvm import s_tir
     from tvm.driver import build as tvm_build
@@ -52,12 +58,23 @@ def export_candidates(model, target, directory, shapes=None, precision: str = "f
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
+    predictor = None
+    if max_candidates is not None:
+        if max_candidates < 1:
+            raise InputError(f"--max-candidates {max_candidates}: give at least 1 (the default schedule)")
+        predictor = cost_model.load(LogStore(logs if logs is not None else default_root(), spec).path)
     for index, task in enumerate(extract_tasks(model, spec, shapes, precision)):
         found = backend.candidates(task.mod)
         if len(found) < 2:
             continue  # one schedule: nothing to choose
         workload = ms.database.Workload(task.mod)
         args_info = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+        ranked = None
+        if predictor is not None and len(found) > max_candidates:
+            order = cost_model.rank(predictor, task.mod, tvm_target, args_info, [trace for _, trace in found])
+            if order is not None:
+                found = [found[0]] + [found[i] for i in order if i != 0][:max_candidates - 1]
+                ranked = {"samples": cost_model.samples(predictor), "kept": len(found)}
         functions, entries = {}, []
         for i, (config, trace) in enumerate(found):
             sch = s_tir.Schedule(task.mod)
@@ -73,7 +90,8 @@ def export_candidates(model, target, directory, shapes=None, precision: str = "f
             tvm_build(module, target=tvm_target).export_library(str(library))
         info = {"format": CANDIDATES, "kernel": task.name, "key": task.key, "weight": task.weight,
                 "target": spec.to_json(), "precision": precision, "library": library.name,
-                "args": _args(task.mod["main"]), "workload": workload.as_json(), "candidates": entries}
+                "args": _args(task.mod["main"]), "workload": workload.as_json(), "ranked_by_cost_model": ranked,
+                "candidates": entries}
         path = directory / f"{stem}.json"
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(info))
@@ -101,7 +119,7 @@ def import_results(results, directory, logs=None) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     times = _read_json(Path(results), "results", TIMES)
-    outcome, stores = {}, {}
+    outcome, stores, learnt = {}, {}, {}
     for kernel, measured in sorted((times.get("kernels") or {}).items()):
         candidates_path = Path(directory) / f"{measured.get('file', '')}"
         info = _read_json(candidates_path, "candidates", CANDIDATES)
@@ -125,4 +143,12 @@ def import_results(results, directory, logs=None) -> dict:
         store.append([(workload.as_json(), record_json(timed))])
         default = next((c["us"] for c in ok if c["function"] == "candidate0"), None)
         outcome[kernel] = {"candidate": best["function"], "us": best["us"], "default_us": default}
+        traces = {e["function"]: decoded_record(e["record"], workload).trace for e in info["candidates"]}
+        learnt.setdefault(spec.name, []).append(
+            (workload.mod, spec.tvm_target(), record.args_info, [(traces[c["function"]], c["us"]) for c in ok]))
+    for name, kernels in learnt.items():  # every correct candidate's time, for the next round's ranking
+        count = cost_model.learn(stores[name].path, kernels)
+        for kernel in outcome:
+            if "candidate" in outcome[kernel]:
+                outcome[kernel].setdefault("model_samples", count)
     return outcome
