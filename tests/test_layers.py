@@ -25,7 +25,7 @@ LAYERS = (
                        "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
     ("workflows", ("tvmfuse.api", "tvmfuse.calibration", "tvmfuse.partition_report", "tvmfuse.model_info",
                    "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),
-    ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli")),
+    ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli", "tvmfuse.tune.cli")),
 )
 PACKAGE_ROOT = "tvmfuse"  # the facade (compile, load, ...): for users, never imported by tvmfuse's modules
 

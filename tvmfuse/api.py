@@ -52,6 +52,7 @@ class CompiledModel:
         self.build_info: dict = {}  # the backend's manifest entries (CUDA: "cuda_code", see cuda_driver)
         self.quantization: dict | None = None
         self.precision = "fp32"  # of the float kernels: "fp16" for float16 tensors, float32 accumulation
+        self.pinned: dict = {}  # inputs pinned at compile time (consts=): name -> {"shape", "dtype", "value"}
         self._runner: Runner | None = None
 
     def _get_runner(self) -> Runner:
@@ -66,7 +67,7 @@ class CompiledModel:
                         raise TargetError(f"model compiled for {self.target.name} cannot run here: "
                                           f"{backend.why_not_runnable()}")
                     self._runner = Runner(self.executable, self.inputs, self.outputs,
-                                          device=self.target.backend().device)
+                                          device=self.target.backend().device, pinned=self.pinned)
                 runner = self._runner
         return runner
 
@@ -106,6 +107,8 @@ class CompiledModel:
         extra.update(self.build_info)
         if self.quantization is not None:
             extra["quantization"] = self.quantization
+        if self.pinned:
+            extra["pinned_inputs"] = self.pinned
         return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
 
     def export(self, path: str | Path) -> Path:
@@ -171,7 +174,7 @@ def _build_target(target) -> targets.TargetSpec:
 @quiet_tvm_warnings()
 def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: bool = False, logs=None, layout: str = "blocked", cuda_graph: bool = True,
-            precision: str = "fp32") -> CompiledModel:
+            precision: str = "fp32", consts: Mapping[str, object] | None = None) -> CompiledModel:
     """Compile an ONNX model for a target.
 
     Parameters
@@ -198,6 +201,10 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
         ``"fp32"``, or ``"fp16"`` where the target's backend builds it (CUDA): weights and activations in
         float16, every conv and matmul accumulating in float32, Softmax/LayerNorm/means in float32; inputs and
         outputs stay float32. The manifest records it.
+    consts : dict, optional
+        Inputs fixed wherever the model is deployed, pinned to a value (``{"sr": 16000}``): folded like weights,
+        so an ``If`` branching on them keeps only the branch taken. The library has no such input; the
+        manifest records the values, and a run given the input with another value is refused.
 
     Returns
     -------
@@ -209,7 +216,7 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     _check_precision(spec, precision)
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
+        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     return _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision)
 
 
@@ -247,6 +254,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     names = [o.name for o in imported.outputs]
     outputs = _relax_output_infos(mod, names)
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
+    cm.pinned = dict(imported.pinned)
     cm.record = record
     cm.layout = layout
     cm.build_info = build_info
@@ -259,7 +267,8 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
 @quiet_tvm_warnings()
 def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
-             logs=None, layout: str = "blocked", preprocess=None) -> CompiledModel:
+             logs=None, layout: str = "blocked", preprocess=None,
+             consts: Mapping[str, object] | None = None) -> CompiledModel:
     """Quantize an FP32 ONNX model to INT8 and compile it for a target.
 
     Calibration runs the FP32 model on this CPU (target ``x86-host``, whatever ``target`` is) and records
@@ -297,6 +306,8 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     preprocess : str or tvmfuse.quant.images.Preprocess, optional
         With a directory of images: how an image becomes an input, as the model was trained: a preset
         (``"imagenet"``, ``"unit"``, ``"symmetric"``, ``"raw"``) or a Preprocess (mean, std, layout, ...).
+    consts : dict, optional
+        Pinned inputs, as for :func:`compile` (calibration data then leaves them out).
 
     Returns
     -------
@@ -319,7 +330,7 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
+        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     quantizer.prepare(imported.inputs, imported.source)
     cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout)
     cm.quantization = quantizer.manifest_entry()

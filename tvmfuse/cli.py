@@ -29,10 +29,25 @@ def _shapes(args) -> dict | None:
     return dict(parse_shape(s) for s in args.shape) if args.shape else None
 
 
+def _consts(args) -> dict | None:
+    """``--const NAME=VALUE`` (repeatable) as ``{NAME: "VALUE"}``; the front end parses and checks the values."""
+    pinned = {}
+    for text in getattr(args, "const", None) or []:
+        name, sep, value = text.partition("=")
+        if not sep or not name or not value:
+            raise InputError(f"--const {text}: expected NAME=VALUE (a number, or numbers separated by commas)")
+        pinned[name] = value
+    return pinned or None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx file or zoo:NAME (see `tvmfuse zoo`)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="static shape for an input with dynamic dims (repeatable)")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE",
+                   help="pin an input fixed where the model is deployed (e.g. a sample rate) to VALUE (numbers "
+                        "separated by commas): folded like a weight, so an If branching on it keeps its taken "
+                        "branch; the library has no such input (repeatable)")
 
 
 def _print_opcheck(cm) -> None:
@@ -54,7 +69,8 @@ def cmd_compile(args) -> int:
 
     logs = False if args.no_logs else args.logs
     cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs,
-                     layout=args.layout, cuda_graph=not args.no_cuda_graph, precision=args.precision)
+                     layout=args.layout, cuda_graph=not args.no_cuda_graph, precision=args.precision,
+                     consts=_consts(args))
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
@@ -88,7 +104,7 @@ def cmd_quantize(args) -> int:
                                    bgr=args.bgr)
     cm = api.quantize(args.model, calib=args.calib, method=args.method, target=args.target, table=args.table,
                       shapes=_shapes(args), percentile=99.99 if args.percentile is None else args.percentile,
-                      progress=not args.quiet, logs=logs, preprocess=preprocess)
+                      progress=not args.quiet, logs=logs, preprocess=preprocess, consts=_consts(args))
     path = cm.export(args.output)
     q = cm.quantization
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
@@ -96,50 +112,6 @@ def cmd_quantize(args) -> int:
           f"{q['quantize_ops']} quantize / {q['dequantize_ops']} dequantize op(s)")
     if args.calib and args.table:
         print(f"wrote calibration table {args.table} ({q['method']})")
-    return 0
-
-
-def cmd_tune(args) -> int:
-    from .tune.measure import RPCSpec, TuningError
-    from .tune.tuner import tune
-
-    if args.import_results:
-        return _import_results(args)
-    if args.model is None:
-        raise InputError("tune: give a MODEL (or --import-results FILE)")
-    if args.export_candidates:
-        from .tune.offline import export_candidates
-
-        files = export_candidates(args.model, args.target, args.export_candidates, _shapes(args), args.precision,
-                                  args.max_candidates, args.logs)
-        print(f"wrote the candidates of {len(files)} kernel(s) to {args.export_candidates}; time them on the device "
-              f"with bench/device/time_candidates.py, then tvmfuse tune --import-results RESULTS.json")
-        return 0
-    if bool(args.rpc) != bool(args.key):
-        raise TuningError("--rpc HOST:PORT and --key KEY go together")
-    rpc = RPCSpec.parse(args.rpc, args.key) if args.rpc else None
-    report = tune(args.model, target=args.target, trials=args.trials, logs=args.logs, resume=args.resume, rpc=rpc,
-                  shapes=_shapes(args), trials_per_iter=args.trials_per_iter, progress=not args.quiet)
-    print(report.table())
-    print(f"{report.records_written} record(s) written to {report.logs} in {report.seconds:.0f} s")
-    return 0
-
-
-def _import_results(args) -> int:
-    from .tune.offline import import_results
-
-    directory = args.candidates or str(Path(args.import_results).parent)
-    outcome = import_results(args.import_results, directory, args.logs)
-    written = {k: v for k, v in outcome.items() if "candidate" in v}
-    for kernel, v in sorted(outcome.items()):
-        if "candidate" in v:
-            gain = f" ({v['default_us'] / v['us']:.2f}x the default)" if v.get("default_us") else ""
-            print(f"{kernel}: {v['candidate']} {v['us']:.1f} us{gain}")
-        else:
-            print(f"{kernel}: skipped, {v['skipped']}")
-    samples = next((v["model_samples"] for v in written.values() if "model_samples" in v), None)
-    learnt = f"; the cost model has {samples} sample(s)" if samples is not None else ""
-    print(f"{len(written)} record(s) written to the tuning logs{learnt}")
     return 0
 
 
@@ -208,7 +180,7 @@ def cmd_run(args) -> int:
 def cmd_info(args) -> int:
     from .model_info import info
 
-    print(info(args.model, shapes=_shapes(args)).format())
+    print(info(args.model, shapes=_shapes(args), consts=_consts(args)).format())
     return 0
 
 
@@ -216,13 +188,13 @@ def cmd_partition(args) -> int:
     if args.opcheck:
         from . import api
 
-        cm = api.compile(args.model, target=args.target, shapes=_shapes(args))
+        cm = api.compile(args.model, target=args.target, shapes=_shapes(args), consts=_consts(args))
         print(cm.partition_report().format())
         _print_opcheck(cm)
         return 0
     from .partition_report import partitions
 
-    print(partitions(args.model, target=args.target, shapes=_shapes(args)).format())
+    print(partitions(args.model, target=args.target, shapes=_shapes(args), consts=_consts(args)).format())
     return 0
 
 
@@ -301,32 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
     p.set_defaults(func=cmd_quantize)
 
-    p = sub.add_parser("tune", help="tune a model's kernels with MetaSchedule + XGBoost into the tuning logs")
-    p.add_argument("model", nargs="?", help="an .onnx file or zoo:NAME (see `tvmfuse zoo`)")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2,...",
-                   help="static shape for an input with dynamic dims (repeatable)")
-    p.add_argument("--target", default=targets.DEFAULT, help=f"target name (default {targets.DEFAULT}: this machine)")
-    p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
-    p.add_argument("--trials-per-iter", type=int, default=16, help="candidates per measured batch (default 16)")
-    p.add_argument("--logs", metavar="DIR", help="tuning logs folder (default: tuning_logs/ or $TVMFUSE_TUNING_LOGS)")
-    p.add_argument("--resume", action="store_true", help="continue the newest unfinished run for this target")
-    p.add_argument("--rpc", metavar="HOST:PORT", help="measure on devices registered with this TVM RPC tracker")
-    p.add_argument("--key", help="device key of the RPC servers (with --rpc)")
-    offline = p.add_argument_group("offline tuning (a device no tracker reaches: a lent GPU)")
-    offline.add_argument("--export-candidates", metavar="DIR", help="build every kernel's candidate schedules into "
-                         "DIR (one library per kernel) instead of tuning here")
-    offline.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
-                         help="with --export-candidates: the precision the model will be compiled in")
-    offline.add_argument("--max-candidates", type=int, metavar="N",
-                         help="with --export-candidates: per kernel, the default and the N - 1 the cost model "
-                         "learnt from imported results ranks fastest (all until it has learnt enough)")
-    offline.add_argument("--import-results", metavar="FILE", help="write the fastest correct candidate of each "
-                         "kernel timed in FILE (bench/device/time_candidates.py) into the tuning logs, and teach "
-                         "the cost model every correct candidate's time")
-    offline.add_argument("--candidates", metavar="DIR", help="with --import-results: the candidates folder "
-                         "(default: FILE's folder)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(func=cmd_tune)
+    from .tune.cli import add_parser as add_tune_parser
+
+    add_tune_parser(sub)
 
     p = sub.add_parser("run", help="run a compiled .so (TVM runtime only)")
     p.add_argument("library", help="a .so written by `tvmfuse compile`")

@@ -83,9 +83,10 @@ def parameter_count(model: onnx.ModelProto) -> int:
     return total
 
 
-def info(model, shapes=None) -> ModelInfo:
-    """Collect :class:`ModelInfo` for a path, ModelProto or ``zoo:NAME`` (static shapes needed for FLOPs)."""
-    proto, source, inputs, _ = prepare(model, shapes)
+def info(model, shapes=None, consts=None) -> ModelInfo:
+    """Collect :class:`ModelInfo` for a path, ModelProto or ``zoo:NAME`` (static shapes needed for FLOPs;
+    ``consts``: pinned inputs, see ``tvmfuse.compile``)."""
+    proto, source, inputs, _, _ = prepare(model, shapes, consts=consts)
     shape_of = _shapes(proto)
     flops_by_op: dict[str, int] = collections.Counter()
     for node in proto.graph.node:

@@ -175,13 +175,13 @@ def build_report(partitioned, rejections: dict, source: str, target: str, lowere
     return PartitionReport(source, target, parts, left, transforms)
 
 
-def partitions(model, target="x86-host", shapes=None) -> PartitionReport:
+def partitions(model, target="x86-host", shapes=None, consts=None) -> PartitionReport:
     """Partition ``model`` for ``target`` (no build) and report what was grouped and what was left out."""
     from . import frontend, targets
     from .passes.pipeline import PassRecord, run_graph_passes
 
     spec = targets.resolve(target)
-    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
+    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     record = PassRecord()
     lowered = run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
     return build_report(record.partitioned, record.rejections, imported.source, spec.name, lowered)

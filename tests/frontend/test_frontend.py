@@ -110,7 +110,7 @@ def test_fold_same_padding_chain():
     pads = [n for n in folded.graph.node if n.op_type == "Pad"]
     assert len(pads) == 5 and all(n.input[1] in inits for n in pads)
     # The zero pads then move into the stride-2 convs (TF SAME: more padding at the end).
-    proto, _, _, _ = frontend.prepare(model)
+    proto, *_ = frontend.prepare(model)
     assert not [n for n in proto.graph.node if n.op_type == "Pad"]
     conv_pads = [list(a.ints) for n in proto.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "pads"]
     assert [0, 0, 1, 1] in conv_pads and [1, 1, 2, 2] in conv_pads

@@ -80,8 +80,8 @@ def test_other_cells_stay_unrolled(op, attrs):
 def test_only_cpu_targets_fuse():
     """The fused node exists for CPU targets only: CUDA's import unrolls (the kernel has no thread binding)."""
     model = recurrent_model("LSTM", direction="bidirectional")
-    cpu, _, _, _ = frontend.prepare(model, fused_recurrence=True)
-    cuda, _, _, _ = frontend.prepare(model, fused_recurrence=False)
+    cpu, *_ = frontend.prepare(model, fused_recurrence=True)
+    cuda, *_ = frontend.prepare(model, fused_recurrence=False)
     assert [n.op_type for n in cpu.graph.node if n.domain == rnn_fused.DOMAIN] == [rnn_fused.OP_TYPE] * 2
     assert not [n for n in cuda.graph.node if n.domain == rnn_fused.DOMAIN]
     assert not targets.resolve("cuda-sm90").backend().fused_recurrence

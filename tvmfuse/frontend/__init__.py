@@ -12,6 +12,7 @@ from .importer import check_ops, to_relax
 from ..tensors import TensorInfo
 from .load import fix_input_shapes, graph_inputs, load_model, output_infos
 from .normalize import normalize_nodes
+from .pin import inline_ifs, pin_inputs
 from .integer_ops import rewrite_integer_ops
 from .qlinear import rewrite_quantized_ops
 from .rnn import rewrite_recurrent_ops
@@ -29,34 +30,39 @@ class ImportedModel:
     source: str
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
+    pinned: dict = dataclasses.field(default_factory=dict)  # input name -> {"shape", "dtype", "value"} (--const)
 
 
-def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recurrence: bool = False):
-    """Load, fix shapes, constant-fold, unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel
-    per direction where the cell has one, for CPU targets), normalize, express quantized ops with standard
-    ones (integer ops read as float become float ops), fold zero Pads into Convs.
+def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recurrence: bool = False,
+            consts: Mapping[str, object] | None = None):
+    """Load, pin the inputs named in ``consts`` (:mod:`.pin`), fix shapes, constant-fold, inline the ``If``
+    nodes whose condition folded, unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
+    direction where the cell has one, for CPU targets), normalize, express quantized ops with standard ones
+    (integer ops read as float become float ops), fold zero Pads into Convs.
 
-    Returns ``(ModelProto, source, inputs, outputs)``, without TVM.
+    Returns ``(ModelProto, source, inputs, outputs, pinned)``, without TVM.
     """
     proto, source = load_model(model)
     if not shapes and source.startswith("zoo:"):
         from .. import zoo
 
         shapes = zoo.default_shapes(source[len("zoo:"):])
+    pinned = pin_inputs(proto, consts)
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
+    inline_ifs(proto, fold_constants, source)
     proto, _ = rewrite_recurrent_ops(proto, source, fused_recurrence)
     proto, _ = normalize_nodes(proto, source)
     proto, _ = rewrite_integer_ops(proto)
     proto, _ = rewrite_quantized_ops(proto, source)
     proto, _ = fuse_pad_into_conv(proto)
-    return proto, source, inputs, output_infos(proto)
+    return proto, source, inputs, output_infos(proto), pinned
 
 
 def import_model(model, shapes: Mapping[str, Sequence[int]] | None = None,
-                 fused_recurrence: bool = False) -> ImportedModel:
+                 fused_recurrence: bool = False, consts: Mapping[str, object] | None = None) -> ImportedModel:
     """Load ``model`` (path, ModelProto or ``zoo:NAME``) and import it into Relax with static shapes
-    (``fused_recurrence``: see :func:`prepare`; pass the target backend's ``fused_recurrence``)."""
-    proto, source, inputs, outputs = prepare(model, shapes, fused_recurrence)
+    (``fused_recurrence``, ``consts``: see :func:`prepare`; pass the target backend's ``fused_recurrence``)."""
+    proto, source, inputs, outputs, pinned = prepare(model, shapes, fused_recurrence, consts)
     mod = to_relax(proto, inputs, source)
-    return ImportedModel(mod, proto, source, inputs, outputs)
+    return ImportedModel(mod, proto, source, inputs, outputs, pinned)

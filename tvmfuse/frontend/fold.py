@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .graph import names_read
+
 # Quantize/dequantize stay as nodes: folding DequantizeLinear(int8 weight) into a float constant would
 # erase the QDQ structure the INT8 path matches on.
 _KEEP = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "RandomNormal", "RandomUniform",
@@ -95,7 +97,9 @@ def _fold_round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             kept.append(node)
     if not folded:
         return model, 0
-    used = {n for node in kept for n in node.input} | protected
+    remaining = onnx.GraphProto()
+    remaining.node.extend(kept)
+    used = names_read(remaining) | protected  # an If/Loop body reads outer initializers too
     initial = {t.name for t in graph.initializer}
     new_inits = [t for t in graph.initializer if t.name in used]
     new_inits += [numpy_helper.from_array(np.asarray(known[n]), n) for n in sorted(used)

@@ -73,20 +73,35 @@ def _device(name: str):
     raise TargetError(f"unknown device {name!r}; use 'cpu' or 'cuda'")
 
 
-def check_inputs(inputs: Mapping[str, np.ndarray], expected: Sequence[TensorInfo]) -> list[np.ndarray]:
-    """Check names, shapes and dtypes of ``inputs``; return the arrays in the model's input order.
+def _check_pinned(name: str, given, pinned: Mapping) -> None:
+    """An input pinned at compile time (``consts=`` / ``--const``) may be given only with its pinned value."""
+    want = np.asarray(pinned["value"], dtype=pinned["dtype"]).reshape(pinned["shape"])
+    got = np.asarray(given)
+    if got.shape != want.shape or not np.array_equal(got, want):
+        shown = want.ravel().tolist() if want.size <= 8 else f"an array of shape {want.shape}"
+        raise InputError(f"input {name!r} was pinned to {shown} when the model was compiled (--const); "
+                         f"a run cannot change it (got {got.ravel().tolist()[:8]})")
+
+
+def check_inputs(inputs: Mapping[str, np.ndarray], expected: Sequence[TensorInfo],
+                 pinned: Mapping[str, Mapping] | None = None) -> list[np.ndarray]:
+    """Check names, shapes and dtypes of ``inputs``; return the arrays in the model's input order. An input
+    ``pinned`` at compile time may be given with its pinned value (and is then ignored), not another.
 
     Raises
     ------
     InputError
-        Naming the missing or unknown input, or the expected and given shape/dtype.
+        Naming the missing or unknown input, or the expected and given shape/dtype, or a pinned input's
+        other value.
     """
     if not isinstance(inputs, Mapping):
         raise InputError(f"inputs must be a dict of name -> numpy array, got {type(inputs).__name__}")
     want = {i.name: i for i in expected}
     described = ", ".join(f"{i.name!r} {tuple(i.shape)} {i.dtype}" for i in expected)
+    for name in set(inputs) & set(pinned or {}) - set(want):
+        _check_pinned(name, inputs[name], pinned[name])
     missing = [n for n in want if n not in inputs]
-    unknown = [n for n in inputs if n not in want]
+    unknown = [n for n in inputs if n not in want and n not in (pinned or {})]
     if missing or unknown:
         what = []
         if missing:
@@ -158,12 +173,16 @@ class Runner:
         The model's inputs (in call order) and outputs.
     device : str
         ``"cpu"`` or ``"cuda"``.
+    pinned : dict, optional
+        Inputs pinned at compile time (``consts=``): name -> ``{"shape", "dtype", "value"}``.
     """
 
-    def __init__(self, library, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], device: str = "cpu"):
+    def __init__(self, library, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], device: str = "cpu",
+                 pinned: Mapping[str, Mapping] | None = None):
         import tvm
 
         self.inputs = list(inputs)
+        self.pinned = dict(pinned or {})
         self.outputs = list(outputs)
         self.device_name = device
         self._dev = _device(device)
@@ -211,7 +230,7 @@ class Runner:
     def _to_device(self, inputs: Mapping[str, np.ndarray]) -> list:
         import tvm
 
-        return [tvm.runtime.tensor(a, self._dev) for a in check_inputs(inputs, self.inputs)]
+        return [tvm.runtime.tensor(a, self._dev) for a in check_inputs(inputs, self.inputs, self.pinned)]
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run the model once; return its outputs as numpy arrays, in the model's output order.
@@ -301,7 +320,7 @@ class LoadedModel(Runner):
             first = str(e).strip().splitlines()
             raise ModelLoadError(f"{path}: cannot load library: {first[0] if first else type(e).__name__}") from None
         self.path = path
-        super().__init__(library, inputs, outputs, device)
+        super().__init__(library, inputs, outputs, device, self.manifest.get("pinned_inputs"))
 
 
 def load(path: str | Path, device: str = "cpu") -> LoadedModel:
