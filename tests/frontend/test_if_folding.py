@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tvmfuse
 from helpers import ort_run
-from tvmfuse import cli
+from tvmfuse import cli, corpus
 from tvmfuse.errors import InputError, UnsupportedOpError
 
 RNG = np.random.default_rng(0)
@@ -140,3 +140,31 @@ def test_a_loop_is_refused_by_name():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(UnsupportedOpError, match="unsupported ONNX op: Loop"):
         tvmfuse.compile(model, target="x86-host")
+
+
+# The audio model of the issue: Silero VAD (silero-vad on PyPI, MIT), whose exports branch on the sample rate,
+# one If at the top (silero_vad.onnx) or inside (the op15, half and "ifless" forms). Fetched into the corpus cache
+# by tvmfuse.corpus.fetch(SILERO[0]) (bench/real_models.py fetches the corpus); skipped when not cached.
+SILERO = [corpus.CorpusModel(f"silero_vad_{form}", "silero-vad==6.2.3", f"silero_vad/data/{file}", "input", (1, 512),
+                             "Silero VAD: STFT conv, conv encoder, LSTM state, If on the sample rate", "MIT")
+          for form, file in [("top_if", "silero_vad.onnx"), ("op15", "silero_vad_16k_op15.onnx"),
+                             ("half", "silero_vad_half.onnx"), ("op18", "silero_vad_op18_ifless.onnx")]]
+
+
+@pytest.mark.parametrize("entry", SILERO, ids=[m.name for m in SILERO])
+def test_silero_vad_pinned_to_16k_matches_onnxruntime(entry):
+    path = corpus.local_path(entry)
+    if not path.is_file():
+        pytest.skip(f"{entry.package} not in the corpus cache (tvmfuse.corpus.fetch fetches it)")
+    proto = onnx.load(str(path))
+    names = {i.name for i in proto.graph.input}
+    shapes = {"input": (1, 512), "state": (2, 1, 128)}
+    consts = {"sr": 16000} if "sr" in names else None
+    cm = tvmfuse.compile(str(path), target="x86-host", shapes=shapes, consts=consts)
+    assert [i.name for i in cm.inputs] == ["input", "state"]
+    rng = np.random.default_rng(0)
+    x = {"input": rng.standard_normal((1, 512)).astype("float32") * 0.1,
+         "state": rng.standard_normal((2, 1, 128)).astype("float32") * 0.1}
+    want = ort_run(proto, dict(x, sr=np.array(16000, np.int64)) if consts else x)  # the file as shipped
+    for got, ref in zip(cm.run(x), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
