@@ -228,9 +228,19 @@ class Runner:
         return self._thread_vm()
 
     def _to_device(self, inputs: Mapping[str, np.ndarray]) -> list:
+        """The checked inputs copied into the calling thread's input tensors, allocated on its first call and
+        reused after: a fresh tensor per input and call cost ~15 us each (allocate, copy, free), which on a
+        model of a few dozen microseconds (Silero VAD: 29 us in the VM) was a third of ``run``."""
         import tvm
 
-        return [tvm.runtime.tensor(a, self._dev) for a in check_inputs(inputs, self.inputs, self.pinned)]
+        arrays = check_inputs(inputs, self.inputs, self.pinned)
+        local = self._local
+        tensors = getattr(local, "inputs", None)
+        if tensors is None:
+            tensors = local.inputs = [tvm.runtime.empty(a.shape, str(a.dtype), self._dev) for a in arrays]
+        for tensor, array in zip(tensors, arrays):
+            tensor.copyfrom(array)
+        return tensors
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run the model once; return its outputs as numpy arrays, in the model's output order.
