@@ -100,6 +100,17 @@ def _check(model, x, want, calls: int = 1) -> None:
             assert np.array_equal(g, w), "output differs from the single-threaded result"
 
 
+def test_a_thread_reusing_its_input_tensors_never_mixes_calls(model):
+    # Each thread's input tensors are allocated once and refilled on every run: alternate inputs, keep the
+    # returned arrays, and check that nothing from one call shows in another or in the caller's arrays.
+    inputs, refs = _cases(model, 2, first_seed=300)
+    copies = [{k: v.copy() for k, v in x.items()} for x in inputs]
+    kept = [model.run(inputs[i % 2]) for i in range(4)]
+    for i, got in enumerate(kept):
+        assert all(np.array_equal(g, w) for g, w in zip(got, refs[i % 2])), i
+    assert all(np.array_equal(x[k], c[k]) for x, c in zip(inputs, copies) for k in x)
+
+
 def test_threads_share_one_model(model, crew):
     inputs, refs = _cases(model, N_THREADS)
     crew.run([lambda i=i: _check(model, inputs[i], refs[i], CALLS) for i in range(N_THREADS)])
