@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 import onnx
 
+from .contrib import rewrite_contrib_ops
 from .conv1d import conv1d_as_conv2d
 from .fold import fold_constants, fuse_pad_into_conv
 from .importer import check_ops, to_relax
@@ -37,7 +38,7 @@ class ImportedModel:
 def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recurrence: bool = False,
             consts: Mapping[str, object] | None = None):
     """Load, pin the inputs named in ``consts`` (:mod:`.pin`), fix shapes, constant-fold, inline the ``If``
-    nodes whose condition folded, unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
+    nodes whose condition folded, spell onnxruntime's float contrib ops (:mod:`.contrib`), unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
     direction where the cell has one, for CPU targets), normalize, make 1-D convs 2-D (:mod:`.conv1d`),
     express quantized ops with standard ones
     (integer ops read as float become float ops), fold zero Pads into Convs.
@@ -53,6 +54,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recu
     inputs = fix_input_shapes(proto, shapes)
     proto, _ = fold_constants(proto)
     inline_ifs(proto, fold_constants, source)
+    proto, _ = rewrite_contrib_ops(proto)
     proto, _ = rewrite_recurrent_ops(proto, source, fused_recurrence)
     proto, _ = normalize_nodes(proto, source)
     proto, _ = conv1d_as_conv2d(proto)

@@ -1,0 +1,103 @@
+"""onnxruntime's own float operators (``com.microsoft``: what its graph optimizer writes) compile and match
+onnxruntime: a model saved by onnxruntime's optimizer, and each operator with its options on its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import tvmfuse
+from helpers import make_model, ort_run
+from tvmfuse.errors import UnsupportedOpError
+
+RNG = np.random.default_rng(0)
+MS = "com.microsoft"
+
+
+def _init(name, shape, scale=0.3):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype("float32"), name)
+
+
+def _ms_model(nodes, inputs, inits=()):
+    model = make_model(nodes, inputs, [("y", None)], list(inits))
+    model.opset_import.append(helper.make_opsetid(MS, 1))
+    return model
+
+
+def _check(model, shapes: dict, tol: float = 1e-4):
+    cm = tvmfuse.compile(model, target="x86-host")
+    x = {k: RNG.standard_normal(v).astype("float32") for k, v in shapes.items()}
+    for got, want in zip(cm.run(x), ort_run(model, x)):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    return cm
+
+
+def test_a_model_saved_by_onnxruntimes_optimizer(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W3"], ["c3"]), helper.make_node("Sigmoid", ["c3"], ["s3"]),
+             helper.make_node("Reshape", ["s3", "shape"], ["flat"]), helper.make_node("MatMul", ["flat", "M1"], ["m1"]),
+             helper.make_node("Add", ["m1", "MB"], ["mb"]), helper.make_node("Div", ["mb", "sqrt2"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["e1"]),
+             helper.make_node("Mul", ["mb", "e1"], ["g0"]), helper.make_node("Mul", ["g0", "half"], ["y"])]
+    inits = [_init("W1", (8, 4, 3, 3)), _init("B1", (8,)), _init("W3", (4, 8, 1, 1)),
+             numpy_helper.from_array(np.array([1, 144], np.int64), "shape"), _init("M1", (144, 32)), _init("MB", (32,)),
+             numpy_helper.from_array(np.array(1.4142135, np.float32), "sqrt2"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    plain = make_model(nodes, [("x", [1, 4, 6, 6])], [("y", None)], inits)
+    onnx.save(plain, tmp_path / "plain.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "plain.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx")
+    written = {n.op_type for n in optimized.graph.node if n.domain == MS}
+    assert {"FusedConv", "Gelu"} <= written, written
+    cm = tvmfuse.compile(optimized, target="x86-host")
+    x = {"x": RNG.standard_normal((1, 4, 6, 6)).astype("float32")}
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(plain, x)[0], rtol=1e-4, atol=1e-4)
+    partitions = [k for k in cm.manifest()["scheduled_by"] if k.startswith("tvmfuse_")]
+    assert any("relu" in k for k in partitions) and any("sigmoid" in k for k in partitions), partitions
+
+
+@pytest.mark.parametrize("activation,params", [("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [0.0, 6.0]),
+                                               ("HardSigmoid", [0.3, 0.4]), ("Tanh", []), ("", [])])
+@pytest.mark.parametrize("with_sum", [False, True])
+def test_fused_conv(activation, params, with_sum):
+    attrs = {"pads": [1, 1, 1, 1], "strides": [1, 1]}
+    if activation:
+        attrs["activation"] = activation
+    if params:
+        attrs["activation_params"] = params
+    inputs = ["x", "W", "B"] + (["z"] if with_sum else [])
+    model = _ms_model([helper.make_node("FusedConv", inputs, ["y"], domain=MS, **attrs)],
+                      [("x", [1, 4, 8, 8])] + ([("z", [1, 6, 8, 8])] if with_sum else []),
+                      [_init("W", (6, 4, 3, 3)), _init("B", (6,))])
+    _check(model, {"x": (1, 4, 8, 8), **({"z": (1, 6, 8, 8)} if with_sum else {})})
+
+
+@pytest.mark.parametrize("op,bias,attrs", [("Gelu", False, {}), ("BiasGelu", True, {}), ("FastGelu", False, {}),
+                                            ("FastGelu", True, {}), ("QuickGelu", False, {"alpha": 1.5})])
+def test_gelu_forms(op, bias, attrs):
+    model = _ms_model([helper.make_node(op, ["x"] + (["b"] if bias else []), ["y"], domain=MS, **attrs)],
+                      [("x", [2, 16])], [_init("b", (16,))] if bias else [])
+    _check(model, {"x": (2, 16)})
+
+
+@pytest.mark.parametrize("trans_a,trans_b,alpha", [(0, 0, 1.0), (1, 0, 0.5), (0, 1, 2.0), (1, 1, 1.0)])
+def test_fused_matmul(trans_a, trans_b, alpha):
+    a_shape = (2, 8, 5) if trans_a else (2, 5, 8)
+    b_shape = (2, 3, 8) if trans_b else (2, 8, 3)
+    model = _ms_model([helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain=MS, transA=trans_a, transB=trans_b,
+                                        alpha=alpha)], [("a", list(a_shape)), ("b", list(b_shape))])
+    _check(model, {"a": a_shape, "b": b_shape})
+
+
+def test_other_contrib_ops_are_refused_by_name():
+    model = _ms_model([helper.make_node("SkipLayerNormalization", ["x", "x", "g", "bt"], ["y"], domain=MS)],
+                      [("x", [1, 4, 8])], [_init("g", (8,)), _init("bt", (8,))])
+    with pytest.raises(UnsupportedOpError, match=r"unsupported ONNX op: com\.microsoft\.SkipLayerNormalization"):
+        tvmfuse.compile(model, target="x86-host")
