@@ -17,6 +17,7 @@ from .normalize import normalize_nodes
 from .pin import inline_ifs, pin_inputs
 from .integer_ops import rewrite_integer_ops
 from .qlinear import rewrite_quantized_ops
+from .qlinear_contrib import rewrite_qlinear_contrib_ops
 from .rnn import rewrite_recurrent_ops
 
 __all__ = ["ImportedModel", "TensorInfo", "check_ops", "fix_input_shapes", "fold_constants", "fuse_pad_into_conv", "graph_inputs",
@@ -38,7 +39,7 @@ class ImportedModel:
 def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recurrence: bool = False,
             consts: Mapping[str, object] | None = None):
     """Load, pin the inputs named in ``consts`` (:mod:`.pin`), fix shapes, constant-fold, inline the ``If``
-    nodes whose condition folded, spell onnxruntime's float contrib ops (:mod:`.contrib`), unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
+    nodes whose condition folded, spell onnxruntime's float and quantized contrib ops (:mod:`.contrib`, :mod:`.qlinear_contrib`), unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
     direction where the cell has one, for CPU targets), normalize, make 1-D convs 2-D (:mod:`.conv1d`),
     express quantized ops with standard ones
     (integer ops read as float become float ops), fold zero Pads into Convs.
@@ -55,6 +56,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recu
     proto, _ = fold_constants(proto)
     inline_ifs(proto, fold_constants, source)
     proto, _ = rewrite_contrib_ops(proto)
+    proto, _ = rewrite_qlinear_contrib_ops(proto)
     proto, _ = rewrite_recurrent_ops(proto, source, fused_recurrence)
     proto, _ = normalize_nodes(proto, source)
     proto, _ = conv1d_as_conv2d(proto)

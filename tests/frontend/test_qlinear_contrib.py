@@ -1,0 +1,98 @@
+"""onnxruntime's quantized contrib operators (``quantize_static`` in its QOperator format) in QDQ form
+(``frontend/qlinear_contrib.py``): a small CNN quantized by onnxruntime compiles onto tvmfuse's INT8 kernels
+and matches onnxruntime's own run of it, and each operator's options match alone."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvmfuse
+from helpers import make_model, ort_run
+from helpers.qdq import ort_quantize, output_scale
+
+MS = "com.microsoft"
+RNG = np.random.default_rng(0)
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _cnn():
+    w = lambda name, shape: _init(name, (RNG.standard_normal(shape) * 0.3).astype("float32"))  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c2", "r1"], ["a2"]),
+             helper.make_node("Sigmoid", ["a2"], ["s2"]), helper.make_node("Mul", ["a2", "s2"], ["m2"]),
+             helper.make_node("LeakyRelu", ["m2"], ["l2"], alpha=0.1),
+             helper.make_node("AveragePool", ["l2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p2", "W3", "B3"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["c3", "p2"], ["cat"], axis=1),
+             helper.make_node("GlobalAveragePool", ["cat"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "M", "MB"], ["y"], transB=1)]
+    inits = [w("W1", (8, 4, 3, 3)), w("B1", (8,)), w("W2", (8, 8, 3, 3)), w("B2", (8,)), w("W3", (8, 8, 3, 3)),
+             w("B3", (8,)), w("M", (10, 16)), w("MB", (10,))]
+    return make_model(nodes, [("x", [1, 4, 8, 8])], [("y", None)], inits, opset=13)
+
+
+def test_a_cnn_quantized_by_onnxruntime_in_qoperator_format(tmp_path):
+    quantized = ort_quantize(_cnn(), tmp_path, fmt="qoperator", reduce_range=False)
+    ops = collections.Counter(n.op_type for n in quantized.graph.node if n.domain == MS)
+    assert set(ops) == {"QLinearAdd", "QLinearSigmoid", "QLinearMul", "QLinearLeakyRelu", "QLinearAveragePool",
+                        "QLinearConcat", "QLinearGlobalAveragePool", "QGemm"}, ops
+    cm = tvmfuse.compile(quantized, target="x86-host")
+    kernels = [k for k in cm.manifest()["scheduled_by"] if k.startswith("tvmfuse_int8")]
+    assert len(kernels) == 4, kernels  # the three convs and the QGemm on INT8 kernels
+    x = {"x": RNG.standard_normal((1, 4, 8, 8)).astype("float32")}
+    got, want = cm.run(x)[0], ort_run(quantized, x)[0]
+    assert np.abs(got - want).max() <= output_scale(quantized) + 1e-6  # at most one output code apart
+
+
+def _codes(shape, dtype=np.uint8):
+    return RNG.integers(0, 256, shape).astype(dtype)
+
+
+def _check(nodes, inputs: dict, inits, tol_codes: float = 1.0, y_scale: float = 0.05, out=TensorProto.UINT8):
+    """Run the one-op model on uint8 ``inputs`` (name -> codes): at most ``tol_codes`` output codes apart."""
+    graph = helper.make_graph(nodes, "one_op",
+                              [helper.make_tensor_value_info(k, TensorProto.UINT8, list(v.shape)) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", out, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(MS, 1)],
+                              ir_version=9)
+    got, want = tvmfuse.compile(model, target="x86-host").run(inputs)[0], ort_run(model, inputs)[0]
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert diff.max() <= tol_codes * (1.0 if got.dtype == np.uint8 else y_scale) + 1e-6, diff.max()
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_global_average_pool_in_either_layout(channels_last):
+    shape = (1, 5, 5, 8) if channels_last else (1, 8, 5, 5)
+    nodes = [helper.make_node("QLinearGlobalAveragePool", ["x", "s", "z", "ys", "yz"], ["y"], domain=MS,
+                              channels_last=channels_last)]
+    inits = [_init("s", np.float32(0.1)), _init("z", np.uint8(120)), _init("ys", np.float32(0.05)), _init("yz", np.uint8(128))]
+    _check(nodes, {"x": _codes(shape)}, inits)
+
+
+def test_concat_of_inputs_at_different_scales():
+    nodes = [helper.make_node("QLinearConcat", ["ys", "yz", "a", "as", "az", "b", "bs", "bz"], ["y"], domain=MS, axis=1)]
+    inits = [_init("ys", np.float32(0.08)), _init("yz", np.uint8(100)), _init("as", np.float32(0.05)),
+             _init("az", np.uint8(128)), _init("bs", np.float32(0.11)), _init("bz", np.uint8(90))]
+    _check(nodes, {"a": _codes((1, 3, 4, 4)), "b": _codes((1, 5, 4, 4))}, inits)
+
+
+@pytest.mark.parametrize("quantized_output", [True, False])
+def test_qgemm_per_column_weights_with_bias(quantized_output):
+    k, n = 16, 6
+    names = ["a", "as", "az", "b", "bs", "bz", "c"] + (["ys", "yz"] if quantized_output else [])
+    nodes = [helper.make_node("QGemm", names, ["y"], domain=MS, transB=1, alpha=1.0)]
+    inits = [_init("as", np.float32(0.04)), _init("az", np.uint8(128)),
+             _init("b", RNG.integers(-127, 128, (n, k)).astype(np.int8)),
+             _init("bs", RNG.uniform(0.005, 0.02, n).astype(np.float32)), _init("bz", np.zeros(n, np.int8)),
+             _init("c", RNG.integers(-2000, 2000, n).astype(np.int32))]
+    if quantized_output:
+        inits += [_init("ys", np.float32(0.5)), _init("yz", np.uint8(128))]
+    _check(nodes, {"a": _codes((2, k))}, inits, y_scale=0.5 if quantized_output else 1e-4,
+           out=TensorProto.UINT8 if quantized_output else TensorProto.FLOAT)
