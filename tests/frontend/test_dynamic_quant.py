@@ -209,3 +209,28 @@ def test_dynamically_quantized_mobilenet_v2_agrees_with_onnxruntime(tmp_path):
         assert norm(got - want) <= min(0.02 * norm(want), 0.5 * quantization_error)
         assert norm(got - unquantized) <= 1.1 * quantization_error  # no less accurate than the exact integer model
         assert got.argmax() == want.argmax()
+
+
+def _optimized_by_onnxruntime(model: onnx.ModelProto, tmp_path) -> onnx.ModelProto:
+    import onnxruntime as ort
+
+    src, dst = tmp_path / "dynamic_plain.onnx", tmp_path / "dynamic_optimized.onnx"
+    onnx.save(model, src)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    return onnx.load(dst)
+
+
+def test_onnxruntimes_fused_dynamic_matmul_ops_match_exact_integers(tmp_path):
+    # onnxruntime's optimizer fuses quantize_dynamic's MatMul chain into com.microsoft.DynamicQuantizeMatMul /
+    # MatMulIntegerToFloat; tvmfuse spells them back (frontend/qlinear_contrib.py) and runs the float form.
+    dynamic = _dynamic(_conv_mlp(), tmp_path)
+    optimized = _optimized_by_onnxruntime(dynamic, tmp_path)
+    fused = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
+    assert fused & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"}, fused
+    compiled = tvmfuse.compile(optimized, target=HOST)
+    for x in _inputs():
+        want = exact(dynamic, {"x": x})[0]
+        np.testing.assert_allclose(_run(compiled, "x", x), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -96,3 +96,21 @@ def test_qgemm_per_column_weights_with_bias(quantized_output):
         inits += [_init("ys", np.float32(0.5)), _init("yz", np.uint8(128))]
     _check(nodes, {"a": _codes((2, k))}, inits, y_scale=0.5 if quantized_output else 1e-4,
            out=TensorProto.UINT8 if quantized_output else TensorProto.FLOAT)
+
+
+def test_matmul_integer_to_float():
+    k, n = 24, 5
+    a = _codes((3, k))
+    b = RNG.integers(-127, 128, (k, n)).astype(np.int8)
+    a_s, b_s, a_z, bias = np.float32(0.03), RNG.uniform(0.01, 0.02, n).astype(np.float32), np.uint8(120), \
+        RNG.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMulIntegerToFloat", ["a", "b", "as", "bs", "az", "", "bias"], ["y"], domain=MS)]
+    inits = [_init("b", b), _init("as", a_s), _init("bs", b_s), _init("az", a_z), _init("bias", bias)]
+    graph = helper.make_graph(nodes, "one_op", [helper.make_tensor_value_info("a", TensorProto.UINT8, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(MS, 1)],
+                              ir_version=9)
+    want = (a.astype(np.float64) - 120) @ b.astype(np.float64) * (np.float64(a_s) * b_s) + bias
+    got = tvmfuse.compile(model, target="x86-host").run({"a": a})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(ort_run(model, {"a": a})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -15,6 +15,14 @@ result next to a rounding boundary may land one code away from onnxruntime's int
 - ``QGemm``: ``alpha * A' B' + C`` with the int32 ``C`` dequantized at ``alpha * a_scale * b_scale`` (per column
   where ``b_scale`` is), quantized to ``y`` when ``y_scale`` is given, float32 otherwise.
 
+And what its optimizer makes of ``quantize_dynamic``'s chains, back in the chain's standard ops, which
+:mod:`.integer_ops` then computes as a float MatMul on the dequantized operands:
+
+- ``DynamicQuantizeMatMul(A, B, b_scale, b_zero_point, bias)``: ``DynamicQuantizeLinear(A)``,
+  ``MatMulInteger``, ``Cast`` to float, ``Mul`` by ``a_scale * b_scale``, ``Add`` of the bias;
+- ``MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias)``: the same from
+  ``MatMulInteger`` on.
+
 Scales and zero points are read by name, so they may be any tensor ``DequantizeLinear`` accepts.
 """
 
@@ -30,7 +38,8 @@ DOMAIN = "com.microsoft"
 _UNARY = {"QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu", "QLinearGlobalAveragePool": "GlobalAveragePool",
           "QLinearAveragePool": "AveragePool"}
 _BINARY = {"QLinearAdd": "Add", "QLinearMul": "Mul"}
-OP_TYPES = frozenset(_UNARY) | frozenset(_BINARY) | {"QLinearConcat", "QGemm"}
+OP_TYPES = frozenset(_UNARY) | frozenset(_BINARY) | {"QLinearConcat", "QGemm", "DynamicQuantizeMatMul",
+                                                      "MatMulIntegerToFloat"}
 
 
 class _Emitter:
@@ -118,6 +127,30 @@ def _qgemm(e: _Emitter, node: onnx.NodeProto, initializers: dict) -> None:
         e.q(value, ys, yz, node.output[0])
 
 
+def _integer_matmul(e: _Emitter, node: onnx.NodeProto, a: str, b: str, a_s: str, b_s: str, a_z: str, b_z: str,
+                    bias: str) -> None:
+    """``MatMulInteger -> Cast(float) -> Mul(a_scale * b_scale) [-> Add(bias)]``: quantize_dynamic's chain."""
+    product = e.add("MatMulInteger", [a, b, a_z, b_z] if b_z else ([a, b, a_z] if a_z else [a, b]), "int32")
+    as_float = e.add("Cast", [product], "float", to=onnx.TensorProto.FLOAT)
+    scale = e.add("Mul", [a_s, b_s], "scale")
+    out = node.output[0]
+    scaled = e.add("Mul", [as_float, scale], "scaled", None if bias else out)
+    if bias:
+        e.add("Add", [scaled, bias], "biased", out)
+
+
+def _dynamic_quantize_matmul(e: _Emitter, node: onnx.NodeProto) -> None:
+    a, b, b_s, b_z, bias = _inputs(node, 5)
+    q, a_s, a_z = e.name("a_quantized"), e.name("a_scale"), e.name("a_zero_point")
+    e.nodes.append(helper.make_node("DynamicQuantizeLinear", [a], [q, a_s, a_z], name=e.name("dynamicquantize")))
+    _integer_matmul(e, node, q, b, a_s, b_s, a_z, b_z, bias)
+
+
+def _matmul_integer_to_float(e: _Emitter, node: onnx.NodeProto) -> None:
+    a, b, a_s, b_s, a_z, b_z, bias = _inputs(node, 7)
+    _integer_matmul(e, node, a, b, a_s, b_s, a_z, b_z, bias)
+
+
 def rewrite_qlinear_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Rewrite the operators above in place; return the model and how many were rewritten."""
     graph = model.graph
@@ -137,6 +170,10 @@ def rewrite_qlinear_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto
             _binary(e, node)
         elif node.op_type == "QLinearConcat":
             _concat(e, node)
+        elif node.op_type == "DynamicQuantizeMatMul":
+            _dynamic_quantize_matmul(e, node)
+        elif node.op_type == "MatMulIntegerToFloat":
+            _matmul_integer_to_float(e, node)
         else:
             _qgemm(e, node, initializers)
         nodes.extend(e.nodes)
