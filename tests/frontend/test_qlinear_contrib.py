@@ -114,3 +114,42 @@ def test_matmul_integer_to_float():
     got = tvmfuse.compile(model, target="x86-host").run({"a": a})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_allclose(ort_run(model, {"a": a})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dynamic_quantize_lstm(tmp_path, direction, per_channel):
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    steps, inputs, hidden, dirs = 6, 10, 8, 2 if direction == "bidirectional" else 1
+    w = (RNG.standard_normal((dirs, 4 * hidden, inputs)) * 0.3).astype("float32")
+    r = (RNG.standard_normal((dirs, 4 * hidden, hidden)) * 0.3).astype("float32")
+    b = (RNG.standard_normal((dirs, 8 * hidden)) * 0.1).astype("float32")
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "yh"], hidden_size=hidden, direction=direction)
+    graph = helper.make_graph([node], "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, inputs])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [_init("W", w), _init("R", r), _init("B", b)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9), tmp_path / "f.onnx")
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["LSTM"], per_channel=per_channel)
+    quantized = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
+    x = {"x": RNG.standard_normal((steps, 1, inputs)).astype("float32")}
+    got = tvmfuse.compile(quantized, target="x86-host").run(x)[0]
+    # The same LSTM on the dequantized weights, in float: what the rewrite computes.
+    inits = {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}
+
+    def dequantized(name):
+        q, s, z = (inits[f"{name}_quantized"].astype(np.float32), inits[f"{name}_scale"],
+                   inits[f"{name}_zero_point"].astype(np.float32))
+        shape = (dirs, 1, -1) if s.ndim == 2 else (dirs, 1, 1)
+        return ((q - z.reshape(shape)) * s.reshape(shape)).transpose(0, 2, 1).astype("float32")
+
+    graph.initializer[0].CopyFrom(_init("W", dequantized("W")))
+    graph.initializer[1].CopyFrom(_init("R", dequantized("R")))
+    float_twin = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    np.testing.assert_allclose(got, ort_run(float_twin, x)[0], rtol=1e-5, atol=1e-5)
+    # onnxruntime also quantizes x and h at each step: within 2% of the output's range of it.
+    want = ort_run(quantized, x)[0]
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()

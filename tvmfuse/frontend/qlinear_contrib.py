@@ -23,6 +23,11 @@ And what its optimizer makes of ``quantize_dynamic``'s chains, back in the chain
 - ``MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias)``: the same from
   ``MatMulInteger`` on.
 
+``DynamicQuantizeLSTM`` (``quantize_dynamic`` on an LSTM: int8 weights stored ``[directions, input, 4 *
+hidden]``, a scale and zero point per direction or per gate row) becomes a standard ``LSTM`` on its weights
+dequantized here, transposed back to ``[directions, 4 * hidden, input]``. onnxruntime also quantizes the
+input and hidden state at every step; tvmfuse keeps them float32, which is closer to the float model.
+
 Scales and zero points are read by name, so they may be any tensor ``DequantizeLinear`` accepts.
 """
 
@@ -39,7 +44,7 @@ _UNARY = {"QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu", "QLinear
           "QLinearAveragePool": "AveragePool"}
 _BINARY = {"QLinearAdd": "Add", "QLinearMul": "Mul"}
 OP_TYPES = frozenset(_UNARY) | frozenset(_BINARY) | {"QLinearConcat", "QGemm", "DynamicQuantizeMatMul",
-                                                      "MatMulIntegerToFloat"}
+                                                      "MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
 
 
 class _Emitter:
@@ -151,6 +156,33 @@ def _matmul_integer_to_float(e: _Emitter, node: onnx.NodeProto) -> None:
     _integer_matmul(e, node, a, b, a_s, b_s, a_z, b_z, bias)
 
 
+def _dequantized_weight(e: _Emitter, initializers: dict, codes: str, scale: str, zero_point: str, base: str) -> str:
+    """``[D, rows, 4H]`` int8 codes with a scale (and zero point) per direction or per gate row, as the float
+    ``[D, 4H, rows]`` LSTM weight."""
+    missing = [n for n in (codes, scale) + ((zero_point,) if zero_point else ()) if n not in initializers]
+    if missing:
+        raise UnsupportedOpError(f"com.microsoft.DynamicQuantizeLSTM node {e.prefix!r}: {missing[0]!r} is computed "
+                                 "at run time; tvmfuse needs constant weights, scales and zero points")
+    q = numpy_helper.to_array(initializers[codes]).astype(np.float32)
+    s = numpy_helper.to_array(initializers[scale]).astype(np.float32)
+    z = numpy_helper.to_array(initializers[zero_point]).astype(np.float32) if zero_point else np.zeros_like(s)
+    shape = (q.shape[0], 1, q.shape[2]) if s.ndim == 2 else (q.shape[0], 1, 1)
+    weight = (q - z.reshape(shape)) * s.reshape(shape)
+    return e.const(base, np.ascontiguousarray(weight.transpose(0, 2, 1)).astype(np.float32))
+
+
+def _dynamic_quantize_lstm(e: _Emitter, node: onnx.NodeProto, initializers: dict) -> None:
+    x, w, r, b, lens, h0, c0, p, w_s, w_z, r_s, r_z = _inputs(node, 12)
+    weights = [_dequantized_weight(e, initializers, w, w_s, w_z, "W"),
+               _dequantized_weight(e, initializers, r, r_s, r_z, "R")]
+    inputs = [x] + weights + [b, lens, h0, c0, p]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    lstm = helper.make_node("LSTM", inputs, list(node.output), name=e.name("lstm"))
+    lstm.attribute.extend(node.attribute)
+    e.nodes.append(lstm)
+
+
 def rewrite_qlinear_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Rewrite the operators above in place; return the model and how many were rewritten."""
     graph = model.graph
@@ -174,6 +206,8 @@ def rewrite_qlinear_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto
             _dynamic_quantize_matmul(e, node)
         elif node.op_type == "MatMulIntegerToFloat":
             _matmul_integer_to_float(e, node)
+        elif node.op_type == "DynamicQuantizeLSTM":
+            _dynamic_quantize_lstm(e, node, initializers)
         else:
             _qgemm(e, node, initializers)
         nodes.extend(e.nodes)
