@@ -232,7 +232,7 @@ def test_grouped_conv_uses_generic_schedule():
     epilogue = [n for n in s.blocks if n not in (anchor, "pad_temp")]
     assert len(epilogue) == 1 and s.shared_loops(anchor, epilogue[0]) == 1
     # it is exactly what the generic schedule makes of the unscheduled kernel
-    pc = partition_compute(cm.record.kernels[name][0])
+    pc = partition_compute(cm.record.kernels[name][0], lanes=cm.target.backend().vector_lanes())
     expected = fused.schedule_fused(pc.prim_func(), "group_conv2d")
     bare = kernel
     for key in [str(k) for k in kernel.attrs.keys() if k not in expected.attrs]:  # tvmfuse.* / op_pattern
