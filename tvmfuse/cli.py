@@ -30,14 +30,9 @@ def _shapes(args) -> dict | None:
 
 
 def _consts(args) -> dict | None:
-    """``--const NAME=VALUE`` (repeatable) as ``{NAME: "VALUE"}``; the front end parses and checks the values."""
-    pinned = {}
-    for text in getattr(args, "const", None) or []:
-        name, sep, value = text.partition("=")
-        if not sep or not name or not value:
-            raise InputError(f"--const {text}: expected NAME=VALUE (a number, or numbers separated by commas)")
-        pinned[name] = value
-    return pinned or None
+    from .frontend.pin import parse_const_args
+
+    return parse_const_args(getattr(args, "const", None))
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:

@@ -168,3 +168,18 @@ def test_silero_vad_pinned_to_16k_matches_onnxruntime(entry):
     want = ort_run(proto, dict(x, sr=np.array(16000, np.int64)) if consts else x)  # the file as shipped
     for got, ref in zip(cm.run(x), want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+def test_tuning_takes_the_pinned_inputs_too(tmp_path, capsys):
+    from tvmfuse import targets
+    from tvmfuse.tune.tuner import extract_tasks
+
+    spec = targets.resolve("x86-host")
+    pinned = {t.name for t in extract_tasks(audio_like(), spec, consts={"sr": 16000})}
+    assert pinned and pinned != {t.name for t in extract_tasks(audio_like(), spec, consts={"sr": 8000})}
+    path = tmp_path / "audio.onnx"
+    onnx.save(audio_like(), path)
+    assert cli.main(["tune", str(path), "--const", "sr=16000", "--export-candidates", str(tmp_path / "c"), "-q"]) == 0
+    assert "wrote the candidates of" in capsys.readouterr().out
+    assert cli.main(["tune", str(path), "--export-candidates", str(tmp_path / "c"), "-q"]) == 2
+    assert "pin it with --const" in capsys.readouterr().err

@@ -13,11 +13,19 @@ def _shapes(args) -> dict | None:
     return dict(parse_shape(s) for s in args.shape) if args.shape else None
 
 
+def _consts(args) -> dict | None:
+    from ..frontend.pin import parse_const_args
+
+    return parse_const_args(args.const)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="tune a model's kernels with MetaSchedule + XGBoost into the tuning logs")
     p.add_argument("model", nargs="?", help="an .onnx file or zoo:NAME (see `tvmfuse zoo`)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="static shape for an input with dynamic dims (repeatable)")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE",
+                   help="pin an input to VALUE, as for compile (repeatable)")
     p.add_argument("--target", default=targets.DEFAULT, help=f"target name (default {targets.DEFAULT}: this machine)")
     p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--trials-per-iter", type=int, default=16, help="candidates per measured batch (default 16)")
@@ -54,7 +62,7 @@ def cmd_tune(args) -> int:
         from .offline import export_candidates
 
         files = export_candidates(args.model, args.target, args.export_candidates, _shapes(args), args.precision,
-                                  args.max_candidates, args.logs)
+                                  args.max_candidates, args.logs, _consts(args))
         print(f"wrote the candidates of {len(files)} kernel(s) to {args.export_candidates}; time them on the device "
               f"with bench/device/time_candidates.py, then tvmfuse tune --import-results RESULTS.json")
         return 0
@@ -62,7 +70,8 @@ def cmd_tune(args) -> int:
         raise TuningError("--rpc HOST:PORT and --key KEY go together")
     rpc = RPCSpec.parse(args.rpc, args.key) if args.rpc else None
     report = tune(args.model, target=args.target, trials=args.trials, logs=args.logs, resume=args.resume, rpc=rpc,
-                  shapes=_shapes(args), trials_per_iter=args.trials_per_iter, progress=not args.quiet)
+                  shapes=_shapes(args), trials_per_iter=args.trials_per_iter, progress=not args.quiet,
+                  consts=_consts(args))
     print(report.table())
     print(f"{report.records_written} record(s) written to {report.logs} in {report.seconds:.0f} s")
     return 0

@@ -72,13 +72,14 @@ class TuneReport:
         return "\n".join(rows)
 
 
-def extract_tasks(model, spec, shapes=None, precision: str = "fp32") -> list[Task]:
+def extract_tasks(model, spec, shapes=None, precision: str = "fp32", consts=None) -> list[Task]:
     """The distinct kernels of ``model`` compiled for ``spec`` in ``precision`` (deduplicated structurally), but
-    the layout transforms between NCHW and NCHW[b]c and the blocked pooling kernels."""
+    the layout transforms between NCHW and NCHW[b]c and the blocked pooling kernels. ``consts``: pinned inputs,
+    as for ``tvmfuse.compile``."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
+    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     target = spec.tvm_target()
     mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord(), precision=precision), spec, target)
     tasks = []
@@ -185,7 +186,7 @@ def _accept(task: Task, ctx, db, store: LogStore, spec, device, progress: Progre
 
 def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: bool = False,
          rpc: RPCSpec | None = None, shapes=None, trials_per_iter: int = 16, builder_timeout: float = 120.0,
-         progress: bool = True, seed: int = 0) -> TuneReport:
+         progress: bool = True, seed: int = 0, consts=None) -> TuneReport:
     """Tune every kernel of ``model`` for ``target`` that the logs do not hold yet.
 
     Parameters
@@ -202,6 +203,9 @@ def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: 
         Continue the newest unfinished run for this target: its measured records count as trials done.
     rpc : RPCSpec, optional
         Measure on remote devices through a TVM RPC tracker instead of this machine.
+    consts : dict, optional
+        Pinned inputs, as for :func:`tvmfuse.compile` (the model compiled with the same values then finds its
+        kernels in the logs).
     """
     if trials < 1:
         raise TuningError(f"trials must be at least 1, got {trials}")
@@ -217,7 +221,7 @@ def tune(model, target=targets.DEFAULT, trials: int = 64, *, logs=None, resume: 
                           "that can with rpc (tvmfuse tune --rpc HOST:PORT --key KEY)")
     start = time.monotonic()
     store = LogStore(logs if logs is not None else default_root(), spec)
-    tasks = extract_tasks(model, spec, shapes)
+    tasks = extract_tasks(model, spec, shapes, consts=consts)
     db, _ = store.load()
     results = {t.name: TaskResult(t.name, "in logs") for t in tasks if db.has_workload(t.mod)}
     todo = [t for t in tasks if t.name not in results]
