@@ -47,6 +47,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     from .pad_dense import PadDenseColumns
     from .pad_softmax import PadSoftmaxRows
     from .fold_bn import FoldBatchNorm
+    from .fold_layout import FoldConstantLayouts
     from .fold_scale import FoldScaleShift
     from .gelu import FuseGeluTanh
     from .layer_norm import FuseLayerNorm
@@ -59,7 +60,8 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     # RegroupConv leaves the narrow groups the blocked FP32 kernel runs as they are (x86; not in INT8 graphs).
     narrow_lanes = spec.backend().vector_lanes() if spec is not None and blocked and not int8 else None
-    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), relax.transform.FoldConstant(), FuseGeluTanh,
+    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), FoldConstantLayouts, relax.transform.FoldConstant(),
+            FuseGeluTanh,
             FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
             PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv(narrow_lanes),
             FoldBatchNorm, FoldScaleShift, relax.transform.FoldConstant()]
