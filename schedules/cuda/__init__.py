@@ -2,9 +2,9 @@
 
 Each partition kernel gets its family's rule (``families.Kernel.rules["cuda"]``): depthwise conv2d a
 shared-memory tile and a register strip per thread (:mod:`.depthwise_conv2d`), conv2d an implicit GEMM
-(:mod:`.conv2d`; fp16 on the tensor cores, :mod:`.tensor_core`), grouped conv2d the same GEMM batched over
-its groups (:mod:`.group_conv2d`), dense a GEMV or the GEMM tiles (:mod:`.dense`); a kernel whose rule does
-not fit (a group of one output channel, a depthwise window too wide for shared memory) gets :mod:`.fused`. Kernels outside every partition (pools, reshapes, softmax) are scheduled by TVM's
+(:mod:`.conv2d`; fp16 on the tensor cores, :mod:`.tensor_core`), dense a GEMV or the GEMM tiles
+(:mod:`.dense`); a kernel no rule fits (grouped conv2d, a depthwise window too wide for shared memory) gets
+:mod:`.fused`. Kernels outside every partition (pools, reshapes, softmax) are scheduled by TVM's
 dlight rules, as TVM's own CUDA pipeline does. Every kernel records who scheduled it in its
 ``tvmfuse.scheduled_by`` attribute (``tvmfuse.cuda.<rule>``, ``dlight.<Rule>``), which the manifest lists.
 INT8 kernels are x86's only so far. Tuning is offline: candidates built here, timed on a GPU

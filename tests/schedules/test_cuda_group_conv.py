@@ -1,7 +1,11 @@
-"""Grouped conv2d on CUDA as a batched GEMM (``tvmfuse.schedules.cuda.group_conv2d``): the compute with the
-groups as an axis matches onnxruntime (checked here, built for LLVM), every grouped conv takes the rule in
-FP32 (CUDA-core tiles) and fp16 (tensor cores) and nvcc builds it; on a GPU (marker ``gpu``) the outputs match
-onnxruntime."""
+"""Grouped conv2d on CUDA: the compute with the groups as an axis of their own (the NCHW form) matches
+onnxruntime (checked here, built for LLVM); every grouped conv takes the thread-per-output fallback in FP32 and
+fp16 and nvcc builds it; on a GPU (marker ``gpu``) the outputs match onnxruntime.
+
+A batched-GEMM rule for it (the conv2d tiles with the group in the grid) gave wrong outputs on an H200 for 2 of
+these 5 shapes and 3 of 30 fuzz graphs (2026-11-28 round, FP32 and fp16), while the same kernels were right on
+the CPU: it is off until that is understood, and these shapes are the regression test.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ import pytest
 
 import tvmfuse
 from helpers import ort_run
-from helpers.cuda_source import kernels
 from helpers.unscheduled import cpu_outputs
 from tvmfuse.comparison import correctness
 
@@ -62,14 +65,11 @@ def compiled():
 @needs_nvcc
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grouped_convs_take_the_batched_gemm_rule(compiled, case, precision):
+def test_grouped_convs_take_the_fallback(compiled, case, precision):
     cm = compiled(case, precision)
     partitions = {k: v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_")}
-    assert list(partitions.values()) == ["tvmfuse.cuda.group_conv2d"], partitions
-    bodies = kernels(cm.executable.mod.imports[0].imports[0].inspect_source())
-    (body,) = [b for n, b in bodies.items() if n.startswith(next(iter(partitions)))]
-    assert "__shared__" in body or "buf_dyn_shmem" in body  # operand tiles staged, not one thread per output
-    assert ("nvcuda::wmma::mma_sync" in body) == (precision == "fp16")
+    assert list(partitions.values()) == ["tvmfuse.cuda.fused"], partitions
+    assert cm.manifest()["cuda_code"] == "binary"  # nvcc built it
 
 
 @pytest.mark.gpu
