@@ -12,6 +12,7 @@ WARP = 32
 # CUDA targets declare it (``tvmfuse.targets``), and MetaSchedule's GPU verifier reads it there.
 MAX_SHARED_BYTES = 48 * 1024
 # Streaming multiprocessors by compute capability, for grid-size choices (data-centre parts: A100, H100).
+MAX_WASTE = 0.15  # padded share of a tiled GEMM's I x J a tile may add (more where every tile does)
 SM_COUNT = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_90a": 132}
 
 
@@ -25,3 +26,19 @@ def cooperative_copy(sch: s_tir.Schedule, block, at, threads: int) -> None:
     fused = sch.fuse(*loops_below(sch, block, at))
     _, tx = sch.split(fused, [None, threads])
     sch.bind(tx, "threadIdx.x")
+
+
+def fill_sms(configs: list, i: int, j: int, sms: int):
+    """The first of ``configs`` (largest tile first; anything with ``tile_i``/``tile_j``) whose grid gives every
+    SM a block, else the last, among those padding the ``I x J`` GEMM by at most ``MAX_WASTE`` (or as little as
+    any of them does)."""
+
+    def waste(c) -> float:
+        return (-(-i // c.tile_i) * c.tile_i * -(-j // c.tile_j) * c.tile_j) / (i * j) - 1
+
+    allowed = max(MAX_WASTE, min(waste(c) for c in configs) + 0.01)  # a 7x7 map pads to 64 pixels in every tile
+    fitting = [c for c in configs if waste(c) <= allowed]
+    for config in fitting:
+        if -(-i // config.tile_i) * -(-j // config.tile_j) >= sms:
+            return config
+    return fitting[-1]

@@ -24,10 +24,10 @@ from tvm import s_tir, tirx
 
 from .. import families
 from ..common import block_names
+from .common import fill_sms
 
 ANCHOR = "conv2d_nchw"
 # (threads_i, threads_j, micro_i, micro_j), largest tile first.
-MAX_WASTE = 0.15  # padded share of a tiled GEMM's I x J
 TILES = ((16, 16, 4, 4), (8, 16, 4, 4), (16, 8, 4, 4), (8, 8, 4, 4), (8, 8, 2, 4), (8, 8, 2, 2))
 
 
@@ -58,17 +58,7 @@ def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
     H100: a 1x1 conv to 96 channels on a 112x112 map ran at 0.71x of dlight's speed in 64x64 tiles, a third of
     each a padded column."""
     step_k = 8 if k <= 32 else 16
-
-    def waste(c: Config) -> float:
-        return (-(-i // c.tile_i) * c.tile_i * -(-j // c.tile_j) * c.tile_j) / (i * j) - 1
-
-    configs = [Config(*tile, step_k=step_k) for tile in TILES]
-    allowed = max(MAX_WASTE, min(waste(c) for c in configs) + 0.01)  # a 7x7 map pads to 64 pixels in every tile
-    fitting = [c for c in configs if waste(c) <= allowed]
-    for config in fitting:
-        if -(-i // config.tile_i) * -(-j // config.tile_j) >= sms:
-            return config
-    return fitting[-1]
+    return fill_sms([Config(*tile, step_k=step_k) for tile in TILES], i, j, sms)
 
 
 STEPS_K = (8, 16, 32)  # the reduction step a tile is staged in (shared memory: (tile_i + tile_j) x step_k words)
@@ -125,12 +115,14 @@ def gemm_candidates(func, sms: int, anchor: str = ANCHOR) -> list:
     dims = gemm_dims(func, anchor)
     if not dims:
         return []
-    return (tensor_core.candidates if _half_operands(func, anchor) else candidates)(*dims, sms)
-
-
-def _half_operands(func, anchor: str) -> bool:
     sch = s_tir.Schedule(func)
-    return all(sch.get(sch.get_sblock(anchor)).reads[n].source.dtype == "float16" for n in (0, 1))
+    half = _half_operands(sch.get(sch.get_sblock(anchor)))
+    return (tensor_core.candidates if half else candidates)(*dims, sms)
+
+
+def _half_operands(block) -> bool:
+    """Whether the GEMM block (a ``SBlock``) reads float16 operands: the tensor-core path."""
+    return all(block.reads[n].source.dtype == "float16" for n in (0, 1))
 
 
 def kernel_candidates(func, sms: int) -> list:
@@ -161,7 +153,7 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     main = _main_block(sch, anchor)
     if main is None or not get_index_map(sch.get(main)):
         return False
-    half = all(sch.get(main).reads[n].source.dtype == "float16" for n in (0, 1))
+    half = _half_operands(sch.get(main))
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
     reindex_c = sch.reindex(main, ("write", 0))

@@ -25,7 +25,7 @@ import dataclasses
 
 from tvm import s_tir
 
-from .common import MAX_SHARED_BYTES, WARP
+from .common import MAX_SHARED_BYTES, WARP, fill_sms
 
 FRAG = 16  # the wmma fragment edge
 PAD_HALVES = 8  # row padding of a shared operand tile
@@ -34,7 +34,6 @@ VECTOR = 4  # halves per thread in an operand copy
 TILES = ((2, 2, 4, 2), (2, 2, 2, 4), (2, 2, 2, 2), (2, 2, 2, 1), (2, 2, 1, 2), (2, 2, 1, 1), (2, 1, 1, 1),
          (1, 1, 1, 1))
 STEPS_K = (64, 32, 16)
-MAX_WASTE = 0.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,21 +94,12 @@ def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
     """The largest tile whose grid gives every SM a block (else the smallest that pads least), with the
     largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory."""
     steps = _steps(k)
-
-    def waste(c: Config) -> float:
-        return (-(-i // c.tile_i) * c.tile_i * -(-j // c.tile_j) * c.tile_j) / (i * j) - 1
-
     configs = []
     for tile in TILES:
         fitting = [Config(*tile, step_k=s) for s in steps if _fits(Config(*tile, step_k=s))]
         if fitting:
             configs.append(fitting[0])
-    allowed = max(MAX_WASTE, min(waste(c) for c in configs) + 0.01)
-    fitting = [c for c in configs if waste(c) <= allowed]
-    for config in fitting:
-        if -(-i // config.tile_i) * -(-j // config.tile_j) >= sms:
-            return config
-    return fitting[-1]
+    return fill_sms(configs, i, j, sms)
 
 
 def candidates(i: int, j: int, k: int, sms: int = 132) -> list[Config]:

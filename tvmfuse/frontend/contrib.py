@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
+from .normalize import node_attrs
 
 DOMAIN = "com.microsoft"
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -49,14 +50,6 @@ class _Writer:
         return out
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    out = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        out[a.name] = v.decode() if isinstance(v, bytes) else v
-    return out
-
-
 def _activation(w: _Writer, node: onnx.NodeProto, x: str, out: str, kind: str, params: list[float]) -> str:
     if kind == "Relu" or kind == "Sigmoid" or kind == "Tanh":
         return w.node(kind, [x], out)
@@ -73,7 +66,7 @@ def _activation(w: _Writer, node: onnx.NodeProto, x: str, out: str, kind: str, p
 
 
 def _fused_conv(w: _Writer, node: onnx.NodeProto) -> None:
-    a = _attrs(node)
+    a = node_attrs(node)
     conv_attrs = {k: v for k, v in a.items() if k in _CONV_ATTRS}
     inputs = list(node.input)
     kind = a.get("activation", "")
@@ -105,7 +98,7 @@ def _biased(w: _Writer, node: onnx.NodeProto) -> str:
 
 
 def _fused_matmul(w: _Writer, node: onnx.NodeProto, ranks: dict) -> None:
-    a = _attrs(node)
+    a = node_attrs(node)
     if a.get("transBatchA") or a.get("transBatchB"):
         raise UnsupportedOpError(f"com.microsoft.FusedMatMul node {node.name or node.output[0]!r}: transBatchA/B "
                                  "is not supported")
@@ -148,7 +141,7 @@ def rewrite_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         elif node.op_type == "FastGelu":
             _gelu_tanh(w, _biased(w, node), node.output[0])
         elif node.op_type == "QuickGelu":
-            alpha = float(_attrs(node).get("alpha", 1.702))
+            alpha = float(node_attrs(node).get("alpha", 1.702))
             x = node.input[0]
             w.node("Mul", [x, w.node("Sigmoid", [w.node("Mul", [x, w.const(f"{x}/alpha", alpha)])])], node.output[0])
         else:

@@ -28,7 +28,8 @@ from onnx import helper, numpy_helper
 from ..errors import UnsupportedOpError
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
+def node_attrs(node: onnx.NodeProto) -> dict:
+    """A node's attributes by name, strings decoded."""
     out = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)
@@ -77,7 +78,7 @@ class _Graph:
 
 def _resize(g: _Graph, node: onnx.NodeProto) -> bool:
     """Normalize one Resize (opset >= 11 form); return whether it changed."""
-    a = _attrs(node)
+    a = node_attrs(node)
     ins = list(node.input) + [""] * (4 - len(node.input))
     shape = g.shapes.get(ins[0])
     if shape is None or len(node.input) < 3:
@@ -146,7 +147,7 @@ def _split_pad(total: int, auto_pad: str, begin: list, end: list) -> None:
 
 
 def _conv_transpose(g: _Graph, node: onnx.NodeProto) -> bool:
-    a = _attrs(node)
+    a = node_attrs(node)
     if "output_shape" not in a:
         return False
     x, w = g.shapes.get(node.input[0]), g.shapes.get(node.input[1])
@@ -172,7 +173,7 @@ def _conv_transpose(g: _Graph, node: onnx.NodeProto) -> bool:
 def _conv_auto_pad(g: _Graph, node: onnx.NodeProto) -> bool:
     """``auto_pad = SAME_*``: output size ``ceil(in / stride)``, the padding it needs split in half, the odd
     pixel at the end (UPPER) or the beginning (LOWER)."""
-    a = _attrs(node)
+    a = node_attrs(node)
     mode = a.get("auto_pad", "NOTSET")
     if mode not in ("SAME_UPPER", "SAME_LOWER"):
         return False

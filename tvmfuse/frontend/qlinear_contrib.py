@@ -38,6 +38,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
+from .normalize import node_attrs
 
 DOMAIN = "com.microsoft"
 _UNARY = {"QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu", "QLinearGlobalAveragePool": "GlobalAveragePool",
@@ -81,13 +82,9 @@ def _inputs(node: onnx.NodeProto, count: int) -> list[str]:
     return (list(node.input) + [""] * count)[:count]
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _unary(e: _Emitter, node: onnx.NodeProto) -> None:
     x, xs, xz, ys, yz = _inputs(node, 5)
-    attrs = _attrs(node)
+    attrs = node_attrs(node)
     channels_last = int(attrs.pop("channels_last", 0))
     value = e.dq(x, xs, xz)
     if channels_last:
@@ -107,12 +104,12 @@ def _binary(e: _Emitter, node: onnx.NodeProto) -> None:
 def _concat(e: _Emitter, node: onnx.NodeProto) -> None:
     ys, yz, rest = node.input[0], node.input[1], list(node.input[2:])
     parts = [e.dq(*rest[i:i + 3]) for i in range(0, len(rest), 3)]
-    e.q(e.add("Concat", parts, "float", axis=int(_attrs(node)["axis"])), ys, yz, node.output[0])
+    e.q(e.add("Concat", parts, "float", axis=int(node_attrs(node)["axis"])), ys, yz, node.output[0])
 
 
 def _qgemm(e: _Emitter, node: onnx.NodeProto, initializers: dict) -> None:
     a, a_s, a_z, b, b_s, b_z, c, ys, yz = _inputs(node, 9)
-    attrs = _attrs(node)
+    attrs = node_attrs(node)
     alpha, trans_b = float(attrs.get("alpha", 1.0)), int(attrs.get("transB", 0))
     per_column = b_s in initializers and numpy_helper.to_array(initializers[b_s]).size > 1
     gemm_inputs = [e.dq(a, a_s, a_z), e.dq(b, b_s, b_z, **({"axis": 0 if trans_b else 1} if per_column else {}))]
