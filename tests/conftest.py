@@ -37,6 +37,12 @@ HOST_CPU_MODULES = {
 }
 
 
+def pytest_configure(config):
+    # The kernel cache stays out of the suite: a test would otherwise get a build (and skip the warnings it
+    # checks for) because an earlier test compiled the same model. The cache's own tests name a folder.
+    os.environ.setdefault("TVMFUSE_NO_CACHE", "1")
+
+
 def pytest_collection_modifyitems(config, items):
     avx512 = targets.resolve("x86-avx512").backend().runs_on_this_cpu()
     reason = "needs a CPU with AVX-512 and VNNI to run x86-avx512 code"

@@ -60,8 +60,7 @@ def test_a_stub_arm_target_compiles_with_its_own_backend(arm_target):
     backend = cm.target.backend()
     assert isinstance(backend, _ArmBackend) and backend is cm.target.backend()  # one Backend per target
     assert cm.target.kind == "llvm" and cm.target.features() == frozenset()  # no x86 feature of LLVM's
-    (code,) = cm.executable.mod.imports
-    assembly = code.inspect_source("asm")
+    assembly = cm.kernel_source("asm")
     assert "fmla" in assembly and "vfmadd" not in assembly  # the kernels are AArch64 code
     assert backend.device_label() == "cpu: Arm Neoverse N1"
     with pytest.raises(TargetError, match=f"compiled for {ARM} cannot run here: this machine is not an Arm CPU"):

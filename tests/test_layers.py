@@ -21,11 +21,11 @@ LAYERS = (
                     "tvmfuse.cuda_driver", "tvmfuse.progress", "tvmfuse.zoo", "tvmfuse.patterns", "tvmfuse.schedules",
                     "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.runs")),
     ("graph passes", ("tvmfuse.frontend", "tvmfuse.passes")),
-    ("build and run", ("tvmfuse.export", "tvmfuse.runtime", "tvmfuse.opcheck", "tvmfuse.tune.measure",
+    ("build and run", ("tvmfuse.export", "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck", "tvmfuse.tune.measure",
                        "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
-    ("workflows", ("tvmfuse.api", "tvmfuse.calibration", "tvmfuse.partition_report", "tvmfuse.model_info",
+    ("workflows", ("tvmfuse.api", "tvmfuse.cached_build", "tvmfuse.calibration", "tvmfuse.partition_report", "tvmfuse.model_info",
                    "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),
-    ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli", "tvmfuse.tune.cli")),
+    ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli", "tvmfuse.tune.cli", "tvmfuse.cache.cli")),
 )
 PACKAGE_ROOT = "tvmfuse"  # the facade (compile, load, ...): for users, never imported by tvmfuse's modules
 

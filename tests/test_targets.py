@@ -40,7 +40,7 @@ def _int8_depthwise_asm(target, layout="blocked"):
     calib = [{"x": rng.standard_normal((1, 8, 16, 16)).astype("float32")} for _ in range(2)]
     cm = tvmfuse.quantize(depthwise_s2(), calib=calib, method="minmax", target=target, logs=False, layout=layout)
     assert cm.quantization["int8_partitions"] == 3
-    return cm, cm.executable.mod.imports[0].inspect_source("asm")
+    return cm, cm.kernel_source("asm")
 
 
 def test_x86_avx512_int8_code_has_no_vex_vnni_amx_or_fp16():
@@ -108,7 +108,7 @@ def test_raw_dict():
 def test_avx512_build_uses_zmm_registers(tiny_compiled):
     # Structural: compiles anywhere; only running it needs AVX-512.
     cm = tvmfuse.compile("zoo:tiny_convnet", target="x86-avx512")
-    asm = cm.executable.mod.imports[0].inspect_source("asm")
+    asm = cm.kernel_source("asm")
     assert "zmm" in asm
     if not cm.target.backend().runs_on_this_cpu():
         with pytest.raises(TargetError, match="lacks"):

@@ -44,7 +44,7 @@ idx = numpy_helper.from_array(np.array([0, 2, 1], np.int64), "idx")
 model = make_model([helper.make_node("Gather", ["x", "idx"], ["y"], axis=1)], [("x", [1, 4, 5])], [("y", None)], [idx])
 cm = tvmfuse.compile(model)  # legalizing the gather: "Fast mode segfaults ..."
 cm.run({"x": np.ones((1, 4, 5), "float32")})
-cm.export("%s/m.so")  # after a run: "Scope Saving:" per constant
+cm.export("%s/m.so")  # linked before the run: no "Scope Saving:" to drop
 tvmfuse.load("%s/m.so")  # "Scope Loaded:"
 """
 
@@ -57,4 +57,4 @@ def test_compile_run_export_and_load_print_none_of_them(tmp_path):
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr
         assert ("Warning: Fast mode segfaults" in done.stderr) == shown, done.stderr
-        assert ("Warning: Scope Saving" in done.stderr) == shown, done.stderr
+        assert "Warning: Scope Saving" not in done.stderr, done.stderr

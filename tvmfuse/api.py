@@ -9,9 +9,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import frontend, opcheck, targets
+from . import cache as kernel_cache
+from . import cached_build, frontend, opcheck, targets
 from .errors import InputError, TargetError
-from .export import build, export_library, kernel_names, kernel_schedulers, make_manifest
+from .export import (build, export_library, kernel_names, kernel_schedulers, kernel_source, link_library,
+                     load_library_bytes, make_manifest)
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
 from .runtime.tvm_log import quiet_tvm_warnings
@@ -53,7 +55,48 @@ class CompiledModel:
         self.quantization: dict | None = None
         self.precision = "fp32"  # of the float kernels: "fp16" for float16 tensors, float32 accumulation
         self.pinned: dict = {}  # inputs pinned at compile time (consts=): name -> {"shape", "dtype", "value"}
+        self.cache_info: dict = {"model": "off", "kernels": 0, "from_cache": 0}  # what came from the cache
+        self.kernel_info = {"kernels": kernel_names(lowered), "scheduled_by": kernel_schedulers(lowered)}
+        self._library: bytes | None = None  # the linked library (CPU targets), linked once for run and export
         self._runner: Runner | None = None
+
+    @classmethod
+    def from_cache(cls, module, library: bytes, state: dict, spec: targets.TargetSpec, rebuild) -> "CompiledModel":
+        """A model whose library came from the cache (``module``: it, loaded). ``mod``, ``lowered`` and
+        ``record`` are rebuilt by ``rebuild()`` (a CompiledModel) the first time one is read."""
+        cm = cls.__new__(cls)
+        cm.executable, cm.target, cm._library, cm._runner = module, spec, library, None
+        cm.inputs = [TensorInfo.from_json(i) for i in state["inputs"]]
+        cm.outputs = [TensorInfo.from_json(o) for o in state["outputs"]]
+        cm.source, cm.stats, cm.pinned = state["source"], state["stats"], state["pinned"]
+        cm.tuning_logs, cm.layout, cm.build_info = state["tuning_logs"], state["layout"], state["build_info"]
+        cm.quantization, cm.precision = state["quantization"], state["precision"]
+        cm.kernel_info = {"kernels": state["kernels"], "scheduled_by": state["scheduled_by"]}
+        cm.cache_info = {"model": "hit", "kernels": len(state["kernels"]), "from_cache": len(state["kernels"])}
+        cm._rebuild = rebuild
+        return cm
+
+    def __getattr__(self, name):
+        # Only reached for attributes not set: the Relax modules of a model that came from the cache.
+        rebuild = self.__dict__.get("_rebuild")
+        if name in ("mod", "lowered", "record") and rebuild is not None:
+            built = rebuild()
+            self.mod, self.lowered, self.record = built.mod, built.lowered, built.record
+            del self.__dict__["_rebuild"]
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def kernel_source(self, fmt: str = "asm") -> str:
+        """The kernels' code as text: ``"asm"`` or ``"ll"`` on CPU targets, the CUDA source on CUDA targets
+        (:func:`tvmfuse.export.kernel_source`)."""
+        return kernel_source(self.lowered, self.target, fmt)
+
+    def library_bytes(self) -> bytes | None:
+        """The shared library's bytes, linked once (None for targets whose executable links itself on export:
+        CUDA's device code is packed by TVM's exporter)."""
+        if self._library is None and self.target.backend().device == "cpu":
+            self._library = link_library(self.executable)
+        return self._library
 
     def _get_runner(self) -> Runner:
         runner = self._runner
@@ -66,7 +109,9 @@ class CompiledModel:
                     if backend.device == "cpu" and not backend.can_run():  # another CPU's code: never executed
                         raise TargetError(f"model compiled for {self.target.name} cannot run here: "
                                           f"{backend.why_not_runnable()}")
-                    self._runner = Runner(self.executable, self.inputs, self.outputs,
+                    library = self.library_bytes()
+                    module = load_library_bytes(library) if library is not None else self.executable
+                    self._runner = Runner(module, self.inputs, self.outputs,
                                           device=self.target.backend().device, pinned=self.pinned)
                 runner = self._runner
         return runner
@@ -102,8 +147,7 @@ class CompiledModel:
 
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
-        extra = {"kernels": kernel_names(self.lowered), "scheduled_by": kernel_schedulers(self.lowered),
-                 "layout": self.layout, "precision": self.precision, "tuning_logs": self.tuning_logs}
+        extra = {**self.kernel_info, "layout": self.layout, "precision": self.precision, "tuning_logs": self.tuning_logs}
         extra.update(self.build_info)
         if self.quantization is not None:
             extra["quantization"] = self.quantization
@@ -113,7 +157,8 @@ class CompiledModel:
 
     def export(self, path: str | Path) -> Path:
         """Write the shared library ``path`` (.so) and its JSON manifest beside it."""
-        return export_library(self.executable, path, self.manifest())
+        library = self.library_bytes()
+        return export_library(library if library is not None else self.executable, path, self.manifest())
 
     def __repr__(self) -> str:
         ins = ", ".join(str(i) for i in self.inputs)
@@ -136,32 +181,6 @@ def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
     return infos
 
 
-_LOADED_LOGS: dict = {}
-_LOGS_LOCK = threading.Lock()
-
-
-def _load_logs(logs, spec: targets.TargetSpec):
-    """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
-    if logs is False or not spec.backend().applies_tuning_logs:
-        return None, None
-    from .tune.database import LogStore, default_root, shipped_fallback
-
-    root = default_root() if logs is None or logs is True else logs
-    fallback = shipped_fallback(spec)
-    stores = [LogStore(root, spec)] + ([LogStore(root, fallback)] if fallback is not None else [])
-    # Decoding a folder's records costs about a second; a process that compiles again (compare's arms, a test
-    # suite, a service) reuses what it decoded while the files are unchanged.
-    key = tuple((str(s.path), s.stamp()) for s in stores)
-    with _LOGS_LOCK:
-        loaded = _LOADED_LOGS.get(key)
-    if loaded is None:
-        db, report = stores[0].load(fill_from=stores[1] if len(stores) > 1 else None)
-        loaded = (None, None) if report.records == 0 and not report.skipped else (db, report.to_json())
-        with _LOGS_LOCK:
-            _LOADED_LOGS[key] = loaded
-    return loaded[0], (dict(loaded[1]) if loaded[1] is not None else None)
-
-
 def _build_target(target) -> targets.TargetSpec:
     """Resolve ``target``; a CPU target this machine cannot run says so now, not only when the library is run."""
     spec = targets.resolve(target)
@@ -174,7 +193,8 @@ def _build_target(target) -> targets.TargetSpec:
 @quiet_tvm_warnings()
 def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: bool = False, logs=None, layout: str = "blocked", cuda_graph: bool = True,
-            precision: str = "fp32", consts: Mapping[str, object] | None = None) -> CompiledModel:
+            precision: str = "fp32", consts: Mapping[str, object] | None = None, cache=None,
+            whole: bool = True) -> CompiledModel:
     """Compile an ONNX model for a target.
 
     Parameters
@@ -205,6 +225,13 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
         Inputs fixed wherever the model is deployed, pinned to a value (``{"sr": 16000}``): folded like weights,
         so an ``If`` branching on them keeps only the branch taken. The library has no such input; the
         manifest records the values, and a run given the input with another value is refused.
+    cache : None, False or str / os.PathLike
+        The kernel cache (:mod:`tvmfuse.cache`): None the default folder (``$TVMFUSE_CACHE_DIR``, else
+        ``~/.cache/tvmfuse/kernels``; off with ``$TVMFUSE_NO_CACHE=1``), False none, or a folder. Kernels
+        built before are reused, and a model compiled before with the same options returns its stored library
+        (``cache_info`` says what came from it).
+    whole : bool
+        Whether a whole build may come from (and go to) the cache; False reuses kernels only.
 
     Returns
     -------
@@ -214,10 +241,24 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     _check_precision(spec, precision)
+    graph = _graph_capture(spec, cuda_graph)
+    store = kernel_cache.resolve(cache)
+    loaded = frontend.Loaded(*frontend.load_model(model))
+    key = cached_build.whole_key(store if whole else None, loaded, spec, logs, {
+        "shapes": shapes, "consts": cached_build.consts_digest(consts), "layout": layout, "precision": precision,
+        "graph": graph})
+    found = cached_build.lookup(store, key, progress) if key else None
+    if found:
+        return CompiledModel.from_cache(*found, spec, lambda: compile(
+            model, spec, shapes, False, logs, layout, cuda_graph, precision, consts, cache=store, whole=False))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
-    return _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision)
+        imported = frontend.import_model(loaded, shapes, spec.backend().fused_recurrence, consts)
+    cm = _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision,
+                           cache=store if store is not None else False)
+    if key is not None:
+        cached_build.save(store, key, cm)
+    return cm
 
 
 def _check_precision(spec: targets.TargetSpec, precision) -> None:
@@ -238,19 +279,20 @@ def _graph_capture(spec: targets.TargetSpec, asked: bool) -> bool:
 
 
 def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, quantizer=None,
-                      layout: str = "blocked", cuda_graph: bool = True, precision: str = "fp32") -> CompiledModel:
+                      layout: str = "blocked", cuda_graph: bool = True, precision: str = "fp32",
+                      cache=None) -> CompiledModel:
     """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
     tvm_target = spec.tvm_target()
     record = PassRecord()
     with steps.step("partition and fuse" if quantizer is None else quantizer.step_name()):
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
                                blocked=layout == "blocked", precision=precision)
-    database, log_info = _load_logs(logs, spec)
+    database, log_info = cached_build.load_logs(logs, spec)
     graph = _graph_capture(spec, cuda_graph)
     build_info = spec.backend().build_info(graph)
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
-        executable, lowered = build(mod, spec, database, applied, graph)
+        executable, lowered, kernel_stats = build(mod, spec, database, applied, graph, cache)
     names = [o.name for o in imported.outputs]
     outputs = _relax_output_infos(mod, names)
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
@@ -259,6 +301,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     cm.layout = layout
     cm.build_info = build_info
     cm.precision = precision
+    cm.cache_info = {"model": "off" if kernel_cache.resolve(cache) is None else "miss", **kernel_stats.to_json()}
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
     return cm
@@ -268,7 +311,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
 def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
              logs=None, layout: str = "blocked", preprocess=None,
-             consts: Mapping[str, object] | None = None) -> CompiledModel:
+             consts: Mapping[str, object] | None = None, cache=None, whole: bool = True) -> CompiledModel:
     """Quantize an FP32 ONNX model to INT8 and compile it for a target.
 
     Calibration runs the FP32 model on this CPU (target ``x86-host``, whatever ``target`` is) and records
@@ -308,6 +351,8 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
         (``"imagenet"``, ``"unit"``, ``"symmetric"``, ``"raw"``) or a Preprocess (mean, std, layout, ...).
     consts : dict, optional
         Pinned inputs, as for :func:`compile` (calibration data then leaves them out).
+    cache, whole
+        As for :func:`compile`; a whole build is reused only with a calibration ``table`` (not ``calib``).
 
     Returns
     -------
@@ -328,12 +373,26 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
+    store = kernel_cache.resolve(cache)
+    loaded = frontend.Loaded(*frontend.load_model(model))
+    key = cached_build.whole_key(store if calib is None and table is not None and whole else None, loaded, spec,
+                                 logs, {"table": cached_build.table_digest(table) if table is not None else None,
+                                        "method": method, "percentile": percentile, "shapes": shapes,
+                                        "consts": cached_build.consts_digest(consts), "layout": layout})
+    found = cached_build.lookup(store, key, progress) if key else None
+    if found:
+        return CompiledModel.from_cache(*found, spec, lambda: quantize(
+            model, None, method, spec, table, shapes, percentile, False, logs, layout, preprocess, consts,
+            cache=store, whole=False))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
+        imported = frontend.import_model(loaded, shapes, spec.backend().fused_recurrence, consts)
     quantizer.prepare(imported.inputs, imported.source)
-    cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout)
+    cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout,
+                           cache=store if store is not None else False)
     cm.quantization = quantizer.manifest_entry()
+    if key is not None:
+        cached_build.save(store, key, cm)
     caution = spec.backend().int8_caution()
     if caution:  # said once the library exists: bad input gets its one-line error alone
         warnings.warn(caution, stacklevel=3)  # the caller of quantize (past quiet_tvm_warnings' frame)

@@ -75,7 +75,7 @@ def _build_observer(partitioned_mod, spec: targets.TargetSpec):
         return None, keys
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
         lowered = LowerPartitions(spec)(mod)
-    executable, _ = build(lowered, spec)
+    executable, _, _ = build(lowered, spec)
     return relax.VirtualMachine(executable, tvm.cpu()), keys
 
 

@@ -61,6 +61,7 @@ def _schedulers(scheduled_by: dict) -> str:
 
 def cmd_compile(args) -> int:
     from . import api
+    from .cache.cli import describe as describe_cache
 
     logs = False if args.no_logs else args.logs
     cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs,
@@ -75,6 +76,7 @@ def cmd_compile(args) -> int:
         print("kernel launches: " + ("captured in a CUDA graph on the first run, replayed after" if captured
                                       else "one by one on every run (no CUDA graph)"))
     print(f"kernels scheduled by: {_schedulers(cm.manifest()['scheduled_by'])}")
+    print(describe_cache(cm.cache_info))
     if cm.tuning_logs:
         info = cm.tuning_logs
         filled = info.get("filled_from")
@@ -86,6 +88,7 @@ def cmd_compile(args) -> int:
 
 def cmd_quantize(args) -> int:
     from . import api
+    from .cache.cli import describe as describe_cache
     from .quant.table import CalibrationError
 
     if args.percentile is not None and args.method != "percentile":
@@ -105,6 +108,7 @@ def cmd_quantize(args) -> int:
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
           f"{q['int8_partitions']} INT8 partition(s), {q['fp32_partitions']} FP32, "
           f"{q['quantize_ops']} quantize / {q['dequantize_ops']} dequantize op(s)")
+    print(describe_cache(cm.cache_info))
     if args.calib and args.table:
         print(f"wrote calibration table {args.table} ({q['method']})")
     return 0
@@ -212,6 +216,7 @@ def cmd_bundle(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import targets
+    from .cache.cli import add_flags as add_cache_flags
     from .quant.images import PRESETS
     from .version import __version__
 
@@ -238,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "outputs stay float32 (default fp32)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="CUDA targets: launch every kernel on each run instead of replaying a captured CUDA graph")
+    add_cache_flags(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("quantize", help="calibrate an FP32 model and compile it to INT8 (.so with a JSON manifest)",
@@ -266,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs = p.add_mutually_exclusive_group()
     logs.add_argument("--logs", metavar="DIR", help="tuning logs folder to apply (as for compile)")
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
+    add_cache_flags(p)
     p.set_defaults(func=cmd_quantize)
 
     from .tune.cli import add_parser as add_tune_parser
@@ -300,9 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compile, run, and check each partition against the unfused path")
     p.set_defaults(func=cmd_partition)
 
+    from .cache.cli import add_parser as add_cache_parser
     from .comparison.cli import add_parser as add_compare_parser
 
     add_compare_parser(sub)
+
+    add_cache_parser(sub)
 
     p = sub.add_parser("zoo", help="list the built-in models")
     p.set_defaults(func=cmd_zoo)
@@ -335,7 +345,9 @@ def _in_the_clis_words(command: str):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    with _in_the_clis_words(args.command):
+    from .cache.cli import flags_applied
+
+    with _in_the_clis_words(args.command), flags_applied(args):
         try:
             return args.func(args)
         except TvmfuseError as e:

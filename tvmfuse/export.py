@@ -19,24 +19,50 @@ from .runtime.tvm_log import quiet_tvm_warnings
 from .version import __version__
 
 
-def build(mod, spec: TargetSpec, database=None, applied: list | None = None, graph: bool = False):
+def build(mod, spec: TargetSpec, database=None, applied: list | None = None, graph: bool = False, cache=None):
     """Compile ``mod`` for ``spec``, with tuned schedules from ``database`` where it has them.
 
     ``applied`` (optional list) receives the names of the kernels a tuning record scheduled; ``graph``: capture
-    the kernel launches in a graph where the backend can (``Backend.pass_config``).
+    the kernel launches in a graph where the backend can (``Backend.pass_config``); ``cache``: the kernel
+    cache to reuse and fill (:func:`tvmfuse.cache.resolve`: None the default one, False none).
 
     Returns
     -------
     executable : tvm.relax.VMExecutable
     lowered : tvm.IRModule
         The module after the Relax pipeline: its PrimFuncs are the kernels in the library.
+    kernel_stats : tvmfuse.cache.kernels.KernelStats
+        How many kernels there are and how many came from the cache (0 where it is off or does not apply).
     """
     import tvm
 
+    from . import cache as kernel_cache
+    from .cache import kernels
+
     target = spec.tvm_target()
+    store = kernel_cache.resolve(cache)
     with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(graph)):
         lowered = relax_pipeline(spec, target, database, applied)(mod)
-        return tvm.compile(lowered, target=target, relax_pipeline=None), lowered
+        if kernels.cacheable(target):
+            executable, stats = kernels.build_executable(lowered, target, store)
+            return executable, lowered, stats
+        return (tvm.compile(lowered, target=target, relax_pipeline=None), lowered,
+                kernels.KernelStats(len(kernel_names(lowered))))
+
+
+def kernel_source(lowered, spec: TargetSpec, fmt: str = "asm") -> str:
+    """The code of the kernels of ``lowered`` as text: for CPU targets ``"asm"`` or ``"ll"`` (LLVM IR), built
+    again in one module with the options compile used (compile builds one object per kernel, which keeps
+    no text); for CUDA targets ``"cu"``, the device source."""
+    import tvm
+
+    kernels = {gv: f for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    target = spec.tvm_target()
+    with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(False)):
+        lib = tvm.tirx.build(tvm.IRModule(kernels), target=target)
+    if spec.backend().device == "cuda":
+        return lib.imports[0].inspect_source()
+    return lib.inspect_source(fmt)
 
 
 def kernel_names(lowered) -> list[str]:
@@ -86,6 +112,25 @@ def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Seque
     return manifest
 
 
+def link_library(executable) -> bytes:
+    """The bytes of the shared library ``executable`` exports to (its objects linked by the system compiler)."""
+    with tempfile.TemporaryDirectory(prefix="tvmfuse-link-") as tmp:
+        path = Path(tmp) / "model.so"
+        executable.export_library(str(path))
+        return path.read_bytes()
+
+
+def load_library_bytes(library: bytes):
+    """The runtime module of a shared library given as bytes (written to a private temporary file, loaded,
+    and the file removed: the loaded mapping stays valid)."""
+    import tvm
+
+    with tempfile.TemporaryDirectory(prefix="tvmfuse-load-") as tmp:
+        path = Path(tmp) / "model.so"
+        path.write_bytes(library)
+        return tvm.runtime.load_module(str(path))
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -99,7 +144,8 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 @quiet_tvm_warnings()  # "Scope Saving:" per weight of an executable that has run
 def export_library(executable, path: str | Path, manifest: dict) -> Path:
-    """Write ``path`` (a ``.so``) and its manifest beside it; return the library path.
+    """Write ``path`` (a ``.so``: ``executable`` exported, or the bytes of a library linked before) and its
+    manifest beside it; return the library path.
 
     The library is written to a temporary name first, so an interrupted export never leaves a truncated
     ``.so`` under the final name. The manifest written is ``manifest`` sealed with the library's size and
@@ -112,7 +158,10 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.partial.so")
     try:
-        executable.export_library(str(tmp))
+        if isinstance(executable, bytes):
+            tmp.write_bytes(executable)
+        else:
+            executable.export_library(str(tmp))
         sealed = seal_manifest(manifest, tmp)
         os.replace(tmp, path)
     finally:

@@ -166,14 +166,13 @@ def test_avx512_target_compiles_the_chain_to_vnni(spec):
     # products in int32 and therefore stays exact with weights at -128.
     cm = tvmfuse.compile(qdq_model(spec), target="x86-avx512")
     assert cm.record.qdq["int8_kernels"] == 1
-    assert "vpdpbusd" in cm.executable.mod.imports[0].inspect_source("asm")
+    assert "vpdpbusd" in cm.kernel_source("asm")
 
 
 def test_depthwise_chain_sums_taps_in_fours_on_avx512():
     # Compiled only: a QDQ depthwise conv gets the VNNI depthwise kernel too (its vpermb transposes 4 pixels;
     # nothing else in this model shuffles bytes); on a VNNI host the exact-match test above runs it.
-    asm = tvmfuse.compile(qdq_model(CHAINS["depthwise"]), target="x86-avx512").executable.mod.imports[0] \
-        .inspect_source("asm")
+    asm = tvmfuse.compile(qdq_model(CHAINS["depthwise"]), target="x86-avx512").kernel_source("asm")
     assert "vpermb" in asm and "vpdpbusd" in asm
 
 

@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                       "machine; write DIR/measured-<host>.json (or -o FILE)")
     mode.add_argument("--merge", nargs="+", metavar="REPORT.json", help="combine reports from several machines "
                       "into -o DIR")
+    from ..cache.cli import add_flags as add_cache_flags
+
+    add_cache_flags(p)
     p.set_defaults(func=cmd_compare)
 
 

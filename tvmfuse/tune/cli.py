@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
     offline.add_argument("--candidates", metavar="DIR", help="with --import-results: the candidates folder "
                          "(default: FILE's folder)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    from ..cache.cli import add_flags as add_cache_flags
+
+    add_cache_flags(p)
     p.set_defaults(func=cmd_tune)
 
 

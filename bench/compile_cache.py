@@ -1,0 +1,145 @@
+"""Compile times with the kernel cache: first compile, the same model again, kernels only, one layer changed.
+
+    python bench/compile_cache.py                          # the zoo's four and every corpus model
+    python bench/compile_cache.py --models zoo:resnet50,ppocrv5_det --target x86-host
+    python bench/compile_cache.py --before /tmp/before     # also the first compile of another checkout
+
+Every figure is the wall time of one ``tvmfuse.compile`` call in a fresh process (TVM imported before the
+clock starts): ``first`` without the cache; ``cold`` into an empty cache folder (building and storing);
+``again``: the same model, a new process, the same folder (the whole build reused); ``again_in_process``:
+``cold``'s process compiling it once more; ``kernels``: every kernel from the cache, import, passes and
+link done (``whole=False``); ``one_layer``: the model with one activation changed (the first Relu becomes a
+LeakyRelu, else the first Sigmoid a HardSigmoid), compiled into the same folder. Outputs of ``again`` and
+``one_layer`` are checked against builds without the cache. ``--before DIR``: a checkout of an older commit
+(its ``schedules/`` linked as ``tvmfuse/schedules``) timed for ``first`` the same way. Run it on a quiet
+machine; the JSON written names the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ZOO = ["zoo:mobilenet_v2", "zoo:resnet18", "zoo:resnet50", "zoo:efficientnet_lite0"]
+
+_CHILD = r"""
+import json, sys, time
+import numpy as np
+import tvm, tvmfuse
+from tvmfuse.runtime import random_inputs
+args = json.loads(sys.argv[1])
+cache = args["cache"] if args["cache"] is not None else False
+def once():
+    start = time.perf_counter()
+    cm = tvmfuse.compile(args["model"], args["target"], shapes=args["shapes"], cache=cache,
+                         **({"whole": args["whole"]} if "whole" in args else {}))
+    return cm, time.perf_counter() - start
+cm, seconds = once()
+out = {"seconds": seconds, "cache_info": getattr(cm, "cache_info", None)}
+if args.get("again"):
+    out["again_seconds"] = once()[1]
+if args.get("save"):
+    np.save(args["save"], cm.run(random_inputs(cm.inputs))[0])
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _child(model, target, shapes, cache, env=None, **extra) -> dict:
+    args = {"model": model, "target": target, "shapes": shapes, "cache": cache, **extra}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
+                          timeout=1800, env=env, cwd=tempfile.gettempdir())  # not a checkout: PYTHONPATH decides
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{model}: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _one_layer_changed(path_or_proto, dest: Path) -> Path:
+    import onnx
+
+    from tvmfuse.frontend.load import load_model
+
+    proto, _ = load_model(path_or_proto)
+    for old, new in (("Relu", "LeakyRelu"), ("Sigmoid", "HardSigmoid")):
+        for node in proto.graph.node:
+            if node.op_type == old:
+                node.op_type = new
+                onnx.save(proto, dest)
+                return dest
+    raise RuntimeError("no Relu or Sigmoid to change")
+
+
+def _resolve(name: str):
+    """(model argument, shapes) for a zoo name or a corpus model name."""
+    if name.startswith("zoo:"):
+        return name, None
+    from tvmfuse import corpus
+
+    entry = corpus.get(name)
+    return str(corpus.fetch(entry)), {entry.input: list(entry.shape)}
+
+
+def measure(name: str, target: str, before: str | None, work: Path) -> dict:
+    import numpy as np
+
+    model, shapes = _resolve(name)
+    row: dict = {"model": name}
+    if before:
+        env = dict(os.environ, PYTHONPATH=before)
+        row["first_before"] = _child(model, target, shapes, None, env=env)["seconds"]
+    ref = work / "ref.npy"
+    row["first"] = _child(model, target, shapes, None, save=str(ref))["seconds"]
+    cache = str(work / "cache")
+    cold = _child(model, target, shapes, cache, again=True)
+    row["cold"], row["again_in_process"] = cold["seconds"], cold["again_seconds"]
+    got = work / "again.npy"
+    again = _child(model, target, shapes, cache, save=str(got))
+    row["again"], row["again_info"] = again["seconds"], again["cache_info"]
+    row["identical"] = bool(np.array_equal(np.load(ref), np.load(got)))
+    kernels = _child(model, target, shapes, cache, whole=False)
+    row["kernels"], row["kernels_info"] = kernels["seconds"], kernels["cache_info"]
+    changed = _one_layer_changed(model, work / "changed.onnx")
+    changed_ref, changed_got = work / "changed_ref.npy", work / "changed_got.npy"
+    _child(str(changed), target, shapes, None, save=str(changed_ref))
+    one = _child(str(changed), target, shapes, cache, save=str(changed_got))
+    row["one_layer"], row["one_layer_info"] = one["seconds"], one["cache_info"]
+    row["one_layer_identical"] = bool(np.array_equal(np.load(changed_ref), np.load(changed_got)))
+    return row
+
+
+def main() -> int:
+    from tvmfuse import corpus, targets
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated zoo:NAME or corpus names (default: the zoo's four and "
+                        "the corpus)")
+    parser.add_argument("--target", default="x86-host")
+    parser.add_argument("--before", metavar="DIR", help="an older checkout to time the first compile of")
+    parser.add_argument("--out", default="compile_cache.json")
+    args = parser.parse_args()
+    names = args.models.split(",") if args.models else ZOO + corpus.names()
+    rows = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="tvmfuse-bench-cache-") as tmp:
+            row = measure(name, args.target, args.before, Path(tmp))
+        rows.append(row)
+        print(f"{name:22s} first {row['first']:6.2f} s" + (f" (before {row['first_before']:6.2f})" if args.before
+                                                                 else "")
+              + f"  cold {row['cold']:6.2f}  again {row['again']:5.2f} / in process {row['again_in_process']:5.2f}"
+              f"  kernels {row['kernels']:5.2f}  one layer {row['one_layer']:5.2f} "
+              f"({row['one_layer_info']['from_cache']}/{row['one_layer_info']['kernels']} kernels reused)"
+              f"  identical {row['identical'] and row['one_layer_identical']}", flush=True)
+    from tvmfuse.comparison.environment import cpu_device
+
+    Path(args.out).write_text(json.dumps({"cpu": cpu_device(), "target": args.target,
+                                          "host_cpu": targets.host_mcpu(), "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

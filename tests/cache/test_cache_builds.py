@@ -1,0 +1,88 @@
+"""Kernels and whole builds from the cache: same outputs, same library, misses where anything that decides the
+code changed, the Relax modules rebuilt on demand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import HOST, conv_relu
+
+import tvmfuse
+from tvmfuse.cache import fingerprint
+from tvmfuse.runtime import random_inputs
+
+MODEL = "zoo:tiny_convnet"
+
+
+def _run(cm):
+    return cm.run(random_inputs(cm.inputs))[0]
+
+
+def test_kernels_come_from_the_cache_and_give_the_same_library(tmp_path):
+    first = tvmfuse.compile(MODEL, HOST, cache=tmp_path, whole=False)
+    assert first.cache_info["from_cache"] == 0 and first.cache_info["kernels"] > 3
+    second = tvmfuse.compile(MODEL, HOST, cache=tmp_path, whole=False)
+    assert second.cache_info == {"model": "miss", "kernels": first.cache_info["kernels"],
+                                 "from_cache": first.cache_info["kernels"]}
+    np.testing.assert_array_equal(_run(first), _run(second))
+    assert first.library_bytes() == second.library_bytes()  # byte-identical .so
+    uncached = tvmfuse.compile(MODEL, HOST, cache=False)
+    assert uncached.cache_info["model"] == "off" and uncached.cache_info["from_cache"] == 0
+    np.testing.assert_array_equal(_run(first), _run(uncached))
+
+
+def test_a_whole_build_comes_back_with_its_manifest_and_its_relax_modules_on_demand(tmp_path):
+    first = tvmfuse.compile(MODEL, HOST, cache=tmp_path)
+    assert first.cache_info["model"] == "miss"
+    again = tvmfuse.compile(MODEL, HOST, cache=tmp_path)
+    assert again.cache_info["model"] == "hit" and set(again.stats) == {"cached build"}
+    np.testing.assert_array_equal(_run(first), _run(again))
+    a, b = first.export(tmp_path / "a.so"), again.export(tmp_path / "b.so")
+    assert a.read_bytes() == b.read_bytes()
+    ma, mb = first.manifest(), again.manifest()
+    ma.pop("created"), mb.pop("created")
+    assert ma == mb
+    loaded = tvmfuse.load(b)
+    np.testing.assert_array_equal(loaded.run(random_inputs(loaded.inputs))[0], _run(first))
+    assert "lowered" not in again.__dict__
+    assert sorted(k.name_hint for k, f in again.lowered.functions_items()
+                  if f.__class__.__name__ == "PrimFunc") == ma["kernels"]  # rebuilt when asked
+    assert again.partition_report().summary() == first.partition_report().summary()
+
+
+def test_what_decides_the_code_misses_when_it_changes(tmp_path, monkeypatch):
+    model, one = conv_relu(), {"x": (1, 3, 16, 16)}
+    base = tvmfuse.compile(model, HOST, cache=tmp_path, shapes=one)
+    n = base.cache_info["kernels"]
+    assert tvmfuse.compile(model, HOST, cache=tmp_path, shapes=one).cache_info["model"] == "hit"
+    assert tvmfuse.compile(model, HOST, cache=tmp_path, shapes={"x": (2, 3, 16, 16)}).cache_info["model"] == "miss"
+    assert tvmfuse.compile(model, HOST, cache=tmp_path, shapes=one, layout="nchw").cache_info["model"] == "miss"
+    other = conv_relu(seed=1)  # other weights, same kernels (weights are arguments)
+    changed = tvmfuse.compile(other, HOST, cache=tmp_path, shapes=one)
+    assert changed.cache_info == {"model": "miss", "kernels": n, "from_cache": n}
+    monkeypatch.setattr(fingerprint, "versions", lambda: "tvmfuse 99; tvm 99")  # an upgrade
+    upgraded = tvmfuse.compile(model, HOST, cache=tmp_path, shapes=one)
+    assert upgraded.cache_info == {"model": "miss", "kernels": n, "from_cache": 0}
+
+
+def test_a_damaged_whole_build_is_rebuilt_with_one_warning(tmp_path):
+    tvmfuse.compile(MODEL, HOST, cache=tmp_path)
+    for path in tmp_path.glob("*/*"):
+        if path.stat().st_size > 100_000:  # the whole build (the library), not a kernel object
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 1
+            path.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="damaged"):
+        cm = tvmfuse.compile(MODEL, HOST, cache=tmp_path)
+    assert cm.cache_info["model"] == "miss" and cm.cache_info["from_cache"] == cm.cache_info["kernels"]
+    assert tvmfuse.compile(MODEL, HOST, cache=tmp_path).cache_info["model"] == "hit"
+
+
+def test_a_quantized_build_with_a_table_comes_back_whole(tmp_path):
+    table = tmp_path / "table.json"
+    first = tvmfuse.quantize(MODEL, "random:2", "minmax", HOST, table=table, cache=tmp_path / "c")
+    again = tvmfuse.quantize(MODEL, None, "minmax", HOST, table=table, cache=tmp_path / "c")
+    second = tvmfuse.quantize(MODEL, None, "minmax", HOST, table=table, cache=tmp_path / "c")
+    assert (again.cache_info["model"], second.cache_info["model"]) == ("miss", "hit")
+    assert second.quantization == again.quantization
+    np.testing.assert_array_equal(_run(first), _run(second))

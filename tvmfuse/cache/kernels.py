@@ -1,0 +1,138 @@
+"""Build a lowered Relax module's kernels one object file each, reusing those the store already holds.
+
+TVM builds every PrimFunc of a module into one LLVM module; here each kernel is built alone (on the CPU
+targets: ``tirx.build`` of a one-function module, its machine code emitted to an object file) and the
+objects are linked into the VM executable as static libraries, as TVM links external code. An object is
+stored under a key of everything that decides its machine code: the scheduled kernel itself (its serialized
+TIR, the name included, which the object's symbol is), the target with its CPU and features, the pass
+context's options, and the versions of tvmfuse (its source digest), TVM, tvm-ffi and LLVM. A kernel whose key
+is stored is not built again; the others are built on a thread per core (TVM's build releases the GIL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import fingerprint
+from .store import Store
+
+FORMAT = "kernel-object-1"
+
+
+@dataclass
+class KernelStats:
+    """What a build found: kernels in all, and how many came from the store."""
+
+    kernels: int = 0
+    from_cache: int = 0
+
+    @property
+    def built(self) -> int:
+        return self.kernels - self.from_cache
+
+    def to_json(self) -> dict:
+        return {"kernels": self.kernels, "from_cache": self.from_cache}
+
+
+def cacheable(target) -> bool:
+    """Whether kernels for ``target`` are built one object each (the CPU targets: LLVM objects)."""
+    return str(target.kind.name) == "llvm"
+
+
+def kernel_key(func, target, context: str) -> str:
+    import tvm
+
+    material = "\n".join([FORMAT, fingerprint.versions(), str(target), context, tvm.ir.save_json(func)])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _context() -> str:
+    """The pass context's options, which the TIR pipeline reads (opt level, config, passes on or off)."""
+    import tvm
+
+    ctx = tvm.transform.PassContext.current()
+    config = sorted((str(k), str(v)) for k, v in ctx.config.items())
+    return repr((int(ctx.opt_level), config, sorted(map(str, ctx.required_pass)), sorted(map(str, ctx.disabled_pass))))
+
+
+def _build_one(gv, func, target, workdir: Path) -> bytes:
+    import tvm
+
+    with target:
+        lib = tvm.tirx.build(tvm.IRModule({gv: func}), target=target)
+    path = workdir / f"{gv.name_hint}.o"
+    lib.write_to_file(str(path))
+    return path.read_bytes()
+
+
+def _threads() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def build_executable(lowered, target, store: Store | None):
+    """The VM executable of ``lowered`` (after the Relax pipeline) and its :class:`KernelStats`; must run
+    inside the target and pass context of the build. ``store`` None builds every kernel (nothing stored)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax import vm_build
+
+    attrs = dict(lowered.attrs) if lowered.attrs else {}
+    ext_libs = list(attrs.get("external_mods", []))
+    params = dict(attrs.get("const_name_to_constant", {}))
+    kernels = [(gv, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    context = _context()
+    keys = [kernel_key(f, target, context) for _, f in kernels]
+    objects: list[bytes | None] = [store.get(k) if store is not None else None for k in keys]
+    stats = KernelStats(len(kernels), sum(o is not None for o in objects))
+    with tempfile.TemporaryDirectory(prefix="tvmfuse-kernels-") as tmp:
+        workdir = Path(tmp)
+        todo = [i for i, o in enumerate(objects) if o is None]
+        ctx = tvm.transform.PassContext.current()
+
+        def build(i):
+            with ctx:  # a worker thread starts outside the caller's pass context
+                return _build_one(kernels[i][0], kernels[i][1], target, workdir)
+
+        with ThreadPoolExecutor(min(_threads(), max(1, len(todo)))) as pool:
+            for i, data in zip(todo, pool.map(build, todo)):
+                objects[i] = data
+                if store is not None:
+                    store.put(keys[i], data)
+        libs = []
+        for (gv, _), data in zip(kernels, objects):
+            path = workdir / f"{gv.name_hint}.cached.o"
+            path.write_bytes(data)
+            libs.append(tvm.runtime.load_static_library(str(path), [gv.name_hint]))  # read into memory
+        builder = relax.ExecBuilder()
+        vm_build._vmcodegen(builder, lowered, "bytecode")
+        executable = vm_build._vmlink(builder, target, None, ext_libs=libs + ext_libs, params=params)
+    if store is not None:
+        store.log_run("kernels", stats.from_cache, stats.built)
+        store.evict()
+    return executable, stats
+
+
+def runnable(mod, target, store: Store | None):
+    """``mod`` (one scheduled PrimFunc) built into a runnable module in this process, its object reused from
+    ``store`` or stored there (tuning's validation builds each task's default schedule again every round)."""
+    import tvm
+    from tvm.support import cc
+
+    (gv, func), = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    key = kernel_key(func, target, _context())
+    data = store.get(key) if store is not None else None
+    with tempfile.TemporaryDirectory(prefix="tvmfuse-kernel-") as tmp:
+        workdir = Path(tmp)
+        if data is None:
+            data = _build_one(gv, func, target, workdir)
+            if store is not None:
+                store.put(key, data)
+        obj, lib = workdir / "kernel.cached.o", workdir / "kernel.so"
+        obj.write_bytes(data)
+        cc.create_shared(str(lib), [str(obj)])
+        return tvm.runtime.load_module(str(lib))

@@ -1,0 +1,222 @@
+"""A content-addressed store of built code on disk: one file per entry, private to the user.
+
+An entry is ``<root>/<key[:2]>/<key>`` holding a header line (magic, payload size, payload sha256) and the
+payload. Writes go to a temporary file in the same folder and are renamed into place, so a reader sees a
+whole entry or none, whatever else compiles at the same time or is killed half-way. A read checks size and
+checksum; an entry that fails either is deleted and reported as a miss with one warning line (never loaded).
+The store holds code that tvmfuse loads and runs, so its folder is created 0700 and a folder or entry other
+users can write is refused. Least recently used entries (by modification time, refreshed on every hit) are
+evicted when the total size passes the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from ..errors import TvmfuseError
+
+MAGIC = b"tvmfuse-cache-1"
+DIR_ENV, OFF_ENV, SIZE_ENV = "TVMFUSE_CACHE_DIR", "TVMFUSE_NO_CACHE", "TVMFUSE_CACHE_SIZE_MB"
+DEFAULT_LIMIT_MB = 4096
+RUNS_FILE = "runs.jsonl"  # one line per build: what it found in the store (for `tvmfuse cache info`)
+RUNS_KEPT = 200
+
+
+class CacheError(TvmfuseError):
+    """The cache folder cannot be used safely (owned by another user, writable by others, not a folder)."""
+
+
+def default_dir() -> Path:
+    """``$TVMFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tvmfuse/kernels`` (``~/.cache/tvmfuse/kernels``)."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tvmfuse" / "kernels"
+
+
+def _unsafe(st: os.stat_result) -> str:
+    """Why a file or folder with this status must not be trusted ('' when it can)."""
+    if st.st_uid != os.getuid():
+        return f"owned by user id {st.st_uid}, not by this user ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+class Store:
+    """The entries under ``root`` (created 0700 when missing)."""
+
+    def __init__(self, root: str | os.PathLike, limit_mb: int | None = None):
+        self.root = Path(root).expanduser()
+        if limit_mb is None:
+            raw = os.environ.get(SIZE_ENV, "")
+            try:
+                limit_mb = int(raw) if raw else DEFAULT_LIMIT_MB
+            except ValueError:
+                raise CacheError(f"{SIZE_ENV}={raw!r} is not a whole number of megabytes") from None
+        self.limit = max(0, limit_mb) * 2**20
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = self.root.stat()
+        except OSError as e:
+            raise CacheError(f"cache folder {self.root}: {e.strerror}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CacheError(f"cache folder {self.root} is not a folder")
+        why = _unsafe(st)
+        if why:
+            raise CacheError(f"cache folder {self.root} is {why}: refusing to load code from it "
+                             "(fix its owner or mode, or pick another with --cache-dir / TVMFUSE_CACHE_DIR)")
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        """The payload stored under ``key``; None for a miss (absent, damaged, or not to be trusted)."""
+        path = self.path(key)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                head = f.readline()
+                payload = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            warnings.warn(f"kernel cache: cannot read {path} ({e.strerror}); building it again", stacklevel=2)
+            return None
+        why = _unsafe(st)
+        if why:
+            warnings.warn(f"kernel cache: entry {path} is {why}: not loaded, building it again", stacklevel=2)
+            self._discard(path)
+            return None
+        parts = head.split()
+        if (len(parts) != 3 or parts[0] != MAGIC or parts[1] != str(len(payload)).encode()
+                or parts[2] != hashlib.sha256(payload).hexdigest().encode()):
+            warnings.warn(f"kernel cache: entry {path} is damaged (size or checksum): building it again",
+                          stacklevel=2)
+            self._discard(path)
+            return None
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        return payload
+
+    @staticmethod
+    def _discard(path: Path) -> None:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def put(self, key: str, payload: bytes) -> None:
+        """Store ``payload`` under ``key`` atomically (a concurrent writer of the same key is harmless: both
+        write the same content). A full or read-only disk only costs the entry, with a warning."""
+        path = self.path(key)
+        try:
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        except OSError as e:
+            warnings.warn(f"kernel cache: cannot write in {path.parent} ({e.strerror}); not cached", stacklevel=2)
+            return
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"%s %d %s\n" % (MAGIC, len(payload), hashlib.sha256(payload).hexdigest().encode()))
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except OSError as e:
+            warnings.warn(f"kernel cache: cannot write {path} ({e.strerror}); not cached", stacklevel=2)
+            self._discard(Path(tmp))
+        except BaseException:
+            self._discard(Path(tmp))
+            raise
+
+    # -- upkeep --------------------------------------------------------------------------------------------
+    def entries(self) -> list[tuple[Path, os.stat_result]]:
+        out = []
+        for sub in self.root.iterdir() if self.root.exists() else ():
+            if sub.is_dir() and len(sub.name) == 2:
+                for p in sub.iterdir():
+                    if not p.name.startswith(".tmp-"):
+                        try:
+                            out.append((p, p.stat()))
+                        except OSError:
+                            pass
+        return out
+
+    def size(self) -> int:
+        return sum(st.st_size for _, st in self.entries())
+
+    def evict(self) -> int:
+        """Delete least recently used entries until the store fits its limit (and temporary files of writers
+        that died more than an hour ago); return how many entries went."""
+        now = time.time()
+        for sub in self.root.iterdir():
+            if sub.is_dir() and len(sub.name) == 2:
+                for p in sub.glob(".tmp-*"):
+                    try:
+                        if now - p.stat().st_mtime > 3600:
+                            p.unlink()
+                    except OSError:
+                        pass
+        items = sorted(self.entries(), key=lambda e: e[1].st_mtime)
+        total, gone = sum(st.st_size for _, st in items), 0
+        for p, st in items:
+            if total <= self.limit:
+                break
+            self._discard(p)
+            total -= st.st_size
+            gone += 1
+        return gone
+
+    def clear(self) -> tuple[int, int]:
+        """Delete every entry and the run log; return (entries, bytes) removed."""
+        items = self.entries()
+        for p, _ in items:
+            self._discard(p)
+        self._discard(self.root / RUNS_FILE)
+        return len(items), sum(st.st_size for _, st in items)
+
+    # -- what the last builds found ------------------------------------------------------------------------
+    def log_run(self, kind: str, hits: int, misses: int) -> None:
+        line = json.dumps({"time": round(time.time()), "kind": kind, "hits": hits, "misses": misses}) + "\n"
+        path = self.root / RUNS_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a") as f:  # one short append: whole lines even with concurrent writers
+                f.write(line)
+            if path.stat().st_size > RUNS_KEPT * 200:
+                lines = path.read_text().splitlines(keepends=True)[-RUNS_KEPT:]
+                fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-runs-")
+                with os.fdopen(fd, "w") as f:
+                    f.writelines(lines)
+                os.replace(tmp, path)
+        except OSError:
+            pass
+
+    def runs(self) -> list[dict]:
+        try:
+            lines = (self.root / RUNS_FILE).read_text().splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out

@@ -1,0 +1,123 @@
+"""What ``compile`` needs from the cache and the tuning logs: the logs it applies (decoded once per process
+while unchanged), the fingerprints of its options, and whole builds looked up and stored
+(:mod:`tvmfuse.cache.models`)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from . import targets
+from .cache import models
+from .cache.models import model_key  # noqa: F401 - compile's key
+
+_LOADED_LOGS: dict = {}
+_LOGS_LOCK = threading.Lock()
+
+
+def _log_stores(logs, spec: targets.TargetSpec) -> list:
+    from .tune.database import LogStore, default_root, shipped_fallback
+
+    root = default_root() if logs is None or logs is True else logs
+    fallback = shipped_fallback(spec)
+    return [LogStore(root, spec)] + ([LogStore(root, fallback)] if fallback is not None else [])
+
+
+def load_logs(logs, spec: targets.TargetSpec):
+    """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
+    if logs is False or not spec.backend().applies_tuning_logs:
+        return None, None
+    stores = _log_stores(logs, spec)
+    # Decoding a folder's records costs about a second; a process that compiles again (compare's arms, a test
+    # suite, a service) reuses what it decoded while the files are unchanged.
+    key = tuple((str(s.path), s.stamp()) for s in stores)
+    with _LOGS_LOCK:
+        loaded = _LOADED_LOGS.get(key)
+    if loaded is None:
+        db, report = stores[0].load(fill_from=stores[1] if len(stores) > 1 else None)
+        loaded = (None, None) if report.records == 0 and not report.skipped else (db, report.to_json())
+        with _LOGS_LOCK:
+            _LOADED_LOGS[key] = loaded
+    return loaded[0], (dict(loaded[1]) if loaded[1] is not None else None)
+
+
+def logs_digest(logs, spec: targets.TargetSpec) -> str:
+    """The content of the tuning logs a compile would apply ("none" when it applies none)."""
+    if logs is False or not spec.backend().applies_tuning_logs:
+        return "none"
+    from .tune.database import RECORDS, WORKLOADS
+
+    return models.digest_files([s.path / name for s in _log_stores(logs, spec) for name in (WORKLOADS, RECORDS)])
+
+
+def consts_digest(consts) -> str | None:
+    """The pinned inputs' names, dtypes, shapes and values, as a digest (None when there are none)."""
+    if not consts:
+        return None
+    h = hashlib.sha256()
+    for name in sorted(consts, key=str):
+        value = np.asarray(consts[name])
+        h.update(f"{name}\0{value.dtype}\0{value.shape}\0".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    return h.hexdigest()
+
+
+def table_digest(table) -> str:
+    """The content of a calibration table (a CalibrationTable, or the path of one)."""
+    import json
+
+    from .quant.table import CalibrationTable
+
+    if isinstance(table, CalibrationTable):
+        return hashlib.sha256(json.dumps(table.to_json(), sort_keys=True).encode()).hexdigest()
+    return models.digest_files([table])
+
+
+def lookup(store, key: str, progress: bool):
+    """(loaded library module, library bytes, state) of the build stored under ``key``, or None."""
+    from .export import load_library_bytes
+
+    start = time.perf_counter()
+    found = models.load(store, key)
+    if found is None:
+        return None
+    state, library = found
+    try:
+        module = load_library_bytes(library)
+    except Exception as e:  # noqa: BLE001 - a library that does not load is rebuilt, never trusted
+        warnings.warn(f"kernel cache: stored build {key[:16]} does not load ({str(e).splitlines()[0]}); "
+                      "building it again", stacklevel=3)
+        return None
+    seconds = time.perf_counter() - start
+    store.log_run("model", 1, 0)
+    state["stats"] = {"cached build": seconds}
+    if progress:
+        print(f"[1/1] cached build {key[:12]} ({len(state['kernels'])} kernels, {store.root}) ... {seconds:.1f} s",
+              file=sys.stderr, flush=True)
+    return module, library, state
+
+
+def whole_key(store, loaded, spec: targets.TargetSpec, logs, options: dict) -> str | None:
+    """The key of a whole build (None when the cache is off): ``options`` and the tuning logs' content."""
+    if store is None:
+        return None
+    return model_key(loaded.proto, spec, dict(options, logs=logs_digest(logs, spec)))
+
+
+def save(store, key: str, cm) -> None:
+    """Store ``cm``'s whole build under ``key`` (CPU targets: CUDA builds keep only their kernels' reuse)."""
+    library = cm.library_bytes()
+    if library is None:
+        return
+    state = {"source": cm.source, "inputs": [i.to_json() for i in cm.inputs],
+             "outputs": [o.to_json() for o in cm.outputs], "pinned": cm.pinned, "layout": cm.layout,
+             "precision": cm.precision, "build_info": cm.build_info, "tuning_logs": cm.tuning_logs,
+             "kernels": cm.kernel_info["kernels"], "scheduled_by": cm.kernel_info["scheduled_by"],
+             "stats": cm.stats, "quantization": cm.quantization}
+    models.save(store, key, state, library)
+    store.log_run("model", 0, 1)
