@@ -4,12 +4,13 @@
     python bench/compile_cache.py --models zoo:resnet50,ppocrv5_det --target x86-host
     python bench/compile_cache.py --before /tmp/before     # also the first compile of another checkout
 
-Every figure is the wall time of one ``tvmfuse.compile`` call in a fresh process (TVM imported before the
-clock starts): ``first`` without the cache; ``cold`` into an empty cache folder (building and storing);
+Every figure is the wall time of one ``tvmfuse.compile`` call and the export of its library in a fresh
+process (what ``tvmfuse compile -o`` costs; TVM imported before the clock starts), except ``again_in_process``
+(the compile call alone): ``first`` without the cache; ``cold`` into an empty cache folder (building and storing);
 ``again``: the same model, a new process, the same folder (the whole build reused); ``again_in_process``:
 ``cold``'s process compiling it once more; ``kernels``: every kernel from the cache, import, passes and
 link done (``whole=False``); ``one_layer``: the model with one activation changed (the first Relu becomes a
-LeakyRelu, else the first Sigmoid a HardSigmoid), compiled into the same folder. Outputs of ``again`` and
+LeakyRelu, see ``_one_layer_changed``), compiled into the same folder. Outputs of ``again`` and
 ``one_layer`` are checked against builds without the cache. ``--before DIR``: a checkout of an older commit
 (its ``schedules/`` linked as ``tvmfuse/schedules``) timed for ``first`` the same way. Run it on a quiet
 machine; the JSON written names the CPU.
@@ -33,14 +34,16 @@ import numpy as np
 import tvm, tvmfuse
 from tvmfuse.runtime import random_inputs
 args = json.loads(sys.argv[1])
-cache = args["cache"] if args["cache"] is not None else False
+kw = {k: args[k] for k in ("cache", "whole") if k in args}  # an older checkout has neither
 def once():
     start = time.perf_counter()
-    cm = tvmfuse.compile(args["model"], args["target"], shapes=args["shapes"], cache=cache,
-                         **({"whole": args["whole"]} if "whole" in args else {}))
+    cm = tvmfuse.compile(args["model"], args["target"], shapes=args["shapes"], **kw)
     return cm, time.perf_counter() - start
 cm, seconds = once()
-out = {"seconds": seconds, "cache_info": getattr(cm, "cache_info", None)}
+start = time.perf_counter()
+cm.export(args["export"])
+out = {"seconds": seconds, "export_seconds": time.perf_counter() - start,
+       "cache_info": getattr(cm, "cache_info", None)}
 if args.get("again"):
     out["again_seconds"] = once()[1]
 if args.get("save"):
@@ -49,8 +52,19 @@ print("RESULT " + json.dumps(out))
 """
 
 
+WORK = Path(tempfile.gettempdir())  # where the children export (measure sets its own folder)
+
+
+def _total(result: dict) -> float:
+    """Seconds of compile and export: what ``tvmfuse compile -o`` costs."""
+    return result["seconds"] + result["export_seconds"]
+
+
 def _child(model, target, shapes, cache, env=None, **extra) -> dict:
-    args = {"model": model, "target": target, "shapes": shapes, "cache": cache, **extra}
+    """One compile in a fresh process; ``cache`` False (off), a folder, or None (the argument left out)."""
+    args = {"model": model, "target": target, "shapes": shapes, "export": str(WORK / "m.so"), **extra}
+    if cache is not None:
+        args["cache"] = cache
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
                           timeout=1800, env=env, cwd=tempfile.gettempdir())  # not a checkout: PYTHONPATH decides
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -60,18 +74,22 @@ def _child(model, target, shapes, cache, env=None, **extra) -> dict:
 
 
 def _one_layer_changed(path_or_proto, dest: Path) -> Path:
+    """The model with the activation of one layer in the middle changed (Relu -> LeakyRelu, Clip -> Relu,
+    Sigmoid -> HardSigmoid, HardSwish -> Relu: the first kind the model has)."""
     import onnx
 
     from tvmfuse.frontend.load import load_model
 
     proto, _ = load_model(path_or_proto)
-    for old, new in (("Relu", "LeakyRelu"), ("Sigmoid", "HardSigmoid")):
-        for node in proto.graph.node:
-            if node.op_type == old:
-                node.op_type = new
-                onnx.save(proto, dest)
-                return dest
-    raise RuntimeError("no Relu or Sigmoid to change")
+    for old, new in (("Relu", "LeakyRelu"), ("Clip", "Relu"), ("Sigmoid", "HardSigmoid"), ("HardSwish", "Relu")):
+        found = [n for n in proto.graph.node if n.op_type == old]
+        if found:
+            node = found[len(found) // 2]
+            node.op_type = new
+            del node.input[1:]  # Clip's bounds
+            onnx.save(proto, dest)
+            return dest
+    raise RuntimeError("no Relu, Clip, Sigmoid or HardSwish to change")
 
 
 def _resolve(name: str):
@@ -87,27 +105,30 @@ def _resolve(name: str):
 def measure(name: str, target: str, before: str | None, work: Path) -> dict:
     import numpy as np
 
+    global WORK
+    WORK = work
+
     model, shapes = _resolve(name)
     row: dict = {"model": name}
     if before:
         env = dict(os.environ, PYTHONPATH=before)
-        row["first_before"] = _child(model, target, shapes, None, env=env)["seconds"]
+        row["first_before"] = _total(_child(model, target, shapes, None, env=env))
     ref = work / "ref.npy"
-    row["first"] = _child(model, target, shapes, None, save=str(ref))["seconds"]
+    row["first"] = _total(_child(model, target, shapes, False, save=str(ref)))
     cache = str(work / "cache")
     cold = _child(model, target, shapes, cache, again=True)
-    row["cold"], row["again_in_process"] = cold["seconds"], cold["again_seconds"]
+    row["cold"], row["again_in_process"] = _total(cold), cold["again_seconds"]
     got = work / "again.npy"
     again = _child(model, target, shapes, cache, save=str(got))
-    row["again"], row["again_info"] = again["seconds"], again["cache_info"]
+    row["again"], row["again_info"] = _total(again), again["cache_info"]
     row["identical"] = bool(np.array_equal(np.load(ref), np.load(got)))
     kernels = _child(model, target, shapes, cache, whole=False)
-    row["kernels"], row["kernels_info"] = kernels["seconds"], kernels["cache_info"]
+    row["kernels"], row["kernels_info"] = _total(kernels), kernels["cache_info"]
     changed = _one_layer_changed(model, work / "changed.onnx")
     changed_ref, changed_got = work / "changed_ref.npy", work / "changed_got.npy"
-    _child(str(changed), target, shapes, None, save=str(changed_ref))
+    _child(str(changed), target, shapes, False, save=str(changed_ref))
     one = _child(str(changed), target, shapes, cache, save=str(changed_got))
-    row["one_layer"], row["one_layer_info"] = one["seconds"], one["cache_info"]
+    row["one_layer"], row["one_layer_info"] = _total(one), one["cache_info"]
     row["one_layer_identical"] = bool(np.array_equal(np.load(changed_ref), np.load(changed_got)))
     return row
 

@@ -243,8 +243,7 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     _check_precision(spec, precision)
     graph = _graph_capture(spec, cuda_graph)
     store = kernel_cache.resolve(cache)
-    loaded = frontend.Loaded(*frontend.load_model(model))
-    key = cached_build.whole_key(store if whole else None, loaded, spec, logs, {
+    key = cached_build.whole_key(store if whole else None, model, spec, logs, {
         "shapes": shapes, "consts": cached_build.consts_digest(consts), "layout": layout, "precision": precision,
         "graph": graph})
     found = cached_build.lookup(store, key, progress) if key else None
@@ -253,7 +252,7 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
             model, spec, shapes, False, logs, layout, cuda_graph, precision, consts, cache=store, whole=False))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(loaded, shapes, spec.backend().fused_recurrence, consts)
+        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     cm = _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision,
                            cache=store if store is not None else False)
     if key is not None:
@@ -374,8 +373,7 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
     store = kernel_cache.resolve(cache)
-    loaded = frontend.Loaded(*frontend.load_model(model))
-    key = cached_build.whole_key(store if calib is None and table is not None and whole else None, loaded, spec,
+    key = cached_build.whole_key(store if calib is None and table is not None and whole else None, model, spec,
                                  logs, {"table": cached_build.table_digest(table) if table is not None else None,
                                         "method": method, "percentile": percentile, "shapes": shapes,
                                         "consts": cached_build.consts_digest(consts), "layout": layout})
@@ -386,7 +384,7 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
             cache=store, whole=False))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(loaded, shapes, spec.backend().fused_recurrence, consts)
+        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     quantizer.prepare(imported.inputs, imported.source)
     cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout,
                            cache=store if store is not None else False)

@@ -29,7 +29,8 @@ def _log_stores(logs, spec: targets.TargetSpec) -> list:
 
 
 def load_logs(logs, spec: targets.TargetSpec):
-    """The tuning-log database for ``spec`` and its manifest entry; (None, None) when there is nothing to apply."""
+    """The tuning logs for ``spec`` (a :class:`~tvmfuse.tune.lazy_logs.LazyLogs`: records decoded when a kernel
+    needs them) and its manifest entry; (None, None) when there is nothing to apply."""
     if logs is False or not spec.backend().applies_tuning_logs:
         return None, None
     stores = _log_stores(logs, spec)
@@ -39,8 +40,11 @@ def load_logs(logs, spec: targets.TargetSpec):
     with _LOGS_LOCK:
         loaded = _LOADED_LOGS.get(key)
     if loaded is None:
-        db, report = stores[0].load(fill_from=stores[1] if len(stores) > 1 else None)
-        loaded = (None, None) if report.records == 0 and not report.skipped else (db, report.to_json())
+        from .tune.lazy_logs import LazyLogs
+
+        lazy = LazyLogs(stores[0], fill_from=stores[1] if len(stores) > 1 else None)
+        report = lazy.report
+        loaded = (None, None) if report.records == 0 and not report.skipped else (lazy, report.to_json())
         with _LOGS_LOCK:
             _LOADED_LOGS[key] = loaded
     return loaded[0], (dict(loaded[1]) if loaded[1] is not None else None)
@@ -102,11 +106,15 @@ def lookup(store, key: str, progress: bool):
     return module, library, state
 
 
-def whole_key(store, loaded, spec: targets.TargetSpec, logs, options: dict) -> str | None:
-    """The key of a whole build (None when the cache is off): ``options`` and the tuning logs' content."""
+def whole_key(store, model, spec: targets.TargetSpec, logs, options: dict) -> str | None:
+    """The key of a whole build of ``model`` with ``options`` and the tuning logs' content; None when the cache
+    is off or the model cannot be read as given (the import then says what is wrong with it)."""
     if store is None:
         return None
-    return model_key(loaded.proto, spec, dict(options, logs=logs_digest(logs, spec)))
+    try:
+        return model_key(model, spec, dict(options, logs=logs_digest(logs, spec)))
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 def save(store, key: str, cm) -> None:

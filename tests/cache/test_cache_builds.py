@@ -86,3 +86,20 @@ def test_a_quantized_build_with_a_table_comes_back_whole(tmp_path):
     assert (again.cache_info["model"], second.cache_info["model"]) == ("miss", "hit")
     assert second.quantization == again.quantization
     np.testing.assert_array_equal(_run(first), _run(second))
+
+
+def test_a_model_with_external_data_misses_when_only_its_data_file_changes(tmp_path):
+    import onnx
+
+    path = tmp_path / "m.onnx"
+    onnx.save_model(conv_relu(), path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    one = {"x": (1, 3, 16, 16)}
+    first = tvmfuse.compile(path, HOST, shapes=one, cache=tmp_path / "c")
+    assert tvmfuse.compile(path, HOST, shapes=one, cache=tmp_path / "c").cache_info["model"] == "hit"
+    data = bytearray((tmp_path / "weights.bin").read_bytes())
+    data[:4] = np.float32(7.0).tobytes()  # the first weight, same size
+    (tmp_path / "weights.bin").write_bytes(bytes(data))
+    changed = tvmfuse.compile(path, HOST, shapes=one, cache=tmp_path / "c")
+    assert changed.cache_info["model"] == "miss"
+    assert not np.array_equal(_run(first), _run(changed))

@@ -36,14 +36,36 @@ def digest_files(paths) -> str:
     return h.hexdigest()
 
 
-def model_key(proto, spec, options: dict) -> str:
-    """The key of a build of ``proto`` (a loaded ModelProto) for ``spec`` with ``options`` (JSON-able)."""
-    h = hashlib.sha256()
-    h.update(json.dumps({"format": FORMAT, "versions": fingerprint.versions(), "target": spec.to_json(),
-                         "tvm_target": str(spec.tvm_target()), "options": options},
-                        sort_keys=True, default=str).encode())
-    h.update(proto.SerializeToString(deterministic=True))
-    return h.hexdigest()
+def model_digest(model) -> str:
+    """What identifies a model's content without loading it: a file's bytes and those of the files its tensors
+    keep their data in, a built-in model's name (its graph is tvmfuse's code, which the versions cover), a
+    ModelProto's serialization."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return "proto " + hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    if isinstance(model, str) and model.startswith("zoo:"):
+        return model
+    path = Path(model)
+    data = path.read_bytes()
+    files = []
+    if b"location" in data:  # external data names its file under the key "location"; else none is read
+        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+        proto = onnx.load_model_from_string(data)
+        for tensor in _get_all_tensors(proto):
+            if uses_external_data(tensor):
+                files += [path.parent / e.value for e in tensor.external_data if e.key == "location"]
+    return "file " + hashlib.sha256(data).hexdigest() + " " + digest_files(sorted(set(files)))
+
+
+def model_key(model, spec, options: dict) -> str:
+    """The key of a build of ``model`` (path, ``zoo:NAME`` or ModelProto) for ``spec`` with ``options``
+    (JSON-able); a file that cannot be read raises OSError (the caller lets the import say so)."""
+    return hashlib.sha256(json.dumps({
+        "format": FORMAT, "versions": fingerprint.versions(), "target": spec.to_json(),
+        "tvm_target": str(spec.tvm_target()), "options": options, "model": model_digest(model)},
+        sort_keys=True, default=str).encode()).hexdigest()
 
 
 def save(store: Store, key: str, state: dict, library: bytes) -> None:

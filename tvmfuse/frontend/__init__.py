@@ -12,7 +12,7 @@ from .conv1d import conv1d_as_conv2d
 from .fold import fold_constants, fuse_pad_into_conv
 from .importer import check_ops, to_relax
 from ..tensors import TensorInfo
-from .load import Loaded, fix_input_shapes, graph_inputs, load_model, output_infos  # noqa: F401
+from .load import fix_input_shapes, graph_inputs, load_model, output_infos
 from .normalize import normalize_nodes
 from .pin import inline_ifs, pin_inputs
 from .integer_ops import rewrite_integer_ops

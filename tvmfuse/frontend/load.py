@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -18,23 +18,14 @@ from ..tensors import TensorInfo
 _BENIGN_CHECKER_ERROR = "Field 'shape' of 'type' is required but missing"
 
 
-class Loaded(NamedTuple):
-    """A model :func:`load_model` loaded and checked already (passed on as the model: not loaded again)."""
-
-    proto: onnx.ModelProto
-    source: str
-
-
 def load_model(model) -> tuple[onnx.ModelProto, str]:
-    """Return ``(ModelProto, description)`` for a path, a ModelProto, ``"zoo:NAME"`` or a :class:`Loaded`.
+    """Return ``(ModelProto, description)`` for a path, a ModelProto or ``"zoo:NAME"``.
 
     Raises
     ------
     ModelLoadError
         When the file is missing, cannot be parsed as ONNX, or holds no graph.
     """
-    if isinstance(model, Loaded):
-        return model.proto, model.source
     if isinstance(model, onnx.ModelProto):
         proto, source = onnx.ModelProto(), "<ModelProto>"
         proto.CopyFrom(model)

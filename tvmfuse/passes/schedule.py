@@ -18,7 +18,8 @@ def _prim_funcs(mod: tvm.IRModule) -> dict:
 
 
 def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
-    """Replace every kernel that has a record in ``database`` by its best tuned schedule.
+    """Replace every kernel that has a record in ``database`` (a MetaSchedule database, or
+    :class:`tvmfuse.tune.lazy_logs.LazyLogs`) by its best tuned schedule.
 
     ``applied`` (optional list) receives the names of the kernels that were replaced. Needs the target in
     the context (``with target:``).
@@ -28,7 +29,12 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
     @tvm.transform.module_pass(opt_level=0, name="ApplyTuningLogs")
     def _apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         before = _prim_funcs(mod)
-        with database:
+        db = database
+        if hasattr(db, "database_for"):  # LazyLogs: decode the records of these kernels only
+            from ..tune.database import kernel_hash
+
+            db = db.database_for({kernel_hash(f) for f in before.values() if not is_scheduled(f)})
+        with db:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
         tuned = sorted(n for n, f in _prim_funcs(mod).items() if is_scheduled(f) and not is_scheduled(before.get(n, f)))
         if tuned:

@@ -125,6 +125,15 @@ class LoadReport:
         return out
 
 
+def kernel_hash(func) -> str:
+    """The structural hash a kernel's workload is filed under (the kernel as a module's ``main``, as tuning
+    commits it), as the decimal string workload lines hold."""
+    import tvm
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(tvm.IRModule({"main": func.with_attr("global_symbol", "main")})))
+
+
 def tensorized_with(record) -> set[str]:
     """The tensor intrinsics a tuning record's trace tensorizes with. MetaSchedule's record JSON starts with the
     trace ``[instructions, decisions]``, an instruction ``[kind, inputs, attributes, outputs]``; a ``Tensorize``

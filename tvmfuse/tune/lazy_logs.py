@@ -1,0 +1,65 @@
+"""Tuning logs decoded one workload at a time, when a compile meets a kernel the logs have a record for.
+
+Decoding a record (MetaSchedule's ``Workload.from_json`` and ``TuningRecord.from_json``) costs about 3 ms, and
+the shipped x86 logs hold 115: 0.35-0.55 s of every compile in a fresh process, most of it for workloads the
+model does not have. The lines are parsed (JSON) and checked up front, as :meth:`LogStore.load` does, and
+indexed by each workload's structural hash; :func:`tvmfuse.passes.schedule.ApplyTuningLogs` asks for the
+hashes of the kernels it is about to look up, and only those are decoded (once per process).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+from .database import LogStore, _filled, decoded_record, kernel_hash, tensorized_with, warn_skipped  # noqa: F401
+
+
+class LazyLogs:
+    """The usable records of ``store`` (filled from ``fill_from`` as :meth:`LogStore.load` does), decoded on
+    demand by :meth:`database_for`. ``report`` is the :class:`LoadReport` of the parse; a record that parses
+    but does not decode is skipped with a warning when it is first needed."""
+
+    def __init__(self, store: LogStore, fill_from: LogStore | None = None, warn: bool = True):
+        from tvm.s_tir import meta_schedule as ms
+
+        workloads, records, report = store.read()
+        if fill_from is not None:
+            workloads, records, report = _filled(workloads, records, report, fill_from)
+        if warn and report.skipped:
+            warn_skipped(report)
+        self.spec, self.report, self.path = store.spec, report, store.path
+        self._workloads = workloads
+        self._by_hash: dict[str, list] = {}
+        for index, record in records:
+            self._by_hash.setdefault(workloads[index][0], []).append((index, record))
+        self._db = ms.database.MemoryDatabase()
+        self._decoded: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_hash.values())
+
+    def database_for(self, hashes):
+        """The MetaSchedule database holding (at least) every record of the workloads among ``hashes``."""
+        from tvm.s_tir import meta_schedule as ms
+
+        with self._lock:
+            todo = [h for h in hashes if h in self._by_hash and h not in self._decoded]
+            entries = [e for h in todo for e in self._by_hash[h]]
+            self.spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for _, r in entries)))
+            bad = []
+            workload_of = {}
+            for index, record in entries:
+                try:
+                    if index not in workload_of:
+                        mod = ms.database.Workload.from_json(self._workloads[index]).mod
+                        workload_of[index] = self._db.commit_workload(mod)
+                    self._db.commit_tuning_record(decoded_record(record, workload_of[index]))
+                except Exception as err:  # noqa: BLE001 - a line that does not decode is that line's problem
+                    bad.append(str(err).splitlines()[0][:200])
+            self._decoded.update(todo)
+        if bad:
+            warnings.warn(f"tuning logs {self.path}: skipped {len(bad)} undecodable record(s): {bad[0]}",
+                          stacklevel=3)
+        return self._db
