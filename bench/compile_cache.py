@@ -1,6 +1,6 @@
 """Compile times with the kernel cache: first compile, the same model again, kernels only, one layer changed.
 
-    python bench/compile_cache.py                          # the zoo's four and every corpus model
+    python bench/compile_cache.py                          # every zoo and corpus model
     python bench/compile_cache.py --models zoo:resnet50,ppocrv5_det --target x86-host
     python bench/compile_cache.py --before /tmp/before     # also the first compile of another checkout
 
@@ -26,7 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-ZOO = ["zoo:mobilenet_v2", "zoo:resnet18", "zoo:resnet50", "zoo:efficientnet_lite0"]
 
 _CHILD = r"""
 import json, sys, time
@@ -137,13 +136,15 @@ def main() -> int:
     from tvmfuse import corpus, targets
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help="comma-separated zoo:NAME or corpus names (default: the zoo's four and "
-                        "the corpus)")
+    parser.add_argument("--models", help="comma-separated zoo:NAME or corpus names (default: every zoo and corpus "
+                        "model)")
     parser.add_argument("--target", default="x86-host")
     parser.add_argument("--before", metavar="DIR", help="an older checkout to time the first compile of")
     parser.add_argument("--out", default="compile_cache.json")
     args = parser.parse_args()
-    names = args.models.split(",") if args.models else ZOO + corpus.names()
+    from tvmfuse import zoo
+
+    names = args.models.split(",") if args.models else [f"zoo:{n}" for n in zoo.names()] + corpus.names()
     rows = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix="tvmfuse-bench-cache-") as tmp:

@@ -103,3 +103,14 @@ def test_a_model_with_external_data_misses_when_only_its_data_file_changes(tmp_p
     changed = tvmfuse.compile(path, HOST, shapes=one, cache=tmp_path / "c")
     assert changed.cache_info["model"] == "miss"
     assert not np.array_equal(_run(first), _run(changed))
+
+
+def test_compare_arms_build_through_the_cache(tmp_path, monkeypatch):
+    from tvmfuse.comparison.run import compare
+
+    monkeypatch.delenv("TVMFUSE_NO_CACHE", raising=False)
+    monkeypatch.setenv("TVMFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    rows = [compare(MODEL, [HOST], peers=[], budget=0.5, profile=False, output=tmp_path / f"r{i}").row(HOST)
+            for i in range(2)]
+    assert [r["build"]["cache"]["model"] for r in rows] == ["miss", "hit"]
+    assert rows[1]["build"]["kernels"] == rows[0]["build"]["kernels"]  # its kernel table from the rebuilt modules

@@ -99,7 +99,7 @@ def build(arm: Arm, model, shapes, calib, method: str, libs: Path) -> tuple[dict
                     "library_bytes": path.stat().st_size, "kernels": len(info),
                     "tuned_kernels": sum(k["schedule"] == "tuning record" for k in info.values()),
                     "tvmfuse_kernels": sum(k["tvmfuse"] for k in info.values()),
-                    "kernel_info": info}
+                    "cache": dict(cm.cache_info), "kernel_info": info}
     if cm.quantization is not None:
         row["build"]["quantization"] = {k: cm.quantization.get(k) for k in ("method", "int8_partitions",
                                                                            "fp32_partitions") if k in cm.quantization}
