@@ -74,13 +74,15 @@ def _child(model, target, shapes, cache, env=None, **extra) -> dict:
 
 def _one_layer_changed(path_or_proto, dest: Path) -> Path:
     """The model with the activation of one layer in the middle changed (Relu -> LeakyRelu, Clip -> Relu,
-    Sigmoid -> HardSigmoid, HardSwish -> Relu: the first kind the model has)."""
+    Sigmoid -> HardSigmoid, HardSwish -> Relu, Erf -> Tanh, Tanh -> Sigmoid, else an Add -> Sub: the first
+    kind the model has)."""
     import onnx
 
     from tvmfuse.frontend.load import load_model
 
     proto, _ = load_model(path_or_proto)
-    for old, new in (("Relu", "LeakyRelu"), ("Clip", "Relu"), ("Sigmoid", "HardSigmoid"), ("HardSwish", "Relu")):
+    for old, new in (("Relu", "LeakyRelu"), ("Clip", "Relu"), ("Sigmoid", "HardSigmoid"), ("HardSwish", "Relu"),
+                     ("Erf", "Tanh"), ("Tanh", "Sigmoid"), ("Add", "Sub")):
         found = [n for n in proto.graph.node if n.op_type == old]
         if found:
             node = found[len(found) // 2]
@@ -88,7 +90,7 @@ def _one_layer_changed(path_or_proto, dest: Path) -> Path:
             del node.input[1:]  # Clip's bounds
             onnx.save(proto, dest)
             return dest
-    raise RuntimeError("no Relu, Clip, Sigmoid or HardSwish to change")
+    raise RuntimeError("no activation or Add to change")
 
 
 def _resolve(name: str):
@@ -125,6 +127,10 @@ def measure(name: str, target: str, before: str | None, work: Path) -> dict:
     row["kernels"], row["kernels_info"] = _total(kernels), kernels["cache_info"]
     changed = _one_layer_changed(model, work / "changed.onnx")
     changed_ref, changed_got = work / "changed_ref.npy", work / "changed_got.npy"
+    if shapes is None:  # a built-in model saved to a file: its default shapes given explicitly
+        from tvmfuse import zoo
+
+        shapes = {k: list(v) for k, v in zoo.default_shapes(name[len("zoo:"):]).items()}
     _child(str(changed), target, shapes, False, save=str(changed_ref))
     one = _child(str(changed), target, shapes, cache, save=str(changed_got))
     row["one_layer"], row["one_layer_info"] = _total(one), one["cache_info"]
@@ -148,7 +154,12 @@ def main() -> int:
     rows = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix="tvmfuse-bench-cache-") as tmp:
-            row = measure(name, args.target, args.before, Path(tmp))
+            try:
+                row = measure(name, args.target, args.before, Path(tmp))
+            except RuntimeError as e:
+                print(f"{name:22s} failed: {e}", flush=True)
+                rows.append({"model": name, "error": str(e)})
+                continue
         rows.append(row)
         print(f"{name:22s} first {row['first']:6.2f} s" + (f" (before {row['first_before']:6.2f})" if args.before
                                                                  else "")

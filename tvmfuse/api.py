@@ -61,11 +61,11 @@ class CompiledModel:
         self._runner: Runner | None = None
 
     @classmethod
-    def from_cache(cls, module, library: bytes, state: dict, spec: targets.TargetSpec, rebuild) -> "CompiledModel":
-        """A model whose library came from the cache (``module``: it, loaded). ``mod``, ``lowered`` and
-        ``record`` are rebuilt by ``rebuild()`` (a CompiledModel) the first time one is read."""
+    def from_cache(cls, library: bytes, state: dict, spec: targets.TargetSpec, rebuild) -> "CompiledModel":
+        """A model whose library came from the cache (loaded when it first runs; ``executable`` is None).
+        ``mod``, ``lowered`` and ``record`` are rebuilt by ``rebuild()`` (a CompiledModel) when first read."""
         cm = cls.__new__(cls)
-        cm.executable, cm.target, cm._library, cm._runner = module, spec, library, None
+        cm.executable, cm.target, cm._library, cm._runner = None, spec, library, None
         cm.inputs = [TensorInfo.from_json(i) for i in state["inputs"]]
         cm.outputs = [TensorInfo.from_json(o) for o in state["outputs"]]
         cm.source, cm.stats, cm.pinned = state["source"], state["stats"], state["pinned"]
@@ -351,7 +351,9 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     consts : dict, optional
         Pinned inputs, as for :func:`compile` (calibration data then leaves them out).
     cache, whole
-        As for :func:`compile`; a whole build is reused only with a calibration ``table`` (not ``calib``).
+        As for :func:`compile`. A whole build is reused when the calibration source is the same: a table (or
+        its file's content), or data given as a file, a folder, ``random:N`` or batches (with the same
+        method and options); not for data from an iterator, nor when a new table is written.
 
     Returns
     -------
@@ -373,14 +375,14 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     quantizer = Quantizer(spec, calib, method, table, percentile, blocked=layout == "blocked", preprocess=preprocess)
     store = kernel_cache.resolve(cache)
-    key = cached_build.whole_key(store if calib is None and table is not None and whole else None, model, spec,
-                                 logs, {"table": cached_build.table_digest(table) if table is not None else None,
-                                        "method": method, "percentile": percentile, "shapes": shapes,
-                                        "consts": cached_build.consts_digest(consts), "layout": layout})
+    source = cached_build.quantize_digest(calib, table, preprocess) if whole else None
+    key = cached_build.whole_key(store if source else None, model, spec, logs, {
+        "calibration": source, "method": method, "percentile": percentile, "shapes": shapes,
+        "consts": cached_build.consts_digest(consts), "layout": layout})
     found = cached_build.lookup(store, key, progress) if key else None
     if found:
         return CompiledModel.from_cache(*found, spec, lambda: quantize(
-            model, None, method, spec, table, shapes, percentile, False, logs, layout, preprocess, consts,
+            model, calib, method, spec, table, shapes, percentile, False, logs, layout, preprocess, consts,
             cache=store, whole=False))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):

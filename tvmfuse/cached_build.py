@@ -5,10 +5,11 @@ while unchanged), the fingerprints of its options, and whole builds looked up an
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import threading
 import time
-import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -71,39 +72,55 @@ def consts_digest(consts) -> str | None:
     return h.hexdigest()
 
 
-def table_digest(table) -> str:
-    """The content of a calibration table (a CalibrationTable, or the path of one)."""
+def quantize_digest(calib, table, preprocess) -> str | None:
+    """The content a quantize build calibrates from: a calibration table (the path of one, or one), or
+    calibration data that is a file, a folder, ``"random:N"``, a batch or a list of batches; None where it
+    cannot be told without consuming it (an iterator) or the build writes a file (data and a table path)."""
     import json
 
     from .quant.table import CalibrationTable
 
-    if isinstance(table, CalibrationTable):
-        return hashlib.sha256(json.dumps(table.to_json(), sort_keys=True).encode()).hexdigest()
-    return models.digest_files([table])
+    if calib is None:
+        if isinstance(table, CalibrationTable):
+            return "table " + hashlib.sha256(json.dumps(table.to_json(), sort_keys=True).encode()).hexdigest()
+        return "table " + models.digest_files([table]) if table is not None else None
+    if table is not None:
+        return None
+    h = hashlib.sha256(repr(preprocess).encode())
+    if isinstance(calib, str) and calib.startswith("random:"):
+        return "data " + calib
+    if isinstance(calib, (str, os.PathLike)):
+        path = Path(calib)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        return "data " + models.digest_files(files) + " " + h.hexdigest()
+    batches = [calib] if isinstance(calib, dict) else calib if isinstance(calib, (list, tuple)) else None
+    if batches is None:
+        return None
+    for batch in batches:
+        if not isinstance(batch, dict):
+            return None
+        for name in sorted(batch, key=str):
+            value = np.ascontiguousarray(batch[name])
+            h.update(f"{name}\0{value.dtype}\0{value.shape}\0".encode())
+            h.update(value.tobytes())
+    return "data " + h.hexdigest()
 
 
 def lookup(store, key: str, progress: bool):
-    """(loaded library module, library bytes, state) of the build stored under ``key``, or None."""
-    from .export import load_library_bytes
-
+    """(library bytes, state) of the build stored under ``key``, or None. The library is loaded when the
+    model first runs (a compile that only exports it never maps it); the entry's checksum vouches for it."""
     start = time.perf_counter()
     found = models.load(store, key)
     if found is None:
         return None
     state, library = found
-    try:
-        module = load_library_bytes(library)
-    except Exception as e:  # noqa: BLE001 - a library that does not load is rebuilt, never trusted
-        warnings.warn(f"kernel cache: stored build {key[:16]} does not load ({str(e).splitlines()[0]}); "
-                      "building it again", stacklevel=3)
-        return None
     seconds = time.perf_counter() - start
     store.log_run("model", 1, 0)
     state["stats"] = {"cached build": seconds}
     if progress:
         print(f"[1/1] cached build {key[:12]} ({len(state['kernels'])} kernels, {store.root}) ... {seconds:.1f} s",
               file=sys.stderr, flush=True)
-    return module, library, state
+    return library, state
 
 
 def whole_key(store, model, spec: targets.TargetSpec, logs, options: dict) -> str | None:

@@ -78,14 +78,22 @@ def test_a_damaged_whole_build_is_rebuilt_with_one_warning(tmp_path):
     assert tvmfuse.compile(MODEL, HOST, cache=tmp_path).cache_info["model"] == "hit"
 
 
-def test_a_quantized_build_with_a_table_comes_back_whole(tmp_path):
-    table = tmp_path / "table.json"
-    first = tvmfuse.quantize(MODEL, "random:2", "minmax", HOST, table=table, cache=tmp_path / "c")
-    again = tvmfuse.quantize(MODEL, None, "minmax", HOST, table=table, cache=tmp_path / "c")
-    second = tvmfuse.quantize(MODEL, None, "minmax", HOST, table=table, cache=tmp_path / "c")
+def test_a_quantized_build_comes_back_whole_for_the_same_calibration_source(tmp_path):
+    table, cache = tmp_path / "table.json", tmp_path / "c"
+    first = tvmfuse.quantize(MODEL, "random:2", "minmax", HOST, table=table, cache=cache)  # writes the table
+    assert first.cache_info["model"] == "miss"
+    again = tvmfuse.quantize(MODEL, None, "minmax", HOST, table=table, cache=cache)
+    second = tvmfuse.quantize(MODEL, None, "minmax", HOST, table=table, cache=cache)
     assert (again.cache_info["model"], second.cache_info["model"]) == ("miss", "hit")
-    assert second.quantization == again.quantization
+    assert second.quantization == again.quantization and second.executable is None  # loaded when it runs
     np.testing.assert_array_equal(_run(first), _run(second))
+    rng = np.random.default_rng(0)
+    batches = [{"input": rng.standard_normal((1, 3, 32, 32)).astype("float32")} for _ in range(2)]
+    data = [tvmfuse.quantize(MODEL, b, "minmax", HOST, cache=cache).cache_info["model"]
+            for b in (batches, [dict(b) for b in batches], [batches[0]], iter(batches))]
+    assert data == ["miss", "hit", "miss", "miss"]  # an iterator is not consumed for a key
+    other = tvmfuse.quantize(MODEL, batches, "entropy", HOST, cache=cache)
+    assert other.cache_info["model"] == "miss"
 
 
 def test_a_model_with_external_data_misses_when_only_its_data_file_changes(tmp_path):
