@@ -19,7 +19,7 @@ LAYERS = (
     ("core facts", ("tvmfuse.version", "tvmfuse.errors", "tvmfuse.tensors", "tvmfuse.targets", "tvmfuse.threads",
                     "tvmfuse.host", "tvmfuse.tvmscript",
                     "tvmfuse.cuda_driver", "tvmfuse.progress", "tvmfuse.zoo", "tvmfuse.patterns", "tvmfuse.schedules",
-                    "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.runs")),
+                    "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.records", "tvmfuse.tune.runs")),
     ("graph passes", ("tvmfuse.frontend", "tvmfuse.passes")),
     ("build and run", ("tvmfuse.export", "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck", "tvmfuse.tune.measure",
                        "tvmfuse.tune.workers", "tvmfuse.tune.validate")),

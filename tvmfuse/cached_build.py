@@ -15,7 +15,6 @@ import numpy as np
 
 from . import targets
 from .cache import models
-from .cache.models import model_key  # noqa: F401 - compile's key
 
 _LOADED_LOGS: dict = {}
 _LOGS_LOCK = threading.Lock()
@@ -60,15 +59,20 @@ def logs_digest(logs, spec: targets.TargetSpec) -> str:
     return models.digest_files([s.path / name for s in _log_stores(logs, spec) for name in (WORKLOADS, RECORDS)])
 
 
+def _hash_arrays(h, arrays) -> None:
+    """Feed ``h`` each named array's name, dtype, shape and bytes, in name order."""
+    for name in sorted(arrays, key=str):
+        value = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{value.dtype}\0{value.shape}\0".encode())
+        h.update(value.tobytes())
+
+
 def consts_digest(consts) -> str | None:
     """The pinned inputs' names, dtypes, shapes and values, as a digest (None when there are none)."""
     if not consts:
         return None
     h = hashlib.sha256()
-    for name in sorted(consts, key=str):
-        value = np.asarray(consts[name])
-        h.update(f"{name}\0{value.dtype}\0{value.shape}\0".encode())
-        h.update(np.ascontiguousarray(value).tobytes())
+    _hash_arrays(h, consts)
     return h.hexdigest()
 
 
@@ -99,10 +103,7 @@ def quantize_digest(calib, table, preprocess) -> str | None:
     for batch in batches:
         if not isinstance(batch, dict):
             return None
-        for name in sorted(batch, key=str):
-            value = np.ascontiguousarray(batch[name])
-            h.update(f"{name}\0{value.dtype}\0{value.shape}\0".encode())
-            h.update(value.tobytes())
+        _hash_arrays(h, batch)
     return "data " + h.hexdigest()
 
 
@@ -129,7 +130,7 @@ def whole_key(store, model, spec: targets.TargetSpec, logs, options: dict) -> st
     if store is None:
         return None
     try:
-        return model_key(model, spec, dict(options, logs=logs_digest(logs, spec)))
+        return models.model_key(model, spec, dict(options, logs=logs_digest(logs, spec)))
     except (OSError, TypeError, ValueError):
         return None
 

@@ -146,7 +146,7 @@ print(json.dumps(sorted(str(f.attrs["tvmfuse.scheduled_by"]) for _, f in cm.lowe
 
 
 def test_records_name_the_steps_they_tensorize_with():
-    from tvmfuse.tune.database import tensorized_with
+    from tvmfuse.tune.records import tensorized_with
 
     trace = [[["SampleCategorical", [], [[1, 2], [0.5, 0.5]], ["v0"]],
               ["Tensorize", ["l13"], ["tvmfuse_group_shuffle_4x16", 1], []]], []]

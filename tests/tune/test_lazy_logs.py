@@ -7,7 +7,8 @@ import json
 import pytest
 from helpers.tune import HOST, default_entry, task_of, wide_conv
 
-from tvmfuse.tune.database import RECORDS, LogStore, kernel_hash
+from tvmfuse.tune.database import RECORDS, LogStore
+from tvmfuse.tune.records import kernel_hash
 from tvmfuse.tune.lazy_logs import LazyLogs
 
 

@@ -22,7 +22,7 @@ from tvmfuse import cli, targets
 from tvmfuse.errors import InputError
 from tvmfuse.schedules.cuda import conv2d
 from tvmfuse.tune import offline
-from tvmfuse.tune.database import decoded_record
+from tvmfuse.tune.records import decoded_record
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 ROOT = Path(__file__).resolve().parents[2]

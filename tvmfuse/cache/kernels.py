@@ -60,12 +60,17 @@ def _context() -> str:
     return repr((int(ctx.opt_level), config, sorted(map(str, ctx.required_pass)), sorted(map(str, ctx.disabled_pass))))
 
 
+def _object_path(gv, workdir: Path) -> Path:
+    return workdir / f"{gv.name_hint}.o"
+
+
 def _build_one(gv, func, target, workdir: Path) -> bytes:
+    """Build one kernel to its object file in ``workdir`` (:func:`_object_path`); return the file's bytes."""
     import tvm
 
     with target:
         lib = tvm.tirx.build(tvm.IRModule({gv: func}), target=target)
-    path = workdir / f"{gv.name_hint}.o"
+    path = _object_path(gv, workdir)
     lib.write_to_file(str(path))
     return path.read_bytes()
 
@@ -103,10 +108,11 @@ def build_executable(lowered, target, store: Store | None):
                 objects[i] = data
                 if store is not None:
                     store.put(keys[i], data)
-        libs = []
-        for (gv, _), data in zip(kernels, objects):
-            path = workdir / f"{gv.name_hint}.cached.o"
-            path.write_bytes(data)
+        libs, built = [], set(todo)
+        for i, ((gv, _), data) in enumerate(zip(kernels, objects)):
+            path = _object_path(gv, workdir)
+            if i not in built:  # from the cache: not on disk yet
+                path.write_bytes(data)
             libs.append(tvm.runtime.load_static_library(str(path), [gv.name_hint]))  # read into memory
         builder = relax.ExecBuilder()
         vm_build._vmcodegen(builder, lowered, "bytecode")
@@ -128,11 +134,12 @@ def runnable(mod, target, store: Store | None):
     data = store.get(key) if store is not None else None
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernel-") as tmp:
         workdir = Path(tmp)
+        obj, lib = _object_path(gv, workdir), workdir / "kernel.so"
         if data is None:
             data = _build_one(gv, func, target, workdir)
             if store is not None:
                 store.put(key, data)
-        obj, lib = workdir / "kernel.cached.o", workdir / "kernel.so"
-        obj.write_bytes(data)
+        else:
+            obj.write_bytes(data)
         cc.create_shared(str(lib), [str(obj)])
         return tvm.runtime.load_module(str(lib))

@@ -158,9 +158,6 @@ class Store:
                             pass
         return out
 
-    def size(self) -> int:
-        return sum(st.st_size for _, st in self.entries())
-
     def evict(self) -> int:
         """Delete least recently used entries until the store fits its limit (and temporary files of writers
         that died more than an hour ago); return how many entries went."""

@@ -31,7 +31,7 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
         before = _prim_funcs(mod)
         db = database
         if hasattr(db, "database_for"):  # LazyLogs: decode the records of these kernels only
-            from ..tune.database import kernel_hash
+            from ..tune.records import kernel_hash
 
             db = db.database_for({kernel_hash(f) for f in before.values() if not is_scheduled(f)})
         with db:

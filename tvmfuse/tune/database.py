@@ -29,6 +29,7 @@ from typing import Iterable
 
 from ..errors import TvmfuseError
 from ..targets import TargetSpec
+from .records import commit_records
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -125,28 +126,6 @@ class LoadReport:
         return out
 
 
-def kernel_hash(func) -> str:
-    """The structural hash a kernel's workload is filed under (the kernel as a module's ``main``, as tuning
-    commits it), as the decimal string workload lines hold."""
-    import tvm
-    import tvm_ffi
-
-    return str(tvm_ffi.structural_hash(tvm.IRModule({"main": func.with_attr("global_symbol", "main")})))
-
-
-def tensorized_with(record) -> set[str]:
-    """The tensor intrinsics a tuning record's trace tensorizes with. MetaSchedule's record JSON starts with the
-    trace ``[instructions, decisions]``, an instruction ``[kind, inputs, attributes, outputs]``; a ``Tensorize``
-    instruction's first attribute is the intrinsic's name. Anything else (a damaged record) names none."""
-    try:
-        instructions = record[0][0]
-        return {inst[2][0] for inst in instructions
-                if isinstance(inst, list) and len(inst) > 2 and inst[0] == "Tensorize" and isinstance(inst[2], list)
-                and inst[2] and isinstance(inst[2][0], str)}
-    except (IndexError, KeyError, TypeError):
-        return set()
-
-
 def _lines(path: Path) -> list[str]:
     """The file's lines (a cut-short last line included); blank lines are dropped.
 
@@ -231,17 +210,10 @@ class LogStore:
         workloads, records, report = self.read()
         if fill_from is not None:
             workloads, records, report = _filled(workloads, records, report, fill_from)
-        self.spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for _, r in records)))
         db = ms.database.MemoryDatabase()
-        decoded = {}
-        for index, record in records:
-            try:
-                if index not in decoded:
-                    decoded[index] = db.commit_workload(ms.database.Workload.from_json(workloads[index]).mod)
-                db.commit_tuning_record(decoded_record(record, decoded[index]))
-            except Exception as err:  # noqa: BLE001 - any decode failure of one line is that line's problem
-                report.records -= 1
-                report.skipped.append((RECORDS, None, f"undecodable record: {str(err).splitlines()[0][:200]}"))
+        errors = commit_records(db, workloads, records, self.spec)
+        report.records -= len(errors)
+        report.skipped += [(RECORDS, None, f"undecodable record: {e}") for e in errors]
         if warn and report.skipped:
             warn_skipped(report)
         return db, report
@@ -297,48 +269,6 @@ class LogStore:
             _append_lines(self.path / WORKLOADS, new_workloads)
             _append_lines(self.path / RECORDS, new_records)
         return len(new_records)
-
-
-TVM_OBJECT = "tvm_json"  # a record's value JSON cannot spell (an IndexMap of transform_layout), in TVM's JSON
-
-
-def record_json(record) -> list:
-    """A tuning record as plain JSON. MetaSchedule's own export fails on the IndexMap a ``transform_layout``
-    step carries (the CUDA GEMM rule re-indexes its operands with them); such objects are kept in TVM's JSON
-    as ``{"tvm_json": ...}``, which :func:`decoded_record` hands back as that string: the form the instruction
-    reads its attribute from."""
-    import tvm
-    from tvm_ffi import Array, Map
-    from tvm.s_tir.meta_schedule import _ffi_api
-
-    def plain(obj):
-        if obj is None or isinstance(obj, (bool, int, float, str)):
-            return obj
-        if isinstance(obj, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
-            return obj.value
-        if isinstance(obj, (Array, list, tuple)):
-            return [plain(i) for i in obj]
-        if isinstance(obj, (Map, dict)):
-            return {str(k): plain(v) for k, v in obj.items()}
-        return {TVM_OBJECT: tvm.ir.save_json(obj)}
-
-    return plain(_ffi_api.TuningRecordAsJSON(record))
-
-
-def decoded_record(record: list, workload):
-    """The MetaSchedule record of a record line's JSON (:func:`record_json`) for ``workload``."""
-    from tvm.s_tir import meta_schedule as ms
-
-    def objects(obj):
-        if isinstance(obj, list):
-            return [objects(i) for i in obj]
-        if isinstance(obj, dict):
-            if set(obj) == {TVM_OBJECT}:
-                return obj[TVM_OBJECT]  # read back from TVM's JSON string by the instruction itself
-            return {k: objects(v) for k, v in obj.items()}
-        return obj
-
-    return ms.database.TuningRecord.from_json(objects(record), workload)
 
 
 def _filled(workloads: dict, records: list, report: LoadReport, other: LogStore):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 import warnings
 
-from .database import LogStore, _filled, decoded_record, kernel_hash, tensorized_with, warn_skipped  # noqa: F401
+from .database import LogStore, _filled, warn_skipped
+from .records import commit_records
 
 
 class LazyLogs:
@@ -42,22 +43,9 @@ class LazyLogs:
 
     def database_for(self, hashes):
         """The MetaSchedule database holding (at least) every record of the workloads among ``hashes``."""
-        from tvm.s_tir import meta_schedule as ms
-
         with self._lock:
             todo = [h for h in hashes if h in self._by_hash and h not in self._decoded]
-            entries = [e for h in todo for e in self._by_hash[h]]
-            self.spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for _, r in entries)))
-            bad = []
-            workload_of = {}
-            for index, record in entries:
-                try:
-                    if index not in workload_of:
-                        mod = ms.database.Workload.from_json(self._workloads[index]).mod
-                        workload_of[index] = self._db.commit_workload(mod)
-                    self._db.commit_tuning_record(decoded_record(record, workload_of[index]))
-                except Exception as err:  # noqa: BLE001 - a line that does not decode is that line's problem
-                    bad.append(str(err).splitlines()[0][:200])
+            bad = commit_records(self._db, self._workloads, [e for h in todo for e in self._by_hash[h]], self.spec)
             self._decoded.update(todo)
         if bad:
             warnings.warn(f"tuning logs {self.path}: skipped {len(bad)} undecodable record(s): {bad[0]}",

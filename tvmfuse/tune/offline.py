@@ -24,7 +24,8 @@ from pathlib import Path
 from .. import targets
 from ..errors import InputError
 from . import cost_model
-from .database import LogStore, decoded_record, default_root, record_json
+from .database import LogStore, default_root
+from .records import decoded_record, record_json
 
 CANDIDATES = "tvmfuse-candidates"  # format of a kernel's candidate file
 TIMES = "tvmfuse-candidate-times"  # format of the device's results file
