@@ -57,8 +57,10 @@ class Backend:
         The float precisions it builds (``fp32``; ``fp16``: float16 tensors, float32 accumulation).
     int8_kernels : bool
         Whether the INT8 kernels (``QuantizeGraph``, ``FuseQDQ``) can be scheduled for it.
-    int8_vnni : bool
-        Whether its INT8 kernels take the weights a family packs for AVX512-VNNI (``Int8.vnni_pack``).
+    int8_weights : str
+        How its INT8 kernels take their weights: ``"vnni"``, the packing for AVX512-VNNI (``Int8.vnni_pack``
+        where a family has one); ``"pairs"``, conv2d and dense 16x4 blocks as int16 pairs for the
+        ``vpmaddwd`` step of CPUs without VNNI (``Int8.pairs``); ``""``, the families' packing.
     applies_tuning_logs : bool
         Whether compile applies records from ``tuning_logs/<target>/``.
     online_tuning : bool
@@ -78,7 +80,7 @@ class Backend:
     device = "cpu"
     precisions: tuple = ("fp32",)  # what compile(precision=...) may ask of it
     int8_kernels = False
-    int8_vnni = False
+    int8_weights = ""
     applies_tuning_logs = False
     online_tuning = False  # MetaSchedule templates: `tvmfuse tune` searches and measures here (or over RPC)
     fused_recurrence = False

@@ -58,6 +58,9 @@ class Int8:
     # allows (``passes.int8.kernels.vnni_packed``); the compute takes ``kernel_width`` with it. None:
     # ``blocked_pack`` there too.
     vnni_pack: str | None = None
+    # The packed weight is made of 16x4 int8 blocks (conv2d, dense), which targets without VNNI take as int16
+    # pairs (``computes.int8_ref.to_pairs``; backend ``int8_weights == "pairs"``).
+    pairs: bool = False
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
     # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.
     repacks_input: bool = False
@@ -247,7 +250,7 @@ CONV2D = Family(
     "conv2d", "relax.nn.conv2d", "conv2d", residual=True,
     compute="computes.anchors.conv2d", blocked_compute="computes.anchors.conv2d_blocked",
     int8=Int8("computes.int8.conv2d_kernel", "computes.int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
-              blocked_pack="computes.int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8",
+              blocked_pack="computes.int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8", pairs=True,
               pad_block="data_pack", reference="computes.int8_ref.conv2d_ref"),
     kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
              WINOGRAD, Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
@@ -266,7 +269,7 @@ GROUP_CONV2D = Family(
 DENSE = Family(
     "dense", "relax.matmul", "dense", residual=False, compute="computes.anchors.dense",
     int8=Int8("computes.int8.dense_kernel", "computes.int8_ref.pack_dense_weight", "NC, weight NK16n4k",
-              anchor_block="dense_int8", pad_block="data_pad", reference="computes.int8_ref.dense_ref"),
+              anchor_block="dense_int8", pad_block="data_pad", reference="computes.int8_ref.dense_ref", pairs=True),
     kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}),
              Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
     anchor_check=_dense_operands, flops=_matmul_flops, anchor_block="T_matmul_NN", layout="NC", panels=("panels", 1))

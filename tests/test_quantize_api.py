@@ -155,6 +155,26 @@ def test_x86_avx512_build_calibrates_here_and_uses_vnni():
     assert "vpdpbusd" in cm.kernel_source("asm")
 
 
+@pytest.mark.parametrize("layout", ["nchw", "blocked"])
+def test_cpus_without_vnni_take_int16_weight_pairs_and_give_the_same_integers(layout, tmp_path):
+    """A target without VNNI (an AVX2 Zen 3 here) gets the conv and dense weights as int16 pairs and the
+    vpmaddwd step; its outputs equal the host build's bit for bit (VNNI or pairs, whichever the host has)."""
+    from tvmfuse import targets
+
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        pytest.skip("this CPU cannot run an AVX2 build")
+    model, shape = inverted_residual(), (1, 8, 10, 10)
+    calib = _random_batches(shape, 4, 2)
+    host = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST, table=tmp_path / "t.json", layout=layout)
+    avx2 = tvmfuse.quantize(model, table=tmp_path / "t.json", target={"kind": "llvm", "mcpu": "znver3"}, layout=layout)
+    asm = avx2.kernel_source("asm")
+    assert "vpmaddwd" in asm and "vpshufb" in asm and "vpdpbusd" not in asm and "vphaddd" not in asm
+    assert '"int16")' in avx2.lowered.script()  # the weight parameters of the conv kernels
+    for batch in _random_batches(shape, 2, 7):
+        for got, want in zip(avx2.run(batch), host.run(batch)):
+            np.testing.assert_array_equal(got, want)
+
+
 def test_nothing_quantizable_compiles_exactly_as_fp32():
     model = grouped_conv_sigmoid()
     batches = _random_batches((1, 4, 6, 6), 2, 6)

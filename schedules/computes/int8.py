@@ -30,7 +30,10 @@ Quantization convention (the rest of tvmfuse builds on it):
 - Weight layouts: conv2d OIHW -> ``[ceil(O/16), ceil(I/4), kh, kw, 16, 4]`` int8 (VNNI: the 16x4 block of
   one step is 64 contiguous bytes; O and I padded with zero weights); dense ``[N, K]`` (output features
   first, i.e. ONNX MatMul's ``[K, N]`` transposed) -> ``[ceil(N/16), ceil(K/4), 16, 4]``; depthwise keeps
-  ``[C, 1, kh, kw]``. Packing helpers: :mod:`tvmfuse.schedules.computes.int8_ref`.
+  ``[C, 1, kh, kw]``. Conv2d and dense also take each 16x4 block as int16 pairs ``[2, 16, 2]`` (input
+  channels 2p, 2p+1 of the 16 outputs side by side, sign-extended: ``int8_ref.to_pairs``), the layout of the
+  ``vpmaddwd`` step on CPUs without VNNI; the dtype tells the layouts apart. Packing helpers:
+  :mod:`tvmfuse.schedules.computes.int8_ref`.
 
 Stage (block) names, which the schedules look up: conv2d ``data_pack`` (input to NCHW4c, padded with
 ``za``) -> ``conv2d_int8`` (int32 accumulator in NCHW16c over the padded channels) -> ``requantize``
@@ -160,6 +163,12 @@ def _geometry(kernel: str, data, kh: int, kw: int, strides, padding, dilation):
     return (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w)
 
 
+def _weight_at(weight, pairs: bool, block, o, i):
+    """Weight of output channel ``o`` and input channel ``i`` of a 16x4 block: ``[16, 4]`` int8, or the
+    pair layout ``[2, 16, 2]`` int16 (input channels 2p and 2p+1 of the 16 outputs side by side)."""
+    return weight[(*block, i // 2, o, i % 2)] if pairs else weight[(*block, o, i)]
+
+
 def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channels: int, strides=1, padding=0,
                    dilation=1, input_zero_point: int = 0, epilogue: Epilogue = Epilogue(),
                    out_layout: str = "NCHW", table=None) -> te.Tensor:
@@ -171,7 +180,8 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
         ``[N, C, H, W]`` uint8 codes, or NCHW16c ``[N, ceil(C/16), H, W, 16]`` (what the padded channels hold
         is never read: their weights are zero).
     weight : te.Tensor
-        ``[ceil(O/16), ceil(C/4), kh, kw, 16, 4]`` int8, packed by ``int8_ref.pack_conv2d_weight``.
+        ``[ceil(O/16), ceil(C/4), kh, kw, 16, 4]`` int8, packed by ``int8_ref.pack_conv2d_weight``, or its
+        int16 pair form ``[..., 2, 16, 2]`` (``int8_ref.to_pairs``).
     bias : te.Tensor
         ``[O]`` int32, with the input zero point folded in (``int8_ref.fold_zero_point``).
     multiplier : te.Tensor
@@ -199,8 +209,10 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     name = "INT8 conv2d"
     _check_data(name, data)
     wshape = _shape(weight)
-    _check(str(weight.dtype) == "int8" and len(wshape) == 6 and wshape[4:] == [BLOCK_O, BLOCK_I], name,
-           f"weight must be packed int8 [O/16, I/4, kh, kw, 16, 4], got {wshape} {weight.dtype}")
+    pairs = str(weight.dtype) == "int16"
+    _check(wshape[4:] == ([2, BLOCK_O, 2] if pairs else [BLOCK_O, BLOCK_I]) and str(weight.dtype) in ("int8", "int16"),
+           name, f"weight must be packed int8 [O/16, I/4, kh, kw, 16, 4] or int16 [O/16, I/4, kh, kw, 2, 16, 2], "
+           f"got {wshape} {weight.dtype}")
     o_blocks, c_blocks, kh, kw = wshape[:4]
     (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w) = _geometry(name, data, kh, kw, strides, padding, dilation)
     blocked_in = len(data.shape) == 5
@@ -227,7 +239,7 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
         (n, o_blocks, out_h, out_w, BLOCK_O),
         lambda b, ob, y, x, oi: te.sum(
             packed[b, rcb, y * sh + ry * dh, x * sw + rx * dw, rci].astype("int32")
-            * weight[ob, rcb, ry, rx, oi, rci].astype("int32"), axis=[rcb, ry, rx, rci]),
+            * _weight_at(weight, pairs, (ob, rcb, ry, rx), oi, rci).astype("int32"), axis=[rcb, ry, rx, rci]),
         name=families.CONV2D.int8.anchor_block)
     if out_layout != "NCHW":
         return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
@@ -239,7 +251,7 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
                   epilogue: Epilogue = Epilogue(), table=None) -> te.Tensor:
     """INT8 dense ``y[M, N] = x[M, K] . w[N, K]^T`` with the requantize epilogue.
 
-    ``data`` ``[M, K]`` uint8, ``weight`` ``[ceil(N/16), ceil(K/4), 16, 4]`` int8 (``int8_ref.pack_dense_weight``),
+    ``data`` ``[M, K]`` uint8, ``weight`` ``[ceil(N/16), ceil(K/4), 16, 4]`` int8 (``int8_ref.pack_dense_weight``; or its int16 pairs),
     ``bias`` ``[N]`` int32 (zero point folded in), ``multiplier`` ``[N]`` float32, ``residual`` ``[M, N]``;
     ``out_features`` is N; ``table`` as for :func:`conv2d_compute`. A K that is not a multiple of 4 is padded
     (``data_pad``) with zeros, which the zero weights of the padding ignore. Returns ``[M, N]`` in
@@ -249,8 +261,10 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
     _check(str(data.dtype) == "uint8" and len(data.shape) == 2, name, f"data must be 2-D uint8, got {_shape(data)} {data.dtype}")
     m, k = _shape(data)
     wshape = _shape(weight)
-    _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[2:] == [BLOCK_O, BLOCK_I], name,
-           f"weight must be packed int8 [N/16, K/4, 16, 4], got {wshape} {weight.dtype}")
+    pairs = str(weight.dtype) == "int16"
+    _check(wshape[2:] == ([2, BLOCK_O, 2] if pairs else [BLOCK_O, BLOCK_I]) and str(weight.dtype) in ("int8", "int16"),
+           name, f"weight must be packed int8 [N/16, K/4, 16, 4] or int16 [N/16, K/4, 2, 16, 2], got {wshape} "
+           f"{weight.dtype}")
     n_blocks, k_blocks = wshape[:2]
     _check(k_blocks == -(-k // BLOCK_I), name, f"weight has {k_blocks} blocks of 4 for K={k}")
     _check(n_blocks == -(-out_features // BLOCK_O), name,
@@ -263,7 +277,8 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
     acc = te.compute(
         (m, n_blocks * BLOCK_O),
         lambda i, j: te.sum(data[i, rk].astype("int32")
-                            * weight[j // BLOCK_O, rk // BLOCK_I, j % BLOCK_O, rk % BLOCK_I].astype("int32"), axis=rk),
+                            * _weight_at(weight, pairs, (j // BLOCK_O, rk // BLOCK_I), j % BLOCK_O,
+                                         rk % BLOCK_I).astype("int32"), axis=rk),
         name=families.DENSE.int8.anchor_block)
     return _epilogue_stage(lambda i, j: acc[i, j], bias, multiplier, residual, epilogue, out_shape, table)
 

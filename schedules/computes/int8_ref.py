@@ -68,6 +68,25 @@ def unpack_dense_weight(packed: np.ndarray, out_features: int, in_features: int)
     return np.ascontiguousarray(packed.transpose(0, 2, 1, 3).reshape(nb * bo, kb * bi)[:out_features, :in_features])
 
 
+def to_pairs(packed: np.ndarray) -> np.ndarray:
+    """A conv2d or dense weight packed in 16x4 int8 blocks -> the same blocks as int16 pairs ``[2, 16, 2]``
+    (input channels 2p and 2p+1 of the 16 outputs side by side), the layout of the pair step of CPUs without
+    VNNI (one 16-bit multiply-add instruction per pair of input channels)."""
+    packed = np.asarray(packed)
+    if packed.dtype != np.int8 or packed.ndim < 3 or packed.shape[-2:] != (BLOCK_O, BLOCK_I):
+        raise Int8KernelError(f"to_pairs takes int8 weights packed in [..., {BLOCK_O}, {BLOCK_I}] blocks, "
+                              f"got {packed.shape} {packed.dtype}")
+    lead = packed.shape[:-2]
+    pairs = packed.reshape(*lead, BLOCK_O, 2, 2).swapaxes(-3, -2)
+    return np.ascontiguousarray(pairs.astype(np.int16))
+
+
+def from_pairs(pairs: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`to_pairs`."""
+    pairs = np.asarray(pairs)
+    return np.ascontiguousarray(pairs.swapaxes(-3, -2).reshape(*pairs.shape[:-3], BLOCK_O, BLOCK_I).astype(np.int8))
+
+
 def fold_zero_point(bias: np.ndarray | None, weight: np.ndarray, input_zero_point: int) -> np.ndarray:
     """The int32 bias the kernels take: ``bias[o] - za * sum(weight[o])``.
 

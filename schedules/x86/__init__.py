@@ -123,7 +123,7 @@ class Backend(_Base):
         features = spec.features()
         self.vnni = "avx512vnni" in features
         self.vbmi = "avx512vbmi" in features
-        self.int8_vnni = self.vnni
+        self.int8_weights = "vnni" if self.vnni else "pairs" if self.vector_bits >= 256 else ""
 
     def int8_caution(self) -> str:
         if self.vnni:

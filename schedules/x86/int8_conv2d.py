@@ -9,12 +9,13 @@ are one 32-bit word; an NCHW16c input already is, and is read in place when ther
 - With AVX512-VNNI the 16x4 inner step is tensorized with :mod:`tvmfuse.schedules.x86.intrin.vnni` (one
   ``vpdpbusd`` per pixel and block: the 64 weight bytes of the step loaded once, the pixel's 4 bytes
   broadcast).
-- Without VNNI but with AVX2, the same step is tensorized with the intrinsic's exact AVX2 variant
-  (``vpmaddwd`` on bytes widened to int16). AVX2, 2 cores, ResNet layers: 75-110 GOP/s, 0.7-0.9x the
-  FP32 kernels' time (``bench/int8_kernels.py``): without a byte dot product AVX2 does no more INT8 work
-  per instruction than FP32 FMAs.
-- Narrower targets: the step's plain description (``"generic"``), which LLVM vectorizes (with AVX2: 55-70
-  GOP/s; int32 vectors over the 16 channels instead, whose weight loads are stride-4 gathers: 15).
+- Without VNNI the weights come packed as int16 pairs (``int8_ref.to_pairs``, what the INT8 passes hand
+  targets without VNNI) and the step is :mod:`tvmfuse.schedules.x86.intrin.madd_pairs`: ``vpmaddwd`` on
+  the pixel's zero-extended byte pairs, no horizontal adds. AVX2 code on Zen 4, 2 threads, ResNet layers:
+  0.84-0.88 ms for 64->64 3x3 at 56x56 and 256->256 3x3 at 14x14 (263-276 GOP/s), against 1.54 ms with
+  the earlier step on int8 weights (``vpmaddwd`` on widened weights, then ``vphaddd`` to fold the pairs).
+- int8 weights without VNNI, or a target below AVX2: the step's plain description (``"generic"``), which
+  LLVM vectorizes.
 
 The parallel axis is (batch, channel tile, output row). Tiles that divide the row are chosen (a split with
 a remainder puts predicates in the inner loop). A conv of fewer than :data:`SERIAL_MACS` multiply-adds
@@ -31,7 +32,7 @@ from tvm import s_tir, tirx
 from .. import families
 from ..computes import int8
 from ..common import accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor, vectorize_tile
-from .intrin import vnni
+from .intrin import madd_pairs, vnni
 
 ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
 # Multiply-adds below which the kernel runs serial. Zen 4, x86-avx512, 2 threads, 1x1 map with NCHW input
@@ -44,8 +45,9 @@ SERIAL_MACS = 1 << 16
 class Config:
     """``oc_blocks`` 16-channel blocks x ``ow_block`` pixels accumulate in registers.
 
-    ``dot`` forces the 16x4 step's implementation (a kind of :mod:`~tvmfuse.schedules.x86.intrin.vnni`:
-    ``"vnni"``, ``"avx2"``, ``"generic"``); None picks it from the target (:func:`dot_kind`). The tests run
+    ``dot`` forces the 16x4 step's implementation (a kind of :mod:`~tvmfuse.schedules.x86.intrin.vnni` for
+    int8 weights, of :mod:`~tvmfuse.schedules.x86.intrin.madd_pairs` for int16 pairs; both have
+    ``"generic"``); None picks it from the target and the layout (:func:`dot_kind`). The tests run
     the VNNI tiling with ``"generic"`` to check it on any CPU.
     """
 
@@ -54,28 +56,40 @@ class Config:
     dot: str | None = None
 
 
-def dot_kind(vector_bits: int, has_vnni: bool) -> str:
-    """VNNI where the target has it, the exact AVX2 step on 256-bit targets, the generic step below."""
-    if has_vnni:
-        return "vnni"
-    return "avx2" if vector_bits >= 256 else "generic"
+def dot_kind(vector_bits: int, has_vnni: bool, pairs: bool = False) -> str:
+    """The step for the weight layout: int16 ``pairs`` take :mod:`.intrin.madd_pairs` at the target's vector
+    width; int8 16x4 blocks take VNNI where the target has it; anything else the generic step."""
+    if pairs:
+        return "avx512" if vector_bits >= 512 else "avx2" if vector_bits >= 256 else "generic"
+    return "vnni" if has_vnni else "generic"
+
+
+def intrinsic(dot: str, pairs: bool) -> str:
+    """The registered tensor intrinsic of step ``dot`` for the weight layout."""
+    return madd_pairs.ensure(dot) if pairs else vnni.ensure(dot, "local")
+
+
+def weight_pairs(sch: s_tir.Schedule, anchor) -> bool:
+    """Whether the accumulation reads its weight as int16 pairs (else int8 16x4 blocks)."""
+    return any(str(region.source.dtype) == "int16" for region in sch.get(anchor).reads)
 
 
 def accumulators(vector_bits: int, dot: str) -> int:
     """Vector registers the tile may use for accumulators.
 
-    16 ymm (AVX2): 8; the AVX2 step keeps 4 widened weight vectors and 3 temporaries besides. 32 zmm: 24
-    with VNNI (one weight and one broadcast register per step), 20 otherwise (not measured: no AVX-512
-    machine here).
+    16 ymm: 12 for the pair step, whose weights are memory operands (2 pair registers and 2 temporaries
+    besides), 8 otherwise. 32 zmm: 24 (one weight and one broadcast register per step; 2 pairs and
+    temporaries with the pair step).
     """
     if vector_bits < 512:
-        return 8
-    return 24 if dot == "vnni" else 20
+        return 12 if dot == "avx2" else 8
+    return 24
 
 
-def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, has_vnni: bool) -> Config:
+def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, has_vnni: bool,
+                   pairs: bool = False) -> Config:
     """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits."""
-    dot = dot_kind(vector_bits, has_vnni)
+    dot = dot_kind(vector_bits, has_vnni, pairs)
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)  # vector registers per 16 int32 accumulators
     budget = accumulators(vector_bits, dot)
     oc_blocks = 2 if out_channel_blocks % 2 == 0 and 2 * per_block * 4 <= budget else 1
@@ -103,8 +117,9 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
         return False
     n, ob, oh, ow, oi, rcb, ry, rx, rci = loops
     o_blocks, out_width = int(sch.get(ob).extent), int(sch.get(ow).extent)
-    cfg = config or default_config(o_blocks, out_width, vector_bits, has_vnni)
-    dot = cfg.dot or dot_kind(vector_bits, has_vnni)
+    pairs = weight_pairs(sch, anchor)
+    cfg = config or default_config(o_blocks, out_width, vector_bits, has_vnni, pairs)
+    dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs)
     if o_blocks % cfg.oc_blocks or out_width % cfg.ow_block:
         return False
     epilogue = inline_epilogue(sch, ANCHOR)
@@ -125,7 +140,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     reindex = _pack_is_reindex(sch)
     if reindex:
         sch.compute_inline(sch.get_sblock(PAD))
-    sch.tensorize(oi, vnni.ensure(dot, "local"))
+    sch.tensorize(oi, intrinsic(dot, pairs))
     if not reindex:
         _schedule_pack(sch, serial)
     return True

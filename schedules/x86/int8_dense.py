@@ -2,8 +2,8 @@
 
 Each task owns ``n_blocks`` x 16 output features; ``m_block`` rows by those features accumulate in vector
 registers while the packed weight streams through once per row tile (at batch 1 the kernel is bound by
-reading the weight). The 16x4 step is the same as in :mod:`.int8_conv2d`: ``vpdpbusd`` with VNNI, the
-exact AVX2 step otherwise; the requantize epilogue runs on the registers before the only store.
+reading the weight). The 16x4 step is the same as in :mod:`.int8_conv2d`: ``vpdpbusd`` with VNNI, ``vpmaddwd`` on
+int16 weight pairs otherwise; the requantize epilogue runs on the registers before the only store.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from tvm import s_tir, tirx
 from .. import families
 from ..computes import int8
 from ..common import anchor_loops, accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
-from .intrin import vnni
-from .int8_conv2d import accumulators, dot_kind
+from .int8_conv2d import accumulators, dot_kind, intrinsic, weight_pairs
 
 ANCHOR, PAD = families.DENSE.int8.anchor_block, families.DENSE.int8.pad_block
 
@@ -31,10 +30,10 @@ class Config:
     dot: str | None = None
 
 
-def default_config(m: int, feature_blocks: int, vector_bits: int, has_vnni: bool) -> Config:
+def default_config(m: int, feature_blocks: int, vector_bits: int, has_vnni: bool, pairs: bool = False) -> Config:
     """Up to 4 feature blocks per task (fewer where the registers or the block count say so), then rows."""
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)
-    budget = accumulators(vector_bits, dot_kind(vector_bits, has_vnni))
+    budget = accumulators(vector_bits, dot_kind(vector_bits, has_vnni, pairs))
     n_blocks = largest_divisor(feature_blocks, min(4, max(1, budget // per_block)))
     return Config(largest_divisor(m, max(1, budget // (n_blocks * per_block))), n_blocks)
 
@@ -55,10 +54,11 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     m, features = int(sch.get(i).extent), int(sch.get(j).extent)
     if features % int8.BLOCK_O or int(sch.get(k).extent) % int8.BLOCK_I:
         return False
-    cfg = config or default_config(m, features // int8.BLOCK_O, vector_bits, has_vnni)
+    pairs = weight_pairs(sch, anchor)
+    cfg = config or default_config(m, features // int8.BLOCK_O, vector_bits, has_vnni, pairs)
     if m % cfg.m_block or (features // int8.BLOCK_O) % cfg.n_blocks:
         return False
-    dot = cfg.dot or dot_kind(vector_bits, has_vnni)
+    dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs)
     epilogue = inline_epilogue(sch, ANCHOR)
     jb, oi = sch.split(j, [None, int8.BLOCK_O])
     jb_o, jb_i = sch.split(jb, [None, cfg.n_blocks])
@@ -72,7 +72,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     sch.parallel(sch.fuse(jb_o, i_o))
     tile = sch.get_loops(consumer)[0]
     vectorize_tile(sch, sch.decompose_reduction(anchor, kb), tile)
-    sch.tensorize(oi, vnni.ensure(dot, "local"))
+    sch.tensorize(oi, intrinsic(dot, pairs))
     if PAD in names:
         pad = sch.get_sblock(PAD)
         row, col = sch.get_loops(pad)

@@ -1,5 +1,5 @@
 """Shared pieces of the INT8 kernel tests (test_schedule_x86_int8*.py): build and run a PrimFunc here, random
-codes and epilogues, the conv case description, and the three ways a rule is exercised."""
+codes and epilogues, the conv case description, and the ways a rule is exercised (:data:`MODES`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import dataclasses
 
 import numpy as np
 import tvm
+from tvm import te
 
 from tvmfuse import targets
-from tvmfuse.schedules.computes import int8
+from tvmfuse.schedules.computes import int8, int8_ref
 
 from . import HOST
 
@@ -62,11 +63,40 @@ def kernel_data(rng, out_shape, channels, residual, extreme, act=None):
     return bias, multiplier, res
 
 
+# How the tests schedule an INT8 conv2d or dense kernel. The weight layout goes with the mode: int16 pairs
+# (int8_ref.to_pairs) for the pair steps, int8 16x4 blocks otherwise.
+#   host           pairs at the host's vector width: what the INT8 passes hand a CPU without VNNI
+#   avx2           pairs, 256-bit step (the AVX2 path, on any AVX2 host)
+#   pairs-generic  pairs, the step's description as code
+#   generic        int8 blocks, the generic step
+#   vnni-tiles     int8 blocks, the VNNI tiling with the generic step (checks it on CPUs without VNNI)
+MODES = ("host", "avx2", "pairs-generic", "generic", "vnni-tiles")
+
+
+def pairs(mode: str) -> bool:
+    """Whether ``mode`` takes the weight as int16 pairs."""
+    return mode in ("host", "avx2", "pairs-generic")
+
+
+def weight_placeholder(blocks: tuple, mode: str, name: str = "w"):
+    """The packed weight's placeholder: ``blocks`` is the int8 16x4-block shape."""
+    if pairs(mode):
+        return te.placeholder(tuple(blocks[:-2]) + (2, 16, 2), "int16", name=name)
+    return te.placeholder(tuple(blocks), "int8", name=name)
+
+
+def packed_for(packed: np.ndarray, mode: str) -> np.ndarray:
+    """An int8 16x4-block weight in the layout ``mode`` takes."""
+    return int8_ref.to_pairs(packed) if pairs(mode) else packed
+
+
 def schedule_with(rule, func, mode, default_config):
-    """Schedule with the host's path, the generic step, or the VNNI tiling with the generic step."""
+    """Schedule ``func`` (built with :func:`weight_placeholder`'s layout for ``mode``) as ``mode`` says."""
     if mode == "host":
         return rule.apply(func, HOST_BITS, False)
-    if mode == "generic":
+    if mode == "avx2":
+        return rule.apply(func, 256, False)
+    if mode in ("generic", "pairs-generic"):
         return rule.apply(func, HOST_BITS, False, dataclasses.replace(default_config(HOST_BITS, False), dot="generic"))
     return rule.apply(func, 512, True, dataclasses.replace(default_config(512, True), dot="generic"))
 

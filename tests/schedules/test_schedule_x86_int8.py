@@ -20,11 +20,11 @@ from tvm import te
 from tvmfuse import targets
 from tvmfuse.schedules.computes import int8, int8_ref
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw
-from tvmfuse.schedules.x86.intrin import vnni
+from tvmfuse.schedules.x86.intrin import madd_pairs, vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 
-from helpers.int8_kernels import (AVX512, HOST_BITS, Conv, build, codes, epilogue, kernel_data, run,
-                                  schedule_with)
+from helpers.int8_kernels import (AVX512, HOST_BITS, MODES, Conv, build, codes, epilogue, kernel_data, packed_for,
+                                  run, schedule_with, weight_placeholder)
 
 CONV_CASES = [
     Conv(19, 37, 14, 3, pad=1, act="relu"),  # C, O not multiples of 4 / 16
@@ -40,9 +40,9 @@ CONV_CASES = [
 ]
 
 
-def _conv(case: Conv):
+def _conv(case: Conv, mode: str = "generic"):
     x = te.placeholder(case.in_shape(), "uint8", name="x")
-    w = te.placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), "int8", name="w")
+    w = weight_placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), mode)
     b, m = te.placeholder((case.o,), "int32", name="b"), te.placeholder((case.o,), "float32", name="m")
     r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
     out = int8.conv2d_compute(x, w, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
@@ -52,7 +52,7 @@ def _conv(case: Conv):
 
 
 def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
-    func, out = _conv(case)
+    func, out = _conv(case, mode)
     ow = case.out_shape()[3]
     sched = schedule_with(int8_conv2d, func, mode,
                       lambda bits, vnni_: int8_conv2d.default_config(-(-case.o // 16), ow, bits, vnni_))
@@ -61,7 +61,7 @@ def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
     x = codes(rng, case.in_shape(), "uint8", extreme)
     w = codes(rng, (case.o, case.c, case.k, case.k), "int8", extreme)
     bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme, case.act)
-    args = [x, int8_ref.pack_conv2d_weight(w), int8_ref.fold_zero_point(bias, w, case.za), mult]
+    args = [x, packed_for(int8_ref.pack_conv2d_weight(w), mode), int8_ref.fold_zero_point(bias, w, case.za), mult]
     got = run(sched, args + ([res] if res is not None else []), out)
     ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad,
                               dilation=case.dilation, input_zero_point=case.za,
@@ -70,7 +70,7 @@ def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
     return ref
 
 
-@pytest.mark.parametrize("mode", ["host", "vnni-tiles", "generic"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_conv2d_bit_exact(case, mode):
     ref = _check_conv(case, mode)
@@ -79,7 +79,7 @@ def test_conv2d_bit_exact(case, mode):
     assert np.isfinite(ref.astype("float64")).all()
 
 
-@pytest.mark.parametrize("mode", ["host", "vnni-tiles"])
+@pytest.mark.parametrize("mode", ["host", "avx2", "vnni-tiles"])
 @pytest.mark.parametrize("case", [Conv(64, 32, 6, 3, pad=1, za=255), Conv(40, 16, 5, 1, out="int8", za=0),
                                   Conv(12, 20, 7, 3, pad=1, residual="uint8", out="float32", za=128)], ids=str)
 def test_conv2d_extreme_values(case, mode):
@@ -87,13 +87,21 @@ def test_conv2d_extreme_values(case, mode):
     _check_conv(case, mode, extreme=True, seed=3)
 
 
-def test_conv2d_host_uses_exact_avx2_step():
-    if HOST_BITS < 256:
-        pytest.skip("host has no AVX2")
-    func, _ = _conv(CONV_CASES[0])
-    text = int8_conv2d.apply(func, HOST_BITS, False).script()
-    assert "llvm.x86.avx2.pmadd.wd" in text and "T.parallel" in text
-    assert "vpdpbusd" not in text
+@pytest.mark.parametrize("bits", [256, 512])
+def test_pair_steps_compile_to_vpmaddwd_without_horizontal_adds(bits):
+    """The pair layout's step on a CPU without VNNI: vpmaddwd on ymm (AVX2) or zmm (AVX-512), the pixel's
+    pairs formed by vpshufb, no vphaddd (what the int8-block step needed); checked on the assembly for a
+    Zen 3 (AVX2) and for x86-avx512 with VNNI left unused, so on any CPU."""
+    target = {256: {"kind": "llvm", "mcpu": "znver3"}, 512: AVX512}[bits]
+    conv, _ = _conv(CONV_CASES[0], "host")
+    dense, _ = _dense(*DENSE_CASES[1], mode="host")
+    for func, rule in ((conv, int8_conv2d), (dense, int8_dense)):
+        sched = rule.apply(func, bits, False)
+        assert "pmadd" in sched.script() and "T.parallel" in sched.script()
+        asm = build(sched, target).mod.inspect_source("asm")
+        register = "zmm" if bits == 512 else "ymm"
+        assert f"vpmaddwd\t" in asm and "vpshufb" in asm and "vphaddd" not in asm and "vpdpbusd" not in asm
+        assert any(line.strip().startswith("vpmaddwd") and register in line for line in asm.splitlines())
 
 
 # ----------------------------------------------------------------------------------------------- depthwise
@@ -145,20 +153,20 @@ DENSE_CASES = [(1, 100, 37, "uint8", None, "relu"), (3, 130, 70, "int8", "uint8"
                (2, 96, 40, "uint8", None, "hardswish")]
 
 
-def _dense(m, k, n, out_dtype, residual, act):
+def _dense(m, k, n, out_dtype, residual, act, mode="generic"):
     x = te.placeholder((m, k), "uint8", name="x")
-    w = te.placeholder((-(-n // 16), -(-k // 4), 16, 4), "int8", name="w")
+    w = weight_placeholder((-(-n // 16), -(-k // 4), 16, 4), mode)
     b, mult = te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m")
     r = te.placeholder((m, n), residual, name="r") if residual else None
     out = int8.dense_compute(x, w, b, mult, r, out_features=n, epilogue=epilogue(out_dtype, act, residual))
     return int8.prim_func([x, w, b, mult] + ([r] if r is not None else []) + [out]), out
 
 
-@pytest.mark.parametrize("mode", ["host", "vnni-tiles", "generic"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", DENSE_CASES, ids=str)
 def test_dense_bit_exact(case, mode):
     m, k, n, out_dtype, residual, act = case
-    func, out = _dense(*case)
+    func, out = _dense(*case, mode=mode)
     sched = schedule_with(int8_dense, func, mode, lambda bits, v: int8_dense.default_config(m, -(-n // 16), bits, v))
     assert sched is not None
     for extreme in (False, True):
@@ -166,7 +174,7 @@ def test_dense_bit_exact(case, mode):
         x, w = codes(rng, (m, k), "uint8", extreme), codes(rng, (n, k), "int8", extreme)
         bias, mult, res = kernel_data(rng, (m, n), n, residual, extreme, act)
         za = 255 if extreme else 77
-        args = [x, int8_ref.pack_dense_weight(w), int8_ref.fold_zero_point(bias, w, za), mult]
+        args = [x, packed_for(int8_ref.pack_dense_weight(w), mode), int8_ref.fold_zero_point(bias, w, za), mult]
         ref = int8_ref.dense_ref(x, w, bias, mult, res, input_zero_point=za,
                                  epilogue=epilogue(out_dtype, act, residual))
         np.testing.assert_array_equal(run(sched, args + ([res] if res is not None else []), out), ref)
@@ -270,16 +278,32 @@ def test_nothing_is_registered_at_import():
 
 
 def test_ensure_registers_one_variant_and_leaves_tvm_names_alone():
-    name = vnni.ensure("avx2", "local")
-    assert name == "tvmfuse_dot_16x4_avx2_local" and vnni.is_registered(name)
-    assert vnni.ensure("avx2", "local") == name  # idempotent
+    name = vnni.ensure("generic", "local")
+    assert name == "tvmfuse_dot_16x4_generic_local" and vnni.is_registered(name)
+    assert vnni.ensure("generic", "local") == name  # idempotent
     from tvm.s_tir import TensorIntrin
 
     intrin = TensorIntrin.get(name)
     tvm.ir.assert_structural_equal(intrin.desc, vnni.desc("local"))
-    tvm.ir.assert_structural_equal(intrin.impl, vnni.avx2_impl("local"))
+    tvm.ir.assert_structural_equal(intrin.impl, vnni.desc("local"))
     with pytest.raises(ValueError, match="unknown"):
         vnni.intrin_name("amx")
+    pair = madd_pairs.ensure("avx2")
+    assert madd_pairs.ensure("avx2") == pair and vnni.is_registered(pair)
+    tvm.ir.assert_structural_equal(TensorIntrin.get(pair).impl, madd_pairs.impl("avx2"))
+    with pytest.raises(ValueError, match="unknown"):
+        madd_pairs.intrin_name("vnni")
+
+
+def test_pair_layout_round_trips_and_refuses_other_weights():
+    w = np.random.default_rng(0).integers(-127, 128, (37, 19, 3, 3)).astype(np.int8)
+    packed = int8_ref.pack_conv2d_weight(w)
+    p = int8_ref.to_pairs(packed)
+    assert p.shape == packed.shape[:-2] + (2, 16, 2) and p.dtype == np.int16
+    assert p[1, 2, 1, 0, 1, 5, 1] == w[16 + 5, 4 * 2 + 2 * 1 + 1, 1, 0]  # output 16+5, input 4*2 + 2p + k
+    np.testing.assert_array_equal(int8_ref.from_pairs(p), packed)
+    with pytest.raises(int8.Int8KernelError, match="to_pairs"):
+        int8_ref.to_pairs(w)
 
 
 def _stock_dense():
@@ -338,7 +362,7 @@ def test_conv2d_below_serial_macs_runs_on_one_thread(channels, out_channels, siz
     """A squeeze-and-excitation conv on a 1x1 map costs less than waking a second thread: neither the
     repacking nor the conv is parallel. The parallel ones keep both, and the serial one stays bit-exact."""
     x = te.placeholder((1, channels, size, size), "uint8", name="x")
-    wt = te.placeholder((-(-out_channels // 16), -(-channels // 4), 1, 1, 16, 4), "int8", name="w")
+    wt = weight_placeholder((-(-out_channels // 16), -(-channels // 4), 1, 1, 16, 4), "host")
     b, m = te.placeholder((out_channels,), "int32", name="b"), te.placeholder((out_channels,), "float32", name="m")
     ep = epilogue("uint8", "relu", None)
     out = int8.conv2d_compute(x, wt, b, m, out_channels=out_channels, input_zero_point=3, epilogue=ep)
@@ -348,6 +372,6 @@ def test_conv2d_below_serial_macs_runs_on_one_thread(channels, out_channels, siz
     xv = codes(rng, (1, channels, size, size), "uint8", False)
     wv = codes(rng, (out_channels, channels, 1, 1), "int8", False)
     bias, mult, _ = kernel_data(rng, (1, out_channels, size, size), out_channels, None, False)
-    args = [xv, int8_ref.pack_conv2d_weight(wv), int8_ref.fold_zero_point(bias, wv, 3), mult]
+    args = [xv, packed_for(int8_ref.pack_conv2d_weight(wv), "host"), int8_ref.fold_zero_point(bias, wv, 3), mult]
     ref = int8_ref.conv2d_ref(xv, wv, bias, mult, None, input_zero_point=3, epilogue=ep)
     np.testing.assert_array_equal(run(func, args, out), ref)

@@ -13,7 +13,8 @@ from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86 import int8_conv2d, int8_depthwise
 
 from helpers.layout import to_blocked as blocked_array, to_plain
-from helpers.int8_kernels import HOST_BITS, Conv, codes, epilogue, kernel_data, run, schedule_with
+from helpers.int8_kernels import (HOST_BITS, Conv, codes, epilogue, kernel_data, packed_for, run, schedule_with,
+                                  weight_placeholder)
 
 BLOCK = int8.BLOCK_O
 
@@ -38,7 +39,7 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("data_blocked", [True, False], ids=["nchw16c_in", "nchw_in"])
-@pytest.mark.parametrize("mode", ["host", "vnni-tiles"])
+@pytest.mark.parametrize("mode", ["host", "avx2", "vnni-tiles"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_conv2d_nchw16c_bit_exact(case, mode, data_blocked):
     out_layout = "NCHW" if case.out == "float32" else int8.BLOCKED_LAYOUT
@@ -46,7 +47,7 @@ def test_conv2d_nchw16c_bit_exact(case, mode, data_blocked):
     out_shape = int8.out_shape_of(*case.out_shape(), out_layout)
     channels = out_shape[1] * (BLOCK if out_layout != "NCHW" else 1)
     x = te.placeholder((n, -(-c // BLOCK), h, w, BLOCK) if data_blocked else (n, c, h, w), "uint8", name="x")
-    wt = te.placeholder((-(-case.o // 16), -(-c // 4), case.k, case.k, 16, 4), "int8", name="w")
+    wt = weight_placeholder((-(-case.o // 16), -(-c // 4), case.k, case.k, 16, 4), mode)
     b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
     r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
     ep = epilogue(case.out, case.act, case.residual)
@@ -63,7 +64,7 @@ def test_conv2d_nchw16c_bit_exact(case, mode, data_blocked):
     ref = int8_ref.conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
                               dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
     folded = int8_ref.fold_zero_point(bias, wv, case.za)
-    args = [to_blocked(xv, fill=200) if data_blocked else xv, int8_ref.pack_conv2d_weight(wv),
+    args = [to_blocked(xv, fill=200) if data_blocked else xv, packed_for(int8_ref.pack_conv2d_weight(wv), mode),
             _padded(folded, channels), _padded(mult, channels)]
     if res is not None:
         args.append(to_blocked(res))

@@ -159,6 +159,15 @@ def case_data(case: KernelCase) -> dict:
             "residual": _codes(rng, case.out_shape(), case.residual, case.extreme) if case.residual else None}
 
 
+def _packed(family, weight: np.ndarray, spec) -> np.ndarray:
+    """The weight as compile hands it to the family's NCHW INT8 kernel on ``spec``: packed, and as int16
+    pairs where the target takes them (``int8_weights == "pairs"``)."""
+    packed = families.resolve(family.int8.pack)(weight) if family.int8.pack else weight
+    if family.int8.pairs and spec.backend().int8_weights == "pairs":
+        packed = int8_ref.to_pairs(packed)
+    return packed
+
+
 def build(case: KernelCase, target=HOST):
     """The case's kernel as compile makes it, scheduled by ``target``'s backend, built: ``(library, output
     te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``."""
@@ -168,10 +177,9 @@ def build(case: KernelCase, target=HOST):
     spec = targets.resolve(target)
     family = families.FAMILIES[case.family]
     channels = case.out_channels
-    pack = families.resolve(family.int8.pack) if family.int8.pack else None
-    weight_shape = pack(np.zeros(case.weight_shape(), np.int8)).shape if pack else case.weight_shape()
+    weight = _packed(family, np.zeros(case.weight_shape(), np.int8), spec)
     tensors = [te.placeholder(case.in_shape(), "uint8", name="data"),
-               te.placeholder(weight_shape, "int8", name="weight"),
+               te.placeholder(weight.shape, str(weight.dtype), name="weight"),
                te.placeholder((channels,), "int32", name="bias"),
                te.placeholder((channels,), "float32", name="multiplier")]
     res = te.placeholder(case.out_shape(), case.residual, name="residual") if case.residual else None
@@ -191,8 +199,7 @@ def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
     lib, out = build(case, target)
     d = case_data(case)
     family = families.FAMILIES[case.family]
-    pack = families.resolve(family.int8.pack) if family.int8.pack else None
-    args = [d["x"], pack(d["weight"]) if pack else d["weight"],
+    args = [d["x"], _packed(family, d["weight"], targets.resolve(target)),
             int8_ref.fold_zero_point(d["bias"], d["weight"], case.input_zero_point), d["multiplier"]]
     args += [d["residual"]] if d["residual"] is not None else []
     result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))

@@ -1,5 +1,5 @@
-"""u8 x s8 -> i32 16x4 dot-product tensor intrinsics: AVX512-VNNI ``vpdpbusd`` that LLVM 22 accepts, and an
-exact AVX2 version of the same step.
+"""u8 x s8 -> i32 16x4 dot-product tensor intrinsics: AVX512-VNNI ``vpdpbusd`` that LLVM 22 accepts, and the
+step's description as code. (CPUs without VNNI take the weights as int16 pairs: :mod:`.madd_pairs`.)
 
 What every variant computes (the description, identical to TVM's ``dot_product_16x4_u8i8i32_desc``)::
 
@@ -14,11 +14,8 @@ vectors: A's 4 bytes broadcast to 64, B's 64 bytes as they lie in memory.
 Implementations (:data:`KINDS`):
 
 - ``"vnni"``: one ``vpdpbusd``.
-- ``"avx2"``: for CPUs without VNNI. Bytes widened to int16 (A zero-, B sign-extended), ``vpmaddwd`` gives
-  the two pair sums of each output (exact: ``2 * 255 * 127`` fits easily), two shuffles and an add sum the
-  pairs. (``dot_16x4_avx512``'s ``pmaddubsw`` saturates at int16 and is not exact for full-range inputs.)
-- ``"generic"``: the description itself, plain loops that LLVM vectorizes for whatever the target has: the
-  fallback below AVX2, and how the tests run a VNNI-tiled schedule on CPUs without VNNI.
+- ``"generic"``: the description itself, plain loops that LLVM vectorizes for whatever the target has: int8
+  weights on a CPU without VNNI, and how the tests run a VNNI-tiled schedule on CPUs without VNNI.
 
 The accumulator C lives in ``"global"`` scope in TVM's convention (what MetaSchedule tensorizes) and in
 ``"local"`` scope in tvmfuse's schedules (register tiles): each (kind, scope) is its own intrinsic name,
@@ -41,7 +38,7 @@ from tvm.target import codegen
 STOCK_NAME = "dot_16x4_vnni"
 # The module whose import registers TVM's stock x86 intrinsics (and with them the broken STOCK_NAME).
 STOCK_MODULE = "tvm.s_tir.tensor_intrin.x86"
-KINDS = ("vnni", "avx2", "generic")
+KINDS = ("vnni", "generic")
 SCOPES = ("global", "local")
 INTRIN_NAME = "tvmfuse_dot_16x4_vnni"  # the "vnni" kind with a global accumulator: TVM's convention
 
@@ -109,37 +106,7 @@ def vnni_impl(scope: str = "global"):
     return dot_16x4_vnni
 
 
-@functools.cache
-def avx2_impl(scope: str = "local"):
-    """``vpmaddwd`` on 4 rows of B at a time: lanes (row r, pair p) hold ``A[2p]*B[r,2p] + A[2p+1]*B[r,2p+1]``;
-    even plus odd lanes of two such vectors are the 8 outputs of 8 rows, in order."""
-
-    @T.prim_func(s_tir=True)
-    def dot_16x4_avx2(
-        A: T.Buffer((4,), U8, offset_factor=1),
-        B: T.Buffer((16, 4), S8, offset_factor=1),
-        C: T.Buffer((16,), I32, offset_factor=1, scope=scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            A_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-            A_i16 = T.Cast("int16x16", T.reinterpret(T.broadcast(A_i32, 4), dtype="uint8x16"))
-            for h in T.unroll(2):
-                lo = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-                    T.Cast("int16x16", B.vload([h * 8, 0], "int8x16")), A_i16, dtype="int32x8")
-                hi = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-                    T.Cast("int16x16", B.vload([h * 8 + 4, 0], "int8x16")), A_i16, dtype="int32x8")
-                C[T.ramp(h * 8, 1, 8)] = (C[T.ramp(h * 8, 1, 8)]
-                                          + T.Shuffle([lo, hi], [0, 2, 4, 6, 8, 10, 12, 14])
-                                          + T.Shuffle([lo, hi], [1, 3, 5, 7, 9, 11, 13, 15]))
-
-    return dot_16x4_avx2
-
-
-_IMPLS = {"vnni": vnni_impl, "avx2": avx2_impl, "generic": desc}
+_IMPLS = {"vnni": vnni_impl, "generic": desc}
 
 
 def is_registered(name: str) -> bool:

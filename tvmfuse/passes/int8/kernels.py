@@ -119,27 +119,28 @@ class Int8Constants:
     kernel_width: int | None = None  # kw of a weight packed by the family's vnni_pack (which rounds it up)
 
 
-def has_vnni(spec) -> bool:
-    """Whether the target (a ``TargetSpec``; None: an unnamed CPU) takes the weights packed for AVX512-VNNI
-    (its backend's ``int8_vnni``)."""
-    return spec is not None and spec.backend().int8_vnni
+def weight_packing(spec) -> str:
+    """How the target's INT8 kernels take their weights (a ``TargetSpec``; None: an unnamed CPU): its
+    backend's ``int8_weights``, ``"vnni"``, ``"pairs"`` or ``""``."""
+    return spec.backend().int8_weights if spec is not None else ""
 
 
-def vnni_packed(part: Int8Partition, blocked: bool, vnni: bool) -> bool:
+def vnni_packed(part: Int8Partition, blocked: bool, weights: str) -> bool:
     """Whether the kernel of ``part`` takes its family's ``vnni_pack`` weight: an NCHW16c kernel on an
     AVX512-VNNI target, with dilation 1 along the row (the depthwise taps in fours read neighbouring pixels)."""
-    return (blocked and vnni and families.FAMILIES[part.family].int8.vnni_pack is not None
+    return (blocked and weights == "vnni" and families.FAMILIES[part.family].int8.vnni_pack is not None
             and part.conv.get("dilation", [1, 1])[-1] == 1)
 
 
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
-                   residual: QuantParams | None = None, blocked: bool = False, vnni: bool = False) -> Int8Constants:
+                   residual: QuantParams | None = None, blocked: bool = False, weights: str = "") -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
-    residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``; with
-    ``vnni``, an AVX512-VNNI target, ``Int8.vnni_pack`` where :func:`vnni_packed`).
+    residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
+    ``weights``: the target's :func:`weight_packing` (``"vnni"``: ``Int8.vnni_pack`` where
+    :func:`vnni_packed`; ``"pairs"``: 16x4 blocks as int16 pairs where the family has them).
 
     Raises
     ------
@@ -157,9 +158,11 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     spec = families.FAMILIES[part.family].int8
     pack = spec.blocked_pack if blocked else spec.pack
     width = None
-    if vnni_packed(part, blocked, vnni):
+    if vnni_packed(part, blocked, weights):
         pack, width = spec.vnni_pack, int(wq.shape[-1])
     packed = _pack(families.resolve(pack), wq) if pack else wq
+    if weights == "pairs" and spec.pairs:
+        packed = int8_ref.to_pairs(packed)
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width)
 
 
@@ -196,7 +199,7 @@ def _padded(values: np.ndarray, length: int) -> np.ndarray:
 
 def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: QuantParams | None,
                      residual: QuantParams | None = None, out_layout: str = "NCHW",
-                     vnni: bool = False, table: OutputTable | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
+                     weights: str = "", table: OutputTable | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
     """The INT8 kernel of ``part`` and its constant arguments.
 
     Parameters
@@ -210,8 +213,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
         residual, in ``residual.dtype`` and the output's layout).
     out_layout : str
         ``"NCHW"``, or ``"NCHW16c"`` for a uint8/int8 output of a family with an NCHW16c kernel.
-    vnni : bool
-        The target has AVX512-VNNI: an NCHW16c kernel takes its family's ``vnni_pack`` weight where it fits.
+    weights : str
+        The target's :func:`weight_packing`, as in :func:`int8_constants`.
     table : OutputTable, optional
         The elementwise ops after the partition as a table of output codes: the kernel requantizes to ``out``
         (their input's parameters) and writes the table's entry for each code.
@@ -233,7 +236,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     blocked = len(data_shape) == 5 or out_layout != "NCHW"
     if blocked and not blocked_kernel(part):
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
-    c = int8_constants(part, x, out, residual, blocked, vnni)
+    c = int8_constants(part, x, out, residual, blocked, weights)
     epilogue = dataclasses.replace(c.epilogue, table=True) if table is not None else c.epilogue
     channels = c.bias.shape[0]
     out_shape = kernel_out_shape(part, out_layout)
@@ -241,7 +244,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     if out_layout != "NCHW":
         bias, multiplier = _padded(bias, out_shape[1] * out_shape[4]), _padded(multiplier, out_shape[1] * out_shape[4])
     tensors = [te.placeholder(tuple(int(d) for d in data_shape), "uint8", name="data"),
-               te.placeholder(c.weight.shape, "int8", name="weight"),
+               te.placeholder(c.weight.shape, str(c.weight.dtype), name="weight"),
                te.placeholder(bias.shape, "int32", name="bias"),
                te.placeholder(multiplier.shape, "float32", name="multiplier")]
     kwargs = {"out_layout": out_layout} if blocked else {}

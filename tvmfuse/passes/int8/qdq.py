@@ -58,7 +58,7 @@ from tvmfuse.schedules.computes.int8 import Int8KernelError
 
 from ...quant.params import QuantParams, QuantParamsError
 from ...targets import TargetSpec
-from .kernels import has_vnni, make_int8_kernel
+from .kernels import make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
 from ..utils import const_array
@@ -373,7 +373,7 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        rewrite = Rewrite(mod, chains, choose_layouts(chains) if blocked else None, has_vnni(spec))
+        rewrite = Rewrite(mod, chains, choose_layouts(chains) if blocked else None, weight_packing(spec))
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
         out = relax.transform.DeadCodeElimination()(rewrite.builder_.get())
         if report is not None:

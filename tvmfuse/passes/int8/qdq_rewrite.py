@@ -33,11 +33,11 @@ class Rewrite(relax.PyExprMutator):
     """Binds each chain's quantize var to its kernel call (or to the ``to_plain`` of its NCHW16c codes); the
     float chain is left dead for DCE."""
 
-    def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None, vnni: bool = False):
-        """``layouts``: :func:`choose_layouts`'s; None keeps every kernel NCHW. ``vnni``: the target has
-        AVX512-VNNI (``make_int8_kernel``'s)."""
+    def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None, weights: str = ""):
+        """``layouts``: :func:`choose_layouts`'s; None keeps every kernel NCHW. ``weights``: the target's weight
+        packing (``make_int8_kernel``'s)."""
         super().__init__(mod)
-        self.chains, self.layouts, self.vnni = chains, layouts, vnni
+        self.chains, self.layouts, self.weights = chains, layouts, weights
         self.blocked: dict = {}  # var -> its codes in NCHW16c
         self.shifted: dict = {}
 
@@ -78,7 +78,7 @@ class Rewrite(relax.PyExprMutator):
         kernel, constants, out_type = chain.kernel, chain.constants, chain.out_type
         if len(data.ty.shape) == 5 or layout != "NCHW":
             kernel, constants = make_int8_kernel(chain.part, [int(d) for d in data.ty.shape], *chain.params,
-                                                 out_layout=layout, vnni=self.vnni)
+                                                 out_layout=layout, weights=self.weights)
             out_type = relax.TensorType(kernel_out_shape(chain.part, layout), out_type.dtype)
         args = [data] + constants
         if chain.residual is not None:

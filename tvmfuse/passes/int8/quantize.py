@@ -43,8 +43,8 @@ from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT, Int8KernelError
 from ...quant.keys import observed_tensors
 from ...quant.params import QuantParams, activation_params
 from ...targets import TargetSpec
-from .kernels import (OutputTable, blocked_kernel, data_layout, has_vnni, int8_constants, kernel_out_shape,
-                           make_int8_kernel, relayout)
+from .kernels import (OutputTable, blocked_kernel, data_layout, int8_constants, kernel_out_shape,
+                      make_int8_kernel, relayout, weight_packing)
 from .match import Int8Partition, analyze
 from .codes import float_read, uint8_gates, uint8_means, uint8_pools
 from ..layout import POOL_FAMILY, transform_call
@@ -150,10 +150,10 @@ class _Rewrite(relax.PyExprMutator):
     """Rewrites ``main``: INT8 sites become kernel calls, quantize/dequantize at the borders."""
 
     def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool,
-                 vnni: bool = False, means: dict | None = None, gates: dict | None = None,
+                 weights: str = "", means: dict | None = None, gates: dict | None = None,
                  dequantized: set | None = None):
         super().__init__(mod)
-        self.vnni = vnni
+        self.weights = weights
         self.sites = {s.var: s for s in sites if s.part is not None}
         self.pools, self.dequantized = pools, dequantized or set()  # pools FP32 ops also read
         self.means, self.gates = means or {}, gates or {}
@@ -270,7 +270,7 @@ class _Rewrite(relax.PyExprMutator):
         res = self.qparams(args[part.residual]) if part.residual is not None else None
         data = self._codes_of(args[part.data], data_layout(part, self.blocked))
         kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
-                                             site.out_layout, self.vnni, site.table)
+                                             site.out_layout, self.weights, site.table)
         gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
         call_args = [data] + constants
         if part.residual is not None:
@@ -368,7 +368,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
                           QuantizeWarning, stacklevel=2)
             return mod
         dequantized = {p for p in pools if float_read(p, users, int8_vars)}
-        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, has_vnni(spec), means, gates, dequantized)
+        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, weight_packing(spec), means, gates, dequantized)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:

@@ -1,0 +1,106 @@
+"""u8 x s16 -> i32 16x4 dot-product step on weights packed as int16 pairs: ``vpmaddwd`` without horizontal
+adds, for x86 CPUs without VNNI (AVX2, AVX-512 before Cascade Lake).
+
+What every variant computes (the description)::
+
+    C[i] += int32(A[k]) * int32(B[k // 2, i, k % 2])      for i < 16, k < 4
+    A: (4,) uint8   B: (2, 16, 2) int16 (128 contiguous bytes)   C: (16,) int32
+
+The weights are the int8 codes, sign-extended once at compile time (``int8_ref.to_pairs``) and laid out so
+that input channels ``2p`` and ``2p + 1`` of the 16 output channels sit side by side: ``vpmaddwd`` of one
+weight vector with the pixel's pair ``(A[2p], A[2p+1])`` broadcast to every 32-bit lane gives, in lane
+``i``, ``A[2p] * B[p, i, 0] + A[2p+1] * B[p, i, 1]`` -- output ``i``'s share, in order, exact (``2 * 255 *
+127`` fits easily). Per step and pixel: one broadcast load, two ``vpshufb`` forming the zero-extended pairs,
+and per 8 (AVX2) or 16 (AVX-512) outputs two ``vpmaddwd`` (weights straight from memory) and two adds.
+
+Why not ``vpmaddubsw`` (u8 x s8 pairs, twice the products per instruction, what oneDNN and FBGEMM use
+without VNNI): its int16 sum saturates for full-range codes (``2 * 255 * 127 > 32767``); onnxruntime avoids
+that with 7-bit weights (``reduce_range``), which costs accuracy, and it needs a second ``vpmaddwd`` to widen
+to int32 anyway, so it issues as many multiplies per product as this step. Zen 4 (ymm, 2 threads): two
+``vpmaddwd`` per cycle, as many as FMAs, each 16 multiply-adds against an FMA's 8.
+
+Kinds (:data:`KINDS`): ``"avx2"`` (ymm), ``"avx512"`` (zmm, AVX512BW), ``"generic"`` (the description as
+code, which LLVM vectorizes: the tests' way to check the tiling anywhere). The accumulator C is in
+``"local"`` scope (tvmfuse's register tiles).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+KINDS = ("avx2", "avx512", "generic")
+U8, I16, I32 = "uint8", "int16", "int32"
+# vpshufb masks over the broadcast 4 bytes of A: (A[0], A[1]) and (A[2], A[3]) zero-extended to int16
+# (a mask byte with its top bit set writes 0)
+PAIR_MASKS = tuple(int.from_bytes(bytes(m), "little", signed=True) for m in ((0, 0x80, 1, 0x80), (2, 0x80, 3, 0x80)))
+
+
+def intrin_name(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown pair-step kind {kind!r}; kinds {KINDS}")
+    return f"tvmfuse_madd_pairs_16x4_{kind}"
+
+
+@functools.cache
+def desc():
+    @T.prim_func(s_tir=True)
+    def madd_pairs_desc(
+        A: T.Buffer((4,), U8, offset_factor=1),
+        B: T.Buffer((2, 16, 2), I16, offset_factor=1),
+        C: T.Buffer((16,), I32, offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:2, 0:16, 0:2])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vk // 2, vi, vk % 2], "int32")
+
+    return madd_pairs_desc
+
+
+@functools.cache
+def impl(kind: str):
+    """``vpmaddwd`` over ``lanes`` int32 outputs at a time (8: ymm, 16: zmm)."""
+    lanes, bytes_, madd = {"avx2": (8, "int8x32", "llvm.x86.avx2.pmadd.wd"),
+                           "avx512": (16, "int8x64", "llvm.x86.avx512.pmaddw.d.512")}[kind]
+    shuffle = "llvm.x86.avx2.pshuf.b" if lanes == 8 else "llvm.x86.avx512.pshuf.b.512"
+    words, out = f"int16x{2 * lanes}", f"int32x{lanes}"
+    m0, m1 = PAIR_MASKS
+
+    @T.prim_func(s_tir=True)
+    def madd_pairs(
+        A: T.Buffer((4,), U8, offset_factor=1),
+        B: T.Buffer((2, 16, 2), I16, offset_factor=1),
+        C: T.Buffer((16,), I32, offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:2, 0:16, 0:2])
+            T.writes(C[0:16])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), lanes), dtype=bytes_)
+            p0 = T.reinterpret(T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(shuffle), a, T.reinterpret(
+                T.broadcast(T.int32(m0), lanes), dtype=bytes_), dtype=bytes_), dtype=words)
+            p1 = T.reinterpret(T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(shuffle), a, T.reinterpret(
+                T.broadcast(T.int32(m1), lanes), dtype=bytes_), dtype=bytes_), dtype=words)
+            for h in T.unroll(16 // lanes):
+                C[T.ramp(h * lanes, 1, lanes)] = (
+                    C[T.ramp(h * lanes, 1, lanes)]
+                    + T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(madd), B.vload([0, h * lanes, 0], words), p0,
+                                              dtype=out)
+                    + T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(madd), B.vload([1, h * lanes, 0], words), p1,
+                                              dtype=out))
+
+    return madd_pairs
+
+
+def ensure(kind: str) -> str:
+    """Register the variant unless it is; return its name."""
+    name = intrin_name(kind)
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, desc(), desc() if kind == "generic" else impl(kind))
+    return name
