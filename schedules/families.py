@@ -55,12 +55,15 @@ class Int8:
     # ``compute`` with ``out_layout="NCHW16c"``); None: the family's INT8 kernel reads and writes NCHW only.
     blocked_pack: str | None = None
     # "module.function" packing the weight for the NCHW16c kernel on AVX512-VNNI targets where the layout
-    # allows (``passes.int8.kernels.vnni_packed``); the compute takes ``kernel_width`` with it. None:
+    # allows (``passes.int8.kernels.taps_pack``); the compute takes ``kernel_width`` with it. None:
     # ``blocked_pack`` there too.
     vnni_pack: str | None = None
     # The packed weight is made of 16x4 int8 blocks (conv2d, dense), which targets without VNNI take as int16
     # pairs (``computes.int8_ref.to_pairs``; backend ``int8_weights == "pairs"``).
     pairs: bool = False
+    # "module.function" packing the weight for the NCHW16c kernel on targets without VNNI (backend
+    # ``int8_weights == "pairs"``) where ``vnni_pack``'s layout would apply, as int16 pairs; None: none.
+    pairs_pack: str | None = None
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
     # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.
     repacks_input: bool = False
@@ -239,7 +242,8 @@ DEPTHWISE_CONV2D = Family(
     compute="computes.anchors.depthwise_conv2d", blocked_compute="computes.anchors.depthwise_conv2d_blocked",
     int8=Int8("computes.int8_depthwise.depthwise_conv2d_kernel", None, "NCHW, weight OIHW",
               check=_depthwise_multiplier_one, blocked_pack="computes.int8_depthwise.pack_weight",
-              vnni_pack="computes.int8_depthwise.pack_weight_vnni", anchor_block="depthwise_int8", pad_block="data_pad",
+              vnni_pack="computes.int8_depthwise.pack_weight_vnni", pairs_pack="computes.int8_depthwise.pack_weight_pairs",
+              anchor_block="depthwise_int8", pad_block="data_pad",
               reference="computes.int8_ref.depthwise_conv2d_ref"),
     kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),
              Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),

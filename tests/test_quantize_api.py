@@ -157,8 +157,9 @@ def test_x86_avx512_build_calibrates_here_and_uses_vnni():
 
 @pytest.mark.parametrize("layout", ["nchw", "blocked"])
 def test_cpus_without_vnni_take_int16_weight_pairs_and_give_the_same_integers(layout, tmp_path):
-    """A target without VNNI (an AVX2 Zen 3 here) gets the conv and dense weights as int16 pairs and the
-    vpmaddwd step; its outputs equal the host build's bit for bit (VNNI or pairs, whichever the host has)."""
+    """A target without VNNI (an AVX2 Zen 3 here) gets the conv and dense weights, and in NCHW16c the
+    depthwise taps, as int16 pairs and the vpmaddwd steps; its outputs equal the host build's bit for bit
+    (VNNI or pairs, whichever the host has)."""
     from tvmfuse import targets
 
     if not {"avx2", "fma"} <= targets._cpuinfo_flags():
@@ -170,6 +171,8 @@ def test_cpus_without_vnni_take_int16_weight_pairs_and_give_the_same_integers(la
     asm = avx2.kernel_source("asm")
     assert "vpmaddwd" in asm and "vpshufb" in asm and "vpdpbusd" not in asm and "vphaddd" not in asm
     assert '"int16")' in avx2.lowered.script()  # the weight parameters of the conv kernels
+    if layout == "blocked":  # the depthwise conv's taps two by two, from interleaved neighbouring pixels
+        assert "vpunpcklbw" in asm
     for batch in _random_batches(shape, 2, 7):
         for got, want in zip(avx2.run(batch), host.run(batch)):
             np.testing.assert_array_equal(got, want)

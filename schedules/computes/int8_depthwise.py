@@ -13,7 +13,9 @@ a kernel row instead.
   dilation 1 along the row): each kernel row's taps are summed 4 at a time, 4 neighbouring pixels against
   channel i's 4 weights in one 32-bit word, the step AVX512-VNNI does in one instruction
   (the x86 backend's ``intrin/depthwise_vnni.py``). Taps past ``kw`` have zero weights; the padded
-  input has the columns they read.
+  input has the columns they read. The same weight as int16 pairs (``[ceil(C/16), kh, ceil(kw/4), 2, 16, 2]``,
+  :func:`pack_weight_pairs`: taps 2p and 2p+1 of each channel side by side) is the layout of the 16-bit
+  multiply-add step of CPUs without VNNI (``intrin/depthwise_pairs.py``); the dtype tells them apart.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from tvm import te, tirx
 
 from .. import families
+from . import int8_ref
 from .int8 import (BLOCK_O, Epilogue, _check, _check_data, _check_epilogue, _epilogue_stage, _geometry,
                    _padded, _shape, out_shape_of)
 
@@ -60,6 +63,12 @@ def pack_weight_vnni(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(taps.reshape(blocks, kh, groups, TAPS, BLOCK_O).transpose(0, 1, 2, 4, 3))
 
 
+def pack_weight_pairs(weight: np.ndarray) -> np.ndarray:
+    """``[C, 1, kh, kw]`` int8 -> ``[ceil(C/16), kh, ceil(kw/4), 2, 16, 2]`` int16: :func:`pack_weight_vnni`'s
+    groups of 4 taps with taps 2p and 2p+1 of each channel side by side (``int8_ref.to_pairs``)."""
+    return int8_ref.to_pairs(pack_weight_vnni(weight))
+
+
 def unpack_weight_vnni(packed: np.ndarray, channels: int, kw: int) -> np.ndarray:
     """Inverse of :func:`pack_weight_vnni` (``kw``: the kernel's width, which the packing rounds up)."""
     blocks, kh, groups, block, taps = packed.shape
@@ -85,7 +94,8 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     _check_data(NAME, data)
     wshape = _shape(weight)
     blocked = len(data.shape) == 5
-    taps = blocked and len(wshape) == 5  # pack_weight_vnni: taps in fours, [blocks, kh, groups, 16, 4]
+    pairs = str(weight.dtype) == "int16"  # pack_weight_pairs: [blocks, kh, groups, 2, 16, 2]
+    taps = blocked and len(wshape) == (6 if pairs else 5)  # pack_weight_vnni: taps in fours, [blocks, kh, groups, 16, 4]
     kh, kw = wshape[1:3] if blocked else wshape[2:]
     if taps:
         _check(kernel_width is not None and 0 < kernel_width <= kw * TAPS, NAME,
@@ -94,9 +104,11 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         kw = kernel_width
     (n, c, h, w), (sh, sw), (dh, dw), pad, (out_h, out_w) = _geometry(NAME, data, kh, kw, strides, padding, dilation)
     if taps:
-        _check(str(weight.dtype) == "int8" and wshape[0] == c // BLOCK_O and wshape[3:] == [BLOCK_O, TAPS]
-               and wshape[2] == -(-kw // TAPS), NAME, f"weight must be int8 [{c // BLOCK_O}, kh, {-(-kw // TAPS)}, "
-               f"{BLOCK_O}, {TAPS}] for kw = {kw}, got {wshape}")
+        block = [2, BLOCK_O, 2] if pairs else [BLOCK_O, TAPS]
+        _check(str(weight.dtype) in ("int8", "int16") and wshape[0] == c // BLOCK_O and wshape[3:] == block
+               and wshape[2] == -(-kw // TAPS), NAME,
+               f"weight must be int8 [{c // BLOCK_O}, kh, {-(-kw // TAPS)}, {BLOCK_O}, {TAPS}] or its int16 pairs "
+               f"[.., 2, {BLOCK_O}, 2] for kw = {kw}, got {wshape} {weight.dtype}")
         _check(dw == 1, NAME, f"taps in fours read neighbouring pixels: dilation {dw} along the row needs "
                "pack_weight's layout")
     elif blocked:
@@ -135,7 +147,11 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         cols = max(cols, (out_w - 1) * sw + int(wshape[2]) * TAPS)
         attrs = {BORDER: [top, left, h, w]}
         rg, rk = te.reduce_axis((0, int(wshape[2])), "rg"), te.reduce_axis((0, TAPS), "rk")
-        axes, column, tap_weight = [ry, rg, rk], rg * TAPS + rk, lambda cb, ci: weight[cb, ry, rg, ci, rk]
+        axes, column = [ry, rg, rk], rg * TAPS + rk
+        if pairs:
+            tap_weight = lambda cb, ci: weight[cb, ry, rg, rk // 2, ci, rk % 2]  # noqa: E731
+        else:
+            tap_weight = lambda cb, ci: weight[cb, ry, rg, ci, rk]  # noqa: E731
     else:
         axes, column, tap_weight = [ry, rx], rx * dw, lambda cb, ci: weight[cb, ry, rx, ci]
     padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD,

@@ -1,7 +1,7 @@
 """INT8 depthwise conv2d (:func:`tvmfuse.schedules.computes.int8_depthwise.depthwise_conv2d_compute`) on x86.
 
-Without taps in fours (NCHW, a dilated row, a target without VNNI) the kernel sums int32 products: a
-depthwise conv has no channel reduction for VNNI's 4-wide dot product.
+Without taps in fours (NCHW, a dilated row, a target below AVX2) the kernel sums int32 products: a
+depthwise conv has no channel reduction for a dot-product step, so the taps of a row stand in for it.
 
 - NCHW: int32 vectors along the output row. Channels run in parallel; each channel's plane is padded with
   the input zero point right before use (it stays in cache), ``ow_block`` pixels of a row accumulate in
@@ -10,9 +10,10 @@ depthwise conv has no channel reduction for VNNI's 4-wide dot product.
 - NCHW16c (:func:`schedule_blocked`): the 16 channels of a pixel are the vector, as in the FP32
   ``depthwise_nchwc`` rule: ``ow_block`` pixels x 16 channels accumulate in registers, each tap one 16-byte
   load widened to int32; (channel block, output row) in parallel.
-- NCHW16c with taps in fours (:func:`schedule_taps`, AVX512-VNNI): 4 taps of a row per ``vpdpbusd``
-  (:mod:`.intrin.depthwise_vnni`), the same register tile, channel blocks in parallel; each block's plane is
-  padded right before use, its loops partitioned at the borders so the copy of the interior is plain
+- NCHW16c with taps in fours (:func:`schedule_taps`): 4 taps of a row per ``vpdpbusd`` with AVX512-VNNI
+  (:mod:`.intrin.depthwise_vnni`), or per two ``vpmaddwd`` on int16 weight pairs without it
+  (:mod:`.intrin.depthwise_pairs`), the same register tile, channel blocks in parallel; each block's plane
+  is padded right before use, its loops partitioned at the borders so the copy of the interior is plain
   vector moves.
 """
 
@@ -27,7 +28,8 @@ from ..computes import int8
 from ..computes import int8_depthwise as int8_dw
 from ..common import (accumulate_in_registers, anchor_loops, depthwise_row_tiles, inline_epilogue, largest_divisor,
                       loops_below, register_tile, vectorize_tile)
-from .intrin import depthwise_vnni
+from .int8_conv2d import dot_kind, weight_pairs
+from .intrin import depthwise_pairs, depthwise_vnni
 
 ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CONV2D.int8.pad_block
 
@@ -35,7 +37,8 @@ ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CO
 @dataclasses.dataclass(frozen=True)
 class Config:
     """``ow_block`` output pixels (int32 lanes) per register tile. ``dot`` forces the taps-in-fours step's
-    implementation (a kind of :mod:`.intrin.depthwise_vnni`; None: ``"vnni"`` with VNNI, else ``"generic"``)."""
+    implementation (a kind of :mod:`.intrin.depthwise_vnni` for int8 weights, of :mod:`.intrin.depthwise_pairs`
+    for int16 pairs; None: from the target and the layout, :func:`.int8_conv2d.dot_kind`)."""
 
     ow_block: int
     dot: str | None = None
@@ -67,9 +70,11 @@ def apply(func: tirx.PrimFunc, vector_bits: int, has_vnni: bool = False,
 
 def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool = False, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
-    if anchor_loops(sch, ANCHOR, 8, needs=(PAD,)) is not None:
-        dot = (config.dot if config else None) or ("vnni" if has_vnni else "generic")
-        return schedule_taps(sch, dot, config.ow_block if config else None)
+    match = anchor_loops(sch, ANCHOR, 8, needs=(PAD,))
+    if match is not None:
+        pairs = weight_pairs(sch, match[0])
+        dot = (config.dot if config else None) or dot_kind(vector_bits, has_vnni, pairs)
+        return schedule_taps(sch, dot, config.ow_block if config else None, pairs)
     if anchor_loops(sch, ANCHOR, 7, needs=(PAD,)) is not None:
         return schedule_blocked(sch, config.ow_block if config else None)
     match = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
@@ -118,22 +123,26 @@ def schedule_blocked(sch: s_tir.Schedule, ow_block: int | None = None) -> bool:
     return True
 
 
-def taps_ow_block(out_width: int) -> int:
-    """Pixels per register tile of the taps-in-fours kernel: the largest divisor of the row up to 12.
+def taps_ow_block(out_width: int, most: int = 12) -> int:
+    """Pixels per register tile of the taps-in-fours kernel: the largest divisor of the row up to ``most``
+    (12 zmm accumulators; 8 pixels of two ymm each for the AVX2 pair step, which spills a few).
 
     Zen 4, x86-avx512, 2 threads, u8 out (us; tiles 7 / 8 / 12): 88x3x96 5x5 -, 8.6, 8.0; 32x12x96 3x3 -,
-    4.9, 4.9; 144x56x56 3x3 56.0, 55.6, -; the int32 kernel 13.1, 7.1, 83.1."""
-    return largest_divisor(out_width, 12)
+    4.9, 4.9; 144x56x56 3x3 56.0, 55.6, -; the int32 kernel 13.1, 7.1, 83.1. AVX2 pair step (ymm, run on
+    Zen 4; tiles 2 / 4 / 7 / 8): 576x14x14 30.9, -, 26.0, -; 192x28x28 39.3, 37.3, 32.7, -; 144x56x56 127.4,
+    120.9, 105.4, 102.4; 960x7x7 17.2 (1) against 13.3 (7)."""
+    return largest_divisor(out_width, most)
 
 
-def schedule_taps(sch: s_tir.Schedule, dot: str = "vnni", ow_block: int | None = None) -> bool:
-    """The NCHW16c kernel with taps in fours (anchor loops ``n, cb, oh, ow, ci, ry, rg, rk``); False when
-    ``ow_block`` does not divide the row."""
+def schedule_taps(sch: s_tir.Schedule, dot: str = "vnni", ow_block: int | None = None, pairs: bool = False) -> bool:
+    """The NCHW16c kernel with taps in fours (anchor loops ``n, cb, oh, ow, ci, ry, rg, rk``), the step
+    ``dot`` of :mod:`.intrin.depthwise_pairs` for int16 ``pairs`` weights, else of :mod:`.intrin.depthwise_vnni`;
+    False when ``ow_block`` does not divide the row."""
     match = anchor_loops(sch, ANCHOR, 8, needs=(PAD,))
     if match is None:
         return False
     anchor, (n, cb, oh, ow, ci, ry, rg, rk) = match
-    ow_block = ow_block or taps_ow_block(int(sch.get(ow).extent))
+    ow_block = ow_block or taps_ow_block(int(sch.get(ow).extent), 8 if dot == "avx2" else 12)
     if int(sch.get(ow).extent) % ow_block:
         return False
     epilogue = inline_epilogue(sch, ANCHOR)
@@ -149,7 +158,7 @@ def schedule_taps(sch: s_tir.Schedule, dot: str = "vnni", ow_block: int | None =
     sch.compute_at(pad, channel, preserve_unit_loops=True)  # rows, columns, channels: a 1x1 plane too
     _copy_by_parts(sch, pad, channel)
     vectorize_tile(sch, sch.decompose_reduction(anchor, ry), ow_o)
-    sch.tensorize(ci, depthwise_vnni.ensure(dot))
+    sch.tensorize(ci, depthwise_pairs.ensure(dot) if pairs else depthwise_vnni.ensure(dot))
     return True
 
 

@@ -55,7 +55,8 @@ def test_depthwise_reads_nchw16c_and_a_quantized_input_is_transformed_once():
     assert shape_of(calls[1][2]) == shape_of(kernel_args(calls[2][1])[0]) == [1, 2, 8, 8, 16]  # 24 channels, padded
     assert shape_of(calls[2][2]) == [1, 2, 4, 4, 16]
     weight = kernel_args(calls[2][1])[1].value.numpy()
-    assert weight.shape == (2, 3, 3, 16) and not weight[1, :, :, 8:].any()  # the padded channels weigh nothing
+    # AVX2: the taps in fours as int16 pairs; the padded channels weigh nothing
+    assert weight.shape == (2, 3, 1, 2, 16, 2) and weight.dtype == np.int16 and not weight[1, :, :, :, 8:].any()
     assert report["layout_transforms"] == 0
     plain_in, _ = quantized(make_model([helper.make_node("Conv", ["x", "w"], ["y"], group=24, pads=[1] * 4)],
                                        [("x", [1, 24, 6, 6])], [("y", [1, 24, 6, 6])],
@@ -65,7 +66,7 @@ def test_depthwise_reads_nchw16c_and_a_quantized_input_is_transformed_once():
 
 
 @pytest.mark.parametrize("dilation", [1, 2])
-def test_depthwise_weight_has_taps_in_fours_on_vnni_targets_with_row_dilation_1(dilation):
+def test_depthwise_weight_has_taps_in_fours_with_row_dilation_1(dilation):
     model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], group=24, pads=[2] * 4, dilations=[dilation] * 2),
                         helper.make_node("Relu", ["c"], ["h"]),
                         helper.make_node("Conv", ["h", "w2"], ["y"], group=24, pads=[2] * 4)],
@@ -76,9 +77,11 @@ def test_depthwise_weight_has_taps_in_fours_on_vnni_targets_with_row_dilation_1(
         mod, _ = quantized(model, blocked=True, spec=spec)
         calls = [call for kind, call, _ in main_calls(mod) if kind == "int8_depthwise_conv2d"]
         shapes[spec.name] = [kernel_args(call)[1].value.numpy().shape for call in calls]
-    # The dilated conv's taps are 2 pixels apart: no 4 of them lie in one 64-byte load.
-    first = (2, 5, 2, 16, 4) if dilation == 1 else (2, 5, 5, 16)
-    assert shapes == {"x86-avx512": [first, (2, 5, 2, 16, 4)], "custom": [(2, 5, 5, 16)] * 2}
+    # The dilated conv's taps are 2 pixels apart: no 4 of them lie in one 64-byte load. AVX2 (no VNNI) takes
+    # the same groups of taps as int16 pairs.
+    plain = (2, 5, 5, 16)
+    assert shapes == {"x86-avx512": [(2, 5, 2, 16, 4) if dilation == 1 else plain, (2, 5, 2, 16, 4)],
+                      "custom": [(2, 5, 2, 2, 16, 2) if dilation == 1 else plain, (2, 5, 2, 2, 16, 2)]}
 
 
 @pytest.mark.parametrize("channels", [16, 24])

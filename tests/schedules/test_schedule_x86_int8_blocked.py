@@ -13,8 +13,8 @@ from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86 import int8_conv2d, int8_depthwise
 
 from helpers.layout import to_blocked as blocked_array, to_plain
-from helpers.int8_kernels import (HOST_BITS, Conv, codes, epilogue, kernel_data, packed_for, run, schedule_with,
-                                  weight_placeholder)
+from helpers.int8_kernels import (HOST_BITS, Conv, build, codes, epilogue, kernel_data, packed_for, run,
+                                  schedule_with, weight_placeholder)
 
 BLOCK = int8.BLOCK_O
 
@@ -85,8 +85,8 @@ DW_CASES = [
 
 
 def _depthwise(case, extreme, pack):
-    """Build ``case`` with the weight layout of ``pack`` (``pack_weight`` or ``pack_weight_vnni``): the
-    compute, the numpy operands and the reference."""
+    """Build ``case`` with the weight layout of ``pack`` (``pack_weight``, ``pack_weight_vnni`` or
+    ``pack_weight_pairs``): the compute, the numpy operands and the reference."""
     out_layout = "NCHW" if case.out == "float32" else int8.BLOCKED_LAYOUT
     n, c, h, w = case.in_shape()
     blocks = -(-c // BLOCK)
@@ -98,11 +98,11 @@ def _depthwise(case, extreme, pack):
     bias, mult, res = kernel_data(rng, case.out_shape(), c, case.residual, extreme, case.act)
     packed = pack(wv)
     x = te.placeholder((n, blocks, h, w, BLOCK), "uint8", name="x")
-    wt = te.placeholder(packed.shape, "int8", name="w")
+    wt = te.placeholder(packed.shape, str(packed.dtype), name="w")
     b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
     r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
     ep = epilogue(case.out, case.act, case.residual)
-    width = {"kernel_width": case.k} if packed.ndim == 5 else {}
+    width = {"kernel_width": case.k} if packed.ndim >= 5 else {}
     out = int8_dw.depthwise_conv2d_compute(x, wt, b, m, r, strides=case.stride, padding=case.pad,
                                            dilation=case.dilation, input_zero_point=case.za, epilogue=ep,
                                            out_layout=out_layout, channels=c, **width)
@@ -137,7 +137,7 @@ TAPS_CASES = [case for case in DW_CASES if case.dilation == 1] + [
 ]
 
 
-@pytest.mark.parametrize("step", ["host", "generic"])
+@pytest.mark.parametrize("step", ["host", "generic", "pairs-host", "pairs-avx2", "pairs-generic"])
 @pytest.mark.parametrize("extreme", [False, True])
 @pytest.mark.parametrize("case", TAPS_CASES, ids=str)
 def test_depthwise_taps_in_fours_bit_exact(case, extreme, step):
@@ -148,6 +148,9 @@ def test_depthwise_taps_in_fours_bit_exact(case, extreme, step):
     vnni = "avx512vnni" in targets.resolve("x86-host").features()
     if step == "host" and not vnni:
         pytest.skip("needs a CPU with AVX512-VNNI to run the vpdpbusd step")
+    if step.startswith("pairs"):
+        _check_pair_taps(case, extreme, step)
+        return
     func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight_vnni)
     width = int(out.shape[3])
     config = int8_depthwise.Config(int8_depthwise.taps_ow_block(width), "vnni" if step == "host" else "generic")
@@ -156,6 +159,34 @@ def test_depthwise_taps_in_fours_bit_exact(case, extreme, step):
     assert "T.parallel" in script and f"depthwise_4x16_{config.dot}" not in script  # tensorized: the step inlined
     assert ("llvm.x86.avx512.vpdpbusd.512" in script) == (step == "host")
     _check_depthwise(case, func, out, args, ref)
+
+
+def _check_pair_taps(case, extreme, step):
+    """The taps in fours as int16 pairs (CPUs without VNNI): the host's vector width, the 256-bit step, or
+    the step's description."""
+    func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight_pairs)
+    bits = {"pairs-host": HOST_BITS, "pairs-avx2": 256, "pairs-generic": HOST_BITS}[step]
+    config = int8_depthwise.Config(int8_depthwise.taps_ow_block(int(out.shape[3])), "generic") \
+        if step == "pairs-generic" else None
+    func = int8_depthwise.apply(func, bits, False, config)
+    assert ("pmadd" in func.script()) == (step != "pairs-generic")
+    _check_depthwise(case, func, out, args, ref)
+
+
+def test_depthwise_pair_taps_compile_to_vpmaddwd_without_int32_multiplies():
+    """On a Zen 3 (AVX2, no VNNI) the depthwise kernel takes its taps two by two: vpmaddwd on interleaved,
+    zero-extended pixels; no vpmulld (the one-tap-per-multiply kernel's step)."""
+    func, *_ = _depthwise(Conv(32, 32, 14, 3, pad=1, act="relu6"), False, int8_dw.pack_weight_pairs)
+    asm = build(int8_depthwise.apply(func, 256, False), {"kind": "llvm", "mcpu": "znver3"}).mod.inspect_source("asm")
+    assert "vpmaddwd" in asm and "vpunpcklbw" in asm and "vpmulld" not in asm and "zmm" not in asm
+
+
+def test_depthwise_pair_packing_is_the_vnni_groups_as_int16_pairs():
+    w = np.random.default_rng(0).integers(-127, 128, (20, 1, 5, 5)).astype(np.int8)
+    pairs = int8_dw.pack_weight_pairs(w)
+    assert pairs.shape == (2, 5, 2, 2, BLOCK, 2) and pairs.dtype == np.int16
+    assert pairs[0, 2, 0, 1, 3, 1] == w[3, 0, 2, 3]  # channel 3, row 2, group 0, taps 2p + k = 3
+    np.testing.assert_array_equal(int8_ref.from_pairs(pairs), int8_dw.pack_weight_vnni(w))
 
 
 def test_depthwise_taps_pad_copy_is_partitioned_at_the_borders():
@@ -188,8 +219,8 @@ def test_depthwise_taps_in_fours_refuse_row_dilation_and_a_missing_width():
         with pytest.raises(int8.Int8KernelError, match=f"1 group.s. of 4 taps per row needs kernel_width from 1 to 4, "
                                                        f"got {width}"):
             int8_dw.depthwise_conv2d_compute(x, wt, b, m, padding=1, kernel_width=width)
-    with pytest.raises(int8.Int8KernelError, match=r"weight must be int8 \[2, kh, 1, 16, 4\] for kw = 3, got "
-                                                   r"\[2, 3, 1, 8, 4\]"):
+    with pytest.raises(int8.Int8KernelError, match=r"weight must be int8 \[2, kh, 1, 16, 4\] or its int16 pairs "
+                                                   r"\[.., 2, 16, 2\] for kw = 3, got \[2, 3, 1, 8, 4\]"):
         int8_dw.depthwise_conv2d_compute(x, te.placeholder((2, 3, 1, 8, 4), "int8", name="w"), b, m, padding=1,
                                          kernel_width=3)
 

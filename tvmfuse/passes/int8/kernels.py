@@ -116,7 +116,7 @@ class Int8Constants:
     multiplier: np.ndarray  # float32 per output channel
     epilogue: int8.Epilogue
     input_zero_point: int
-    kernel_width: int | None = None  # kw of a weight packed by the family's vnni_pack (which rounds it up)
+    kernel_width: int | None = None  # kw of a weight packed by the family's vnni_pack/pairs_pack (rounded up)
 
 
 def weight_packing(spec) -> str:
@@ -125,11 +125,13 @@ def weight_packing(spec) -> str:
     return spec.backend().int8_weights if spec is not None else ""
 
 
-def vnni_packed(part: Int8Partition, blocked: bool, weights: str) -> bool:
-    """Whether the kernel of ``part`` takes its family's ``vnni_pack`` weight: an NCHW16c kernel on an
-    AVX512-VNNI target, with dilation 1 along the row (the depthwise taps in fours read neighbouring pixels)."""
-    return (blocked and weights == "vnni" and families.FAMILIES[part.family].int8.vnni_pack is not None
-            and part.conv.get("dilation", [1, 1])[-1] == 1)
+def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
+    """The family's ``vnni_pack`` (an AVX512-VNNI target) or ``pairs_pack`` (a target without VNNI) when the
+    kernel of ``part`` takes it: an NCHW16c kernel with dilation 1 along the row (the depthwise taps in fours
+    read neighbouring pixels); None otherwise."""
+    spec = families.FAMILIES[part.family].int8
+    pack = {"vnni": spec.vnni_pack, "pairs": spec.pairs_pack}.get(weights)
+    return pack if blocked and pack is not None and part.conv.get("dilation", [1, 1])[-1] == 1 else None
 
 
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
@@ -139,8 +141,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
     residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
-    ``weights``: the target's :func:`weight_packing` (``"vnni"``: ``Int8.vnni_pack`` where
-    :func:`vnni_packed`; ``"pairs"``: 16x4 blocks as int16 pairs where the family has them).
+    ``weights``: the target's :func:`weight_packing` (``"vnni"``/``"pairs"``: ``Int8.vnni_pack``/``pairs_pack``
+    where :func:`taps_pack`; ``"pairs"``: also 16x4 blocks as int16 pairs where the family has them).
 
     Raises
     ------
@@ -157,9 +159,9 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
     spec = families.FAMILIES[part.family].int8
     pack = spec.blocked_pack if blocked else spec.pack
-    width = None
-    if vnni_packed(part, blocked, weights):
-        pack, width = spec.vnni_pack, int(wq.shape[-1])
+    width, taps = None, taps_pack(part, blocked, weights)
+    if taps:
+        pack, width = taps, int(wq.shape[-1])
     packed = _pack(families.resolve(pack), wq) if pack else wq
     if weights == "pairs" and spec.pairs:
         packed = int8_ref.to_pairs(packed)
