@@ -73,3 +73,55 @@ def test_every_layout_op_of_a_constant_is_folded_exactly():
             value, value.reshape(-1)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g.value.numpy(), w)
+
+
+def _gathers(indices):
+    """Rows of an activation picked by Gather with constant indices (a recurrence spelt out per step reads its
+    time steps so): TVM's importer checks each index for being negative with shape and integer ops."""
+    nodes, inits, outs = [helper.make_node("Relu", ["x"], ["r"])], [], []
+    for i, index in enumerate(indices):
+        inits.append(numpy_helper.from_array(np.array(index, np.int64), f"i{i}"))
+        nodes += [helper.make_node("Gather", ["r", f"i{i}"], [f"g{i}"], axis=0),
+                  helper.make_node("Unsqueeze", [f"g{i}", "axis0"], [f"u{i}"])]
+        outs.append(f"u{i}")
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "axis0"))
+    nodes.append(helper.make_node("Concat", outs, ["y"], axis=0))
+    return make_model(nodes, [("x", [5, 3])], [("y", None)], inits)
+
+
+def test_the_index_checks_of_constant_gathers_fold_without_llvm(monkeypatch):
+    build = importlib.import_module("tvm.tirx.build")
+    calls = []
+    original = build.codegen_build
+    monkeypatch.setattr(build, "codegen_build", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = _gathers([0, 3, -1, -5, 2])  # negative indices count from the end
+    spec = targets.resolve("x86-host")
+    mod = run_graph_passes(frontend.import_model(model).mod, spec, spec.tvm_target(), partition=False)
+    assert calls == []
+    text = mod["main"].script()
+    assert "R.shape_of" not in text and "R.where" not in text and "R.less" not in text
+    x = {"x": np.random.default_rng(2).standard_normal((5, 3)).astype("float32")}
+    np.testing.assert_array_equal(tvmfuse.compile(model, target="x86-host").run(x)[0], ort_run(model, x)[0])
+
+
+def test_integer_ops_of_constants_fold_exactly_and_float_ones_are_left_to_tvm():
+    from tvm import relax
+
+    a, b = np.array([3, -7, 9], np.int64), np.array([2, 5, -4], np.int64)
+    bb = relax.BlockBuilder()
+    with bb.function("main", []):
+        ca, cb = relax.const(a), relax.const(b)
+        less = bb.emit(relax.op.less(ca, cb))
+        outs = [bb.emit(relax.op.add(ca, cb)), bb.emit(relax.op.subtract(ca, cb)), bb.emit(relax.op.multiply(ca, cb)),
+                less, bb.emit(relax.op.where(less, ca, cb)),
+                bb.emit(relax.op.take(ca, relax.const(np.array(-1, np.int64)), axis=0, mode="wrap")),
+                bb.emit(relax.op.add(relax.const(np.float32(0.1)), relax.const(np.float32(0.2))))]
+        bb.emit_func_output(relax.Tuple(outs))
+    mod = FoldConstantLayouts(relax.transform.Normalize()(bb.get()))
+    bindings = {bd.var: bd.value for block in mod["main"].body.blocks for bd in block.bindings}
+    got = [bindings.get(f, f) for f in mod["main"].body.body.fields]
+    want = [a + b, a - b, a * b, a < b, np.where(a < b, a, b), np.array(9)]
+    for g, w in zip(got[:-1], want):
+        assert isinstance(g, tvm.ir.expr.Constant)
+        np.testing.assert_array_equal(g.value.numpy(), w)
+    assert not isinstance(got[-1], tvm.ir.expr.Constant)  # float arithmetic rounds as TVM does: FoldConstant's

@@ -60,17 +60,19 @@ def _context() -> str:
     return repr((int(ctx.opt_level), config, sorted(map(str, ctx.required_pass)), sorted(map(str, ctx.disabled_pass))))
 
 
-def _object_path(gv, workdir: Path) -> Path:
-    return workdir / f"{gv.name_hint}.o"
+def _object_path(index: int, workdir: Path) -> Path:
+    """Kernel ``index``'s object file: named by its position, not its symbol, which fusion can make longer
+    than a file name may be (an unrolled LSTM's 40 ``expand_dims`` in one name: ENAMETOOLONG)."""
+    return workdir / f"kernel{index}.o"
 
 
-def _build_one(gv, func, target, workdir: Path) -> bytes:
+def _build_one(gv, func, target, workdir: Path, index: int = 0) -> bytes:
     """Build one kernel to its object file in ``workdir`` (:func:`_object_path`); return the file's bytes."""
     import tvm
 
     with target:
         lib = tvm.tirx.build(tvm.IRModule({gv: func}), target=target)
-    path = _object_path(gv, workdir)
+    path = _object_path(index, workdir)
     lib.write_to_file(str(path))
     return path.read_bytes()
 
@@ -101,7 +103,7 @@ def build_executable(lowered, target, store: Store | None):
 
         def build(i):
             with ctx:  # a worker thread starts outside the caller's pass context
-                return _build_one(kernels[i][0], kernels[i][1], target, workdir)
+                return _build_one(kernels[i][0], kernels[i][1], target, workdir, i)
 
         with ThreadPoolExecutor(min(_threads(), max(1, len(todo)))) as pool:
             for i, data in zip(todo, pool.map(build, todo)):
@@ -110,7 +112,7 @@ def build_executable(lowered, target, store: Store | None):
                     store.put(keys[i], data)
         libs, built = [], set(todo)
         for i, ((gv, _), data) in enumerate(zip(kernels, objects)):
-            path = _object_path(gv, workdir)
+            path = _object_path(i, workdir)
             if i not in built:  # from the cache: not on disk yet
                 path.write_bytes(data)
             libs.append(tvm.runtime.load_static_library(str(path), [gv.name_hint]))  # read into memory
@@ -134,7 +136,7 @@ def runnable(mod, target, store: Store | None):
     data = store.get(key) if store is not None else None
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernel-") as tmp:
         workdir = Path(tmp)
-        obj, lib = _object_path(gv, workdir), workdir / "kernel.so"
+        obj, lib = _object_path(0, workdir), workdir / "kernel.so"
         if data is None:
             data = _build_one(gv, func, target, workdir)
             if store is not None:
