@@ -125,3 +125,13 @@ def test_integer_ops_of_constants_fold_exactly_and_float_ones_are_left_to_tvm():
         assert isinstance(g, tvm.ir.expr.Constant)
         np.testing.assert_array_equal(g.value.numpy(), w)
     assert not isinstance(got[-1], tvm.ir.expr.Constant)  # float arithmetic rounds as TVM does: FoldConstant's
+
+
+def test_a_kernel_whose_fused_name_is_longer_than_a_file_name_builds(tmp_path):
+    """40 Gather/Unsqueeze pairs fused into one Concat kernel: a symbol of some 1,000 characters, which the
+    build once used as the object's file name (ENAMETOOLONG)."""
+    model = _gathers([i % 5 for i in range(40)])
+    cm = tvmfuse.compile(model, target="x86-host", cache=tmp_path / "cache")
+    assert max(len(name) for name in cm.kernel_info["kernels"]) > 255
+    x = {"x": np.random.default_rng(3).standard_normal((5, 3)).astype("float32")}
+    np.testing.assert_array_equal(cm.run(x)[0], ort_run(model, x)[0])
