@@ -59,8 +59,10 @@ class Backend:
         Whether the INT8 kernels (``QuantizeGraph``, ``FuseQDQ``) can be scheduled for it.
     int8_weights : str
         How its INT8 kernels take their weights: ``"vnni"``, the packing for AVX512-VNNI (``Int8.vnni_pack``
-        where a family has one); ``"pairs"``, conv2d and dense 16x4 blocks as int16 pairs for the
-        ``vpmaddwd`` step of CPUs without VNNI (``Int8.pairs``); ``""``, the families' packing.
+        where a family has one); ``"avxvnni"``, 256-bit VNNI (conv2d and dense blocks as for VNNI, the
+        depthwise taps as ``Int8.pairs_pack``); ``"pairs"``, conv2d and dense 16x4 blocks as int16 pairs for
+        the ``vpmaddwd`` step of CPUs without VNNI (``Int8.pairs``, ``pairs_pack``); ``""``, the families'
+        packing.
     applies_tuning_logs : bool
         Whether compile applies records from ``tuning_logs/<target>/``.
     online_tuning : bool

@@ -178,6 +178,20 @@ def test_cpus_without_vnni_take_int16_weight_pairs_and_give_the_same_integers(la
             np.testing.assert_array_equal(got, want)
 
 
+def test_avx_vnni_cpus_take_vnni_blocks_for_convs_and_pairs_for_the_depthwise_taps(tmp_path):
+    """Alder Lake and later client cores, Sierra Forest: VNNI on ymm only. Conv2d and dense use 256-bit
+    vpdpbusd on the VNNI-packed int8 weights; the depthwise taps come as int16 pairs (the zmm VNNI depthwise
+    step needs vpermb). Built here, not run (this CPU may lack the VEX form)."""
+    from tvmfuse import targets
+
+    spec = targets.resolve({"kind": "llvm", "mcpu": "alderlake"})
+    assert spec.backend().int8_weights == "avxvnni" and spec.backend().int8_caution() == ""
+    cm = tvmfuse.quantize(inverted_residual(), calib=_random_batches((1, 8, 10, 10), 2, 2), method="minmax",
+                          target=spec)
+    asm = cm.kernel_source("asm")
+    assert "{vex}\tvpdpbusd\t%ymm" in asm and "vpunpcklbw" in asm and "zmm" not in asm
+
+
 def test_nothing_quantizable_compiles_exactly_as_fp32():
     model = grouped_conv_sigmoid()
     batches = _random_batches((1, 4, 6, 6), 2, 6)

@@ -121,9 +121,12 @@ class Backend(_Base):
         super().__init__(spec)
         self.vector_bits = spec.vector_bits()
         features = spec.features()
-        self.vnni = "avx512vnni" in features
+        # AVX-VNNI: vpdpbusd on ymm for conv2d and dense; the depthwise taps as int16 pairs (the zmm VNNI
+        # depthwise step transposes 64 bytes with vpermb)
+        self.vnni = "avx512vnni" in features or "avxvnni" in features
         self.vbmi = "avx512vbmi" in features
-        self.int8_weights = "vnni" if self.vnni else "pairs" if self.vector_bits >= 256 else ""
+        self.int8_weights = ("vnni" if "avx512vnni" in features else "avxvnni" if self.vnni
+                             else "pairs" if self.vector_bits >= 256 else "")
 
     def int8_caution(self) -> str:
         if self.vnni:

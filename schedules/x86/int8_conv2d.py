@@ -8,7 +8,7 @@ are one 32-bit word; an NCHW16c input already is, and is read in place when ther
 
 - With AVX512-VNNI the 16x4 inner step is tensorized with :mod:`tvmfuse.schedules.x86.intrin.vnni` (one
   ``vpdpbusd`` per pixel and block: the 64 weight bytes of the step loaded once, the pixel's 4 bytes
-  broadcast).
+  broadcast); with AVX-VNNI (256-bit, no AVX-512) two ``vpdpbusd`` on ymm (``"vnni256"``).
 - Without VNNI the weights come packed as int16 pairs (``int8_ref.to_pairs``, what the INT8 passes hand
   targets without VNNI) and the step is :mod:`tvmfuse.schedules.x86.intrin.madd_pairs`: ``vpmaddwd`` on
   the pixel's zero-extended byte pairs, no horizontal adds. AVX2 code on Zen 4, 2 threads, ResNet layers:
@@ -61,7 +61,9 @@ def dot_kind(vector_bits: int, has_vnni: bool, pairs: bool = False) -> str:
     width; int8 16x4 blocks take VNNI where the target has it; anything else the generic step."""
     if pairs:
         return "avx512" if vector_bits >= 512 else "avx2" if vector_bits >= 256 else "generic"
-    return "vnni" if has_vnni else "generic"
+    if has_vnni:
+        return "vnni" if vector_bits >= 512 else "vnni256"
+    return "generic"
 
 
 def intrinsic(dot: str, pairs: bool) -> str:
@@ -78,11 +80,11 @@ def accumulators(vector_bits: int, dot: str) -> int:
     """Vector registers the tile may use for accumulators.
 
     16 ymm: 12 for the pair step, whose weights are memory operands (2 pair registers and 2 temporaries
-    besides), 8 otherwise. 32 zmm: 24 (one weight and one broadcast register per step; 2 pairs and
+    besides), and for 256-bit VNNI (a broadcast and a weight register), 8 otherwise. 32 zmm: 24 (one weight and one broadcast register per step; 2 pairs and
     temporaries with the pair step).
     """
     if vector_bits < 512:
-        return 12 if dot == "avx2" else 8
+        return 12 if dot in ("avx2", "vnni256") else 8
     return 24
 
 

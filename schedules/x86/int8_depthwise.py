@@ -73,7 +73,8 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool = False, conf
     match = anchor_loops(sch, ANCHOR, 8, needs=(PAD,))
     if match is not None:
         pairs = weight_pairs(sch, match[0])
-        dot = (config.dot if config else None) or dot_kind(vector_bits, has_vnni, pairs)
+        # int8 taps need the zmm vpdpbusd with its vpermb transpose: 256-bit VNNI targets take pairs
+        dot = (config.dot if config else None) or dot_kind(vector_bits, has_vnni and vector_bits >= 512, pairs)
         return schedule_taps(sch, dot, config.ow_block if config else None, pairs)
     if anchor_loops(sch, ANCHOR, 7, needs=(PAD,)) is not None:
         return schedule_blocked(sch, config.ow_block if config else None)

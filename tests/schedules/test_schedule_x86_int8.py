@@ -263,6 +263,44 @@ def test_conv2d_vnni_bit_exact_on_avx512_hardware(case):
     np.testing.assert_array_equal(result.numpy(), ref)
 
 
+@pytest.mark.avx512
+@pytest.mark.parametrize("case", CONV_CASES[:4] + [DENSE_CASES[1]], ids=str)
+def test_256_bit_vnni_bit_exact_on_vnni_hardware(case):
+    """The AVX-VNNI step (two vpdpbusd on ymm), run here in its EVEX form (AVX512-VNNI with VL, x86-avx512)."""
+    rng = np.random.default_rng(6)
+    if isinstance(case, Conv):
+        func, out = _conv(case)
+        sched = int8_conv2d.apply(func, 256, True)
+        x, w = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
+        bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
+        args = [x, int8_ref.pack_conv2d_weight(w), int8_ref.fold_zero_point(bias, w, case.za), mult]
+        ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad,
+                                  dilation=case.dilation, input_zero_point=case.za,
+                                  epilogue=epilogue(case.out, case.act, case.residual))
+    else:
+        m, k, n, out_dtype, residual, act = case
+        func, out = _dense(*case)
+        sched = int8_dense.apply(func, 256, True)
+        x, w = codes(rng, (m, k), "uint8", False), codes(rng, (n, k), "int8", False)
+        bias, mult, res = kernel_data(rng, (m, n), n, residual, False, act)
+        args = [x, int8_ref.pack_dense_weight(w), int8_ref.fold_zero_point(bias, w, 77), mult]
+        ref = int8_ref.dense_ref(x, w, bias, mult, res, input_zero_point=77, epilogue=epilogue(out_dtype, act, residual))
+    assert "llvm.x86.avx512.vpdpbusd.256" in sched.script()
+    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
+    build(sched, AVX512).mod["main"](*[tvm.runtime.tensor(a) for a in args + ([res] if res is not None else [])],
+                                     result)
+    np.testing.assert_array_equal(result.numpy(), ref)
+
+
+def test_avx_vnni_cpus_get_vex_vpdpbusd_on_ymm():
+    """An Alder Lake (AVX-VNNI, no AVX-512): the VEX vpdpbusd on ymm registers, no zmm anywhere."""
+    conv, _ = _conv(CONV_CASES[0])
+    asm = build(int8_conv2d.apply(conv, 256, True), {"kind": "llvm", "mcpu": "alderlake"}).mod.inspect_source("asm")
+    assert "{vex}\tvpdpbusd\t%ymm" in asm and "zmm" not in asm
+    assert vnni.target_has_avx_vnni(targets.resolve({"kind": "llvm", "mcpu": "alderlake"}).tvm_target())
+    assert not vnni.target_has_avx_vnni(targets.resolve({"kind": "llvm", "mcpu": "znver3"}).tvm_target())
+
+
 # ----------------------------------------------------------------------------------------------- registration
 
 

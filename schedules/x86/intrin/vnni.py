@@ -13,7 +13,10 @@ vectors: A's 4 bytes broadcast to 64, B's 64 bytes as they lie in memory.
 
 Implementations (:data:`KINDS`):
 
-- ``"vnni"``: one ``vpdpbusd``.
+- ``"vnni"``: one ``vpdpbusd`` (zmm).
+- ``"vnni256"``: two ``vpdpbusd`` on ymm, 8 outputs each: AVX-VNNI (the VEX form on CPUs without AVX-512:
+  Alder Lake and later client cores, Sierra Forest) or AVX512-VNNI with VL; LLVM picks the encoding from the
+  target's features.
 - ``"generic"``: the description itself, plain loops that LLVM vectorizes for whatever the target has: int8
   weights on a CPU without VNNI, and how the tests run a VNNI-tiled schedule on CPUs without VNNI.
 
@@ -38,7 +41,7 @@ from tvm.target import codegen
 STOCK_NAME = "dot_16x4_vnni"
 # The module whose import registers TVM's stock x86 intrinsics (and with them the broken STOCK_NAME).
 STOCK_MODULE = "tvm.s_tir.tensor_intrin.x86"
-KINDS = ("vnni", "generic")
+KINDS = ("vnni", "vnni256", "generic")
 SCOPES = ("global", "local")
 INTRIN_NAME = "tvmfuse_dot_16x4_vnni"  # the "vnni" kind with a global accumulator: TVM's convention
 
@@ -106,7 +109,30 @@ def vnni_impl(scope: str = "global"):
     return dot_16x4_vnni
 
 
-_IMPLS = {"vnni": vnni_impl, "generic": desc}
+@functools.cache
+def vnni256_impl(scope: str = "global"):
+    """``vpdpbusd`` on ymm: outputs 8h to 8h+7 from B's rows 8h to 8h+7 (32 bytes), A broadcast to 32 bytes."""
+
+    @T.prim_func(s_tir=True)
+    def dot_16x4_vnni256(
+        A: T.Buffer((4,), U8, offset_factor=1),
+        B: T.Buffer((16, 4), S8, offset_factor=1),
+        C: T.Buffer((16,), I32, offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            A_u8x32 = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8),
+                                    dtype="uint8x32")
+            for h in T.unroll(2):
+                C[T.ramp(h * 8, 1, 8)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
+                    C[T.ramp(h * 8, 1, 8)], A_u8x32, B.vload([h * 8, 0], dtype="int8x32"), dtype="int32x8")
+
+    return dot_16x4_vnni256
+
+
+_IMPLS = {"vnni": vnni_impl, "vnni256": vnni256_impl, "generic": desc}
 
 
 def is_registered(name: str) -> bool:
@@ -154,3 +180,8 @@ def stock_overridden() -> bool:
 def target_has_vnni(target) -> bool:
     """True when the LLVM target (``tvm.target.Target``) has AVX512-VNNI."""
     return target.kind.name == "llvm" and bool(codegen.llvm_cpu_has_features(["avx512vnni"], target))
+
+
+def target_has_avx_vnni(target) -> bool:
+    """True when the LLVM target has AVX-VNNI (``vpdpbusd`` on ymm without AVX-512)."""
+    return target.kind.name == "llvm" and bool(codegen.llvm_cpu_has_features(["avxvnni"], target))

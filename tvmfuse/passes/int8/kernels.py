@@ -126,11 +126,11 @@ def weight_packing(spec) -> str:
 
 
 def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
-    """The family's ``vnni_pack`` (an AVX512-VNNI target) or ``pairs_pack`` (a target without VNNI) when the
+    """The family's ``vnni_pack`` (an AVX512-VNNI target) or ``pairs_pack`` (without it, AVX-VNNI too) when the
     kernel of ``part`` takes it: an NCHW16c kernel with dilation 1 along the row (the depthwise taps in fours
     read neighbouring pixels); None otherwise."""
     spec = families.FAMILIES[part.family].int8
-    pack = {"vnni": spec.vnni_pack, "pairs": spec.pairs_pack}.get(weights)
+    pack = {"vnni": spec.vnni_pack, "pairs": spec.pairs_pack, "avxvnni": spec.pairs_pack}.get(weights)
     return pack if blocked and pack is not None and part.conv.get("dilation", [1, 1])[-1] == 1 else None
 
 
