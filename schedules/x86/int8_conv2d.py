@@ -66,9 +66,10 @@ def dot_kind(vector_bits: int, has_vnni: bool, pairs: bool = False) -> str:
     return "generic"
 
 
-def intrinsic(dot: str, pairs: bool) -> str:
-    """The registered tensor intrinsic of step ``dot`` for the weight layout."""
-    return madd_pairs.ensure(dot) if pairs else vnni.ensure(dot, "local")
+def intrinsic(dot: str, pairs: bool, data: str = "uint8") -> str:
+    """The registered tensor intrinsic of step ``dot`` for the weight layout (and, with pairs, the dtype
+    ``data`` the step reads the input in)."""
+    return madd_pairs.ensure(dot, data) if pairs else vnni.ensure(dot, "local")
 
 
 def weight_pairs(sch: s_tir.Schedule, anchor) -> bool:
@@ -142,7 +143,8 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     reindex = _pack_is_reindex(sch)
     if reindex:
         sch.compute_inline(sch.get_sblock(PAD))
-    sch.tensorize(oi, intrinsic(dot, pairs))
+    data = "uint8" if reindex else str(sch.get(sch.get_sblock(PAD)).writes[0].source.dtype)
+    sch.tensorize(oi, intrinsic(dot, pairs, data))
     if not reindex:
         _schedule_pack(sch, serial)
     return True

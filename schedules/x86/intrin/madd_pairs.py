@@ -38,17 +38,19 @@ U8, I16, I32 = "uint8", "int16", "int32"
 PAIR_MASKS = tuple(int.from_bytes(bytes(m), "little", signed=True) for m in ((0, 0x80, 1, 0x80), (2, 0x80, 3, 0x80)))
 
 
-def intrin_name(kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"unknown pair-step kind {kind!r}; kinds {KINDS}")
-    return f"tvmfuse_madd_pairs_16x4_{kind}"
+def intrin_name(kind: str, data: str = U8) -> str:
+    if kind not in KINDS or data not in (U8, I16):
+        raise ValueError(f"unknown pair-step variant ({kind!r}, {data!r}); kinds {KINDS}, data uint8 or int16")
+    return f"tvmfuse_madd_pairs_16x4_{kind}" + ("_wide" if data == I16 else "")
 
 
 @functools.cache
-def desc():
+def desc(data: str = U8):
+    """The description; ``data`` is A's dtype (int16: codes widened by the kernel's input copy)."""
+
     @T.prim_func(s_tir=True)
     def madd_pairs_desc(
-        A: T.Buffer((4,), U8, offset_factor=1),
+        A: T.Buffer((4,), data, offset_factor=1),
         B: T.Buffer((2, 16, 2), I16, offset_factor=1),
         C: T.Buffer((16,), I32, offset_factor=1, scope="local"),
     ) -> None:
@@ -64,29 +66,35 @@ def desc():
     return madd_pairs_desc
 
 
-@functools.cache
-def impl(kind: str):
-    """``vpmaddwd`` over ``lanes`` int32 outputs at a time (8: ymm, 16: zmm)."""
-    lanes, bytes_, madd = {"avx2": (8, "int8x32", "llvm.x86.avx2.pmadd.wd"),
-                           "avx512": (16, "int8x64", "llvm.x86.avx512.pmaddw.d.512")}[kind]
+def _pairs(A, lanes: int, data: str):
+    """The pixel's pairs (A[0], A[1]) and (A[2], A[3]) as int16 in every 32-bit lane: two byte shuffles of
+    the broadcast 4 bytes, or (int16 data) two broadcasts of 32-bit words loaded as they lie."""
+    if data == I16:
+        return tuple(T.reinterpret(T.broadcast(T.reinterpret(A.vload([2 * p], "int16x2"), dtype="int32"), lanes),
+                                   dtype=f"int16x{2 * lanes}") for p in (0, 1))
+    bytes_ = f"int8x{4 * lanes}"
     shuffle = "llvm.x86.avx2.pshuf.b" if lanes == 8 else "llvm.x86.avx512.pshuf.b.512"
+    a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), lanes), dtype=bytes_)
+    return tuple(T.reinterpret(T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(shuffle), a, T.reinterpret(
+        T.broadcast(T.int32(m), lanes), dtype=bytes_), dtype=bytes_), dtype=f"int16x{2 * lanes}") for m in PAIR_MASKS)
+
+
+@functools.cache
+def impl(kind: str, data: str = U8):
+    """``vpmaddwd`` over ``lanes`` int32 outputs at a time (8: ymm, 16: zmm)."""
+    lanes, madd = {"avx2": (8, "llvm.x86.avx2.pmadd.wd"), "avx512": (16, "llvm.x86.avx512.pmaddw.d.512")}[kind]
     words, out = f"int16x{2 * lanes}", f"int32x{lanes}"
-    m0, m1 = PAIR_MASKS
 
     @T.prim_func(s_tir=True)
     def madd_pairs(
-        A: T.Buffer((4,), U8, offset_factor=1),
+        A: T.Buffer((4,), data, offset_factor=1),
         B: T.Buffer((2, 16, 2), I16, offset_factor=1),
         C: T.Buffer((16,), I32, offset_factor=1, scope="local"),
     ) -> None:
         with T.sblock("root"):
             T.reads(C[0:16], A[0:4], B[0:2, 0:16, 0:2])
             T.writes(C[0:16])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), lanes), dtype=bytes_)
-            p0 = T.reinterpret(T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(shuffle), a, T.reinterpret(
-                T.broadcast(T.int32(m0), lanes), dtype=bytes_), dtype=bytes_), dtype=words)
-            p1 = T.reinterpret(T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(shuffle), a, T.reinterpret(
-                T.broadcast(T.int32(m1), lanes), dtype=bytes_), dtype=bytes_), dtype=words)
+            p0, p1 = _pairs(A, lanes, data)
             for h in T.unroll(16 // lanes):
                 C[T.ramp(h * lanes, 1, lanes)] = (
                     C[T.ramp(h * lanes, 1, lanes)]
@@ -98,9 +106,9 @@ def impl(kind: str):
     return madd_pairs
 
 
-def ensure(kind: str) -> str:
-    """Register the variant unless it is; return its name."""
-    name = intrin_name(kind)
+def ensure(kind: str, data: str = U8) -> str:
+    """Register the variant for A of dtype ``data`` unless it is; return its name."""
+    name = intrin_name(kind, data)
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, desc(), desc() if kind == "generic" else impl(kind))
+        TensorIntrin.register(name, desc(data), desc(data) if kind == "generic" else impl(kind, data))
     return name
