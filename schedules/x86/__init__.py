@@ -131,11 +131,11 @@ class Backend(_Base):
     def int8_caution(self) -> str:
         if self.vnni:
             return ""
-        # AVX2 code on a Zen 4, INT8 / FP32 time: mobilenet_v2 1.03x, efficientnet_lite0 1.05x, resnet50 0.89x
-        # (the int16-pair step; 1.22x / 1.41x / 1.34x before it, about 2x on a real Zen 3). VNNI does 4x the
+        # AVX2 code on a Zen 4, INT8 / FP32 time: mobilenet_v2 0.99x, efficientnet_lite0 0.98x, resnet18 0.79x,
+        # resnet50 0.87x (the int16-pair steps; about 1.4x before them, about 2x on a real Zen 3). VNNI does 4x the
         # work per instruction; without it INT8 saves memory, not much time.
         return (f"target {self.spec.name} has no VNNI: tvmfuse's INT8 kernels run about as fast as its FP32 ones on "
-                "such CPUs (MobileNet-class models about 1.0x, ResNet-50 about 0.9x of FP32's time); time both with "
+                "such CPUs (MobileNet-class models about 1.0x, ResNets 0.8-0.9x of FP32's time); time both with "
                 f"tvmfuse compare MODEL --targets "
                 f"{self.spec.name},{self.spec.name}:int8 before shipping the INT8 library")
 
