@@ -213,7 +213,7 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     _check_data(name, data)
     wshape = _shape(weight)
     pairs = str(weight.dtype) == "int16"
-    _check(wshape[4:] == ([2, BLOCK_O, 2] if pairs else [BLOCK_O, BLOCK_I]) and str(weight.dtype) in ("int8", "int16"),
+    _check(str(weight.dtype) in ("int8", "int16") and wshape[4:] == ([2, BLOCK_O, 2] if pairs else [BLOCK_O, BLOCK_I]),
            name, f"weight must be packed int8 [O/16, I/4, kh, kw, 16, 4] or int16 [O/16, I/4, kh, kw, 2, 16, 2], "
            f"got {wshape} {weight.dtype}")
     o_blocks, c_blocks, kh, kw = wshape[:4]
@@ -258,7 +258,8 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
                   epilogue: Epilogue = Epilogue(), table=None) -> te.Tensor:
     """INT8 dense ``y[M, N] = x[M, K] . w[N, K]^T`` with the requantize epilogue.
 
-    ``data`` ``[M, K]`` uint8, ``weight`` ``[ceil(N/16), ceil(K/4), 16, 4]`` int8 (``int8_ref.pack_dense_weight``; or its int16 pairs),
+    ``data`` ``[M, K]`` uint8, ``weight`` ``[ceil(N/16), ceil(K/4), 16, 4]`` int8 (``int8_ref.pack_dense_weight``;
+    or its int16 pairs),
     ``bias`` ``[N]`` int32 (zero point folded in), ``multiplier`` ``[N]`` float32, ``residual`` ``[M, N]``;
     ``out_features`` is N; ``table`` as for :func:`conv2d_compute`. A K that is not a multiple of 4 is padded
     (``data_pad``) with zeros, which the zero weights of the padding ignore. Returns ``[M, N]`` in

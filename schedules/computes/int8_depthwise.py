@@ -95,7 +95,8 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     wshape = _shape(weight)
     blocked = len(data.shape) == 5
     pairs = str(weight.dtype) == "int16"  # pack_weight_pairs: [blocks, kh, groups, 2, 16, 2]
-    taps = blocked and len(wshape) == (6 if pairs else 5)  # pack_weight_vnni: taps in fours, [blocks, kh, groups, 16, 4]
+    # pack_weight_vnni: taps in fours, [blocks, kh, groups, 16, 4]
+    taps = blocked and len(wshape) == (6 if pairs else 5)
     kh, kw = wshape[1:3] if blocked else wshape[2:]
     if taps:
         _check(kernel_width is not None and 0 < kernel_width <= kw * TAPS, NAME,

@@ -81,8 +81,8 @@ def accumulators(vector_bits: int, dot: str) -> int:
     """Vector registers the tile may use for accumulators.
 
     16 ymm: 12 for the pair step, whose weights are memory operands (2 pair registers and 2 temporaries
-    besides), and for 256-bit VNNI (a broadcast and a weight register), 8 otherwise. 32 zmm: 24 (one weight and one broadcast register per step; 2 pairs and
-    temporaries with the pair step).
+    besides), and for 256-bit VNNI (a broadcast and a weight register), 8 otherwise. 32 zmm: 24 (one
+    weight and one broadcast register per step; 2 pairs and temporaries with the pair step).
     """
     if vector_bits < 512:
         return 12 if dot in ("avx2", "vnni256") else 8

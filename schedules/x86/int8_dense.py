@@ -2,8 +2,9 @@
 
 Each task owns ``n_blocks`` x 16 output features; ``m_block`` rows by those features accumulate in vector
 registers while the packed weight streams through once per row tile (at batch 1 the kernel is bound by
-reading the weight). The 16x4 step is the same as in :mod:`.int8_conv2d`: ``vpdpbusd`` with VNNI, ``vpmaddwd`` on
-int16 weight pairs otherwise; the requantize epilogue runs on the registers before the only store.
+reading the weight). The 16x4 step is the same as in :mod:`.int8_conv2d`: ``vpdpbusd`` with VNNI,
+``vpmaddwd`` on int16 weight pairs otherwise; the requantize epilogue runs on the registers before the only
+store.
 """
 
 from __future__ import annotations

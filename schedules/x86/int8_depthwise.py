@@ -75,7 +75,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool = False, conf
         pairs = weight_pairs(sch, match[0])
         # int8 taps need the zmm vpdpbusd with its vpermb transpose: 256-bit VNNI targets take pairs
         dot = (config.dot if config else None) or dot_kind(vector_bits, has_vnni and vector_bits >= 512, pairs)
-        return schedule_taps(sch, dot, config.ow_block if config else None, pairs)
+        return schedule_taps(sch, dot, config.ow_block if config else None)
     if anchor_loops(sch, ANCHOR, 7, needs=(PAD,)) is not None:
         return schedule_blocked(sch, config.ow_block if config else None)
     match = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
@@ -135,14 +135,15 @@ def taps_ow_block(out_width: int, most: int = 12) -> int:
     return largest_divisor(out_width, most)
 
 
-def schedule_taps(sch: s_tir.Schedule, dot: str = "vnni", ow_block: int | None = None, pairs: bool = False) -> bool:
+def schedule_taps(sch: s_tir.Schedule, dot: str = "vnni", ow_block: int | None = None) -> bool:
     """The NCHW16c kernel with taps in fours (anchor loops ``n, cb, oh, ow, ci, ry, rg, rk``), the step
-    ``dot`` of :mod:`.intrin.depthwise_pairs` for int16 ``pairs`` weights, else of :mod:`.intrin.depthwise_vnni`;
+    ``dot`` of :mod:`.intrin.depthwise_pairs` for int16 weight pairs, else of :mod:`.intrin.depthwise_vnni`;
     False when ``ow_block`` does not divide the row."""
     match = anchor_loops(sch, ANCHOR, 8, needs=(PAD,))
     if match is None:
         return False
     anchor, (n, cb, oh, ow, ci, ry, rg, rk) = match
+    pairs = weight_pairs(sch, anchor)
     ow_block = ow_block or taps_ow_block(int(sch.get(ow).extent), 8 if dot == "avx2" else 12)
     if int(sch.get(ow).extent) % ow_block:
         return False

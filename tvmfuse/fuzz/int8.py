@@ -160,12 +160,10 @@ def case_data(case: KernelCase) -> dict:
 
 
 def _packed(family, weight: np.ndarray, spec) -> np.ndarray:
-    """The weight as compile hands it to the family's NCHW INT8 kernel on ``spec``: packed, and as int16
-    pairs where the target takes them (``int8_weights == "pairs"``)."""
-    packed = families.resolve(family.int8.pack)(weight) if family.int8.pack else weight
-    if family.int8.pairs and spec.backend().int8_weights == "pairs":
-        packed = int8_ref.to_pairs(packed)
-    return packed
+    """The weight as compile hands it to the family's NCHW INT8 kernel on ``spec``."""
+    from tvmfuse.passes.int8.kernels import packed_weight
+
+    return packed_weight(family.int8, weight, family.int8.pack, spec.backend().int8_weights)
 
 
 def build(case: KernelCase, target=HOST):

@@ -62,10 +62,8 @@ def _static_shape_of(expr) -> np.ndarray | None:
     """``shape_to_tensor``'s value for ``shape_of`` of a tensor with a static shape, as int64."""
     if getattr(getattr(expr, "op", None), "name", None) != "relax.shape_of":
         return None
-    dims = getattr(expr.args[0].ty, "shape", None)
-    if dims is None or not all(isinstance(d, (int, tvm.tirx.IntImm)) for d in dims):
-        return None
-    return np.array([int(d) for d in dims], np.int64)
+    shape = _static_shape(expr.args[0])
+    return None if shape is None else np.array(shape, np.int64)
 
 
 def _folded_integer(call, values: list) -> np.ndarray | None:

@@ -55,43 +55,21 @@ def desc():
     return depthwise_pairs_desc
 
 
-def _interleave(start: int, count: int) -> list[int]:
-    """Shuffle indices over two concatenated 16-byte pixels: channel ``start + j`` of the first, then of the
-    second, for ``j < count``."""
-    return [v for j in range(start, start + count) for v in (j, 16 + j)]
-
-
-def _madd(pixels, start: int, lanes: int, weights):
-    """``vpmaddwd`` of channels ``start`` to ``start + lanes`` of two pixels (``pixels``: their 32 bytes),
-    interleaved and zero-extended, against the two taps' weights of those channels."""
-    intrinsic = "llvm.x86.avx2.pmadd.wd" if lanes == 8 else "llvm.x86.avx512.pmaddw.d.512"
-    words = T.Cast(f"int16x{2 * lanes}", T.Shuffle([pixels], _interleave(start, lanes)))
-    return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(intrinsic), words, weights, dtype=f"int32x{lanes}")
+def _interleave(lanes: int) -> list[int]:
+    """Shuffle indices over two pixels' ``lanes`` channels each, concatenated: channel j of the first, then
+    of the second, for each j."""
+    return [v for j in range(lanes) for v in (j, lanes + j)]
 
 
 @functools.cache
 def impl(kind: str):
     """Channels in groups of 8 (``"avx2"``, ymm) or 16 (``"avx512"``, zmm): pixels 2p and 2p+1 interleaved
     byte by byte, zero-extended, one ``vpmaddwd`` against taps 2p, 2p+1 of those channels."""
-    if kind == "avx512":
-        @T.prim_func(s_tir=True)
-        def depthwise_pairs_512(
-            A: T.Buffer((4, 16), U8, offset_factor=1),
-            B: T.Buffer((2, 16, 2), I16, offset_factor=1),
-            C: T.Buffer((16,), I32, offset_factor=1, scope="local"),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:16], A[0:4, 0:16], B[0:2, 0:16, 0:2])
-                T.writes(C[0:16])
-                first = A.vload([0, 0], "uint8x32")
-                second = A.vload([2, 0], "uint8x32")
-                C[T.ramp(0, 1, 16)] = (C[T.ramp(0, 1, 16)] + _madd(first, 0, 16, B.vload([0, 0, 0], "int16x32"))
-                                       + _madd(second, 0, 16, B.vload([1, 0, 0], "int16x32")))
-
-        return depthwise_pairs_512
+    lanes, madd = {"avx2": (8, "llvm.x86.avx2.pmadd.wd"), "avx512": (16, "llvm.x86.avx512.pmaddw.d.512")}[kind]
+    pixel, words, out, order = f"uint8x{lanes}", f"int16x{2 * lanes}", f"int32x{lanes}", _interleave(lanes)
 
     @T.prim_func(s_tir=True)
-    def depthwise_pairs_256(
+    def depthwise_pairs(
         A: T.Buffer((4, 16), U8, offset_factor=1),
         B: T.Buffer((2, 16, 2), I16, offset_factor=1),
         C: T.Buffer((16,), I32, offset_factor=1, scope="local"),
@@ -99,14 +77,20 @@ def impl(kind: str):
         with T.sblock("root"):
             T.reads(C[0:16], A[0:4, 0:16], B[0:2, 0:16, 0:2])
             T.writes(C[0:16])
-            first = A.vload([0, 0], "uint8x32")
-            second = A.vload([2, 0], "uint8x32")
-            C[T.ramp(0, 1, 8)] = (C[T.ramp(0, 1, 8)] + _madd(first, 0, 8, B.vload([0, 0, 0], "int16x16"))
-                                  + _madd(second, 0, 8, B.vload([1, 0, 0], "int16x16")))
-            C[T.ramp(8, 1, 8)] = (C[T.ramp(8, 1, 8)] + _madd(first, 8, 8, B.vload([0, 8, 0], "int16x16"))
-                                  + _madd(second, 8, 8, B.vload([1, 8, 0], "int16x16")))
+            for g in T.unroll(16 // lanes):
+                c = g * lanes
+                C[T.ramp(c, 1, lanes)] = (
+                    C[T.ramp(c, 1, lanes)]
+                    + T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(madd),
+                        T.Cast(words, T.Shuffle([A.vload([0, c], pixel), A.vload([1, c], pixel)], order)),
+                        B.vload([0, c, 0], words), dtype=out)
+                    + T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(madd),
+                        T.Cast(words, T.Shuffle([A.vload([2, c], pixel), A.vload([3, c], pixel)], order)),
+                        B.vload([1, c, 0], words), dtype=out))
 
-    return depthwise_pairs_256
+    return depthwise_pairs
 
 
 def ensure(kind: str) -> str:

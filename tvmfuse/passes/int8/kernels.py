@@ -63,6 +63,13 @@ def _pack(pack, weight: np.ndarray) -> np.ndarray:
     return packed.astype(np.int8)
 
 
+def packed_weight(family: families.Int8, weight: np.ndarray, pack: str | None, weights: str) -> np.ndarray:
+    """``weight`` (int8, unpacked) packed by ``pack`` ("module.function"; None: as it is), and its 16x4 blocks
+    as int16 pairs where the family has them and the target takes them (``weights == "pairs"``)."""
+    packed = _pack(families.resolve(pack), weight) if pack else weight
+    return int8_ref.to_pairs(packed) if weights == "pairs" and family.pairs else packed
+
+
 def model_multiplier(input_scale: float, weight_scales, output_scale: float | None = None) -> np.ndarray:
     """``M[o] = s_x * s_w[o] / s_y`` for a quantized model's own scales, in float32 operations as ONNX
     Runtime's QLinearConv / QLinearMatMul compute it (``s_x * s_w[o]`` for a float32 output).
@@ -121,7 +128,7 @@ class Int8Constants:
 
 def weight_packing(spec) -> str:
     """How the target's INT8 kernels take their weights (a ``TargetSpec``; None: an unnamed CPU): its
-    backend's ``int8_weights``, ``"vnni"``, ``"pairs"`` or ``""``."""
+    backend's ``int8_weights``, ``"vnni"``, ``"avxvnni"``, ``"pairs"`` or ``""``."""
     return spec.backend().int8_weights if spec is not None else ""
 
 
@@ -141,8 +148,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
     residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
-    ``weights``: the target's :func:`weight_packing` (``"vnni"``/``"pairs"``: ``Int8.vnni_pack``/``pairs_pack``
-    where :func:`taps_pack`; ``"pairs"``: also 16x4 blocks as int16 pairs where the family has them).
+    ``weights``: the target's :func:`weight_packing` (``Int8.vnni_pack`` or ``pairs_pack`` where
+    :func:`taps_pack`; the rest as :func:`packed_weight`).
 
     Raises
     ------
@@ -162,9 +169,7 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     width, taps = None, taps_pack(part, blocked, weights)
     if taps:
         pack, width = taps, int(wq.shape[-1])
-    packed = _pack(families.resolve(pack), wq) if pack else wq
-    if weights == "pairs" and spec.pairs:
-        packed = int8_ref.to_pairs(packed)
+    packed = packed_weight(spec, wq, pack, weights)
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width)
 
 
