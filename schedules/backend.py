@@ -61,8 +61,12 @@ class Backend:
         How its INT8 kernels take their weights: ``"vnni"``, the packing for AVX512-VNNI (``Int8.vnni_pack``
         where a family has one); ``"avxvnni"``, 256-bit VNNI (conv2d and dense blocks as for VNNI, the
         depthwise taps as ``Int8.pairs_pack``); ``"pairs"``, conv2d and dense 16x4 blocks as int16 pairs for
-        the ``vpmaddwd`` step of CPUs without VNNI (``Int8.pairs``, ``pairs_pack``); ``""``, the families'
-        packing.
+        the ``vpmaddwd`` step of CPUs without VNNI (``Int8.pairs``, ``pairs_pack``); ``"signed"``, the
+        families' packing, conv2d and dense summing their input shifted to int8 (``Int8.signed_data``: s8 x s8
+        tensor cores); ``""``, the families' packing.
+    int8_blocked : bool
+        Whether its INT8 kernels pass uint8 codes NCHW16c where a family has that form (quantize's
+        ``layout="blocked"``); else every INT8 kernel reads and writes NCHW.
     applies_tuning_logs : bool
         Whether compile applies records from ``tuning_logs/<target>/``.
     online_tuning : bool
@@ -83,6 +87,7 @@ class Backend:
     precisions: tuple = ("fp32",)  # what compile(precision=...) may ask of it
     int8_kernels = False
     int8_weights = ""
+    int8_blocked = False
     applies_tuning_logs = False
     online_tuning = False  # MetaSchedule templates: `tvmfuse tune` searches and measures here (or over RPC)
     fused_recurrence = False

@@ -73,6 +73,9 @@ class Int8:
     pad_block: str = ""
     # "module.function": the numpy reference the kernel is bit-exact against (tests, the fuzzer)
     reference: str = ""
+    # The compute takes ``signed_data`` (its input summed as int8 ``x - 128``, the bias folded to match), which
+    # targets whose kernels multiply s8 x s8 ask for (backend ``int8_weights == "signed"``: CUDA's tensor cores).
+    signed_data: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +251,7 @@ DEPTHWISE_CONV2D = Family(
               reference="computes.int8_ref.depthwise_conv2d_ref"),
     kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),
              Kernel("depthwise_conv2d_nchwc", {"x86": "depthwise_nchwc"}),
-             Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise"}, int8=True)),
+             Kernel("int8_depthwise_conv2d", {"x86": "int8_depthwise", "cuda": "int8"}, int8=True)),
     anchor_check=_conv_layout, flops=_conv_flops, anchor_block="DepthwiseConv2d", blocked_weight="depthwise",
     blocked_check=_one_filter_per_channel, padded_block=True, input_like_output=True)
 CONV2D = Family(
@@ -256,10 +259,10 @@ CONV2D = Family(
     compute="computes.anchors.conv2d", blocked_compute="computes.anchors.conv2d_blocked",
     int8=Int8("computes.int8.conv2d_kernel", "computes.int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
               blocked_pack="computes.int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8",
-              pairs=True,
+              pairs=True, signed_data=True,
               pad_block="data_pack", reference="computes.int8_ref.conv2d_ref"),
     kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),
-             WINOGRAD, Kernel("int8_conv2d", {"x86": "int8_conv2d"}, int8=True)),
+             WINOGRAD, Kernel("int8_conv2d", {"x86": "int8_conv2d", "cuda": "int8"}, int8=True)),
     anchor_check=_conv_layout, flops=_conv_flops, anchor_block="conv2d_nchw", panels=("oc", 0),
     blocked_weight="conv", padded_block=True, scales_weight=True,
     plain_output=True)
@@ -275,9 +278,10 @@ GROUP_CONV2D = Family(
 DENSE = Family(
     "dense", "relax.matmul", "dense", residual=False, compute="computes.anchors.dense",
     int8=Int8("computes.int8.dense_kernel", "computes.int8_ref.pack_dense_weight", "NC, weight NK16n4k",
-              anchor_block="dense_int8", pad_block="data_pad", reference="computes.int8_ref.dense_ref", pairs=True),
+              anchor_block="dense_int8", pad_block="data_pad", reference="computes.int8_ref.dense_ref", pairs=True,
+              signed_data=True),
     kernels=(Kernel("dense", {"x86": "dense", "cuda": "dense"}),
-             Kernel("int8_dense", {"x86": "int8_dense"}, int8=True)),
+             Kernel("int8_dense", {"x86": "int8_dense", "cuda": "int8"}, int8=True)),
     anchor_check=_dense_operands, flops=_matmul_flops, anchor_block="T_matmul_NN", layout="NC", panels=("panels", 1))
 # An operand of rank > 2: attention's products of two activations, or a 3-D constant; FP32, no INT8.
 BATCH_MATMUL = Family(

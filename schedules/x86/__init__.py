@@ -111,6 +111,7 @@ class Backend(_Base):
     name = NAME
     device = "cpu"
     int8_kernels = True
+    int8_blocked = True
     applies_tuning_logs = True
     online_tuning = True
     fused_recurrence = True

@@ -179,7 +179,10 @@ def test_nothing_quantizable_warns_and_leaves_the_module(model, why):
     assert out.same_as(mod) and report["int8_partitions"] == 0 and report["quantize_ops"] == 0
 
 
-def test_non_cpu_targets_keep_every_partition_fp32():
+def test_a_target_without_int8_kernels_keeps_every_partition_fp32(monkeypatch):
+    from tvmfuse.schedules import cuda
+
+    monkeypatch.setattr(cuda.Backend, "int8_kernels", False)  # a backend that has none (CUDA has, since #51)
     mod = partitioned(conv_relu_conv())
     report = {}
     with warnings.catch_warnings(record=True) as caught:
@@ -187,6 +190,18 @@ def test_non_cpu_targets_keep_every_partition_fp32():
         out = QuantizeGraph(calib_table(mod), targets.resolve("cuda-sm80"), report)(mod)
     assert out.same_as(mod) and len(caught) == 1
     assert report["fp32_reasons"][0]["reason"] == "target cuda-sm80 has no INT8 kernels (backend cuda)"
+
+
+def test_cuda_targets_quantize_with_shifted_inputs_and_nchw_codes():
+    # s8 x s8 tensor cores: conv2d kernels sum x - 128 (an int8 data_pack stage), codes stay NCHW between them.
+    mod = partitioned(conv_relu_conv())
+    report = {}
+    with targets.resolve("cuda-sm80").tvm_target():
+        out = QuantizeGraph(calib_table(mod), targets.resolve("cuda-sm80"), report, blocked=True)(mod)
+    assert report["int8_partitions"] == 2 and report["blocked_outputs"] == 0 and report["layout_transforms"] == 0
+    kernels = [f for gv, f in out.functions_items() if gv.name_hint.startswith("tvmfuse_int8_conv2d")]
+    assert kernels and all('T.Cast("int8", T.Cast("int32", data[' in f.script() and "- 128)" in f.script()
+                           for f in kernels)
 
 
 def test_tiny_convnet_regions():

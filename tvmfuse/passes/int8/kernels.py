@@ -128,8 +128,14 @@ class Int8Constants:
 
 def weight_packing(spec) -> str:
     """How the target's INT8 kernels take their weights (a ``TargetSpec``; None: an unnamed CPU): its
-    backend's ``int8_weights``, ``"vnni"``, ``"avxvnni"``, ``"pairs"`` or ``""``."""
+    backend's ``int8_weights``, ``"vnni"``, ``"avxvnni"``, ``"pairs"``, ``"signed"`` or ``""``."""
     return spec.backend().int8_weights if spec is not None else ""
+
+
+def signed_data(part: Int8Partition, weights: str) -> bool:
+    """Whether the kernel of ``part`` sums its input shifted to int8 (``int8.SIGNED_SHIFT``): a family whose
+    compute takes ``signed_data``, for a target whose kernels want it (``weights == "signed"``)."""
+    return weights == "signed" and families.FAMILIES[part.family].int8.signed_data
 
 
 def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
@@ -158,7 +164,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     """
     s_x, za = float(x.scale), int(x.zero_point)
     wq, wparams = _quantized_weight(part)
-    folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za)
+    shift = int8.SIGNED_SHIFT if signed_data(part, weights) else 0  # the kernel sums x - shift
+    folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za - shift)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
     if part.quantized is not None:
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
@@ -255,6 +262,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
                te.placeholder(bias.shape, "int32", name="bias"),
                te.placeholder(multiplier.shape, "float32", name="multiplier")]
     kwargs = {"out_layout": out_layout} if blocked else {}
+    if signed_data(part, weights):
+        kwargs["signed_data"] = True
     if table is not None:
         kwargs["table"] = te.placeholder((int8.TABLE_SIZE,), out.dtype, name="table")
         tensors.append(kwargs["table"])

@@ -264,8 +264,9 @@ def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax
         prev = var
 
 
-def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
-    """The chain starting at ``anchor`` as an INT8 kernel, or _Refused."""
+def _match(graph: _Graph, anchor_var, anchor, weights: str = "") -> _Chain:
+    """The chain starting at ``anchor`` as an INT8 kernel (its weight packed as ``weights``, the target's
+    ``weight_packing``), or _Refused."""
     kind = short_op_name(anchor.op.name)
     family, why = families.int8_family(anchor)
     if family is None:
@@ -294,7 +295,7 @@ def _match(graph: _Graph, anchor_var, anchor) -> _Chain:
         x = QuantParams(x.scale, x.zero_point + SHIFT, "uint8")
     residual, res = found.residual if found.residual is not None else (None, None)
     try:
-        kernel, constants = make_int8_kernel(part, _ints(data.ty.shape), x, out, res)
+        kernel, constants = make_int8_kernel(part, _ints(data.ty.shape), x, out, res, weights=weights)
     except (Int8KernelError, QuantParamsError) as e:
         raise _Refused(str(e)) from None
     return _Chain(end, data, str(data.ty.dtype), residual, kernel, constants,
@@ -356,11 +357,12 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
         graph = _Graph(func)
         chains, kept = {}, []
         int8_kernels = spec is None or spec.backend().int8_kernels
+        weights = weight_packing(spec)
         for var, call in _candidates(graph, func):
             try:
                 if not int8_kernels:
                     raise _Refused(f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})")
-                chain = _match(graph, var, call)
+                chain = _match(graph, var, call, weights)
                 chains[chain.end] = chain
             except _Refused as e:
                 kept.append({"anchor": var.name, "op": short_op_name(call.op.name), "reason": str(e)})
@@ -373,7 +375,8 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        rewrite = Rewrite(mod, chains, choose_layouts(chains) if blocked else None, weight_packing(spec))
+        blocked_codes = blocked and (spec is None or spec.backend().int8_blocked)
+        rewrite = Rewrite(mod, chains, choose_layouts(chains) if blocked_codes else None, weights)
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
         out = relax.transform.DeadCodeElimination()(rewrite.builder_.get())
         if report is not None:

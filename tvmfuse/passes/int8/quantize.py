@@ -349,6 +349,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
     def _quantize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         keys = {var: key for key, var in observed_tensors(mod)}
         sites = _find_sites(mod, table, keys)
+        blocked_codes = blocked and (spec is None or spec.backend().int8_blocked)
         if spec is not None and not spec.backend().int8_kernels:
             for site in sites:
                 site.part, site.reason = None, f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})"
@@ -359,7 +360,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         codes_ops = pools | means | gates
         int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)  # what reads codes
         _choose_outputs(sites, users, int8_vars, gates)
-        if blocked:
+        if blocked_codes:
             _choose_layouts(sites, users, codes_ops)
         if not any(s.part is not None for s in sites):
             if report is not None:
@@ -368,7 +369,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
                           QuantizeWarning, stacklevel=2)
             return mod
         dequantized = {p for p in pools if float_read(p, users, int8_vars)}
-        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked, weight_packing(spec), means, gates, dequantized)
+        rewrite = _Rewrite(mod, sites, table, keys, pools, blocked_codes, weight_packing(spec), means, gates, dequantized)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
