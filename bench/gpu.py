@@ -1,6 +1,6 @@
 """Batch-1 latency on an NVIDIA GPU: tvmfuse against plain TVM (and PyTorch where installed), in one run.
 
-    python bench/gpu.py [--models mobilenet_v2,resnet50] [--target cuda-sm90] [--precisions fp32,fp16]
+    python bench/gpu.py [--models mobilenet_v2,resnet50] [--target cuda-sm90] [--precisions fp32,fp16,int8]
                         [--repeat 50] [--torch [--torch-compile]] [--json OUT.json]
 
 Needs a CUDA GPU. For each zoo model:
@@ -12,8 +12,11 @@ Needs a CUDA GPU. For each zoo model:
   precision (``.half()`` for fp16), as a GPU user's everyday reference; with ``--torch-compile`` also under
   ``torch.compile(mode="reduce-overhead")`` (Inductor's kernels in a CUDA graph), with its compile time.
 
-fp16 rows are tvmfuse's ``precision="fp16"`` build against onnxruntime FP32 (relative L2 error); plain TVM is
-FP32 in every row (its fp16 path, ToMixedPrecision, fails on the clip of these graphs).
+fp16 rows are tvmfuse's ``precision="fp16"`` build against onnxruntime FP32 (relative L2 error); int8 rows are
+``tvmfuse.quantize`` calibrated (minmax) on 4 random batches, a latency row whose error column only says the
+library runs (random ranges are not real ones; the kernels' exactness is tested in tests/schedules/test_cuda_int8.py)
+and which PyTorch sits out (its eager CUDA convs have no INT8). Plain TVM is FP32 in every row (its fp16 path,
+ToMixedPrecision, fails on the clip of these graphs).
 
 All timings are GPU-synchronized medians (``time_evaluator`` for TVM, CUDA events for PyTorch). Prints a
 Markdown table with the ratios to plain TVM.
@@ -110,7 +113,10 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
     spec = targets.resolve(target)
     model = zoo.get(name)
     start = time.perf_counter()
-    cm = tvmfuse.compile(model, target=target, shapes=zoo.default_shapes(name), precision=precision)
+    if precision == "int8":
+        cm = tvmfuse.quantize(model, calib="random:4", method="minmax", target=target, shapes=zoo.default_shapes(name))
+    else:
+        cm = tvmfuse.compile(model, target=target, shapes=zoo.default_shapes(name), precision=precision)
     compile_s = time.perf_counter() - start
     x = inputs_for(cm.inputs)
     ref = ort_session(model).run(None, x)[0]
@@ -124,7 +130,8 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
            "max abs diff vs onnxruntime (tvmfuse / plain)":
                f"{np.abs(ours - ref).max() / scale:.1e} / {np.abs(plain_out - ref).max() / scale:.1e} (of max)",
            "tvmfuse relative L2 error": f"{rel:.1e}", "compile s": f"{compile_s:.1f}"}
-    for label, compiled in [("PyTorch", False), ("torch.compile", True)][:1 + with_compile] if with_torch else []:
+    contenders = [("PyTorch", False), ("torch.compile", True)][:1 + with_compile]
+    for label, compiled in contenders if with_torch and precision != "int8" else []:
         t = torch_ms(name, cm.inputs[0].shape, repeat, precision, compiled) or {}
         row[f"{label} ms"] = f"{t['ms']:.3f}" if "ms" in t else t.get("error", "-")
         row[f"tvmfuse / {label}"] = f"{ours_ms / t['ms']:.2f}x" if "ms" in t else "-"
@@ -144,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--target", default="cuda-sm90")
     p.add_argument("--repeat", type=int, default=50)
-    p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, fp16 (default fp32)")
+    p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, fp16, int8 (default fp32)")
     p.add_argument("--torch", action="store_true", help="also time torchvision's model (needs torch + GPU)")
     p.add_argument("--torch-compile", action="store_true",
                    help="with --torch, also time it under torch.compile(mode='reduce-overhead')")

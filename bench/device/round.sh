@@ -21,9 +21,16 @@ step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
     tests/schedules/test_cuda_rules.py tests/schedules/test_cuda_tensor_core.py tests/schedules/test_cuda_models.py \
     tests/schedules/test_cuda_group_conv.py tests/schedules/test_cuda_graph.py \
     tests/test_precision.py
+# 1b. INT8 on CUDA: every INT8 rule bit-exact against int8_ref, quantized ONNX chains and zoo models against the x86
+#     INT8 kernels (its own step: a slow build loses only itself)
+step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
+    tests/schedules/test_cuda_int8.py tests/schedules/test_cuda_int8_models.py
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
     --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
+# 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
+step gpu_int8 120 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
+    --json "$OUT/gpu_int8.json"
 # 2b. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here
 if [ -d /root/stash/fuzz ]; then

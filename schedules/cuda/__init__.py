@@ -7,7 +7,9 @@ shared-memory tile and a register strip per thread (:mod:`.depthwise_conv2d`), c
 :mod:`.fused`. Kernels outside every partition (pools, reshapes, softmax) are scheduled by TVM's
 dlight rules, as TVM's own CUDA pipeline does. Every kernel records who scheduled it in its
 ``tvmfuse.scheduled_by`` attribute (``tvmfuse.cuda.<rule>``, ``dlight.<Rule>``), which the manifest lists.
-INT8 kernels are x86's only so far. Tuning is offline: candidates built here, timed on a GPU
+INT8 kernels: conv2d and dense
+on the tensor cores in s8 x s8 (:mod:`.tensor_core`), depthwise in int32 on the CUDA cores (:mod:`.int8`).
+Tuning is offline: candidates built here, timed on a GPU
 (``tvmfuse.tune.offline``).
 """
 
@@ -25,7 +27,7 @@ from ..backend import SCHEDULED_BY, kernel_of
 from ..backend import Backend as _Base
 from ..backend import is_scheduled
 from . import fused
-from .common import sm_count
+from .common import lower_llvm_fma, sm_count
 
 NAME = "cuda"
 RULES = {name: importlib.import_module(f"{__name__}.{k.rules[NAME]}")
@@ -84,11 +86,16 @@ class Backend(_Base):
     # Records of tuning_logs/cuda-<arch>/ (written by `tvmfuse tune --import-results` from times measured on a
     # GPU) are applied before the rules.
     applies_tuning_logs = True
+    # INT8 kernels on the tensor cores (conv2d, dense: s8 x s8 wmma) and CUDA cores (depthwise, GEMV), bit-exact
+    # against int8_ref like x86's; activations NCHW between them.
+    int8_kernels = True
+    int8_weights = "signed"
 
     def __init__(self, spec):
         super().__init__(spec)
         self.sms = sm_count(str(spec.config.get("arch", "")))
         cuda_driver.preload()  # before the first build: kernels compile to cubins only with TVM's CUDA runtime
+        lower_llvm_fma()
 
     def why_not_runnable(self) -> str:
         return "" if cuda_driver.cuda_available() else "no CUDA device on this machine"

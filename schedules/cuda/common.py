@@ -42,3 +42,28 @@ def fill_sms(configs: list, i: int, j: int, sms: int):
         if -(-i // config.tile_i) * -(-j // config.tile_j) >= sms:
             return config
     return fitting[-1]
+
+
+
+_FMA_LOWERED = []
+
+
+def lower_llvm_fma() -> None:
+    """Teach TVM's CUDA lowering the INT8 epilogue's ``llvm.fma`` (one rounding, what keeps a residual add
+    bit-exact on the CPU): CUDA's ``fmaf``, which rounds once too. TVM has no CUDA rule for LLVM intrinsics
+    (nor for ``tirx.fma``); the rule returns every other call unchanged. Registered once, when a CUDA backend
+    is made."""
+    if _FMA_LOWERED:
+        return
+    import tvm
+    from tvm import tirx
+
+    fma_id = int(tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.fma"))
+
+    def lower(call):
+        if int(call.args[0]) == fma_id:
+            return tirx.call_pure_extern(call.ty, "fmaf", *call.args[1:])
+        return call
+
+    tirx.op.register_intrin_lowering("tirx.call_llvm_pure_intrin", "cuda", f=lower, level=99)
+    _FMA_LOWERED.append(True)

@@ -109,20 +109,25 @@ def _main_block(sch: s_tir.Schedule, anchor: str):
 
 def gemm_candidates(func, sms: int, anchor: str = ANCHOR) -> list:
     """The tiles an offline tuning round times for the GEMM of ``func``'s ``anchor`` block: the tensor-core
-    tiles (:func:`.tensor_core.candidates`) for float16 operands, else :func:`candidates`; none for a GEMV."""
+    tiles (:func:`.tensor_core.candidates`) for float16 or int8 operands, else :func:`candidates`; none for a
+    GEMV."""
     from . import tensor_core
 
     dims = gemm_dims(func, anchor)
     if not dims:
         return []
     sch = s_tir.Schedule(func)
-    half = _half_operands(sch.get(sch.get_sblock(anchor)))
-    return (tensor_core.candidates if half else candidates)(*dims, sms)
+    operand = tensor_core_operand(sch.get(sch.get_sblock(anchor)))
+    return tensor_core.candidates(*dims, sms, operand) if operand else candidates(*dims, sms)
 
 
-def _half_operands(block) -> bool:
-    """Whether the GEMM block (a ``SBlock``) reads float16 operands: the tensor-core path."""
-    return all(block.reads[n].source.dtype == "float16" for n in (0, 1))
+def tensor_core_operand(block) -> str | None:
+    """The dtype of the GEMM block's (a ``SBlock``) two operands when the tensor cores take them (float16, or
+    int8: the INT8 kernels' shifted input and weight); None: the CUDA-core tiles."""
+    from .tensor_core import OPERANDS
+
+    dtypes = {str(block.reads[n].source.dtype) for n in (0, 1)}
+    return dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)) in OPERANDS else None
 
 
 def kernel_candidates(func, sms: int) -> list:
@@ -144,8 +149,8 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
 
 def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bool:
     """Schedule the kernel whose reduction block is ``anchor`` (``conv2d_nchw``, ``T_matmul_NN``) in place;
-    False (``sch`` untouched) when it is not a GEMM-shaped reduction. Float16 operands go to the tensor cores
-    (:mod:`.tensor_core`; ``config`` then one of its configs)."""
+    False (``sch`` untouched) when it is not a GEMM-shaped reduction. Float16 and int8 operands go to the
+    tensor cores (:mod:`.tensor_core`; ``config`` then one of its configs)."""
     from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers, get_index_map
 
     from . import tensor_core
@@ -153,7 +158,7 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     main = _main_block(sch, anchor)
     if main is None or not get_index_map(sch.get(main)):
         return False
-    half = _half_operands(sch.get(main))
+    operand = tensor_core_operand(sch.get(main))
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
     reindex_c = sch.reindex(main, ("write", 0))
@@ -163,8 +168,8 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     sch.transform_layout(reindex_c, ("read", 0), c_map)
     sch.transform_block_layout(main, block_map)
     i, j, k = gemm_shape(sch, main)
-    if half:
-        config = config or tensor_core.default_config(i, j, k, sms)
+    if operand:
+        config = config or tensor_core.default_config(i, j, k, sms, operand)
         tensor_core.schedule_gemm(sch, main, config, pixels_inner=anchor != families.DENSE.anchor_block)
         return True
     if config is None:

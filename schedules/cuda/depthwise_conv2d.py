@@ -42,6 +42,7 @@ class Config:
         return self.channels * self.tile_h * (self.tile_w // self.strip)
 
     def shared_bytes(self, kernel: tuple, stride: tuple, dilation: tuple) -> int:
+        """Of the input tile, counted in float32 words (an INT8 kernel's uint8 tile takes a quarter)."""
         rows = (self.tile_h - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1
         cols = (self.tile_w - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
         return 4 * self.channels * rows * cols
@@ -103,24 +104,25 @@ def candidates(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 
     return list(dict.fromkeys(found))
 
 
-def kernel_candidates(func, sms: int) -> list[Config]:
-    """:func:`candidates` for a depthwise partition kernel; [] when ``func`` is not one."""
+def kernel_candidates(func, sms: int, anchor_name: str = ANCHOR, pad: str = PAD) -> list[Config]:
+    """:func:`candidates` for a depthwise partition kernel (its blocks ``anchor_name`` and ``pad``); [] when
+    ``func`` is not one."""
     sch = s_tir.Schedule(func)
-    found = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
+    found = anchor_loops(sch, anchor_name, 6, needs=(pad,))
     if found is None:
         return []
     anchor, loops = found
     shape = [int(sch.get(loop).extent) for loop in loops]
-    return candidates(shape[1], shape[2], shape[3], *_conv_attrs(sch, anchor), sms)
+    return candidates(shape[1], shape[2], shape[3], *_conv_attrs(sch, anchor, pad), sms)
 
 
-def _conv_attrs(sch: s_tir.Schedule, anchor) -> tuple:
+def _conv_attrs(sch: s_tir.Schedule, anchor, pad: str = PAD) -> tuple:
     """(window, stride, dilation) read off the anchor block's input index ``y * stride + ry * dilation``."""
     from tvm.sym.pattern import detect_linear_equation
 
     block = sch.get(anchor)
     window = tuple(int(iv.dom.extent) for iv in block.iter_vars[4:6])
-    read = next(r for r in block.reads if r.source.name.startswith(PAD))
+    read = next(r for r in block.reads if r.source.name.startswith(pad))
     stride, dilation = [], []
     for axis in (0, 1):
         y, r = block.iter_vars[2 + axis].var, block.iter_vars[4 + axis].var
@@ -130,20 +132,22 @@ def _conv_attrs(sch: s_tir.Schedule, anchor) -> tuple:
     return window, tuple(stride), tuple(dilation)
 
 
-def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> bool:
-    """Schedule a depthwise partition kernel in place; False (``sch`` untouched) when it is not one."""
-    found = anchor_loops(sch, ANCHOR, 6, needs=(PAD,))
+def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None, anchor_name: str = ANCHOR,
+             pad_name: str = PAD) -> bool:
+    """Schedule a depthwise partition kernel in place; False (``sch`` untouched) when it is not one. The INT8
+    kernel (int32 sums of uint8 x int8) names its blocks ``anchor_name`` and ``pad_name``."""
+    found = anchor_loops(sch, anchor_name, 6, needs=(pad_name,))
     if found is None:
         return False
     anchor, loops = found
     shape = [int(sch.get(loop).extent) for loop in loops]
-    kernel, stride, dilation = _conv_attrs(sch, anchor)
+    kernel, stride, dilation = _conv_attrs(sch, anchor, pad_name)
     if config is None:
         config = default_config(shape[1], shape[2], shape[3], kernel, stride, dilation, sms)
         if config is None:
             return False
-    inline_producers(sch, ANCHOR, keep=(PAD,))  # the weight's reshape to topi's filter layout
-    out = inline_epilogue(sch, ANCHOR)
+    inline_producers(sch, anchor_name, keep=(pad_name,))  # the weight's reshape to topi's filter layout
+    out = inline_epilogue(sch, anchor_name)
     if out is None:
         out = sch.cache_write(anchor, 0, "local")
     else:
@@ -166,7 +170,7 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
     for loop in (ry, rx, aw):
         sch.unroll(loop)
     sch.decompose_reduction(anchor, ry)
-    pad = sch.get_sblock(PAD)
+    pad = sch.get_sblock(pad_name)
     sch.set_scope(pad, 0, "shared")
     sch.compute_at(pad, bx, preserve_unit_loops=True)
     cooperative_copy(sch, pad, bx, config.threads)

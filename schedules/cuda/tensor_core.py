@@ -1,5 +1,7 @@
-"""fp16 conv2d and dense on tensor cores: the implicit GEMM of :mod:`.conv2d` computed by ``wmma`` 16x16x16
-fragments (float16 operands, float32 accumulators).
+"""fp16 and INT8 conv2d and dense on tensor cores: the implicit GEMM of :mod:`.conv2d` computed by ``wmma``
+16x16x16 fragments (float16 operands and float32 accumulators, or int8 operands and int32 accumulators: the
+INT8 kernels' input shifted to int8, ``computes.int8.SIGNED_SHIFT``; on sm_80 and later nvcc lowers the s8
+fragments to the ``mma.sync`` m16n8k16/m16n8k32 s8 instructions).
 
 The kernel is seen as ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` as in :mod:`.conv2d` (conv2d: I the output
 pixels, J the output channels, K = input channels x window; the im2col gather happens on the load into shared
@@ -8,10 +10,10 @@ memory). A thread block owns a ``tile_i x tile_j`` tile of C:
 - its warps form a ``warps_i x warps_j`` grid, each warp ``frags_i x frags_j`` accumulator fragments;
 - K is walked ``step_k`` at a time; both operand tiles are staged in shared memory, double-buffered (the next
   step's global loads are issued, through registers, while the tensor cores work on this one), rows padded
-  by 8 halves so ``ldmatrix``-style fragment loads do not conflict on banks;
+  by 16 bytes so ``ldmatrix``-style fragment loads do not conflict on banks;
 - the accumulators are stored to shared memory (the operand buffers' space, reused) and the epilogue (bias,
-  folded batch-norm, residual add, activation, the cast to fp16) is applied on the way to the single global
-  store, consecutive threads writing consecutive output pixels.
+  folded batch-norm, residual add, activation, the cast to fp16; INT8: requantize, clip, residual, table) is
+  applied on the way to the single global store, consecutive threads writing consecutive output pixels.
 
 The tile shrinks until the grid has a block for every SM, skipping tiles that pad the GEMM by more than the
 conv2d rule allows; ``step_k`` is the largest that keeps the block's shared memory within 48 KiB. This is
@@ -28,12 +30,13 @@ from tvm import s_tir
 from .common import MAX_SHARED_BYTES, WARP, fill_sms
 
 FRAG = 16  # the wmma fragment edge
-PAD_HALVES = 8  # row padding of a shared operand tile
-VECTOR = 4  # halves per thread in an operand copy
+PAD_BYTES = 16  # row padding of a shared operand tile (wmma loads need rows a multiple of 16 bytes apart)
+VECTOR = 4  # elements per thread in an operand copy (an int8 conv weight is contiguous in fours along K)
+OPERANDS = {"float16": "float32", "int8": "int32"}  # operand dtype -> accumulator dtype
 # (warps_i, warps_j, frags_i, frags_j), largest tile first.
 TILES = ((2, 2, 4, 2), (2, 2, 2, 4), (2, 2, 2, 2), (2, 2, 2, 1), (2, 2, 1, 2), (2, 2, 1, 1), (2, 1, 1, 1),
          (1, 1, 1, 1))
-STEPS_K = (64, 32, 16)
+STEPS_K = {"float16": (64, 32, 16), "int8": (128, 64, 32, 16)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Config:
     frags_i: int
     frags_j: int
     step_k: int = 32
+    operand: str = "float16"  # a key of OPERANDS
 
     @property
     def tile_i(self) -> int:
@@ -56,9 +60,17 @@ class Config:
     def warps(self) -> int:
         return self.warps_i * self.warps_j
 
+    @property
+    def element_bytes(self) -> int:
+        return 1 if self.operand == "int8" else 2
+
+    @property
+    def pad_elements(self) -> int:
+        return PAD_BYTES // self.element_bytes
+
     def operand_bytes(self, rows: int) -> int:
         """Shared memory of one double-buffered operand tile of ``rows`` rows."""
-        return 2 * rows * (self.step_k + PAD_HALVES) * 2
+        return 2 * rows * (self.step_k + self.pad_elements) * self.element_bytes
 
     @property
     def pad_floats(self) -> int | None:
@@ -76,44 +88,46 @@ class Config:
 
     def shared_bytes(self) -> int:
         """Shared memory of one block: the double-buffered operand tiles, or the accumulator tile that reuses
-        their space after the main loop, whichever is larger."""
+        their space after the main loop, whichever is larger (float32 and int32 accumulators alike)."""
         operands = self.operand_bytes(self.tile_i) + self.operand_bytes(self.tile_j)
         return max(operands, self.tile_i * (self.tile_j + (self.pad_floats or 0)) * 4)
 
 
-def _steps(k: int) -> list[int]:
+def _steps(k: int, operand: str) -> list[int]:
     """The reduction steps for a K: those not longer than K rounded up to whole fragments."""
-    return [s for s in STEPS_K if s <= -(-k // FRAG) * FRAG]
+    return [s for s in STEPS_K[operand] if s <= -(-k // FRAG) * FRAG]
 
 
 def _fits(config: Config) -> bool:
     return config.pad_floats is not None and config.shared_bytes() <= MAX_SHARED_BYTES
 
 
-def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
+def default_config(i: int, j: int, k: int, sms: int = 132, operand: str = "float16") -> Config:
     """The largest tile whose grid gives every SM a block (else the smallest that pads least), with the
     largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory."""
-    steps = _steps(k)
+    steps = _steps(k, operand)
     configs = []
     for tile in TILES:
-        fitting = [Config(*tile, step_k=s) for s in steps if _fits(Config(*tile, step_k=s))]
+        fitting = [Config(*tile, step_k=s, operand=operand) for s in steps
+                   if _fits(Config(*tile, step_k=s, operand=operand))]
         if fitting:
             configs.append(fitting[0])
     return fill_sms(configs, i, j, sms)
 
 
-def candidates(i: int, j: int, k: int, sms: int = 132) -> list[Config]:
+def candidates(i: int, j: int, k: int, sms: int = 132, operand: str = "float16") -> list[Config]:
     """The configs an offline tuning round times: the default first, then every tile with every step that fits
     shared memory and is not longer than K, each once."""
-    steps = _steps(k)
-    found = [default_config(i, j, k, sms)] + [Config(*t, step_k=s) for t in TILES for s in steps
-                                              if _fits(Config(*t, step_k=s))]
+    steps = _steps(k, operand)
+    found = [default_config(i, j, k, sms, operand)] + [
+        Config(*t, step_k=s, operand=operand) for t in TILES for s in steps
+        if _fits(Config(*t, step_k=s, operand=operand))]
     return list(dict.fromkeys(found))
 
 
 def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool) -> None:
-    """Schedule the re-indexed GEMM block ``main`` (``C[S, I, J] += A[S, I, K] * B[S, J, K]``, float16
-    operands cast to a float32 sum) on wmma fragments, in place. ``pixels_inner``: a conv (A, the input, and
+    """Schedule the re-indexed GEMM block ``main`` (``C[S, I, J] += A[S, I, K] * B[S, J, K]``, operands of
+    ``config.operand`` cast to a float32 or int32 sum) on wmma fragments, in place. ``pixels_inner``: a conv (A, the input, and
     the output contiguous along I, the pixels; B, the OIHW weight, along K); else a dense (A along K; B, the
     ``[K, N]`` weight, and the output along J)."""
     from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers
@@ -162,7 +176,7 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
             sch.vectorize(vec)
         sch.bind(tx, "threadIdx.x")
         sch.bind(ty, "threadIdx.y")
-        sch.storage_align(fetch, 0, axis=-2, factor=16, offset=PAD_HALVES)
+        sch.storage_align(fetch, 0, axis=-2, factor=2 * config.pad_elements, offset=config.pad_elements)
         sch.annotate(fetch, "tirx.manifest_shared_memory_local_stage", 1)
         sch.annotate(fetch, "double_buffer_scope", 0)
         auto_inline_producers(sch, fetch)
@@ -181,8 +195,8 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
     sch.reorder(si0, sj0, si1, sj1)
     init = sch.get_child_blocks(sch.decompose_reduction(outer, ko))[0]
 
-    intrin = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="float16",
-                                   out_dtype="float32", trans_b=True)
+    intrin = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype=config.operand,
+                                   out_dtype=OPERANDS[config.operand], trans_b=True)
     for frag, name in ((frag_a, "load_a"), (frag_b, "load_b")):
         fi_, fj_ = sch.get_loops(frag)[-2:]
         fi0, fi1 = sch.split(fi_, [None, FRAG])

@@ -16,7 +16,7 @@ from tvmfuse.comparison.run import compare
 from tvmfuse.errors import InputError
 
 NVCC = shutil.which("nvcc") is not None
-ARMS = [HOST, "cuda-sm90"] if NVCC else [HOST]
+ARMS = [HOST, "cuda-sm90", "cuda-sm90:int8"] if NVCC else [HOST]
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,17 @@ def test_cuda_arm_is_a_build_only_row_with_its_reason(report_dir):
         assert row["status"] == "build-only" and row["reason"] == "no CUDA device on this machine"
         assert row["latency"] is None and row["device"] == "cuda: sm_90"
     assert row["build"]["kernels"] >= 1 and (report_dir / row["build"]["library"]).exists()
+
+
+@pytest.mark.skipif(not NVCC, reason="nvcc not installed: no CUDA arm to build")
+def test_cuda_int8_arm_quantizes_every_partition_onto_the_cuda_rules(report_dir):
+    row = Report.load(report_dir).row("cuda-sm90:int8")
+    assert row["precision"] == "int8" and row["status"] in ("build-only", "measured"), row["reason"]
+    build = row["build"]
+    assert build["quantization"]["int8_partitions"] >= 1 and build["quantization"]["fp32_partitions"] == 0
+    int8_kernels = [k for k in build["kernel_info"].values() if k["partition"].startswith("tvmfuse.")
+                    and k["kind"].startswith("int8")]
+    assert int8_kernels and all(k["tvmfuse"] for k in int8_kernels)
 
 
 def test_render_rewrites_from_json_alone(report_dir, tmp_path):

@@ -86,7 +86,7 @@ def test_a_config_whose_accumulator_tile_would_alias_an_operand_tile_is_not_offe
     # TVM's StorageRewrite puts a float32 tile into a larger dead float16 buffer and then fails to lower the
     # wmma store into it; the accumulator rows are padded to stay larger, or the config is dropped.
     for tile in tensor_core.TILES:
-        for step in tensor_core.STEPS_K:
+        for step in tensor_core.STEPS_K["float16"]:
             config = tensor_core.Config(*tile, step_k=step)
             pad = config.pad_floats
             if pad is None:

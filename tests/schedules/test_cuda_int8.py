@@ -1,0 +1,207 @@
+"""INT8 kernels on CUDA (``tvmfuse.schedules.cuda.int8``): conv2d and dense GEMMs on s8 x s8 tensor cores
+(the input shifted to int8, ``signed_data``), one-pixel convs and few-row denses as GEMVs, depthwise on the
+CUDA cores. Here: the shifted computes are bit-exact against ``int8_ref`` (run on the CPU), every case and
+every tuning candidate tile lowers and builds with nvcc within the limits; on a GPU (marker ``gpu``) every
+case is bit-exact against ``int8_ref``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te
+
+import tvmfuse
+from helpers import HOST
+from helpers.cuda_source import dynamic_shared_bytes, kernels, shared_bytes
+from helpers.int8_kernels import Conv, codes, epilogue, kernel_data, run
+from helpers.qdq import Spec, qdq_model, x_input
+from tvmfuse import cuda_driver, targets
+from tvmfuse.schedules.computes import int8, int8_ref
+from tvmfuse.schedules.computes import int8_depthwise as int8_dw
+from tvmfuse.schedules.cuda import int8 as rule
+from tvmfuse.schedules.cuda import tensor_core
+
+TARGET = "cuda-sm90"
+SMS = 132
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+
+CONV_CASES = [
+    Conv(16, 32, 14, 3, pad=1, act="relu"),  # a 3x3 GEMM: 196 x 32 x 144
+    Conv(64, 64, 28, 1, act="relu6", residual="uint8"),  # 1x1 with a residual (the fma)
+    Conv(3, 16, 32, 3, stride=2, pad=1, za=0),  # a stem: K = 27, padded to a fragment
+    Conv(21, 33, 11, 3, stride=2, residual="int8", out="int8"),  # odd channels, stride, int8 residual
+    Conv(24, 40, 7, 1, act="hardswish"),
+    Conv(16, 20, 9, 3, pad=1, act="hardswish", out="float32"),
+    Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),  # O < 16, dilated
+    Conv(32, 24, 1, 1, act="relu"),  # a one-pixel conv (squeeze-excite): a GEMV
+    Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"),  # batch 2, asymmetric padding
+]
+DENSE_CASES = [(1, 1280, 100, "float32", None, None), (1, 100, 37, "uint8", None, "relu"),
+               (32, 130, 70, "int8", "uint8", None), (64, 96, 40, "uint8", None, "hardswish")]
+DW_CASES = [Conv(32, 32, 28, 3, pad=1, act="relu6"), Conv(96, 96, 15, 3, stride=2, pad=1, residual="uint8"),
+            Conv(40, 40, 12, 5, pad=4, dilation=2, act="hardswish", za=200), Conv(16, 16, 7, 3, out="float32")]
+
+
+def _conv(case: Conv, signed: bool = True):
+    x = te.placeholder(case.in_shape(), "uint8", name="x")
+    w = te.placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), "int8", name="w")
+    b, m = te.placeholder((case.o,), "int32", name="b"), te.placeholder((case.o,), "float32", name="m")
+    r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
+    ep = epilogue(case.out, case.act, case.residual)
+    out = int8.conv2d_compute(x, w, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
+                              dilation=case.dilation, input_zero_point=case.za, epilogue=ep, signed_data=signed)
+    rng = np.random.default_rng(0)
+    xv, wv = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
+    shift = int8.SIGNED_SHIFT if signed else 0
+    args = [xv, int8_ref.pack_conv2d_weight(wv), int8_ref.fold_zero_point(bias, wv, case.za - shift), mult]
+    ref = int8_ref.conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad, dilation=case.dilation,
+                              input_zero_point=case.za, epilogue=ep)
+    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out, \
+        args + ([res] if res is not None else []), ref
+
+
+def _dense(case, signed: bool = True):
+    rows, k, n, out_dtype, residual, act = case
+    x = te.placeholder((rows, k), "uint8", name="x")
+    w = te.placeholder((-(-n // 16), -(-k // 4), 16, 4), "int8", name="w")
+    b, m = te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m")
+    r = te.placeholder((rows, n), residual, name="r") if residual else None
+    ep = epilogue(out_dtype, act, residual)
+    out = int8.dense_compute(x, w, b, m, r, out_features=n, epilogue=ep, signed_data=signed)
+    rng = np.random.default_rng(1)
+    xv, wv = codes(rng, (rows, k), "uint8", False), codes(rng, (n, k), "int8", False)
+    bias, mult, res = kernel_data(rng, (rows, n), n, residual, False, act)
+    shift = int8.SIGNED_SHIFT if signed else 0
+    args = [xv, int8_ref.pack_dense_weight(wv), int8_ref.fold_zero_point(bias, wv, 77 - shift), mult]
+    ref = int8_ref.dense_ref(xv, wv, bias, mult, res, input_zero_point=77, epilogue=ep)
+    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out, \
+        args + ([res] if res is not None else []), ref
+
+
+def _depthwise(case: Conv):
+    x = te.placeholder(case.in_shape(), "uint8", name="x")
+    w = te.placeholder((case.c, 1, case.k, case.k), "int8", name="w")
+    b, m = te.placeholder((case.c,), "int32", name="b"), te.placeholder((case.c,), "float32", name="m")
+    r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
+    ep = epilogue(case.out, case.act, case.residual)
+    out = int8_dw.depthwise_conv2d_compute(x, w, b, m, r, strides=case.stride, padding=case.pad,
+                                           dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
+    rng = np.random.default_rng(2)
+    xv, wv = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.c, 1, case.k, case.k), "int8", False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.c, case.residual, False, case.act)
+    args = [xv, wv, int8_ref.fold_zero_point(bias, wv, case.za), mult]
+    ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
+                                        dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
+    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out, \
+        args + ([res] if res is not None else []), ref
+
+
+CASES = ([pytest.param(_conv, c, id=f"conv-{c}") for c in CONV_CASES]
+         + [pytest.param(_dense, c, id=f"dense-{c}") for c in DENSE_CASES]
+         + [pytest.param(_depthwise, c, id=f"depthwise-{c}") for c in DW_CASES])
+
+
+@pytest.mark.parametrize("make,case", [p for p in CASES if p.values[0] is not _depthwise])
+def test_the_shifted_computes_are_bit_exact_on_the_cpu(make, case):
+    # The tensor cores' operands: x - 128 in int8, padding za - 128, the bias folded with za - 128.
+    func, out, args, ref = make(case)
+    np.testing.assert_array_equal(run(func, args, out), ref)
+
+
+def _scheduled(func, config=None):
+    sch = s_tir.Schedule(func)
+    assert rule.schedule(sch, SMS, config)
+    return sch.mod["main"]
+
+
+def _source(func):
+    spec = targets.resolve(TARGET)
+    spec.backend()  # maps TVM's CUDA runtime (cubins) and teaches the CUDA lowering the epilogue's fma
+    target = spec.tvm_target()
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "k")})
+    with target:
+        lib = tvm.compile(mod, target=target)
+    return lib, lib.mod.imports[0].inspect_source()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("make,case", CASES)
+def test_every_case_builds_on_its_cuda_rule_within_the_limits(make, case):
+    func, _, args, _ = make(case)
+    scheduled = _scheduled(func)
+    target = targets.resolve(TARGET).tvm_target()
+    _, source = _source(scheduled)
+    (body,) = kernels(source).values()
+    threads = [int(n) for n in re.findall(r"__launch_bounds__\((\d+)\)", body)]
+    assert threads and max(threads) <= 1024
+    assert shared_bytes(body) + dynamic_shared_bytes(scheduled, target) <= 48 * 1024
+    gemm = make is not _depthwise and not (make is _dense and case[0] < 16) and \
+        not (make is _conv and case.out_shape()[2:] == (1, 1))
+    if gemm:
+        assert "nvcuda::wmma::mma_sync" in body and "wmma::matrix_a, 16, 16, 16, signed char" in body
+        assert "wmma::accumulator, 16, 16, 16, int" in body
+    else:
+        assert "wmma" not in body
+    if (make is _dense and case[4]) or (make is not _dense and case.residual):
+        assert "fmaf(" in body  # the residual's one rounding, as llvm.fma on the CPU
+
+
+@needs_nvcc
+def test_every_int8_tensor_core_candidate_builds():
+    func, *_ = _conv(Conv(64, 64, 28, 3, pad=1, act="relu", residual="uint8"))
+    configs = rule.kernel_candidates(func, SMS)
+    assert configs and all(isinstance(c, tensor_core.Config) and c.operand == "int8" for c in configs)
+    assert configs[0] == tensor_core.default_config(784, 64, 576, SMS, "int8")
+    assert {c.step_k for c in configs} == {16, 32, 64, 128}
+    target = targets.resolve(TARGET).tvm_target()
+    for config in configs:
+        scheduled = _scheduled(func, config)
+        used = dynamic_shared_bytes(scheduled, target)
+        assert 0 < used <= config.shared_bytes() <= 48 * 1024, (config, used)
+        assert "signed char" in _source(scheduled)[1], config
+
+
+def test_int8_tiles_count_a_byte_per_operand():
+    half = tensor_core.Config(2, 2, 2, 2, 64)
+    byte = tensor_core.Config(2, 2, 2, 2, 64, "int8")
+    # two buffers of 64 rows of 64 elements and 16 bytes of padding
+    assert (half.operand_bytes(64), byte.operand_bytes(64)) == (2 * 64 * (64 + 8) * 2, 2 * 64 * (64 + 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make,case", CASES)
+def test_bit_exact_on_the_gpu(make, case):
+    func, out, args, ref = make(case)
+    lib, _ = _source(_scheduled(func))
+    dev = tvm.cuda(0)
+    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)), dev)
+    lib["k"](*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in args], result)
+    np.testing.assert_array_equal(result.numpy(), ref)
+
+
+def test_cuda_targets_ask_for_signed_data_and_nchw_codes():
+    backend = targets.resolve(TARGET).backend()
+    assert backend.int8_kernels and backend.int8_weights == "signed" and not backend.int8_blocked
+
+
+QDQ_CHAINS = [Spec(activation="Relu", weight_low=-128), Spec(group=8, activation="Relu", seed=2),
+              Spec(act_dtype="int8", residual=True, activation="Relu", seed=4), Spec(op="Gemm", channels=20, seed=6)]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("spec", QDQ_CHAINS, ids=str)
+def test_a_quantized_onnx_chain_runs_on_the_cuda_int8_rule(spec):
+    # An already-quantized model's chains (FuseQDQ) take the CUDA kernels with the shifted input too.
+    model = qdq_model(spec)
+    cm = tvmfuse.compile(model, target=TARGET)
+    assert cm.record.qdq["int8_kernels"] == 1
+    partitions = {k: v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_int8_")}
+    assert list(partitions.values()) == ["tvmfuse.cuda.int8"], cm.manifest()["scheduled_by"]
+    if cuda_driver.cuda_available():  # the GPU round: the same codes as the x86 kernels
+        x = {"x": x_input(spec)}
+        np.testing.assert_array_equal(cm.run(x)[0], tvmfuse.compile(model, target=HOST).run(x)[0])

@@ -1,0 +1,101 @@
+"""Every zoo model quantized for CUDA (a synthetic calibration table: the ranges do not change which rule
+schedules a kernel): every INT8 partition on tvmfuse's CUDA INT8 rule for sm_80 and sm_90, within 1,024
+threads and 48 KiB of shared memory a block, the GEMMs on s8 tensor cores; nvcc builds the sm_90 libraries
+(the quantize command's path). On a GPU (marker ``gpu``) the quantized CUDA library agrees with the quantized
+x86 library of the same table."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from tvm import tirx
+
+import tvmfuse
+from helpers import HOST
+from helpers.cuda_source import dynamic_shared_bytes, kernels
+from tvmfuse import frontend, targets, zoo
+from tvmfuse.export import kernel_schedulers
+from tvmfuse.passes.int8.quantize import QuantizeGraph
+from tvmfuse.passes.pipeline import PassRecord, relax_pipeline, run_graph_passes
+from tvmfuse.quant.keys import observed_tensors
+from tvmfuse.quant.table import CalibrationTable
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+INT8_PREFIX = "tvmfuse_int8_"
+
+
+def _table(name: str) -> CalibrationTable:
+    """Ranges of -4..4 for every tensor quantize observes (the partitioning is the same for every target)."""
+    spec = targets.resolve("cuda-sm90")
+    record = PassRecord()
+    run_graph_passes(frontend.import_model(zoo.get(name), zoo.default_shapes(name)).mod, spec, spec.tvm_target(),
+                     record, int8=True)
+    return CalibrationTable({key: (-4.0, 4.0) for key, _ in observed_tensors(record.partitioned)}, "minmax")
+
+
+def _scheduled(name: str, target: str):
+    """The quantized model's kernels after the Relax pipeline (what compile hands nvcc), and QuantizeGraph's
+    report."""
+    spec = targets.resolve(target)
+    tvm_target = spec.tvm_target()
+    table, report = _table(name), {}
+    mod = run_graph_passes(frontend.import_model(zoo.get(name), zoo.default_shapes(name)).mod, spec, tvm_target,
+                           quantize=lambda m: QuantizeGraph(table, spec, report)(m))
+    with tvm_target, tvm.transform.PassContext(opt_level=3):
+        return relax_pipeline(spec, tvm_target)(mod), report, tvm_target
+
+
+@pytest.mark.parametrize("target", ["cuda-sm80", "cuda-sm90"])
+@pytest.mark.parametrize("name", zoo.names())
+def test_int8_partitions_take_the_cuda_int8_rule_within_the_limits(name, target):
+    lowered, report, tvm_target = _scheduled(name, target)
+    schedulers = kernel_schedulers(lowered)
+    int8 = {k: v for k, v in schedulers.items() if k.startswith(INT8_PREFIX)}
+    # (partitions of one shape and epilogue share a kernel: the constants are its arguments; grouped convs and
+    # a depthwise channel multiplier have no INT8 kernel on any target and stay FP32, on the CUDA FP32 rules)
+    assert report["int8_partitions"] >= len(int8) >= 1, (report, schedulers)
+    assert all(re.search("grouped conv2d|channel multiplier", r["reason"]) for r in report["fp32_reasons"]), \
+        report["fp32_reasons"]
+    assert set(int8.values()) == {"tvmfuse.cuda.int8"}, int8
+    off = {k: v for k, v in schedulers.items() if k.startswith("tvmfuse_") and not v.startswith("tvmfuse.cuda.")}
+    assert not off, off
+    tensor_cores = 0
+    for gv, func in lowered.functions_items():
+        if not (isinstance(func, tirx.PrimFunc) and gv.name_hint.startswith(INT8_PREFIX)):
+            continue
+        script = func.script()
+        threads = [int(n) for n in re.findall(r'T\.thread_binding\((\d+), thread="threadIdx\.[xyz]"\)', script)]
+        assert threads and np.prod(sorted(set(threads))) <= 1024 or max(threads) <= 1024, gv.name_hint
+        if '"shared.dyn"' in script:
+            tensor_cores += 1
+            assert 'scope="wmma.matrix_a"' in script and "int8" in script, gv.name_hint
+            assert dynamic_shared_bytes(func, tvm_target) <= 48 * 1024, gv.name_hint
+    assert tensor_cores or name == "crnn", "no INT8 GEMM on the tensor cores"
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_quantize_for_sm90_builds_with_nvcc(name):
+    cm = tvmfuse.quantize(zoo.get(name), table=_table(name), target="cuda-sm90", shapes=zoo.default_shapes(name))
+    manifest = cm.manifest()
+    assert manifest["cuda_code"] == "binary" and manifest["quantization"]["int8_partitions"] >= 1
+    bodies = kernels(cm.executable.mod.imports[0].imports[0].inspect_source())
+    int8 = {n: b for n, b in bodies.items() if n.startswith(INT8_PREFIX)}
+    assert int8 and any("wmma::matrix_a, 16, 16, 16, signed char" in b for b in int8.values()) or name == "crnn"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0", "yolov8n"])
+def test_cuda_int8_agrees_with_the_x86_int8_library(name):
+    # Kernel for kernel the codes are identical (tests/schedules/test_cuda_int8.py); here the float ops between
+    # the kernels (pools, means, resizes) sum in another order on each device, which can move a code by one.
+    table, shapes = _table(name), zoo.default_shapes(name)
+    gpu = tvmfuse.quantize(zoo.get(name), table=table, target="cuda-sm90", shapes=shapes)
+    cpu = tvmfuse.quantize(zoo.get(name), table=table, target=HOST, shapes=shapes, layout="nchw")
+    rng = np.random.default_rng(0)
+    x = {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in gpu.inputs}
+    for a, b in zip(gpu.run(x), cpu.run(x)):
+        assert np.linalg.norm(a.astype(np.float64) - b) <= 1e-3 * np.linalg.norm(b), name
