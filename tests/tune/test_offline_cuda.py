@@ -217,3 +217,31 @@ def test_the_cost_model_learns_from_imports_and_ranks_the_next_export(exported, 
     assert any(c["config"] in configs[1:] for c in fastest), configs  # the model learnt what is fast
     with pytest.raises(InputError, match="--max-candidates 0: give at least 1"):
         offline.export_candidates(MODEL, "cuda-sm90", tmp_path / "none", max_candidates=0, logs=logs)
+
+
+def test_int8_candidates_are_the_s8_tensor_core_tiles_and_apply_to_quantize(tmp_path, capsys):
+    # The table decides the INT8 kernels' epilogues, so candidates are built from the table the library will be
+    # quantized with, and the imported winner applies to exactly that library.
+    from tvmfuse.schedules.cuda import tensor_core
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 32, 1, 1)).astype("float32"), "W")
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[1, 1])],
+                       [("x", [1, 32, 16, 16])], [("y", None)], [weight])
+    table = tmp_path / "table.json"
+    batches = [{"x": np.random.default_rng(1).standard_normal((1, 32, 16, 16)).astype("float32")}]
+    tvmfuse.quantize(model, calib=batches, method="minmax", target="cuda-sm90", table=table)
+    (path,) = offline.export_candidates(model, "cuda-sm90", tmp_path / "c", precision="int8", table=table)
+    info = json.loads(path.read_text())
+    configs = [tensor_core.Config(**c["config"]) for c in info["candidates"]]
+    assert configs == tensor_core.candidates(256, 64, 32, operand="int8") and info["precision"] == "int8"
+    assert info["kernel"].startswith("tvmfuse_int8_conv2d") and info["args"][0]["dtype"] == "uint8"
+    pick = info["candidates"][2]["function"]
+    results = tmp_path / "c" / "results.json"
+    results.write_text(json.dumps(_results(info, path.name, {pick: 3.0})))
+    assert offline.import_results(results, tmp_path / "c", tmp_path / "logs")[info["kernel"]]["candidate"] == pick
+    cm = tvmfuse.quantize(model, table=table, target="cuda-sm90", logs=tmp_path / "logs")
+    assert cm.manifest()["scheduled_by"][info["kernel"]] == "tuning_log"
+    with pytest.raises(InputError, match="--precision int8 --table TABLE"):
+        offline.export_candidates(model, "cuda-sm90", tmp_path / "d", precision="int8")
+    assert cli.main(["tune", "zoo:tiny_convnet", "--target", "cuda-sm90", "--table", str(table)]) == 2
+    assert "go with --export-candidates" in capsys.readouterr().err

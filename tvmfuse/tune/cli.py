@@ -36,8 +36,11 @@ def add_parser(sub) -> None:
     offline = p.add_argument_group("offline tuning (a device no tracker reaches: a lent GPU)")
     offline.add_argument("--export-candidates", metavar="DIR", help="build every kernel's candidate schedules into "
                          "DIR (one library per kernel) instead of tuning here")
-    offline.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
-                         help="with --export-candidates: the precision the model will be compiled in")
+    offline.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
+                         help="with --export-candidates: the precision the model will be compiled in (int8: "
+                         "quantized with --table)")
+    offline.add_argument("--table", metavar="TABLE", help="with --precision int8: the calibration table the "
+                         "library will be quantized with (tvmfuse quantize --table TABLE)")
     offline.add_argument("--max-candidates", type=int, metavar="N",
                          help="with --export-candidates: per kernel, the default and the N - 1 the cost model "
                          "learnt from imported results ranks fastest (all until it has learnt enough)")
@@ -61,11 +64,13 @@ def cmd_tune(args) -> int:
         return _import_results(args)
     if args.model is None:
         raise InputError("tune: give a MODEL (or --import-results FILE)")
+    if (args.table or args.precision != "fp32") and not args.export_candidates:
+        raise InputError("tune: --precision and --table go with --export-candidates (online tuning is FP32)")
     if args.export_candidates:
         from .offline import export_candidates
 
         files = export_candidates(args.model, args.target, args.export_candidates, _shapes(args), args.precision,
-                                  args.max_candidates, args.logs, _consts(args))
+                                  args.max_candidates, args.logs, _consts(args), args.table)
         print(f"wrote the candidates of {len(files)} kernel(s) to {args.export_candidates}; time them on the device "
               f"with bench/device/time_candidates.py, then tvmfuse tune --import-results RESULTS.json")
         return 0

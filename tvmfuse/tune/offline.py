@@ -41,12 +41,21 @@ def _args(func) -> list[dict]:
 
 
 def export_candidates(model, target, directory, shapes=None, precision: str = "fp32",
-                      max_candidates: int | None = None, logs=None, consts=None) -> list[Path]:
+                      max_candidates: int | None = None, logs=None, consts=None, table=None) -> list[Path]:
     """Build the candidates of every kernel of ``model`` with knobs for ``target`` into ``directory``; return
     the candidate files written (one ``<index>_<kernel>.json`` + ``.so`` pair per kernel). ``max_candidates``:
     per kernel, the default and the best the cost model of the tuning logs ``logs`` (default: the shipped
     folder) predicts, once it has learnt enough (:mod:`.cost_model`); every candidate until then. ``consts``:
-    pinned inputs, as for ``tvmfuse.compile``."""
+    pinned inputs, as for ``tvmfuse.compile``. ``precision`` ``"int8"`` needs ``table`` (a
+    ``CalibrationTable`` or its path): the library ``tvmfuse.quantize(table=...)`` builds, whose INT8 kernels
+    the records then fit."""
+    from ..quant.table import CalibrationTable
+
+    if (precision == "int8") != (table is not None):
+        raise InputError("offline INT8 candidates need the calibration table the library will be quantized with "
+                         "(--precision int8 --table TABLE), and a table goes with --precision int8")
+    if table is not None and not isinstance(table, CalibrationTable):
+        table = CalibrationTable.load(Path(table))
     import tvm
     from tvm import s_tir
     from tvm.driver import build as tvm_build
@@ -65,7 +74,8 @@ def export_candidates(model, target, directory, shapes=None, precision: str = "f
         if max_candidates < 1:
             raise InputError(f"--max-candidates {max_candidates}: give at least 1 (the default schedule)")
         predictor = cost_model.load(LogStore(logs if logs is not None else default_root(), spec).path)
-    for index, task in enumerate(extract_tasks(model, spec, shapes, precision, consts)):
+    float_precision = "fp32" if precision == "int8" else precision
+    for index, task in enumerate(extract_tasks(model, spec, shapes, float_precision, consts, table)):
         found = backend.candidates(task.mod)
         if len(found) < 2:
             continue  # one schedule: nothing to choose

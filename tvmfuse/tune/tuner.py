@@ -72,16 +72,24 @@ class TuneReport:
         return "\n".join(rows)
 
 
-def extract_tasks(model, spec, shapes=None, precision: str = "fp32", consts=None) -> list[Task]:
+def extract_tasks(model, spec, shapes=None, precision: str = "fp32", consts=None, table=None) -> list[Task]:
     """The distinct kernels of ``model`` compiled for ``spec`` in ``precision`` (deduplicated structurally), but
     the layout transforms between NCHW and NCHW[b]c and the blocked pooling kernels. ``consts``: pinned inputs,
-    as for ``tvmfuse.compile``."""
+    as for ``tvmfuse.compile``. ``table`` (a ``CalibrationTable``): the model quantized with it, as
+    ``tvmfuse.quantize(table=...)`` builds it (an INT8 kernel's epilogue holds the table's zero points and
+    bounds, so its tuning records apply to libraries quantized with the same table)."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
     imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
     target = spec.tvm_target()
-    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord(), precision=precision), spec, target)
+    quantize = None
+    if table is not None:
+        from ..passes.int8.quantize import QuantizeGraph
+
+        quantize = QuantizeGraph(table, spec)  # quantize's default layout, as the library will be built
+    mod = fused_module(run_graph_passes(imported.mod, spec, target, PassRecord(), quantize=quantize,
+                                        precision=precision), spec, target)
     tasks = []
     for extracted in ms.relax_integration.extract_tasks(mod, target):
         task_mod = extracted.dispatched[0]
