@@ -174,3 +174,13 @@ def test_fold_leaves_graph_outputs_and_dynamic_nodes():
     model = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
     folded, count = frontend.fold_constants(model)
     assert count == 0 and [n.op_type for n in folded.graph.node] == ["Relu"]
+
+
+def test_the_model_is_checked_once(monkeypatch):
+    # frontend.load runs onnx.checker; TVM's importer would run it again (serializing the whole proto: 0.15 s of
+    # ResNet-50's import) and only warn.
+    calls = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    frontend.import_model(conv_relu(batch=1))
+    assert len(calls) == 1
