@@ -10,7 +10,8 @@ memory). A thread block owns a ``tile_i x tile_j`` tile of C:
 - its warps form a ``warps_i x warps_j`` grid, each warp ``frags_i x frags_j`` accumulator fragments;
 - K is walked ``step_k`` at a time; both operand tiles are staged in shared memory, double-buffered (the next
   step's global loads are issued, through registers, while the tensor cores work on this one), rows padded
-  by 16 bytes so ``ldmatrix``-style fragment loads do not conflict on banks;
+  by 16 bytes so ``ldmatrix``-style fragment loads do not conflict on banks (int8: each 16-wide K slice a
+  block of 16-byte rows, so every fragment starts 32-byte aligned as wmma loads require);
 - the accumulators are stored to shared memory (the operand buffers' space, reused) and the epilogue (bias,
   folded batch-norm, residual add, activation, the cast to fp16; INT8: requantize, clip, residual, table) is
   applied on the way to the single global store, consecutive threads writing consecutive output pixels.
@@ -30,7 +31,7 @@ from tvm import s_tir
 from .common import MAX_SHARED_BYTES, WARP, fill_sms
 
 FRAG = 16  # the wmma fragment edge
-PAD_BYTES = 16  # row padding of a shared operand tile (wmma loads need rows a multiple of 16 bytes apart)
+PAD_BYTES = 16  # row padding of an fp16 operand tile (wmma loads need rows a multiple of 16 bytes apart)
 VECTOR = 4  # elements per thread in an operand copy (an int8 conv weight is contiguous in fours along K)
 OPERANDS = {"float16": "float32", "int8": "int32"}  # operand dtype -> accumulator dtype
 # (warps_i, warps_j, frags_i, frags_j), largest tile first.
@@ -66,7 +67,9 @@ class Config:
 
     @property
     def pad_elements(self) -> int:
-        return PAD_BYTES // self.element_bytes
+        """Row padding of a shared operand tile: 16 bytes of halves; none for int8, whose tiles are stored as
+        16-byte rows of one K slice each (:func:`schedule_gemm`)."""
+        return 0 if self.operand == "int8" else PAD_BYTES // self.element_bytes
 
     def operand_bytes(self, rows: int) -> int:
         """Shared memory of one double-buffered operand tile of ``rows`` rows."""
@@ -176,7 +179,13 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
             sch.vectorize(vec)
         sch.bind(tx, "threadIdx.x")
         sch.bind(ty, "threadIdx.y")
-        sch.storage_align(fetch, 0, axis=-2, factor=2 * config.pad_elements, offset=config.pad_elements)
+        if config.operand == "int8":
+            # A wmma load needs a 32-byte aligned fragment, and an int8 fragment is 16 bytes of K: in rows the
+            # odd ones would start mid-way. Each 16-wide K slice is stored as a block of its own rows instead
+            # ([K/16, rows, 16]: fragments 256 bytes apart, rows 16 bytes, which no bank conflict needs padded).
+            sch.transform_layout(fetch, ("write", 0), lambda s, i, k: (s, k // FRAG, i, k % FRAG))
+        else:
+            sch.storage_align(fetch, 0, axis=-2, factor=2 * config.pad_elements, offset=config.pad_elements)
         sch.annotate(fetch, "tirx.manifest_shared_memory_local_stage", 1)
         sch.annotate(fetch, "double_buffer_scope", 0)
         auto_inline_producers(sch, fetch)

@@ -6,6 +6,7 @@ case is bit-exact against ``int8_ref``."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 
@@ -113,6 +114,12 @@ def test_the_shifted_computes_are_bit_exact_on_the_cpu(make, case):
     np.testing.assert_array_equal(run(func, args, out), ref)
 
 
+def _is_gemm(make, case) -> bool:
+    """Whether the case is a tensor-core GEMM (not a depthwise, a few-row dense or a one-pixel conv: GEMVs)."""
+    return make is not _depthwise and not (make is _dense and case[0] < 16) and \
+        not (make is _conv and case.out_shape()[2:] == (1, 1))
+
+
 def _scheduled(func, config=None):
     sch = s_tir.Schedule(func)
     assert rule.schedule(sch, SMS, config)
@@ -140,9 +147,7 @@ def test_every_case_builds_on_its_cuda_rule_within_the_limits(make, case):
     threads = [int(n) for n in re.findall(r"__launch_bounds__\((\d+)\)", body)]
     assert threads and max(threads) <= 1024
     assert shared_bytes(body) + dynamic_shared_bytes(scheduled, target) <= 48 * 1024
-    gemm = make is not _depthwise and not (make is _dense and case[0] < 16) and \
-        not (make is _conv and case.out_shape()[2:] == (1, 1))
-    if gemm:
+    if _is_gemm(make, case):
         assert "nvcuda::wmma::mma_sync" in body and "wmma::matrix_a, 16, 16, 16, signed char" in body
         assert "wmma::accumulator, 16, 16, 16, int" in body
     else:
@@ -169,8 +174,25 @@ def test_every_int8_tensor_core_candidate_builds():
 def test_int8_tiles_count_a_byte_per_operand():
     half = tensor_core.Config(2, 2, 2, 2, 64)
     byte = tensor_core.Config(2, 2, 2, 2, 64, "int8")
-    # two buffers of 64 rows of 64 elements and 16 bytes of padding
-    assert (half.operand_bytes(64), byte.operand_bytes(64)) == (2 * 64 * (64 + 8) * 2, 2 * 64 * (64 + 16))
+    # two buffers of 64 rows of 64 elements, a half's rows padded by 16 bytes
+    assert (half.operand_bytes(64), byte.operand_bytes(64)) == (2 * 64 * (64 + 8) * 2, 2 * 64 * 64)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("make,case", [p for p in CASES if p.values[0] is not _depthwise][:4])
+def test_int8_fragments_load_from_32_byte_aligned_shared_memory(make, case):
+    # wmma::load_matrix_sync wants a 256-bit aligned pointer: a 16-byte K slice in a row of the tile would start
+    # half of the fragments mid-way. Every load reads a whole-256-byte offset with rows 16 bytes apart.
+    func, *_ = make(case)
+    if not _is_gemm(make, case):
+        return
+    loads = re.findall(r"load_matrix_sync\([^,]+, \(&\(\(\(signed char\*\)buf_dyn_shmem_ptr\)\[([^\]]+)\]\)\), (\d+)\)",
+                       _source(_scheduled(func))[1])
+    assert loads and all(ldm == "16" for _, ldm in loads)
+    for offset, _ in loads:  # e.g. ((ax3_0_0 * 1024) + (ax3_0_1 * 256)) + 2304: valid Python too
+        names = sorted(set(re.findall(r"[A-Za-z_]\w*", offset)))
+        for values in itertools.product(range(4), repeat=len(names)):
+            assert eval(offset, {}, dict(zip(names, values))) % 32 == 0, offset  # noqa: S307 - nvcc's index math
 
 
 @pytest.mark.gpu
