@@ -22,7 +22,7 @@ from tvm import s_tir
 
 from .. import families
 from ..common import block_names
-from ..computes.int8_epilogue import EPILOGUE, TABLE_STAGE
+from ..computes.int8_epilogue import TABLE_STAGE
 from . import conv2d, depthwise_conv2d, gemv
 from .dense import GEMM_ROWS
 
@@ -40,10 +40,11 @@ def _gemv(sch: s_tir.Schedule, anchor: str) -> bool:
 
 
 def _table_last(sch: s_tir.Schedule) -> None:
-    """A table of output codes becomes the epilogue's last stage (the requantized code inlined into its
-    lookup), so the rules place it as they place any epilogue."""
+    """A table of output codes joins the epilogue: its lookup is inlined into the requantize stage, which then
+    writes the table's code, so the rules place it as they place any epilogue (``common.inline_epilogue``
+    leaves a table stage apart for x86's vector lookups)."""
     if TABLE_STAGE in block_names(sch):
-        sch.compute_inline(sch.get_sblock(EPILOGUE))
+        sch.reverse_compute_inline(sch.get_sblock(TABLE_STAGE))
 
 
 def schedule(sch: s_tir.Schedule, sms: int, config=None) -> bool:

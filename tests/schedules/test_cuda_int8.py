@@ -6,6 +6,7 @@ case is bit-exact against ``int8_ref``."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import shutil
@@ -47,67 +48,97 @@ DW_CASES = [Conv(32, 32, 28, 3, pad=1, act="relu6"), Conv(96, 96, 15, 3, stride=
             Conv(40, 40, 12, 5, pad=4, dilation=2, act="hardswish", za=200), Conv(16, 16, 7, 3, out="float32")]
 
 
-def _conv(case: Conv, signed: bool = True):
+def _table(ep, tabled: bool):
+    """``ep`` with a table of output codes (an activation after the kernel), the table's placeholder and codes;
+    ``ep``, None, None without."""
+    if not tabled:
+        return ep, None, None
+    ep = dataclasses.replace(ep, table=True)
+    codes_ = np.random.default_rng(5).permutation(256).astype(ep.out_dtype)  # every entry distinct
+    return ep, te.placeholder((int8.TABLE_SIZE,), ep.out_dtype, name="t"), codes_
+
+
+def _conv(case: Conv, signed: bool = True, tabled: bool = False):
     x = te.placeholder(case.in_shape(), "uint8", name="x")
     w = te.placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), "int8", name="w")
     b, m = te.placeholder((case.o,), "int32", name="b"), te.placeholder((case.o,), "float32", name="m")
     r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
-    ep = epilogue(case.out, case.act, case.residual)
+    ep, t, table = _table(epilogue(case.out, case.act, case.residual), tabled)
     out = int8.conv2d_compute(x, w, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
-                              dilation=case.dilation, input_zero_point=case.za, epilogue=ep, signed_data=signed)
+                              dilation=case.dilation, input_zero_point=case.za, epilogue=ep, signed_data=signed,
+                              table=t)
     rng = np.random.default_rng(0)
     xv, wv = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
     bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
     shift = int8.SIGNED_SHIFT if signed else 0
     args = [xv, int8_ref.pack_conv2d_weight(wv), int8_ref.fold_zero_point(bias, wv, case.za - shift), mult]
     ref = int8_ref.conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad, dilation=case.dilation,
-                              input_zero_point=case.za, epilogue=ep)
-    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out, \
-        args + ([res] if res is not None else []), ref
+                              input_zero_point=case.za, epilogue=ep, table=table)
+    return _func([x, w, b, m], t, r, out, args, table, res, ref)
 
 
-def _dense(case, signed: bool = True):
+def _func(tensors, t, r, out, args, table, res, ref):
+    """The PrimFunc (data, weight, bias, multiplier[, table][, residual], output), its output, arguments and
+    reference."""
+    extra = [v for v in (t, r) if v is not None]
+    values = [v for v in (table, res) if v is not None]
+    return int8.prim_func(tensors + extra + [out]), out, args + values, ref
+
+
+def _dense(case, signed: bool = True, tabled: bool = False):
     rows, k, n, out_dtype, residual, act = case
     x = te.placeholder((rows, k), "uint8", name="x")
     w = te.placeholder((-(-n // 16), -(-k // 4), 16, 4), "int8", name="w")
     b, m = te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m")
     r = te.placeholder((rows, n), residual, name="r") if residual else None
-    ep = epilogue(out_dtype, act, residual)
-    out = int8.dense_compute(x, w, b, m, r, out_features=n, epilogue=ep, signed_data=signed)
+    ep, t, table = _table(epilogue(out_dtype, act, residual), tabled)
+    out = int8.dense_compute(x, w, b, m, r, out_features=n, epilogue=ep, signed_data=signed, table=t)
     rng = np.random.default_rng(1)
     xv, wv = codes(rng, (rows, k), "uint8", False), codes(rng, (n, k), "int8", False)
     bias, mult, res = kernel_data(rng, (rows, n), n, residual, False, act)
     shift = int8.SIGNED_SHIFT if signed else 0
     args = [xv, int8_ref.pack_dense_weight(wv), int8_ref.fold_zero_point(bias, wv, 77 - shift), mult]
-    ref = int8_ref.dense_ref(xv, wv, bias, mult, res, input_zero_point=77, epilogue=ep)
-    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out, \
-        args + ([res] if res is not None else []), ref
+    ref = int8_ref.dense_ref(xv, wv, bias, mult, res, input_zero_point=77, epilogue=ep, table=table)
+    return _func([x, w, b, m], t, r, out, args, table, res, ref)
 
 
-def _depthwise(case: Conv):
+def _depthwise(case: Conv, tabled: bool = False):
     x = te.placeholder(case.in_shape(), "uint8", name="x")
     w = te.placeholder((case.c, 1, case.k, case.k), "int8", name="w")
     b, m = te.placeholder((case.c,), "int32", name="b"), te.placeholder((case.c,), "float32", name="m")
     r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
-    ep = epilogue(case.out, case.act, case.residual)
+    ep, t, table = _table(epilogue(case.out, case.act, case.residual), tabled)
     out = int8_dw.depthwise_conv2d_compute(x, w, b, m, r, strides=case.stride, padding=case.pad,
-                                           dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
+                                           dilation=case.dilation, input_zero_point=case.za, epilogue=ep, table=t)
     rng = np.random.default_rng(2)
     xv, wv = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.c, 1, case.k, case.k), "int8", False)
     bias, mult, res = kernel_data(rng, case.out_shape(), case.c, case.residual, False, case.act)
     args = [xv, wv, int8_ref.fold_zero_point(bias, wv, case.za), mult]
     ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
-                                        dilation=case.dilation, input_zero_point=case.za, epilogue=ep)
-    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out, \
-        args + ([res] if res is not None else []), ref
+                                        dilation=case.dilation, input_zero_point=case.za, epilogue=ep, table=table)
+    return _func([x, w, b, m], t, r, out, args, table, res, ref)
 
 
+def _with_table(make):
+    def tabled(case, *args):
+        return make(case, *args, tabled=True)
+
+    tabled.__name__ = f"{make.__name__}_table"
+    tabled.base = make
+    return tabled
+
+
+# A table of output codes after the kernel (SiLU, sigmoid... on codes): a GEMM, the GEMVs, a depthwise.
+TABLE_CASES = [(_conv, Conv(16, 32, 14, 3, pad=1)), (_conv, Conv(32, 24, 1, 1, out="int8")),
+               (_dense, (1, 100, 37, "uint8", None, None)), (_dense, (32, 130, 70, "int8", "uint8", None)),
+               (_depthwise, Conv(32, 32, 28, 3, pad=1, residual="uint8"))]
 CASES = ([pytest.param(_conv, c, id=f"conv-{c}") for c in CONV_CASES]
          + [pytest.param(_dense, c, id=f"dense-{c}") for c in DENSE_CASES]
-         + [pytest.param(_depthwise, c, id=f"depthwise-{c}") for c in DW_CASES])
+         + [pytest.param(_depthwise, c, id=f"depthwise-{c}") for c in DW_CASES]
+         + [pytest.param(_with_table(m), c, id=f"{m.__name__[1:]}-table-{c}") for m, c in TABLE_CASES])
 
 
-@pytest.mark.parametrize("make,case", [p for p in CASES if p.values[0] is not _depthwise])
+@pytest.mark.parametrize("make,case", [p for p in CASES if getattr(p.values[0], "base", p.values[0]) is not _depthwise])
 def test_the_shifted_computes_are_bit_exact_on_the_cpu(make, case):
     # The tensor cores' operands: x - 128 in int8, padding za - 128, the bias folded with za - 128.
     func, out, args, ref = make(case)
@@ -116,6 +147,7 @@ def test_the_shifted_computes_are_bit_exact_on_the_cpu(make, case):
 
 def _is_gemm(make, case) -> bool:
     """Whether the case is a tensor-core GEMM (not a depthwise, a few-row dense or a one-pixel conv: GEMVs)."""
+    make = getattr(make, "base", make)
     return make is not _depthwise and not (make is _dense and case[0] < 16) and \
         not (make is _conv and case.out_shape()[2:] == (1, 1))
 
@@ -152,7 +184,8 @@ def test_every_case_builds_on_its_cuda_rule_within_the_limits(make, case):
         assert "wmma::accumulator, 16, 16, 16, int" in body
     else:
         assert "wmma" not in body
-    if (make is _dense and case[4]) or (make is not _dense and case.residual):
+    base = getattr(make, "base", make)
+    if (base is _dense and case[4]) or (base is not _dense and case.residual):
         assert "fmaf(" in body  # the residual's one rounding, as llvm.fma on the CPU
 
 
@@ -179,7 +212,7 @@ def test_int8_tiles_count_a_byte_per_operand():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("make,case", [p for p in CASES if p.values[0] is not _depthwise][:4])
+@pytest.mark.parametrize("make,case", [p for p in CASES if getattr(p.values[0], "base", p.values[0]) is not _depthwise][:4])
 def test_int8_fragments_load_from_32_byte_aligned_shared_memory(make, case):
     # wmma::load_matrix_sync wants a 256-bit aligned pointer: a 16-byte K slice in a row of the tile would start
     # half of the fragments mid-way. Every load reads a whole-256-byte offset with rows 16 bytes apart.
