@@ -272,7 +272,7 @@ CONV2D = Family(
 GROUP_CONV2D = Family(
     "group_conv2d", "relax.nn.conv2d", "conv2d", residual=True, compute="computes.anchors.group_conv2d",
     blocked_compute="computes.anchors.group_conv2d_blocked", int8=None,
-    kernels=(Kernel("group_conv2d"), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
+    kernels=(Kernel("group_conv2d", {"cuda": "group_conv2d"}), Kernel("group_conv2d_nchwc", {"x86": "conv2d_nchwc"})),
     anchor_check=_conv_layout, flops=_conv_flops, anchor_block="group_conv2d_nchw", blocked_weight="conv",
     grouped=True)
 DENSE = Family(

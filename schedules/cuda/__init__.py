@@ -3,7 +3,8 @@
 Each partition kernel gets its family's rule (``families.Kernel.rules["cuda"]``): depthwise conv2d a
 shared-memory tile and a register strip per thread (:mod:`.depthwise_conv2d`), conv2d an implicit GEMM
 (:mod:`.conv2d`; fp16 on the tensor cores, :mod:`.tensor_core`), dense a GEMV or the GEMM tiles
-(:mod:`.dense`); a kernel no rule fits (grouped conv2d, a depthwise window too wide for shared memory) gets
+(:mod:`.dense`), grouped conv2d the GEMM per group where a tile divides the group (:mod:`.group_conv2d`); a
+kernel no rule fits (a group no tile divides, a depthwise window too wide for shared memory) gets
 :mod:`.fused`. Kernels outside every partition (pools, reshapes, softmax) are scheduled by TVM's
 dlight rules, as TVM's own CUDA pipeline does. Every kernel records who scheduled it in its
 ``tvmfuse.scheduled_by`` attribute (``tvmfuse.cuda.<rule>``, ``dlight.<Rule>``), which the manifest lists.

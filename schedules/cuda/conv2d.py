@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from tvm import s_tir, tirx
 
 from .. import families
@@ -52,31 +53,40 @@ class Config:
         return self.threads_i * self.threads_j
 
 
-def default_config(i: int, j: int, k: int, sms: int = 132) -> Config:
+def default_config(i: int, j: int, k: int, sms: int = 132, whole_j: bool = False) -> Config | None:
     """The largest tile whose grid gives every SM a block (else the smallest), among those padding I and J by at
     most ``MAX_WASTE`` (or as little as any tile does); ``step_k`` 8 for short reductions (a 3-channel stem: K = 27). Measured on the
     H100: a 1x1 conv to 96 channels on a 112x112 map ran at 0.71x of dlight's speed in 64x64 tiles, a third of
-    each a padded column."""
+    each a padded column. ``whole_j``: only tiles that divide J (a batched GEMM, :func:`schedule_gemm`); None
+    when none does."""
     step_k = 8 if k <= 32 else 16
-    return fill_sms([Config(*tile, step_k=step_k) for tile in TILES], i, j, sms)
+    configs = [Config(*tile, step_k=step_k) for tile in TILES]
+    configs = [c for c in configs if not whole_j or j % c.tile_j == 0]
+    return fill_sms(configs, i, j, sms) if configs else None
 
 
 STEPS_K = (8, 16, 32)  # the reduction step a tile is staged in (shared memory: (tile_i + tile_j) x step_k words)
 
 
-def candidates(i: int, j: int, k: int, sms: int = 132) -> list[Config]:
+def candidates(i: int, j: int, k: int, sms: int = 132, whole_j: bool = False) -> list[Config]:
     """The configs an offline tuning round times for a GEMM of ``I x J x K``: the default first (what compile
     gives without logs), then every tile of :data:`TILES` with every reduction step no longer than K, each
-    once."""
-    default = default_config(i, j, k, sms)
+    once (``whole_j``: those dividing J)."""
+    default = default_config(i, j, k, sms, whole_j)
     steps = [s for s in STEPS_K if s <= max(k, STEPS_K[0])]
-    found = [default] + [Config(*tile, step_k=s) for tile in TILES for s in steps]
-    return list(dict.fromkeys(found))
+    found = ([default] if default else []) + [Config(*tile, step_k=s) for tile in TILES for s in steps]
+    return list(dict.fromkeys(c for c in found if not whole_j or j % c.tile_j == 0))
 
 
 def gemm_dims(func, anchor: str = ANCHOR) -> tuple[int, int, int] | None:
     """(I, J, K) of the GEMM ``func``'s ``anchor`` block is seen as, None when it is not one or is a GEMV
     (a one-pixel conv: no tile to choose)."""
+    extents = gemm_extents(func, anchor)
+    return extents[1:] if extents else None
+
+
+def gemm_extents(func, anchor: str = ANCHOR) -> tuple[int, int, int, int] | None:
+    """(S, I, J, K) of :func:`gemm_dims`'s GEMM: S the batch (a grouped conv's groups; 1 otherwise)."""
     from tvm.s_tir.dlight.gpu.matmul import get_index_map
 
     sch = s_tir.Schedule(func)
@@ -89,7 +99,8 @@ def gemm_dims(func, anchor: str = ANCHOR) -> tuple[int, int, int] | None:
             return None
     block_map = get_index_map(sch.get(main))[0]
     sch.transform_block_layout(main, block_map)
-    return gemm_shape(sch, main)
+    batch = [int(iv.dom.extent) for iv in sch.get(main).iter_vars][:-3]
+    return (int(np.prod(batch)) if batch else 1, *gemm_shape(sch, main))
 
 
 def gemm_shape(sch: s_tir.Schedule, block) -> tuple[int, int, int]:
@@ -113,12 +124,15 @@ def gemm_candidates(func, sms: int, anchor: str = ANCHOR) -> list:
     GEMV."""
     from . import tensor_core
 
-    dims = gemm_dims(func, anchor)
-    if not dims:
+    extents = gemm_extents(func, anchor)
+    if not extents:
         return []
+    batch, *dims = extents
     sch = s_tir.Schedule(func)
     operand = tensor_core_operand(sch.get(sch.get_sblock(anchor)))
-    return tensor_core.candidates(*dims, sms, operand) if operand else candidates(*dims, sms)
+    if operand:
+        return tensor_core.candidates(*dims, sms, operand, whole_j=batch > 1)
+    return candidates(*dims, sms, whole_j=batch > 1)
 
 
 def tensor_core_operand(block) -> str | None:
@@ -159,6 +173,17 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     if main is None or not get_index_map(sch.get(main)):
         return False
     operand = tensor_core_operand(sch.get(main))
+    extents = gemm_extents(sch.mod["main"], anchor)
+    if extents is not None and extents[0] > 1:
+        # A batched GEMM (a grouped conv) takes only tiles that divide J: the store of a padded column lands
+        # in the next group's channels (its guard bounds the flattened channel, not the column), where blocks
+        # race. An H200 showed it: 12-26% of the outputs wrong for groups of 2 and 24 output channels.
+        _, i, j, k = extents
+        if config is None:
+            config = (tensor_core.default_config(i, j, k, sms, operand, whole_j=True) if operand
+                      else default_config(i, j, k, sms, whole_j=True))
+        if config is None or j % config.tile_j:
+            return False
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
     reindex_c = sch.reindex(main, ("write", 0))

@@ -1,4 +1,4 @@
-"""The CUDA fallback for a partition kernel no rule of its family fits (grouped conv2d, a shape a rule refuses): one thread per output element, its reduction serial in a register, padding read through a
+"""The CUDA fallback for a partition kernel no rule of its family fits (a group no tile divides, a shape a rule refuses): one thread per output element, its reduction serial in a register, padding read through a
 bounds check, the epilogue applied before the single store. Correct for every family; the family rules
 are the fast paths."""
 

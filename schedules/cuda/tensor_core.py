@@ -105,27 +105,33 @@ def _fits(config: Config) -> bool:
     return config.pad_floats is not None and config.shared_bytes() <= MAX_SHARED_BYTES
 
 
-def default_config(i: int, j: int, k: int, sms: int = 132, operand: str = "float16") -> Config:
+def default_config(i: int, j: int, k: int, sms: int = 132, operand: str = "float16",
+                   whole_j: bool = False) -> Config | None:
     """The largest tile whose grid gives every SM a block (else the smallest that pads least), with the
-    largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory."""
+    largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory; ``whole_j``: only
+    tiles that divide J (None when none does, see :func:`.conv2d.schedule_gemm`)."""
     steps = _steps(k, operand)
     configs = []
     for tile in TILES:
+        if whole_j and j % (tile[1] * tile[3] * FRAG):
+            continue
         fitting = [Config(*tile, step_k=s, operand=operand) for s in steps
                    if _fits(Config(*tile, step_k=s, operand=operand))]
         if fitting:
             configs.append(fitting[0])
-    return fill_sms(configs, i, j, sms)
+    return fill_sms(configs, i, j, sms) if configs else None
 
 
-def candidates(i: int, j: int, k: int, sms: int = 132, operand: str = "float16") -> list[Config]:
+def candidates(i: int, j: int, k: int, sms: int = 132, operand: str = "float16",
+               whole_j: bool = False) -> list[Config]:
     """The configs an offline tuning round times: the default first, then every tile with every step that fits
-    shared memory and is not longer than K, each once."""
+    shared memory and is not longer than K, each once (``whole_j``: those dividing J)."""
     steps = _steps(k, operand)
-    found = [default_config(i, j, k, sms, operand)] + [
+    default = default_config(i, j, k, sms, operand, whole_j)
+    found = ([default] if default else []) + [
         Config(*t, step_k=s, operand=operand) for t in TILES for s in steps
         if _fits(Config(*t, step_k=s, operand=operand))]
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(c for c in found if not whole_j or j % c.tile_j == 0))
 
 
 def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool) -> None:

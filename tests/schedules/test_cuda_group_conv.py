@@ -1,10 +1,12 @@
 """Grouped conv2d on CUDA: the compute with the groups as an axis of their own (the NCHW form) matches
-onnxruntime (checked here, built for LLVM); every grouped conv takes the thread-per-output fallback in FP32 and
-fp16 and nvcc builds it; on a GPU (marker ``gpu``) the outputs match onnxruntime.
+onnxruntime (checked here, built for LLVM); a grouped conv takes the batched-GEMM rule when a tile divides its
+group's output channels, else the thread-per-output fallback, in FP32 and fp16, and nvcc builds it; on a GPU
+(marker ``gpu``) the outputs match onnxruntime.
 
-A batched-GEMM rule for it (the conv2d tiles with the group in the grid) gave wrong outputs on an H200 for 2 of
-these 5 shapes and 3 of 30 fuzz graphs (2026-11-28 round, FP32 and fp16), while the same kernels were right on
-the CPU: it is off until that is understood, and these shapes are the regression test.
+The rule once tiled any group width: on an H200 (2026-11-28 round) the two shapes below whose groups have 2
+and 24 output channels gave 12-26% wrong outputs (and 3 of 30 fuzz graphs), the three with 16 were right. A
+padded column's store is guarded by the flattened channel's bound, not the group's, so it lands in the next
+group's channels, where blocks race (a CPU run shows nothing). Only tiles that divide the columns are taken now.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not i
 # (cin, cout, size, window, stride, dilation, groups, epilogue): ResNeXt's 32 groups of 4 and of 8 channels,
 # a strided conv of 2 groups on an odd map, a dilated 5x5, groups of 2 channels.
 CASES = [(128, 128, 28, 3, 1, 1, 32, "relu"), (256, 256, 14, 3, 2, 1, 32, "bn_residual"),
-         (64, 32, 17, 3, 2, 1, 2, "relu"), (48, 96, 15, 5, 1, 2, 4, "silu"), (16, 16, 9, 3, 1, 1, 8, "relu")]
+         (64, 32, 17, 3, 2, 1, 2, "relu"), (48, 96, 15, 5, 1, 2, 4, "silu"), (16, 16, 9, 3, 1, 1, 8, "relu"),
+         (1024, 1024, 7, 3, 2, 1, 32, "relu")]
+# The rule where a tile divides the group's output channels (ResNeXt's groups of 4 and 8 are merged into groups of
+# 16 by RegroupConv first), the fallback for groups of 24 and 2.
+RULE = {0: "group_conv2d", 1: "group_conv2d", 2: "group_conv2d", 3: "fused", 4: "fused", 5: "group_conv2d"}
 IDS = ["-".join(str(v) for v in case) for case in CASES]
 
 
@@ -65,11 +71,34 @@ def compiled():
 @needs_nvcc
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grouped_convs_take_the_fallback(compiled, case, precision):
+def test_grouped_convs_take_the_gemm_rule_where_a_tile_divides_the_groups(compiled, case, precision):
     cm = compiled(case, precision)
     partitions = {k: v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_")}
-    assert list(partitions.values()) == ["tvmfuse.cuda.fused"], partitions
+    assert list(partitions.values()) == [f"tvmfuse.cuda.{RULE[CASES.index(case)]}"], partitions
     assert cm.manifest()["cuda_code"] == "binary"  # nvcc built it
+
+
+def test_a_batched_gemm_takes_only_tiles_that_divide_its_columns():
+    from tvm import s_tir, tirx
+
+    from tvmfuse import frontend, targets
+    from tvmfuse.passes.pipeline import fused_module, run_graph_passes
+    from tvmfuse.schedules import families
+    from tvmfuse.schedules.cuda import conv2d, tensor_core
+
+    assert conv2d.default_config(81, 2, 18, 132, whole_j=True) is None
+    assert tensor_core.default_config(225, 24, 300, 132, whole_j=True) is None  # fragments of 16 columns
+    assert 16 % conv2d.default_config(784, 16, 144, 132, whole_j=True).tile_j == 0
+    assert all(48 % c.tile_j == 0 for c in conv2d.candidates(100, 48, 64, whole_j=True))
+    assert all(32 % c.tile_j == 0 for c in tensor_core.candidates(100, 32, 64, whole_j=True))
+    spec = targets.resolve("cuda-sm90")
+    mod = run_graph_passes(frontend.import_model(_model(CASES[2])).mod, spec, spec.tvm_target())
+    (func,) = [f for gv, f in fused_module(mod, spec, spec.tvm_target()).functions_items()
+               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("tvmfuse_")]
+    assert conv2d.gemm_extents(func, families.GROUP_CONV2D.anchor_block) == (2, 81, 16, 288)
+    wide = conv2d.Config(8, 8, 4, 4)  # 32 columns for a group of 16: refused, not padded
+    assert not conv2d.schedule_gemm(s_tir.Schedule(func), families.GROUP_CONV2D.anchor_block, 132, wide)
+    assert conv2d.schedule_gemm(s_tir.Schedule(func), families.GROUP_CONV2D.anchor_block, 132, conv2d.Config(8, 8, 2, 2))
 
 
 @pytest.mark.gpu
