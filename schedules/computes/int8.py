@@ -250,9 +250,10 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
     # stays uint8).
     wide = "int16" if pairs and not (blocked_in and not any(pad)) else None
     _check(not (pairs and signed_data), name, "int16 weight pairs take uint8 data, not signed_data")
+    shift = SIGNED_SHIFT if signed_data else 0
     packed = _padded(data, [n, c_blocks, h + pad[0] + pad[2], w + pad[1] + pad[3], BLOCK_I], pack_index,
                      input_zero_point, families.CONV2D.int8.pad_block, dtype="int8" if signed_data else wide,
-                     shift=SIGNED_SHIFT if signed_data else 0)
+                     shift=shift)
     rcb = te.reduce_axis((0, c_blocks), "rcb")
     ry, rx, rci = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx"), te.reduce_axis((0, BLOCK_I), "rci")
     acc = te.compute(
@@ -294,9 +295,10 @@ def dense_compute(data, weight, bias, multiplier, residual=None, *, out_features
     out_shape = [m, out_features]
     _check_epilogue(name, bias, multiplier, residual, epilogue, out_shape, table)
     if k % BLOCK_I or signed_data:
+        # K's padding (zero weights ignore it) reads the code ``shift``: 0 once shifted
+        shift = SIGNED_SHIFT if signed_data else 0
         data = _padded(data, [m, k_blocks * BLOCK_I], lambda i, j: (j < k if k % BLOCK_I else None, (i, j)),
-                       SIGNED_SHIFT if signed_data else 0, families.DENSE.int8.pad_block,
-                       dtype="int8" if signed_data else None, shift=SIGNED_SHIFT if signed_data else 0)
+                       shift, families.DENSE.int8.pad_block, dtype="int8" if signed_data else None, shift=shift)
     rk = te.reduce_axis((0, k_blocks * BLOCK_I), "rk")
     acc = te.compute(
         (m, n_blocks * BLOCK_O),

@@ -3,6 +3,8 @@ cooperative copy into shared memory."""
 
 from __future__ import annotations
 
+import functools
+
 from tvm import s_tir
 
 from ..common import loops_below
@@ -44,17 +46,12 @@ def fill_sms(configs: list, i: int, j: int, sms: int):
     return fitting[-1]
 
 
-
-_FMA_LOWERED = []
-
-
+@functools.cache
 def lower_llvm_fma() -> None:
     """Teach TVM's CUDA lowering the INT8 epilogue's ``llvm.fma`` (one rounding, what keeps a residual add
     bit-exact on the CPU): CUDA's ``fmaf``, which rounds once too. TVM has no CUDA rule for LLVM intrinsics
     (nor for ``tirx.fma``); the rule returns every other call unchanged. Registered once, when a CUDA backend
     is made."""
-    if _FMA_LOWERED:
-        return
     import tvm
     from tvm import tirx
 
@@ -66,4 +63,3 @@ def lower_llvm_fma() -> None:
         return call
 
     tirx.op.register_intrin_lowering("tirx.call_llvm_pure_intrin", "cuda", f=lower, level=99)
-    _FMA_LOWERED.append(True)

@@ -93,10 +93,8 @@ def gemm_extents(func, anchor: str = ANCHOR) -> tuple[int, int, int, int] | None
     main = _main_block(sch, anchor)
     if main is None or not get_index_map(sch.get(main)):
         return None
-    if anchor == ANCHOR:
-        out_h, out_w = (int(iv.dom.extent) for iv in sch.get(main).iter_vars[2:4])
-        if out_h == out_w == 1:
-            return None
+    if anchor == ANCHOR and one_pixel(sch.get(main)):
+        return None
     block_map = get_index_map(sch.get(main))[0]
     sch.transform_block_layout(main, block_map)
     batch = [int(iv.dom.extent) for iv in sch.get(main).iter_vars][:-3]
@@ -154,11 +152,16 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None) -> boo
     output is one pixel (squeeze-excite) is a GEMV over its OIHW weight (:func:`.gemv.schedule_rows`)."""
     from . import gemv
 
-    if ANCHOR in block_names(sch):
-        out_h, out_w = (int(iv.dom.extent) for iv in sch.get(sch.get_sblock(ANCHOR)).iter_vars[2:4])
-        if out_h == out_w == 1:
-            return gemv.schedule_rows(sch, ANCHOR)
+    if ANCHOR in block_names(sch) and one_pixel(sch.get(sch.get_sblock(ANCHOR))):
+        return gemv.schedule_rows(sch, ANCHOR)
     return schedule_gemm(sch, ANCHOR, sms, config)
+
+
+def one_pixel(block) -> bool:
+    """Whether a conv's accumulation block (an ``SBlock``, NCHW or NCHW[b]c: height and width its 3rd and 4th
+    axes) has a one-pixel output (squeeze-excite): a GEMV, no tile to choose."""
+    out_h, out_w = (int(iv.dom.extent) for iv in block.iter_vars[2:4])
+    return out_h == out_w == 1
 
 
 def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bool:

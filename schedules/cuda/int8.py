@@ -33,10 +33,10 @@ DEPTHWISE, DEPTHWISE_PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families
 def _gemv(sch: s_tir.Schedule, anchor: str) -> bool:
     """Whether the kernel of ``anchor`` is a GEMV: a conv whose output is one pixel, a dense of fewer than
     ``GEMM_ROWS`` rows."""
-    loops = sch.get_loops(sch.get_sblock(anchor))
+    block = sch.get(sch.get_sblock(anchor))
     if anchor == CONV:
-        return int(sch.get(loops[2]).extent) == int(sch.get(loops[3]).extent) == 1
-    return int(sch.get(loops[0]).extent) < GEMM_ROWS
+        return conv2d.one_pixel(block)
+    return int(block.iter_vars[0].dom.extent) < GEMM_ROWS
 
 
 def _table_last(sch: s_tir.Schedule) -> None:

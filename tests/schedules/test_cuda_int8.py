@@ -119,35 +119,26 @@ def _depthwise(case: Conv, tabled: bool = False):
     return _func([x, w, b, m], t, r, out, args, table, res, ref)
 
 
-def _with_table(make):
-    def tabled(case, *args):
-        return make(case, *args, tabled=True)
-
-    tabled.__name__ = f"{make.__name__}_table"
-    tabled.base = make
-    return tabled
-
-
 # A table of output codes after the kernel (SiLU, sigmoid... on codes): a GEMM, the GEMVs, a depthwise.
 TABLE_CASES = [(_conv, Conv(16, 32, 14, 3, pad=1)), (_conv, Conv(32, 24, 1, 1, out="int8")),
                (_dense, (1, 100, 37, "uint8", None, None)), (_dense, (32, 130, 70, "int8", "uint8", None)),
                (_depthwise, Conv(32, 32, 28, 3, pad=1, residual="uint8"))]
-CASES = ([pytest.param(_conv, c, id=f"conv-{c}") for c in CONV_CASES]
-         + [pytest.param(_dense, c, id=f"dense-{c}") for c in DENSE_CASES]
-         + [pytest.param(_depthwise, c, id=f"depthwise-{c}") for c in DW_CASES]
-         + [pytest.param(_with_table(m), c, id=f"{m.__name__[1:]}-table-{c}") for m, c in TABLE_CASES])
+CASES = ([pytest.param(_conv, c, False, id=f"conv-{c}") for c in CONV_CASES]
+         + [pytest.param(_dense, c, False, id=f"dense-{c}") for c in DENSE_CASES]
+         + [pytest.param(_depthwise, c, False, id=f"depthwise-{c}") for c in DW_CASES]
+         + [pytest.param(m, c, True, id=f"{m.__name__[1:]}-table-{c}") for m, c in TABLE_CASES])
+GEMM_CASES = [p for p in CASES if p.values[0] is not _depthwise]
 
 
-@pytest.mark.parametrize("make,case", [p for p in CASES if getattr(p.values[0], "base", p.values[0]) is not _depthwise])
-def test_the_shifted_computes_are_bit_exact_on_the_cpu(make, case):
+@pytest.mark.parametrize("make,case,tabled", GEMM_CASES)
+def test_the_shifted_computes_are_bit_exact_on_the_cpu(make, case, tabled):
     # The tensor cores' operands: x - 128 in int8, padding za - 128, the bias folded with za - 128.
-    func, out, args, ref = make(case)
+    func, out, args, ref = make(case, tabled=tabled)
     np.testing.assert_array_equal(run(func, args, out), ref)
 
 
 def _is_gemm(make, case) -> bool:
     """Whether the case is a tensor-core GEMM (not a depthwise, a few-row dense or a one-pixel conv: GEMVs)."""
-    make = getattr(make, "base", make)
     return make is not _depthwise and not (make is _dense and case[0] < 16) and \
         not (make is _conv and case.out_shape()[2:] == (1, 1))
 
@@ -169,9 +160,9 @@ def _source(func):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("make,case", CASES)
-def test_every_case_builds_on_its_cuda_rule_within_the_limits(make, case):
-    func, _, args, _ = make(case)
+@pytest.mark.parametrize("make,case,tabled", CASES)
+def test_every_case_builds_on_its_cuda_rule_within_the_limits(make, case, tabled):
+    func, _, args, _ = make(case, tabled=tabled)
     scheduled = _scheduled(func)
     target = targets.resolve(TARGET).tvm_target()
     _, source = _source(scheduled)
@@ -184,8 +175,7 @@ def test_every_case_builds_on_its_cuda_rule_within_the_limits(make, case):
         assert "wmma::accumulator, 16, 16, 16, int" in body
     else:
         assert "wmma" not in body
-    base = getattr(make, "base", make)
-    if (base is _dense and case[4]) or (base is not _dense and case.residual):
+    if (make is _dense and case[4]) or (make is not _dense and case.residual):
         assert "fmaf(" in body  # the residual's one rounding, as llvm.fma on the CPU
 
 
@@ -212,11 +202,11 @@ def test_int8_tiles_count_a_byte_per_operand():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("make,case", [p for p in CASES if getattr(p.values[0], "base", p.values[0]) is not _depthwise][:4])
-def test_int8_fragments_load_from_32_byte_aligned_shared_memory(make, case):
+@pytest.mark.parametrize("make,case,tabled", GEMM_CASES[:4])
+def test_int8_fragments_load_from_32_byte_aligned_shared_memory(make, case, tabled):
     # wmma::load_matrix_sync wants a 256-bit aligned pointer: a 16-byte K slice in a row of the tile would start
     # half of the fragments mid-way. Every load reads a whole-256-byte offset with rows 16 bytes apart.
-    func, *_ = make(case)
+    func, *_ = make(case, tabled=tabled)
     if not _is_gemm(make, case):
         return
     loads = re.findall(r"load_matrix_sync\([^,]+, \(&\(\(\(signed char\*\)buf_dyn_shmem_ptr\)\[([^\]]+)\]\)\), (\d+)\)",
@@ -229,9 +219,9 @@ def test_int8_fragments_load_from_32_byte_aligned_shared_memory(make, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("make,case", CASES)
-def test_bit_exact_on_the_gpu(make, case):
-    func, out, args, ref = make(case)
+@pytest.mark.parametrize("make,case,tabled", CASES)
+def test_bit_exact_on_the_gpu(make, case, tabled):
+    func, out, args, ref = make(case, tabled=tabled)
     lib, _ = _source(_scheduled(func))
     dev = tvm.cuda(0)
     result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)), dev)

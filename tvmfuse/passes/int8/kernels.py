@@ -132,6 +132,12 @@ def weight_packing(spec) -> str:
     return spec.backend().int8_weights if spec is not None else ""
 
 
+def codes_blocked(spec, blocked: bool) -> bool:
+    """Whether INT8 kernels pass their uint8 codes NCHW16c: the blocked layout was asked for and the target's
+    backend takes it (``int8_blocked``; None, an unnamed CPU, does)."""
+    return blocked and (spec is None or spec.backend().int8_blocked)
+
+
 def signed_data(part: Int8Partition, weights: str) -> bool:
     """Whether the kernel of ``part`` sums its input shifted to int8 (``int8.SIGNED_SHIFT``): a family whose
     compute takes ``signed_data``, for a target whose kernels want it (``weights == "signed"``)."""

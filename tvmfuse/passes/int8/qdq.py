@@ -58,7 +58,7 @@ from tvmfuse.schedules.computes.int8 import Int8KernelError
 
 from ...quant.params import QuantParams, QuantParamsError
 from ...targets import TargetSpec
-from .kernels import make_int8_kernel, weight_packing
+from .kernels import codes_blocked, make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
 from ..utils import const_array
@@ -375,8 +375,7 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        blocked_codes = blocked and (spec is None or spec.backend().int8_blocked)
-        rewrite = Rewrite(mod, chains, choose_layouts(chains) if blocked_codes else None, weights)
+        rewrite = Rewrite(mod, chains, choose_layouts(chains) if codes_blocked(spec, blocked) else None, weights)
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
         out = relax.transform.DeadCodeElimination()(rewrite.builder_.get())
         if report is not None:

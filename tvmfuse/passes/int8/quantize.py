@@ -43,7 +43,7 @@ from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT, Int8KernelError
 from ...quant.keys import observed_tensors
 from ...quant.params import QuantParams, activation_params
 from ...targets import TargetSpec
-from .kernels import (OutputTable, blocked_kernel, data_layout, int8_constants, kernel_out_shape,
+from .kernels import (OutputTable, blocked_kernel, codes_blocked, data_layout, int8_constants, kernel_out_shape,
                       make_int8_kernel, relayout, weight_packing)
 from .match import Int8Partition, analyze
 from .codes import float_read, uint8_gates, uint8_means, uint8_pools
@@ -349,7 +349,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
     def _quantize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         keys = {var: key for key, var in observed_tensors(mod)}
         sites = _find_sites(mod, table, keys)
-        blocked_codes = blocked and (spec is None or spec.backend().int8_blocked)
+        blocked_codes = codes_blocked(spec, blocked)
         if spec is not None and not spec.backend().int8_kernels:
             for site in sites:
                 site.part, site.reason = None, f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})"
