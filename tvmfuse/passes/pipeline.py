@@ -39,14 +39,13 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     into stride-1 phase convs + depth-to-space, merge narrow conv groups, fold batch-norm and constant scales
     and shifts into convs: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to
     ``FuseQDQ`` (None: a CPU target, no report); ``int8``: the graph is calibrated or quantized."""
-    from tvm import relax
-
     from .canonicalize import CanonicalizeClip
     from .conv_transpose import TransposeConvToConv
     from .flatten_matmul import FlattenMatmul
     from .pad_dense import PadDenseColumns
     from .pad_softmax import PadSoftmaxRows
     from .fold_bn import FoldBatchNorm
+    from .fold_constant import FoldConstant
     from .fold_layout import FoldConstantLayouts
     from .fold_scale import FoldScaleShift
     from .gelu import FuseGeluTanh
@@ -60,11 +59,11 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     # RegroupConv leaves the narrow groups the blocked FP32 kernel runs as they are (x86; not in INT8 graphs).
     narrow_lanes = spec.backend().vector_lanes() if spec is not None and blocked and not int8 else None
-    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), FoldConstantLayouts, relax.transform.FoldConstant(),
+    return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), FoldConstantLayouts, FoldConstant,
             FuseGeluTanh,
             FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
             PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv(narrow_lanes),
-            FoldBatchNorm, FoldScaleShift, relax.transform.FoldConstant()]
+            FoldBatchNorm, FoldScaleShift, FoldConstant]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
