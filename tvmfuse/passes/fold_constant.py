@@ -1,4 +1,4 @@
-"""FoldConstant: TVM's constant folding, run only on functions that have something to fold.
+"""FoldConstant: TVM's constant folding, run only on the calls that can fold.
 
 TVM's ``FoldConstant`` legalizes every operator call of a dataflow block to see whether the result is a
 ``call_tir`` with constant arguments, before it looks at the arguments: each conv2d, batch-norm and add of
@@ -6,13 +6,16 @@ the graph becomes a TE compute and a PrimFunc, and is thrown away. After the ONN
 frontend almost no call has constant arguments, so that work is all waste: 0.27 + 0.15 s of MobileNetV2's
 1.55 s of graph work and passes, on every compile and on a compile whose kernels all come from the cache.
 
-Here a module is handed to TVM's pass only when a call could fold: one whose arguments are all constants,
-shapes or variables bound to them. Otherwise its functions get what TVM's pass does to a function with no
-call to fold: variables bound to a constant or a shape replaced by it in their uses, unused bindings
-removed. The result is the same module TVM's pass returns (a test compares them on the zoo).
+Here only the calls whose arguments are all constants, shapes or variables bound to them (or to such calls)
+go to TVM's pass, as one function of their own; the results replace their variables' uses in the graph,
+as do constants and shapes bound to variables, and unused bindings are removed: the module TVM's pass
+returns (a test compares them on the zoo), for 0.34 s of the CRNN's fold instead of 1.10 s, and nothing
+for a graph with no such call.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import tvm
 from tvm import relax
@@ -34,12 +37,23 @@ def _known(expr, known_vars) -> bool:
     return False
 
 
-def _scan(func: relax.Function) -> tuple[bool, dict]:
-    """(whether a call of ``func`` could fold, the variables bound to a constant or a shape: var -> value)."""
-    bound: dict = {}
+@dataclasses.dataclass
+class _Scan:
+    """What a function holds for the folder: variables bound to a constant or a shape (var -> value), the
+    bindings of calls whose arguments are all known (in order: a call on earlier ones' results included),
+    and whether it needs TVM's whole pass (a ``*_like`` call, which TVM folds whatever its input)."""
+
+    bound: dict = dataclasses.field(default_factory=dict)
+    calls: list = dataclasses.field(default_factory=list)
+    whole: bool = False
+
+
+def _scan(func: relax.Function) -> _Scan:
+    scan = _Scan()
     body = func.body
     if not isinstance(body, relax.SeqExpr):
-        return False, bound
+        return scan
+    known: set = set()
     for block in body.blocks:
         dataflow = isinstance(block, relax.DataflowBlock)
         for binding in block.bindings:
@@ -47,12 +61,31 @@ def _scan(func: relax.Function) -> tuple[bool, dict]:
                 continue
             value = binding.value
             if isinstance(value, (Constant, relax.ShapeExpr)):
-                bound[binding.var] = value
+                scan.bound[binding.var] = value
+                known.add(binding.var)
             elif dataflow and isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 # zeros_like(x) and its kind legalize to a kernel without x, which TVM folds for any x
-                if value.op.name.endswith("_like") or all(_known(arg, bound) for arg in value.args):
-                    return True, bound
-    return False, bound
+                scan.whole |= value.op.name.endswith("_like")
+                if all(_known(arg, known) for arg in value.args):
+                    scan.calls.append(binding)
+                    known.add(binding.var)
+    return scan
+
+
+def _fold_calls(mod: tvm.IRModule, scan: _Scan) -> dict:
+    """TVM's pass on the calls of ``scan`` alone, as one function of its own: var -> the constant each folded
+    to (those that did not fold are left out)."""
+    bindings = [relax.VarBinding(var, value) for var, value in scan.bound.items()] + scan.calls
+    calls = [b.var for b in scan.calls]
+    out = relax.Var("folded", relax.TupleType([v.ty for v in calls]))
+    body = relax.SeqExpr([relax.DataflowBlock(bindings + [relax.VarBinding(out, relax.Tuple(calls))])], out)
+    gv = tvm.ir.GlobalVar("tvmfuse_fold_constant")
+    scratch = {g: f for g, f in mod.functions_items() if not isinstance(f, relax.Function)}  # call_tir's PrimFuncs
+    folded = relax.transform.FoldConstant()(tvm.IRModule({**scratch, gv: relax.Function([], body, out.ty)}))
+    result = folded[gv].body
+    tuple_value = [b.value for block in result.blocks for b in block.bindings if b.var.same_as(out)]
+    fields = tuple_value[0].fields if tuple_value else result.body.fields  # the tuple itself when inlined
+    return {var: f for var, f in zip(calls, fields) if isinstance(f, Constant)}
 
 
 @relax.expr_functor.mutator
@@ -74,15 +107,16 @@ class _Substitute(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="tvmfuse.FoldConstant")
 def FoldConstant(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass naming
-    """``relax.transform.FoldConstant()`` where a call could fold; elsewhere what TVM's pass does to a function
-    with no call to fold: variables bound to constants or shapes substituted, unused bindings removed."""
+    """What ``relax.transform.FoldConstant()`` returns: calls whose arguments are all known folded by TVM's
+    pass on them alone, variables bound to constants or shapes substituted, unused bindings removed."""
     funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
     scans = [_scan(f) for _, f in funcs]
-    if any(folds for folds, _ in scans):
+    if any(scan.whole for scan in scans):
         return relax.transform.FoldConstant()(mod)
     out = tvm.IRModule(mod.functions, attrs=mod.attrs)
-    for (gv, func), (_, bound) in zip(funcs, scans):
-        if bound:
-            func = _Substitute(bound, mod).visit_expr(func)
+    for (gv, func), scan in zip(funcs, scans):
+        values = {**scan.bound, **(_fold_calls(mod, scan) if scan.calls else {})}
+        if values:
+            func = _Substitute(values, mod).visit_expr(func)
         out[gv] = relax.analysis.remove_all_unused(func)
     return out
