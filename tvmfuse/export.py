@@ -37,12 +37,14 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
     import tvm
 
     from . import cache as kernel_cache
-    from .cache import kernels
+    from .cache import kernels, schedules
 
     target = spec.tvm_target()
     store = kernel_cache.resolve(cache)
+    reuse = (lambda make, names: schedules.cached(make, store, database, names)) if kernels.cacheable(target) \
+        else None
     with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(graph)):
-        lowered = relax_pipeline(spec, target, database, applied)(mod)
+        lowered = relax_pipeline(spec, target, database, applied, reuse)(mod)
         if kernels.cacheable(target):
             executable, stats = kernels.build_executable(lowered, target, store)
             return executable, lowered, stats

@@ -100,14 +100,25 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
         return LowerPartitions(spec, record.kernels, blocked)(mod)
 
 
-def relax_pipeline(spec: TargetSpec, target, database=None, applied: list | None = None):
-    """The Relax pipeline for ``tvm.compile``: the backend's (:meth:`~tvmfuse.schedules.backend.Backend.relax_pipeline`),
-    with scheduling where the backend schedules kernels: records from ``database`` (a MetaSchedule
-    database of tuning logs, optional; ``applied`` receives the kernel names it scheduled), then the
-    backend's default schedules for the kernels left."""
+def scheduling_passes(spec: TargetSpec, database=None):
+    """``applied -> passes``: the passes that schedule the kernels, records from ``database`` (a MetaSchedule
+    database of tuning logs, optional; ``applied`` receives the kernel names it scheduled) then the backend's
+    default schedules for the kernels left."""
     from .schedule import ApplyTuningLogs, ScheduleKernels
 
-    scheduling = ([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
+    def make(applied: list | None) -> list:
+        return ([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
+
+    return make
+
+
+def relax_pipeline(spec: TargetSpec, target, database=None, applied: list | None = None, reuse=None):
+    """The Relax pipeline for ``tvm.compile``: the backend's (:meth:`~tvmfuse.schedules.backend.Backend.relax_pipeline`),
+    with the passes of :func:`scheduling_passes` where the backend schedules kernels. ``reuse`` (optional):
+    ``(make, applied) -> passes`` in their place, e.g. the same with scheduled kernels cached
+    (:func:`tvmfuse.cache.schedules.cached`)."""
+    make = scheduling_passes(spec, database)
+    scheduling = reuse(make, applied) if reuse is not None else make(applied)
     return spec.backend().relax_pipeline(target, scheduling)
 
 

@@ -1,0 +1,71 @@
+"""Scheduled kernels reused: the result of the scheduling passes (tuning logs, then the default rules) per kernel.
+
+Scheduling is the part of a compile that runs once per kernel in Python (a rule's loop splits, or a tuning
+record's trace decoded and replayed): 3-8 ms a kernel, 0.2-0.4 s of a model whose kernels all come from the
+object cache. A kernel's scheduled form is stored as TVM's JSON under a key of what decides it: the kernel as
+lowered (its TIR, name included), the target and pass context, the versions (tvmfuse's source digest among
+them), and the tuning records filed under the kernel's workload hash, so that a new or better record misses.
+A hit puts the stored kernel in place, marked scheduled while the passes run so that they leave it alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from . import fingerprint
+from .store import Store
+
+FORMAT = "scheduled-kernel-1"
+
+
+def _key(func, target, context: str, records: str) -> str:
+    import tvm
+
+    material = "\n".join([FORMAT, fingerprint.versions(), str(target), context, records, tvm.ir.save_json(func)])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def cached(scheduling, store: Store | None, database, applied: list | None) -> list:
+    """The passes ``scheduling(applied)`` makes (:func:`tvmfuse.passes.pipeline.scheduling_passes`) as one pass
+    that reuses and fills ``store``; those passes as they are where nothing can be keyed: no store, or a
+    tuning database that is not the lazily decoded logs (its records are not known line by line).
+    ``applied`` gets the names of the kernels a tuning record scheduled, cached or not, sorted."""
+    import tvm
+    from tvm import tirx
+
+    from ..schedules.backend import SCHEDULED_BY, is_scheduled
+    from .kernels import _context
+
+    records_for = getattr(database, "records_for", None) if database is not None else (lambda _func: "")
+    if store is None or records_for is None:
+        return scheduling(applied)
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmfuse.CachedScheduling")
+    def _pass(mod, _ctx):
+        target, context = tvm.target.Target.current(), _context()
+        todo = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)}
+        keys = {gv: _key(f, target, context, records_for(f)) for gv, f in todo.items()}
+        from_log, found = [], {}
+        for gv, key in keys.items():
+            data = store.get(key)
+            if data is not None:
+                found[gv] = tvm.ir.load_json(data.decode())
+                if str(found[gv].attrs.get(SCHEDULED_BY, "")) == "tuning_log":
+                    from_log.append(gv.name_hint)
+        if found:  # marked scheduled while the passes run, which leave such kernels alone
+            mod = mod.clone()
+            for gv, func in found.items():
+                mod.update_func(gv, func.with_attr("tirx.is_scheduled", True))
+        inner: list = []
+        mod = tvm.transform.Sequential(scheduling(inner))(mod)
+        for gv, func in found.items():
+            mod.update_func(gv, func)
+        for gv, key in keys.items():
+            func = mod[gv.name_hint]
+            if gv not in found and not func.same_as(todo[gv]):
+                store.put(key, tvm.ir.save_json(func).encode())
+        if applied is not None:
+            applied.extend(sorted(inner + from_log))
+        return mod
+
+    return [_pass]
