@@ -165,7 +165,7 @@ class Backend:
 
     def relax_pipeline(self, target, scheduling: list):
         """The pipeline for ``tvm.compile``; ``scheduling`` (tuning logs, then :meth:`schedule` for every
-        kernel) runs where the backend schedules kernels."""
+        kernel, then :meth:`kernel_passes`) runs where the backend schedules kernels."""
         raise NotImplementedError(f"backend {self.name!r} has no Relax pipeline")
 
     # --- tuning ---

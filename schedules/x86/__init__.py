@@ -220,16 +220,15 @@ class Backend(_Base):
 
     def relax_pipeline(self, target, scheduling: list):
         """TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with
-        ``scheduling`` inserted after fusion, then the steps of padded convs that read only padding skipped
-        (:meth:`kernel_passes`)."""
+        ``scheduling`` (its :meth:`kernel_passes` included) inserted after fusion."""
         import tvm
         from tvm.relax.backend.cpu_generic import pipeline as cpu
 
         @tvm.transform.module_pass(opt_level=0, name="tvmfuse.RelaxPipeline")
         def _pipeline(mod, _ctx):
             with target:
-                passes = (self.legalize_passes(target) + scheduling + self.kernel_passes()
-                          + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+                passes = (self.legalize_passes(target) + scheduling + cpu.dataflow_lower_passes(target)
+                          + cpu.finalize_passes(target))
                 return tvm.transform.Sequential(passes)(mod)
 
         return _pipeline

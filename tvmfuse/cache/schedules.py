@@ -1,11 +1,13 @@
 """Scheduled kernels reused: the result of the scheduling passes (tuning logs, then the default rules) per kernel.
 
 Scheduling is the part of a compile that runs once per kernel in Python (a rule's loop splits, or a tuning
-record's trace decoded and replayed): 3-8 ms a kernel, 0.2-0.4 s of a model whose kernels all come from the
-object cache. A kernel's scheduled form is stored as TVM's JSON under a key of what decides it: the kernel as
-lowered (its TIR, name included), the target and pass context, the versions (tvmfuse's source digest among
-them), and the tuning records filed under the kernel's workload hash, so that a new or better record misses.
-A hit puts the stored kernel in place, marked scheduled while the passes run so that they leave it alone.
+record's trace decoded and replayed, then the backend's passes over the scheduled kernel): 3-8 ms a kernel,
+0.15-0.25 s of a model whose kernels all come from the object cache. A kernel's scheduled form is stored as
+TVM's JSON under a key of what decides it: the kernel as lowered (its TIR, name included), the target and
+pass context, the versions (tvmfuse's source digest among them), and the tuning records filed under the
+kernel's workload hash, so that a new or better record misses. The stored form is the kernel after the
+backend's kernel passes too (``Backend.kernel_passes``: the steps of padded convs that read only padding
+skipped, 0.1 s of a detector); the passes run on the other kernels alone.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
     ``applied`` gets the names of the kernels a tuning record scheduled, cached or not, sorted."""
     import tvm
     from tvm import tirx
+    from tvm_ffi.serialization import from_json_graph_str  # tvm.ir.load_json first "upgrades" the JSON in Python:
+    # 6 ms a kernel, more than scheduling it; these entries were written by this TVM (the versions are keyed)
 
     from ..schedules.backend import SCHEDULED_BY, is_scheduled
     from .kernels import _context
@@ -43,29 +47,26 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
     @tvm.transform.module_pass(opt_level=0, name="tvmfuse.CachedScheduling")
     def _pass(mod, _ctx):
         target, context = tvm.target.Target.current(), _context()
-        todo = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)}
-        keys = {gv: _key(f, target, context, records_for(f)) for gv, f in todo.items()}
-        from_log, found = [], {}
+        kernels = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+        keys = {gv: _key(f, target, context, records_for(f)) for gv, f in kernels.items() if not is_scheduled(f)}
+        found, from_log = {}, []
         for gv, key in keys.items():
             data = store.get(key)
             if data is not None:
-                found[gv] = tvm.ir.load_json(data.decode())
+                found[gv] = from_json_graph_str(data.decode())
                 if str(found[gv].attrs.get(SCHEDULED_BY, "")) == "tuning_log":
                     from_log.append(gv.name_hint)
-        if found:  # marked scheduled while the passes run, which leave such kernels alone
-            mod = mod.clone()
-            for gv, func in found.items():
-                mod.update_func(gv, func.with_attr("tirx.is_scheduled", True))
+        # the passes read and change PrimFuncs only: they run on the kernels not found, alone
         inner: list = []
-        mod = tvm.transform.Sequential(scheduling(inner))(mod)
-        for gv, func in found.items():
-            mod.update_func(gv, func)
-        for gv, key in keys.items():
-            func = mod[gv.name_hint]
-            if gv not in found and not func.same_as(todo[gv]):
-                store.put(key, tvm.ir.save_json(func).encode())
+        rest = tvm.transform.Sequential(scheduling(inner))(
+            tvm.IRModule({gv: f for gv, f in kernels.items() if gv not in found}))
+        out = mod.clone()
+        for gv, func in [*found.items(), *((g, rest[g.name_hint]) for g in kernels if g not in found)]:
+            out.update_func(gv, func)
+            if gv in keys and gv not in found and not func.same_as(kernels[gv]):
+                store.put(keys[gv], tvm.ir.save_json(func).encode())
         if applied is not None:
             applied.extend(sorted(inner + from_log))
-        return mod
+        return out
 
     return [_pass]

@@ -103,11 +103,13 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
 def scheduling_passes(spec: TargetSpec, database=None):
     """``applied -> passes``: the passes that schedule the kernels, records from ``database`` (a MetaSchedule
     database of tuning logs, optional; ``applied`` receives the kernel names it scheduled) then the backend's
-    default schedules for the kernels left."""
+    default schedules for the kernels left, then its passes over every scheduled kernel
+    (:meth:`~tvmfuse.schedules.backend.Backend.kernel_passes`). They read and change PrimFuncs only."""
     from .schedule import ApplyTuningLogs, ScheduleKernels
 
     def make(applied: list | None) -> list:
-        return ([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
+        return (([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
+                + spec.backend().kernel_passes())
 
     return make
 
