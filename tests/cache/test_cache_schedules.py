@@ -41,6 +41,9 @@ def test_a_second_compile_schedules_nothing_and_builds_the_same_library(tmp_path
     first = tvmfuse.compile(MODEL, HOST, cache=tmp_path, whole=False)
     second = tvmfuse.compile(MODEL, HOST, cache=tmp_path, whole=False)
     assert seen[0] > 3 and seen[1] == 0
+    logged = [r for r in Store(tmp_path).runs() if r["kind"] == "schedules"]
+    assert len(logged) == 2 and logged[0]["hits"] == 0 and logged[0]["misses"] >= seen[0]  # `tvmfuse cache info`
+    assert (logged[1]["hits"], logged[1]["misses"]) == (logged[0]["misses"], 0)
     assert second.cache_info["from_cache"] == second.cache_info["kernels"]  # same scheduled TIR: same objects
     assert first.library_bytes() == second.library_bytes()
     assert first.kernel_info == second.kernel_info  # who scheduled each kernel, tuning logs included

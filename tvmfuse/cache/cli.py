@@ -65,11 +65,12 @@ def cmd_cache(args) -> int:
     print(f"folder   {store.root}")
     print(f"entries  {len(entries)} ({_human(size)} of {_human(store.limit)}; least recently used evicted past it)")
     runs = store.runs()[-args.runs:] if args.runs > 0 else []
-    kernels = [r for r in runs if r.get("kind") == "kernels"]
+    for kind, label in (("kernels", "kernels "), ("schedules", "schedules")):
+        kept = [r for r in runs if r.get("kind") == kind]
+        hits, total = sum(r["hits"] for r in kept), sum(r["hits"] + r["misses"] for r in kept)
+        if total:
+            print(f"{label} {hits} of {total} reused over the last {len(kept)} builds ({100 * hits / total:.0f}%)")
     models = [r for r in runs if r.get("kind") == "model"]
-    hits, total = sum(r["hits"] for r in kernels), sum(r["hits"] + r["misses"] for r in kernels)
-    if total:
-        print(f"kernels  {hits} of {total} reused over the last {len(kernels)} builds ({100 * hits / total:.0f}%)")
     if models:
         reused = sum(r["hits"] for r in models)
         print(f"models   {reused} of {len(models)} whole builds reused")

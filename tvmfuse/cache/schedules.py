@@ -67,6 +67,8 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
                 store.put(keys[gv], tvm.ir.save_json(func).encode())
         if applied is not None:
             applied.extend(sorted(inner + from_log))
+        if keys:
+            store.log_run("schedules", len(found), len(keys) - len(found))
         return out
 
     return [_pass]
