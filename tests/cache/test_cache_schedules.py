@@ -73,12 +73,12 @@ def _kernel():
 
 def test_the_key_changes_with_the_records_the_target_and_the_pass_options():
     func = _kernel()
-    base = schedules._key(func, tvm.target.Target("llvm"), "ctx", "")
-    assert base == schedules._key(func, tvm.target.Target("llvm"), "ctx", "")
-    assert base != schedules._key(func, tvm.target.Target("llvm"), "ctx", '[["a better record"]]')
-    assert base != schedules._key(func, tvm.target.Target({"kind": "llvm", "mcpu": "znver3"}), "ctx", "")
-    assert base != schedules._key(func, tvm.target.Target("llvm"), "other ctx", "")
-    assert base != schedules._key(func.with_attr("global_symbol", "other"), tvm.target.Target("llvm"), "ctx", "")
+    base = schedules.schedule_key(func, tvm.target.Target("llvm"), "ctx", "")
+    assert base == schedules.schedule_key(func, tvm.target.Target("llvm"), "ctx", "")
+    assert base != schedules.schedule_key(func, tvm.target.Target("llvm"), "ctx", '[["a better record"]]')
+    assert base != schedules.schedule_key(func, tvm.target.Target({"kind": "llvm", "mcpu": "znver3"}), "ctx", "")
+    assert base != schedules.schedule_key(func, tvm.target.Target("llvm"), "other ctx", "")
+    assert base != schedules.schedule_key(func.with_attr("global_symbol", "other"), tvm.target.Target("llvm"), "ctx", "")
 
 
 def test_passes_stay_as_they_are_without_a_store_or_with_a_database_it_cannot_key(tmp_path):

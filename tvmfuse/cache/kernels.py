@@ -44,14 +44,16 @@ def cacheable(target) -> bool:
     return str(target.kind.name) == "llvm"
 
 
-def kernel_key(func, target, context: str) -> str:
+def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT) -> str:
+    """The key of what ``func`` becomes for ``target`` under pass options ``context`` (:func:`pass_options`):
+    ``fmt`` names the kind of entry, ``extra`` adds what else decides it (a scheduled kernel's tuning records)."""
     import tvm
 
-    material = "\n".join([FORMAT, fingerprint.versions(), str(target), context, tvm.ir.save_json(func)])
+    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra, tvm.ir.save_json(func)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-def _context() -> str:
+def pass_options() -> str:
     """The pass context's options, which the TIR pipeline reads (opt level, config, passes on or off)."""
     import tvm
 
@@ -92,7 +94,7 @@ def build_executable(lowered, target, store: Store | None):
     ext_libs = list(attrs.get("external_mods", []))
     params = dict(attrs.get("const_name_to_constant", {}))
     kernels = [(gv, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    context = _context()
+    context = pass_options()
     keys = [kernel_key(f, target, context) for _, f in kernels]
     objects: list[bytes | None] = [store.get(k) if store is not None else None for k in keys]
     stats = KernelStats(len(kernels), sum(o is not None for o in objects))
@@ -132,7 +134,7 @@ def runnable(mod, target, store: Store | None):
     from tvm.support import cc
 
     (gv, func), = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    key = kernel_key(func, target, _context())
+    key = kernel_key(func, target, pass_options())
     data = store.get(key) if store is not None else None
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernel-") as tmp:
         workdir = Path(tmp)

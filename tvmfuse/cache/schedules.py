@@ -12,19 +12,15 @@ skipped, 0.1 s of a detector); the passes run on the other kernels alone.
 
 from __future__ import annotations
 
-import hashlib
-
-from . import fingerprint
+from .kernels import kernel_key, pass_options
 from .store import Store
 
 FORMAT = "scheduled-kernel-1"
 
 
-def _key(func, target, context: str, records: str) -> str:
-    import tvm
-
-    material = "\n".join([FORMAT, fingerprint.versions(), str(target), context, records, tvm.ir.save_json(func)])
-    return hashlib.sha256(material.encode()).hexdigest()
+def schedule_key(func, target, context: str, records: str) -> str:
+    """The key of ``func`` scheduled for ``target`` under pass options ``context`` with tuning ``records``."""
+    return kernel_key(func, target, context, records, fmt=FORMAT)
 
 
 def cached(scheduling, store: Store | None, database, applied: list | None) -> list:
@@ -38,7 +34,6 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
     # 6 ms a kernel, more than scheduling it; these entries were written by this TVM (the versions are keyed)
 
     from ..schedules.backend import SCHEDULED_BY, is_scheduled
-    from .kernels import _context
 
     records_for = getattr(database, "records_for", None) if database is not None else (lambda _func: "")
     if store is None or records_for is None:
@@ -46,9 +41,9 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
 
     @tvm.transform.module_pass(opt_level=0, name="tvmfuse.CachedScheduling")
     def _pass(mod, _ctx):
-        target, context = tvm.target.Target.current(), _context()
+        target, context = tvm.target.Target.current(), pass_options()
         kernels = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-        keys = {gv: _key(f, target, context, records_for(f)) for gv, f in kernels.items() if not is_scheduled(f)}
+        keys = {gv: schedule_key(f, target, context, records_for(f)) for gv, f in kernels.items() if not is_scheduled(f)}
         found, from_log = {}, []
         for gv, key in keys.items():
             data = store.get(key)
@@ -61,9 +56,12 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
         rest = tvm.transform.Sequential(scheduling(inner))(
             tvm.IRModule({gv: f for gv, f in kernels.items() if gv not in found}))
         out = mod.clone()
-        for gv, func in [*found.items(), *((g, rest[g.name_hint]) for g in kernels if g not in found)]:
+        for gv, func in found.items():
             out.update_func(gv, func)
-            if gv in keys and gv not in found and not func.same_as(kernels[gv]):
+        for gv in [g for g in kernels if g not in found]:
+            func = rest[gv.name_hint]
+            out.update_func(gv, func)
+            if gv in keys and not func.same_as(kernels[gv]):  # scheduled here: stored for the next compile
                 store.put(keys[gv], tvm.ir.save_json(func).encode())
         if applied is not None:
             applied.extend(sorted(inner + from_log))

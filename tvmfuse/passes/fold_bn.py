@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from .utils import const_array
+from .utils import const_array, rewrite_functions
 
 
 def _call(expr, op: str, lookup):
@@ -78,16 +78,16 @@ def scaled_conv(conv, weight: np.ndarray, scale: np.ndarray, bias: np.ndarray):
 
 @relax.expr_functor.mutator
 class _FoldBatchNorm(relax.PyExprMutator):
-    def __init__(self, mod=None):
+    def __init__(self, mod=None, folds: list | None = None):
         super().__init__(mod)
-        self.folded = 0
+        self.folds = folds if folds is not None else []  # one entry per batch-norm folded
 
     def visit_tuple_getitem_(self, op):
         item = super().visit_tuple_getitem_(op)
         folded = _fold(item, self.lookup_binding)
         if folded is None:
             return item
-        self.folded += 1
+        self.folds.append(item)
         return self.builder_.normalize(folded)
 
 
@@ -98,13 +98,8 @@ def FoldBatchNorm(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM 
     Where it folds, the graph's bindings are canonicalized too (a tuple's item read back as the value put in
     it), as TVM's pattern rewriter did when it ran this pass; its common-subexpression elimination, which
     hashed every weight twice (0.3 s of ResNet-50's compile), found nothing in the zoo or the corpus."""
-    out = tvm.IRModule(mod.functions, attrs=mod.attrs)
-    folded = 0
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator = _FoldBatchNorm(mod)
-            out[gv] = relax.analysis.remove_all_unused(mutator.visit_expr(func))
-            folded += mutator.folded
-    if folded:
+    folds: list = []
+    out = rewrite_functions(tvm.IRModule(mod.functions, attrs=mod.attrs), lambda m: _FoldBatchNorm(m, folds))
+    if folds:
         out = relax.transform.CanonicalizeBindings()(out)
     return relax.transform.DeadCodeElimination()(out)

@@ -82,9 +82,7 @@ def _fold_calls(mod: tvm.IRModule, scan: _Scan) -> dict:
     gv = tvm.ir.GlobalVar("tvmfuse_fold_constant")
     scratch = {g: f for g, f in mod.functions_items() if not isinstance(f, relax.Function)}  # call_tir's PrimFuncs
     folded = relax.transform.FoldConstant()(tvm.IRModule({**scratch, gv: relax.Function([], body, out.ty)}))
-    result = folded[gv].body
-    tuple_value = [b.value for block in result.blocks for b in block.bindings if b.var.same_as(out)]
-    fields = tuple_value[0].fields if tuple_value else result.body.fields  # the tuple itself when inlined
+    (fields,) = [b.value.fields for block in folded[gv].body.blocks for b in block.bindings if b.var.same_as(out)]
     return {var: f for var, f in zip(calls, fields) if isinstance(f, Constant)}
 
 
