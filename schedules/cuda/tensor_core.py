@@ -17,7 +17,13 @@ memory). A thread block owns a ``tile_i x tile_j`` tile of C:
   applied on the way to the single global store, consecutive threads writing consecutive output pixels.
 
 The tile shrinks until the grid has a block for every SM, skipping tiles that pad the GEMM by more than the
-conv2d rule allows; ``step_k`` is the largest that keeps the block's shared memory within 48 KiB. This is
+conv2d rule allows; ``step_k`` is the largest that keeps the block's shared memory within 48 KiB. Where the
+grid still leaves the SMs short of warps (a late ResNet stage: a 7x7 map times 512 channels is 128 fragments
+of 16x16, so 128 one-warp blocks walking K = 4,608 with one warp per SM, every load's latency exposed), the
+block splits K over ``warps_k`` groups of warps: each group accumulates its own slices of every step (the
+operand tiles are staged ``warps_k`` slices wide, by all the block's warps), the groups' accumulators meet in
+shared memory and each output is their sum, then the epilogue (TVM's ``rfactor``; no second kernel and no
+global workspace, so CUDA graph capture is unaffected). This is
 TVM's own ``wmma`` recipe (dlight's ``MatmulTensorization``) with tvmfuse's tile choice: dlight's fixed
 128x128 tile padded a 64-channel ResNet layer to 128 columns and gave 25 blocks to 132 SMs.
 """
@@ -38,6 +44,10 @@ OPERANDS = {"float16": "float32", "int8": "int32"}  # operand dtype -> accumulat
 TILES = ((2, 2, 4, 2), (2, 2, 2, 4), (2, 2, 2, 2), (2, 2, 2, 1), (2, 2, 1, 2), (2, 2, 1, 1), (2, 1, 1, 1),
          (1, 1, 1, 1))
 STEPS_K = {"float16": (64, 32, 16), "int8": (128, 64, 32, 16)}
+SPLITS_K = (2, 4, 8)  # the warps_k a block may split K over
+WARPS_PER_SM = 8  # warps the grid should give each SM before K is split (latency hiding of the operand loads)
+MAX_WARPS = 16  # a split block's warps at most (512 threads)
+MIN_GROUP_K = 128  # K a group of a split block reduces at least (below, the split's sum costs what it saves)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +58,7 @@ class Config:
     frags_j: int
     step_k: int = 32
     operand: str = "float16"  # a key of OPERANDS
+    warps_k: int = 1  # groups of warps splitting K (each the warps_i x warps_j grid), summed in shared memory
 
     @property
     def tile_i(self) -> int:
@@ -59,7 +70,17 @@ class Config:
 
     @property
     def warps(self) -> int:
+        """Warps of one group (the tile's grid); the block has ``warps * warps_k``."""
         return self.warps_i * self.warps_j
+
+    @property
+    def block_warps(self) -> int:
+        return self.warps * self.warps_k
+
+    @property
+    def span_k(self) -> int:
+        """K staged per step of the main loop: one ``step_k`` slice for each group."""
+        return self.step_k * self.warps_k
 
     @property
     def element_bytes(self) -> int:
@@ -73,7 +94,7 @@ class Config:
 
     def operand_bytes(self, rows: int) -> int:
         """Shared memory of one double-buffered operand tile of ``rows`` rows."""
-        return 2 * rows * (self.step_k + self.pad_elements) * self.element_bytes
+        return 2 * rows * (self.span_k + self.pad_elements) * self.element_bytes
 
     @property
     def pad_floats(self) -> int | None:
@@ -84,7 +105,7 @@ class Config:
         through the wmma store then fail to lower (``tvm_access_ptr element type must match the source
         buffer``)."""
         for pad in range(4, 32, 4):
-            if self.tile_i * (self.tile_j + pad) * 4 > max(self.operand_bytes(self.tile_i),
+            if self.warps_k * self.tile_i * (self.tile_j + pad) * 4 > max(self.operand_bytes(self.tile_i),
                                                            self.operand_bytes(self.tile_j)):
                 return pad
         return None
@@ -93,7 +114,7 @@ class Config:
         """Shared memory of one block: the double-buffered operand tiles, or the accumulator tile that reuses
         their space after the main loop, whichever is larger (float32 and int32 accumulators alike)."""
         operands = self.operand_bytes(self.tile_i) + self.operand_bytes(self.tile_j)
-        return max(operands, self.tile_i * (self.tile_j + (self.pad_floats or 0)) * 4)
+        return max(operands, self.warps_k * self.tile_i * (self.tile_j + (self.pad_floats or 0)) * 4)
 
 
 def _steps(k: int, operand: str) -> list[int]:
@@ -108,8 +129,9 @@ def _fits(config: Config) -> bool:
 def default_config(i: int, j: int, k: int, sms: int = 132, operand: str = "float16",
                    whole_j: bool = False) -> Config | None:
     """The largest tile whose grid gives every SM a block (else the smallest that pads least), with the
-    largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory; ``whole_j``: only
-    tiles that divide J (None when none does, see :func:`.conv2d.schedule_gemm`)."""
+    largest ``step_k`` (not above K in whole fragments) that fits 48 KiB of shared memory, K split over warps
+    where the grid is short of them (:func:`split_k`); ``whole_j``: only tiles that divide J (None when none
+    does, see :func:`.conv2d.schedule_gemm`)."""
     steps = _steps(k, operand)
     configs = []
     for tile in TILES:
@@ -119,18 +141,39 @@ def default_config(i: int, j: int, k: int, sms: int = 132, operand: str = "float
                    if _fits(Config(*tile, step_k=s, operand=operand))]
         if fitting:
             configs.append(fitting[0])
-    return fill_sms(configs, i, j, sms) if configs else None
+    return split_k(fill_sms(configs, i, j, sms), i, j, k, sms) if configs else None
+
+
+def split_k(config: Config, i: int, j: int, k: int, sms: int = 132) -> Config:
+    """``config`` with the fewest ``warps_k`` groups (2, 4, 8) that give the grid ``WARPS_PER_SM`` warps per SM
+    (as many as allowed where none does): at most ``MAX_WARPS`` in a block, two steps of the main loop or more
+    for each group and ``MIN_GROUP_K`` of K, K padded as little as any step pads it (a step re-chosen for each split, the largest
+    among those, fitting shared memory); ``config`` itself where the grid has the warps already."""
+    blocks = -(-i // config.tile_i) * -(-j // config.tile_j)
+    whole_k = -(-k // FRAG) * FRAG
+    best = config
+    for warps_k in SPLITS_K:
+        if blocks * best.block_warps >= WARPS_PER_SM * sms or config.warps * warps_k > MAX_WARPS:
+            break
+        options = [dataclasses.replace(config, warps_k=warps_k, step_k=s) for s in _steps(k, config.operand)]
+        options = [c for c in options if _fits(c) and whole_k >= max(2 * c.span_k, MIN_GROUP_K * warps_k)]
+        if not options:
+            break
+        padded = min(-(-k // c.span_k) * c.span_k for c in options)
+        best = max((c for c in options if -(-k // c.span_k) * c.span_k == padded), key=lambda c: c.step_k)
+    return best
 
 
 def candidates(i: int, j: int, k: int, sms: int = 132, operand: str = "float16",
                whole_j: bool = False) -> list[Config]:
     """The configs an offline tuning round times: the default first, then every tile with every step that fits
-    shared memory and is not longer than K, each once (``whole_j``: those dividing J)."""
+    shared memory and is not longer than K, and every tile with K split as :func:`split_k` splits it, each
+    once (``whole_j``: those dividing J)."""
     steps = _steps(k, operand)
     default = default_config(i, j, k, sms, operand, whole_j)
-    found = ([default] if default else []) + [
-        Config(*t, step_k=s, operand=operand) for t in TILES for s in steps
-        if _fits(Config(*t, step_k=s, operand=operand))]
+    plain = [Config(*t, step_k=s, operand=operand) for t in TILES for s in steps
+             if _fits(Config(*t, step_k=s, operand=operand))]
+    found = ([default] if default else []) + plain + [split_k(c, i, j, k, sms) for c in plain]
     return list(dict.fromkeys(c for c in found if not whole_j or j % c.tile_j == 0))
 
 
@@ -145,19 +188,33 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
     light_tensor_intrin("cuda")
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
-    sch.pad_einsum(main, [1, config.tile_i, config.tile_j, config.step_k])
+    sch.pad_einsum(main, [1, config.tile_i, config.tile_j, config.span_k])
     batch, i, j, k = sch.get_loops(main)
+    final = group = None
+    if config.warps_k > 1:
+        # K as (steps, group, slice); the group axis factored out of the sum becomes a spatial axis of the
+        # GEMM block (partial sums [group, S, I, J]) and ``final`` sums the groups.
+        ko, group, k = sch.split(k, [None, config.warps_k, config.step_k])
+        final, main = main, sch.rfactor(group, factor_axis=0)
+        batch, i, j, ko, group, k = sch.get_loops(main)
     i, i_frag = sch.split(i, [None, FRAG])
     j, j_frag = sch.split(j, [None, FRAG])
     k, k_frag = sch.split(k, [None, FRAG])
-    sch.reorder(i, j, k, i_frag, j_frag, k_frag)
+    if group is None:
+        sch.reorder(i, j, k, i_frag, j_frag, k_frag)
+    else:
+        sch.reorder(i, j, group, ko, k, i_frag, j_frag, k_frag)
     inner = main
     outer = sch.blockize(i_frag)
 
     bi, wi, fi = sch.split(i, [None, config.warps_i, config.frags_i])
     bj, wj, fj = sch.split(j, [None, config.warps_j, config.frags_j])
-    ko, ki = sch.split(k, [None, config.step_k // FRAG])
-    sch.reorder(bi, bj, wi, wj, ko, ki, fi, fj)
+    if group is None:
+        ko, ki = sch.split(k, [None, config.step_k // FRAG])
+        sch.reorder(bi, bj, wi, wj, ko, ki, fi, fj)
+    else:
+        ki = k
+        sch.reorder(bi, bj, wi, wj, group, ko, ki, fi, fj)
     # Two-stage pipeline over K: the next step's operand loads (global -> registers -> shared) overlap this
     # step's fragment loads and mma (TVM's software pipelining; the order lists the blocks under ko).
     if config.step_k > FRAG:  # (with one fragment per step, ki vanishes and the pipeline fails to lower)
@@ -166,7 +223,7 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
         sch.annotate(ki, "software_pipeline_order", [0, 1, 2])
         sch.annotate(ki, "software_pipeline_stage", [0, 0, 1])
     block_x = sch.fuse(batch, bi, bj)
-    warp = sch.fuse(wi, wj)
+    warp = sch.fuse(wi, wj) if group is None else sch.fuse(wi, wj, group)
     sch.bind(block_x, "blockIdx.x")
     sch.bind(warp, "threadIdx.y")
 
@@ -179,9 +236,9 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
         rows, red = sch.get_loops(fetch)[-2:]
         if rows_inner:
             sch.reorder(red, rows)
-            _, ty, tx = sch.split(sch.fuse(red, rows), [None, config.warps, WARP])
+            _, ty, tx = sch.split(sch.fuse(red, rows), [None, config.block_warps, WARP])
         else:
-            _, ty, tx, vec = sch.split(sch.fuse(rows, red), [None, config.warps, WARP, VECTOR])
+            _, ty, tx, vec = sch.split(sch.fuse(rows, red), [None, config.block_warps, WARP, VECTOR])
             sch.vectorize(vec)
         sch.bind(tx, "threadIdx.x")
         sch.bind(ty, "threadIdx.y")
@@ -203,7 +260,8 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
     staged = sch.cache_write(outer, 0, "shared.dyn")
     store = sch.cache_write(outer, 0, "wmma.accumulator")
     sch.reverse_compute_at(store, warp)
-    sch.reverse_compute_at(staged, warp)
+    if final is None:
+        sch.reverse_compute_at(staged, warp)
     si, sj = sch.get_loops(store)[-2:]
     si0, si1 = sch.split(si, [None, FRAG])
     sj0, sj1 = sch.split(sj, [None, FRAG])
@@ -229,6 +287,9 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
     sch.storage_align(sch.get_sblock(store_name + "_o"), 0, -2, 32, stride % 32)
     sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
 
+    if final is not None:
+        _sum_groups(sch, staged, final, block_x, config, pixels_inner)
+        return
     auto_inline_consumer_chain(sch, staged)
     # The epilogue and store, the output's contiguous axis innermost: a warp writes a run of neighbours.
     oi, oj = sch.get_loops(staged)[-2:]
@@ -237,3 +298,24 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
         oi, oj = oj, oi
     _, tx = sch.split(sch.fuse(oi, oj), [None, WARP])
     sch.bind(tx, "threadIdx.x")
+
+
+def _sum_groups(sch: s_tir.Schedule, staged, final, block_x, config: Config, pixels_inner: bool) -> None:
+    """A split block's end: the groups' accumulators, stored to one shared tile each (``staged`` made the
+    partial sums' own buffer, which then lives in shared memory), are summed by every thread of the block for
+    its outputs (``final``, in a register), and the epilogue is applied on the way to the single store."""
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
+
+    sch.compute_inline(staged)
+    total = sch.cache_write(final, 0, "local")
+    sch.reverse_compute_at(final, block_x)
+    sch.reverse_compute_at(total, block_x)
+    auto_inline_consumer_chain(sch, total)
+    oi, oj = sch.get_loops(total)[-2:]
+    if pixels_inner:
+        sch.reorder(oj, oi)
+        oi, oj = oj, oi
+    _, ty, tx = sch.split(sch.fuse(oi, oj), [None, config.block_warps, WARP])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.compute_at(final, tx)

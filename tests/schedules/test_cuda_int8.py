@@ -41,6 +41,7 @@ CONV_CASES = [
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),  # O < 16, dilated
     Conv(32, 24, 1, 1, act="relu"),  # a one-pixel conv (squeeze-excite): a GEMV
     Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"),  # batch 2, asymmetric padding
+    Conv(256, 64, 7, 3, pad=1, act="relu", residual="uint8"),  # 49 x 64 x 2304: K split over warp groups
 ]
 DENSE_CASES = [(1, 1280, 100, "float32", None, None), (1, 100, 37, "uint8", None, "relu"),
                (32, 130, 70, "int8", "uint8", None), (64, 96, 40, "uint8", None, "hardswish")]

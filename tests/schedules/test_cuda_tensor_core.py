@@ -31,7 +31,7 @@ TARGET = "cuda-sm90"
 # strided, a 7x7-map 1x1 to 2,048 channels, a dilated 5x5, odd channel counts.
 CONV = [(3, 16, 224, 3, 2, 1, "relu6"), (16, 96, 112, 1, 1, 1, "relu6"), (64, 64, 56, 3, 1, 1, "bn_residual"),
         (128, 256, 28, 3, 2, 1, "relu"), (512, 2048, 7, 1, 1, 1, "bn_residual"), (24, 40, 29, 5, 1, 2, "silu"),
-        (7, 10, 13, 3, 1, 1, "hardswish")]
+        (7, 10, 13, 3, 1, 1, "hardswish"), (256, 256, 14, 3, 1, 1, "relu")]  # the last: K split 8 ways
 DENSE = [(16, 100, 7, "relu"), (32, 256, 100, "relu"), (64, 768, 3072, "silu")]
 
 
@@ -66,7 +66,7 @@ def test_every_candidate_tile_builds_on_wmma_within_shared_memory(conv_kernel):
         with target:
             source = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
         assert "nvcuda::wmma::mma_sync" in source and "wmma::accumulator, 16, 16, 16, float" in source, config
-        assert f"__launch_bounds__({config.warps * 32})" in source, config
+        assert f"__launch_bounds__({config.block_warps * 32})" in source, config
 
 
 def test_the_default_tile_fills_the_sms_and_pads_little():
@@ -80,6 +80,44 @@ def test_the_default_tile_fills_the_sms_and_pads_little():
     assert tensor_core.default_config(12544, 32, 27).step_k == 32  # K = 27 is one padded step
     assert tensor_core.default_config(3136, 256, 64, sms=108).tile_i * tensor_core.default_config(
         3136, 256, 64, sms=108).tile_j >= 64 * 64
+
+
+def test_k_is_split_over_warp_groups_where_the_grid_is_short_of_warps():
+    # ResNet's 3x3 layers and a late 1x1: one-warp 16x16 blocks walking K alone left an SM one warp; split,
+    # the grid has WARPS_PER_SM per SM (or the most the limits allow), each group two steps and 128 of K.
+    for dims in [(3136, 64, 576), (784, 128, 1152), (196, 256, 2304), (49, 512, 4608), (49, 2048, 512)]:
+        config = tensor_core.default_config(*dims, sms=132)
+        i, j, k = dims
+        blocks = -(-i // config.tile_i) * -(-j // config.tile_j)
+        assert config.warps_k > 1, dims
+        assert blocks * config.block_warps >= tensor_core.WARPS_PER_SM * 132 or config.warps_k == 8, (dims, config)
+        assert config.block_warps <= tensor_core.MAX_WARPS and config.shared_bytes() <= 48 * 1024
+        assert k // config.warps_k >= max(2 * config.step_k, tensor_core.MIN_GROUP_K), (dims, config)
+        assert k % config.span_k == 0, (dims, config)  # these K need no padding, split or not
+    # A grid with the warps already, or a K too short to share, is not split.
+    assert tensor_core.default_config(12544, 32, 27).warps_k == 1
+    assert tensor_core.default_config(3136, 256, 64).warps_k == 1
+    assert tensor_core.default_config(2048, 2048, 1024).warps_k == 1
+
+
+def test_a_split_block_is_one_kernel_summing_its_groups_in_shared_memory():
+    func, target = _kernel(conv_model(512, 512, 7, 3, epilogue="bn_residual"))  # 49 x 512 x 4608
+    config = conv2d.kernel_candidates(func, 132)[0]
+    assert config.warps_k == 8 and config.block_warps == 8
+    sch = s_tir.Schedule(func)
+    assert conv2d.schedule(sch, 132, config)
+    assert 0 < dynamic_shared_bytes(sch.mod["main"], target) <= config.shared_bytes() <= 48 * 1024
+    mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "k")})
+    with target:
+        source = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+    # One launch whose arguments are the kernel's own tensors: no second kernel, no global workspace.
+    (name, body), = kernels(source).items()
+    head = body[:body.index("{")]
+    assert head.count("_ptr") == 4 and "float*" not in head, head
+    assert "__launch_bounds__(256)" in head and body.count("nvcuda::wmma::mma_sync") >= 1
+    # Each group stores its accumulator tile, then every thread sums the groups for its outputs.
+    assert "nvcuda::wmma::store_matrix_sync" in body and "__syncthreads();" in body.split("store_matrix_sync")[-1]
+    assert "for (int ax0 = 0; ax0 < 8; ++ax0)" in body.split("store_matrix_sync")[-1]
 
 
 def test_a_config_whose_accumulator_tile_would_alias_an_operand_tile_is_not_offered():
