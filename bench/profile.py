@@ -4,9 +4,13 @@ conv and dense kernels with their shapes, GFLOP/s and layout.
     python bench/profile.py resnet50 [--target x86-host] [--no-logs] [--top 12]
     python bench/profile.py ppocrv6_rec_small --target x86-avx512      # a corpus model, at its table shape
     python bench/profile.py model.onnx --shape x=1,3,48,320             # any ONNX file, dynamic dims fixed
+    python bench/profile.py resnet50 --target cuda-sm90 --precision fp16   # on a GPU (the prepared round)
 
 Times come from the Relax VM's instrument hook (a Python callback around every call), so they include a
-microsecond or so of overhead per call: compare kernels within one run, not against other benchmarks.
+microsecond or so of overhead per call: compare kernels within one run, not against other benchmarks. On a
+CUDA target the library is built without a CUDA graph (one VM call per kernel) and the hook waits for the
+device before and after each call, so a kernel's time is its launch and run, plus the wait's few
+microseconds.
 """
 
 from __future__ import annotations
@@ -30,7 +34,32 @@ def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:
     x = inputs_for(cm.inputs)
     for _ in range(warmup):
         runner.run_whole_pool(x)
-    return instrumented(runner._vm, lambda: runner.run_whole_pool(x), runs)
+    if runner.device_name == "cpu":
+        return instrumented(runner._vm, lambda: runner.run_whole_pool(x), runs)
+    return _synced_times(runner, x, runs)
+
+
+def _synced_times(runner, x, runs: int) -> dict[str, list[float]]:
+    """:func:`kernel_times` on a GPU: the device waited for around every call, so each time is the call's."""
+    import time
+
+    dev, times, started = runner._dev, collections.defaultdict(list), {}
+
+    def instrument(func, symbol, before_run, ret_value, *args):
+        dev.sync()
+        if before_run:
+            started["t"] = time.perf_counter()
+        else:
+            times[str(symbol)].append(time.perf_counter() - started["t"])
+        return 0
+
+    runner._vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            runner.run_whole_pool(x)
+    finally:
+        runner._vm.set_instrument(lambda *a: 0)
+    return times
 
 
 def _anchor_row(name: str, seconds: float, calls: int, cm) -> dict | None:
@@ -72,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D,D,...",
                    help="an input's shape (repeatable); corpus models default to their table's shape")
     p.add_argument("--target", default="x86-host")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="fp16: CUDA targets")
     p.add_argument("--no-logs", action="store_true", help="default schedules only")
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--top", type=int, default=12)
@@ -80,7 +110,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     source, shapes = _source(args.model, args.shape)
     logs = False if args.no_logs else None
-    cm = tvmfuse.compile(source, target=args.target, logs=logs, shapes=shapes)
+    cm = tvmfuse.compile(source, target=args.target, logs=logs, shapes=shapes, precision=args.precision,
+                         cuda_graph=False)
     if args.int8:
         batches = [inputs_for(cm.inputs, seed=100 + i) for i in range(2)]
         cm = tvmfuse.quantize(source, calib=batches, method=args.int8, target=args.target, logs=logs,
@@ -92,7 +123,8 @@ def main(argv=None) -> int:
     for name, seconds in per_run.items():
         kinds[name.rstrip("0123456789")] += seconds
     print(f"# {args.model}: {total * 1e3:.2f} ms per inference in kernels and VM builtins, {THREADS} threads, "
-          f"target {args.target}, {'no logs' if args.no_logs else 'with logs'}{', INT8' if args.int8 else ''}")
+          f"target {args.target} {args.precision}, {'no logs' if args.no_logs else 'with logs'}"
+          f"{', INT8' if args.int8 else ''}")
     print(table([{"kind": k, "us": f"{s * 1e6:.0f}", "share": f"{100 * s / total:.1f}%"}
                  for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])], ["kind", "us", "share"]))
     rows = [_anchor_row(n, sum(t), len(t), cm) for n, t in times.items()]

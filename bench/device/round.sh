@@ -28,10 +28,12 @@ step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
     --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
+# 2b. where ResNet-50's fp16 time goes, kernel by kernel (graphs off, the device waited for around each call)
+step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
 # 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
 step gpu_int8 120 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
     --json "$OUT/gpu_int8.json"
-# 2b. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
+# 2c. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here
 if [ -d /root/stash/fuzz ]; then
     step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$OUT/fuzz.json"
