@@ -55,3 +55,34 @@ def test_a_bad_conv_spec_is_a_usage_error():
     with pytest.raises(SystemExit) as e:
         map_sizes.main(["--conv", "16,32,3"])
     assert e.value.code == 2
+
+
+def test_the_profile_waits_for_a_gpu_around_every_call():
+    # bench/profile.py on a CUDA target: launches are asynchronous, so each call's time is taken between two
+    # waits for the device (checked here with a stand-in runner: the order of waits and calls).
+    prof = map_sizes.bench_profile()
+    events = []
+
+    class Dev:
+        def sync(self):
+            events.append("sync")
+
+    class VM:
+        hook = None
+
+        def set_instrument(self, hook):
+            VM.hook = hook
+
+    class Runner:
+        device_name, _dev, _vm = "cuda", Dev(), VM()
+
+        def run_whole_pool(self, x):
+            for kernel in ("k1", "k2"):
+                VM.hook(None, kernel, True, None)
+                events.append(kernel)
+                VM.hook(None, kernel, False, None)
+
+    times = prof._synced_times(Runner(), {}, runs=3)
+    assert {k: len(v) for k, v in times.items()} == {"k1": 3, "k2": 3}
+    assert events[:6] == ["sync", "k1", "sync", "sync", "k2", "sync"]
+    assert VM.hook(None, "k1", True, None) == 0 and len(events) == 12  # the hook removed after
