@@ -85,4 +85,4 @@ def test_the_profile_waits_for_a_gpu_around_every_call():
     times = prof._synced_times(Runner(), {}, runs=3)
     assert {k: len(v) for k, v in times.items()} == {"k1": 3, "k2": 3}
     assert events[:6] == ["sync", "k1", "sync", "sync", "k2", "sync"]
-    assert VM.hook(None, "k1", True, None) == 0 and len(events) == 12  # the hook removed after
+    assert VM.hook(None, "k1", True, None) == 0 and len(events) == 18  # the hook removed after
