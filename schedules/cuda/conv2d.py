@@ -187,6 +187,8 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
                       else default_config(i, j, k, sms, whole_j=True))
         if config is None or j % config.tile_j:
             return False
+    if operand:
+        _taps_outer(sch, main)
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
     reindex_c = sch.reindex(main, ("write", 0))
@@ -227,3 +229,21 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     auto_inline_consumer_chain(sch, store)
     sch.decompose_reduction(main, ko)
     return True
+
+
+def _taps_outer(sch: s_tir.Schedule, main) -> None:
+    """Order a windowed conv's reduction (input channel, kernel row, kernel column) as (row, column, channel),
+    so K's steps walk the channels of one tap: with the channels a multiple of 16, the tap, its padding
+    test and its offset are the same for a whole step and leave the per-element index arithmetic (the input
+    channel of a step a shift of K, not a division by 9 and two by 3). nvcc's PTX for ResNet's fp16 3x3
+    layers: 334-786 instructions instead of 792-1,410. The sum's order changes, not its terms (INT8 stays
+    exact). A 1x1 conv, or channels not a multiple of 16 (a 3-channel stem, whose taps then split fragments),
+    keep the order."""
+    block = sch.get(main)
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 3:
+        return
+    channels, rows, columns = (int(iv.dom.extent) for iv in block.iter_vars[4:])
+    if channels % 16 or rows * columns == 1:
+        return
+    sch.transform_block_layout(main, lambda n, f, y, x, c, r, s: (n, f, y, x, r, s, c))

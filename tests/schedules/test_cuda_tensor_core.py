@@ -120,6 +120,26 @@ def test_a_split_block_is_one_kernel_summing_its_groups_in_shared_memory():
     assert "for (int ax0 = 0; ax0 < 8; ++ax0)" in body.split("store_matrix_sync")[-1]
 
 
+def test_a_3x3_conv_walks_k_tap_by_tap_and_a_stem_keeps_its_order():
+    # K ordered (kernel row, column, channel): the input's index in the main loop is affine in the step, no
+    # division by the 9 taps of a channel; a 3-channel stem (taps would split fragments) keeps (c, r, s).
+    import re
+
+    def source(cin, cout, size, window):
+        func, target = _kernel(conv_model(cin, cout, size, window, epilogue="bn_residual"))
+        sch = s_tir.Schedule(func)
+        assert conv2d.schedule(sch, 132)
+        mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "k")})
+        with target:
+            return tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+
+    windowed = source(64, 64, 56, 3)
+    assert not re.search(r"[/%] 9\)", windowed)
+    loads = re.findall(r"p0_ptr\[([^\]]*)\]", windowed)
+    assert loads and not any("/ 9" in i or "% 9" in i for i in loads)
+    assert re.search(r"[/%] 9\)", source(3, 16, 32, 3))  # the stem: K = c * 9 + r * 3 + s as before
+
+
 def test_a_config_whose_accumulator_tile_would_alias_an_operand_tile_is_not_offered():
     # TVM's StorageRewrite puts a float32 tile into a larger dead float16 buffer and then fails to lower the
     # wmma store into it; the accumulator rows are padded to stay larger, or the config is dropped.
