@@ -39,6 +39,13 @@ ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
 # (us, parallel -> serial): 88 -> 22 channels 0.92 -> 0.17, 8 -> 2 0.87 -> 0.14; each parallel loop costs
 # about 0.7 us of thread wake-up. 8 -> 8 channels at 24x96 (147k) stays parallel.
 SERIAL_MACS = 1 << 16
+# The AVX2 pair step's tiles (channel blocks, pixels) for stride-1 convs, in order of preference: each pixel's
+# broadcast and two shuffles then serve 2-3 blocks (12 or 8 of the 16 ymm). AVX2 code on Zen 4, 2 threads,
+# NCHW16c, kernel alone (us, the width-first tile -> this): 1x1 24->144 at 56x56 152 -> 130, 96->576 at 14x14
+# 117 -> 94, 64->384 at 14x14 124 -> 98, 32->192 at 28x28 139 -> 114, 16->96 at 112x112 274 -> 283; 2x2:
+# 3x3 64->64 at 56x56 1010 -> 822, 256->256 at 14x14 771 -> 745, 1x1 384->64 at 14x14 42 -> 39, 144->24 at
+# 56x56 124 -> 120. Stride-2 3x3 convs lose with 2x2 (128->256 at 28x28 411 -> 438): they keep the row tile.
+PAIR_TILES = ((3, 2), (2, 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +97,16 @@ def accumulators(vector_bits: int, dot: str) -> int:
 
 
 def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, has_vnni: bool,
-                   pairs: bool = False) -> Config:
-    """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits."""
+                   pairs: bool = False, stride: int = 1) -> Config:
+    """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits. The AVX2
+    pair step with a stride-1 conv takes 3 (else 2) channel blocks of 2 pixels first (:data:`PAIR_TILES`)."""
     dot = dot_kind(vector_bits, has_vnni, pairs)
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)  # vector registers per 16 int32 accumulators
     budget = accumulators(vector_bits, dot)
+    if dot == "avx2" and stride == 1:
+        for oc_blocks, ow_block in PAIR_TILES:
+            if out_channel_blocks % oc_blocks == 0 and out_width % ow_block == 0:
+                return Config(oc_blocks, ow_block)
     oc_blocks = 2 if out_channel_blocks % 2 == 0 and 2 * per_block * 4 <= budget else 1
     pixels = max(1, budget // (oc_blocks * per_block))
     ow_block = largest_divisor(out_width, pixels)
@@ -121,7 +133,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     n, ob, oh, ow, oi, rcb, ry, rx, rci = loops
     o_blocks, out_width = int(sch.get(ob).extent), int(sch.get(ow).extent)
     pairs = weight_pairs(sch, anchor)
-    cfg = config or default_config(o_blocks, out_width, vector_bits, has_vnni, pairs)
+    cfg = config or default_config(o_blocks, out_width, vector_bits, has_vnni, pairs, _width_stride(sch, anchor))
     dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs)
     if o_blocks % cfg.oc_blocks or out_width % cfg.ow_block:
         return False
@@ -148,6 +160,19 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     if not reindex:
         _schedule_pack(sch, serial)
     return True
+
+
+def _width_stride(sch: s_tir.Schedule, anchor) -> int:
+    """The conv's stride along the output row: the coefficient of the row's pixel in the input column it
+    reads (1 where it cannot be read off)."""
+    from tvm.sym.pattern import detect_linear_equation
+
+    block = sch.get(anchor)
+    read = next((r for r in block.reads if r.source.name.startswith(PAD)), None)
+    if read is None or len(read.region) < 4:
+        return 1
+    found = detect_linear_equation(read.region[3].min, [block.iter_vars[3].var])
+    return int(found[0]) if len(found) == 2 and isinstance(found[0], tirx.IntImm) else 1
 
 
 def _pack_is_reindex(sch: s_tir.Schedule) -> bool:

@@ -35,7 +35,28 @@ CONV_CASES = [
     Conv(24, 48, 7, 3, pad=1, out="float32", act="relu6"),  # dequantized, written NCHW
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),
     Conv(24, 40, 6, 1, act="hardswish", residual="uint8"),
+    Conv(32, 32, 10, 3, pad=1, act="relu", residual="uint8"),  # AVX2 pairs: 2 blocks x 2 pixels
 ]
+
+
+def test_the_avx2_pair_step_takes_block_tiles_for_stride_1_convs():
+    # 3 blocks x 2 pixels where 3 divide, else 2 x 2; a stride-2 conv keeps the row tile (it loses with 2 x 2).
+    assert int8_conv2d.default_config(9, 56, 256, False, pairs=True) == int8_conv2d.Config(3, 2)
+    assert int8_conv2d.default_config(4, 56, 256, False, pairs=True) == int8_conv2d.Config(2, 2)
+    assert int8_conv2d.default_config(4, 28, 256, False, pairs=True, stride=2) == int8_conv2d.Config(1, 4)
+    assert int8_conv2d.default_config(10, 7, 256, False, pairs=True) == int8_conv2d.Config(1, 7)  # odd row
+    assert int8_conv2d.default_config(9, 56, 512, False, pairs=True) == int8_conv2d.Config(1, 14)  # zmm: as before
+    for case, stride in ((Conv(24, 48, 8, 1), 1), (Conv(16, 32, 9, 3, stride=2, pad=1), 2)):
+        x = te.placeholder((1, -(-case.c // BLOCK), *case.in_shape()[2:], BLOCK), "uint8", name="x")
+        wt = weight_placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), "avx2")
+        channels = -(-case.o // BLOCK) * BLOCK
+        b, m = (te.placeholder((channels,), d, name=n) for n, d in (("b", "int32"), ("m", "float32")))
+        out = int8.conv2d_compute(x, wt, b, m, out_channels=case.o, strides=case.stride, padding=case.pad,
+                                  epilogue=epilogue("uint8", None, None), out_layout=int8.BLOCKED_LAYOUT)
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(int8.prim_func([x, wt, b, m, out]))
+        assert int8_conv2d._width_stride(sch, sch.get_sblock(int8_conv2d.ANCHOR)) == stride
 
 
 @pytest.mark.parametrize("data_blocked", [True, False], ids=["nchw16c_in", "nchw_in"])
