@@ -147,20 +147,25 @@ def default_config(i: int, j: int, k: int, sms: int = 132, operand: str = "float
 def split_k(config: Config, i: int, j: int, k: int, sms: int = 132) -> Config:
     """``config`` with the fewest ``warps_k`` groups (2, 4, 8) that give the grid ``WARPS_PER_SM`` warps per SM
     (as many as allowed where none does): at most ``MAX_WARPS`` in a block, two steps of the main loop or more
-    for each group and ``MIN_GROUP_K`` of K, K padded as little as any step pads it (a step re-chosen for each split, the largest
-    among those, fitting shared memory); ``config`` itself where the grid has the warps already."""
+    for each group and ``MIN_GROUP_K`` of K, K padded no further than ``config`` pads it, steps of two
+    fragments or more (a one-fragment step gets no software pipeline); the step re-chosen for each split, the
+    largest that fits shared memory. ``config`` itself where the grid has the warps already."""
     blocks = -(-i // config.tile_i) * -(-j // config.tile_j)
     whole_k = -(-k // FRAG) * FRAG
+
+    def padded(c: Config) -> int:
+        return -(-k // c.span_k) * c.span_k
+
     best = config
     for warps_k in SPLITS_K:
         if blocks * best.block_warps >= WARPS_PER_SM * sms or config.warps * warps_k > MAX_WARPS:
             break
         options = [dataclasses.replace(config, warps_k=warps_k, step_k=s) for s in _steps(k, config.operand)]
-        options = [c for c in options if _fits(c) and whole_k >= max(2 * c.span_k, MIN_GROUP_K * warps_k)]
+        options = [c for c in options if c.step_k > FRAG and _fits(c) and padded(c) <= padded(config)
+                   and whole_k >= max(2 * c.span_k, MIN_GROUP_K * warps_k)]
         if not options:
             break
-        padded = min(-(-k // c.span_k) * c.span_k for c in options)
-        best = max((c for c in options if -(-k // c.span_k) * c.span_k == padded), key=lambda c: c.step_k)
+        best = max(options, key=lambda c: c.step_k)
     return best
 
 

@@ -94,6 +94,12 @@ def test_k_is_split_over_warp_groups_where_the_grid_is_short_of_warps():
         assert config.block_warps <= tensor_core.MAX_WARPS and config.shared_bytes() <= 48 * 1024
         assert k // config.warps_k >= max(2 * config.step_k, tensor_core.MIN_GROUP_K), (dims, config)
         assert k % config.span_k == 0, (dims, config)  # these K need no padding, split or not
+    # A split never pads K further than the unsplit tile, nor takes one-fragment steps (no software pipeline):
+    # MobileNetV2's 576 -> 96 at 14x14 splits in 2 with steps of 32, not in 4 (K padded to 640, or steps of 16).
+    assert tensor_core.default_config(196, 96, 576) == tensor_core.Config(1, 1, 1, 1, step_k=32, warps_k=2)
+    for dims in [(196, 96, 576), (49, 160, 960), (49, 1280, 320), (3136, 64, 576)]:
+        config = tensor_core.default_config(*dims)
+        assert config.step_k > tensor_core.FRAG and dims[2] % config.span_k == 0, (dims, config)
     # A grid with the warps already, or a K too short to share, is not split.
     assert tensor_core.default_config(12544, 32, 27).warps_k == 1
     assert tensor_core.default_config(3136, 256, 64).warps_k == 1
