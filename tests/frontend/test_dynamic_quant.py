@@ -165,6 +165,43 @@ def test_conv_integer_with_a_run_time_zero_point_is_exact(cast):
         np.testing.assert_array_equal(_run(compiled, "x", x), exact(model, {"x": x})[0])
 
 
+def _int32_bias_model() -> onnx.ModelProto:
+    """ConvInteger, then its bias quantized at run time and added in int32 before the cast, then the scale:
+    how ddddocr's ``common_old.onnx`` (a dynamically quantized CRNN in a PyPI wheel) spells every conv."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8), "w"),
+             numpy_helper.from_array(np.float32(0.02), "ws"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([1, 8, 1, 1], np.int64), "bshape")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "ws"], ["s"]),
+             helper.make_node("Div", ["b", "s"], ["bd"]),
+             helper.make_node("Floor", ["bd"], ["bf"]),
+             helper.make_node("Cast", ["bf"], ["bi"], to=TensorProto.INT32),
+             helper.make_node("Reshape", ["bi", "bshape"], ["br"]),
+             helper.make_node("ConvInteger", ["xq", "w", "xz"], ["acc"], name="ci", pads=[1] * 4),
+             helper.make_node("Add", ["acc", "br"], ["accb"], name="bias"),
+             helper.make_node("Cast", ["accb"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "ci", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_an_int32_bias_added_before_the_cast_runs_as_a_float_add_and_is_exact():
+    # ConvInteger -> Add(int32 bias) -> Cast: a float conv and a float add of the bias's integer values (its
+    # Floor, without the float -> int32 -> float round trip), exact for sums below 2**24 (K = 36).
+    model = _int32_bias_model()
+    rewritten, *_ = frontend.prepare(model)
+    ops = _ops(rewritten)
+    assert ops["ConvInteger"] == 0 and ops["Conv"] == 1
+    readers = {name for n in rewritten.graph.node for name in n.input}
+    assert "bi" not in readers and "br" not in readers  # the int32 bias is no longer read
+    compiled = tvmfuse.compile(model, target=HOST)
+    for x in _inputs(shape=(1, 4, 9, 9)):
+        np.testing.assert_array_equal(_run(compiled, "x", x), exact(model, {"x": x})[0])
+
+
 def test_integer_op_read_as_int32_is_left_to_the_exact_rewrite():
     model = _integer_conv_model(cast=False)
     _, replaced = rewrite_integer_ops(model)
