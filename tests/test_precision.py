@@ -177,3 +177,22 @@ def test_a_clip_open_on_one_side_builds_in_fp16():
     assert [n.op_type for n in model.graph.node][:2] == ["Conv", "Clip"]
     error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
     assert error <= correctness.FP16_REL, error
+
+
+def test_a_dynamically_quantized_conv_computes_in_float16(tmp_path):
+    # quantize_dynamic's Conv: codes cast to float (uint8 -> float32 in the graph) meet float16 weights; the
+    # 8-bit codes join the float16 graph exactly (a float32 conv input there was a type error before).
+    import onnx
+
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    from helpers import ort_run
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(conv_relu(batch=1), src)
+    quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8)
+    model = onnx.load(dst)
+    assert "ConvInteger" in {n.op_type for n in model.graph.node}
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = {model.graph.input[0].name: np.random.default_rng(0).standard_normal(shape).astype("float32")}
+    error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
+    assert error <= correctness.FP16_REL, error
