@@ -26,7 +26,7 @@ def test_table_is_well_formed():
     for m in corpus.MODELS:
         name, version = m.package.split("==")
         assert name and version and m.path.endswith(".onnx") and len(m.shape) == 4 and m.what and m.licence
-        assert m.tol <= 1e-3 and (m.tol == 1e-4 or m.why_looser), m.name
+        assert m.tol <= (5e-2 if m.dynamic_int8 else 1e-3) and (m.tol == 1e-4 or m.why_looser), m.name
     assert set(QUICK) <= set(corpus.names())
     with pytest.raises(corpus.CorpusError, match="unknown corpus model 'nope'; known: .*ppocrv6_det_small"):
         corpus.get("nope")
