@@ -9,6 +9,22 @@ from tvm import s_tir
 from .computes.int8_epilogue import TABLE_STAGE
 
 
+def read_coefficients(block, source: str, axis: int, variables: list) -> list[int] | None:
+    """The integer coefficients of ``variables`` in the index along ``axis`` of ``block``'s (an ``SBlock``) read
+    of the buffer whose name starts with ``source`` (a conv's input: ``y * stride + ry * dilation`` gives
+    ``[stride, dilation]``); None when there is no such read or the index is not linear in them."""
+    from tvm import tirx
+    from tvm.sym.pattern import detect_linear_equation
+
+    read = next((r for r in block.reads if r.source.name.startswith(source)), None)
+    if read is None or len(read.region) <= axis:
+        return None
+    found = detect_linear_equation(read.region[axis].min, variables)
+    if len(found) != len(variables) + 1 or not all(isinstance(c, tirx.IntImm) for c in found[:-1]):
+        return None
+    return [int(c) for c in found[:-1]]
+
+
 def block_names(sch: s_tir.Schedule) -> list[str]:
     """Names of the root's child blocks, in program order."""
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]

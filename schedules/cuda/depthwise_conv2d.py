@@ -22,7 +22,7 @@ import dataclasses
 
 from tvm import s_tir
 
-from ..common import anchor_loops, inline_epilogue, inline_producers, largest_divisor
+from ..common import anchor_loops, inline_epilogue, inline_producers, largest_divisor, read_coefficients
 from .common import MAX_SHARED_BYTES, cooperative_copy
 
 ANCHOR = "DepthwiseConv2d"
@@ -118,18 +118,11 @@ def kernel_candidates(func, sms: int, anchor_name: str = ANCHOR, pad: str = PAD)
 
 def _conv_attrs(sch: s_tir.Schedule, anchor, pad: str = PAD) -> tuple:
     """(window, stride, dilation) read off the anchor block's input index ``y * stride + ry * dilation``."""
-    from tvm.sym.pattern import detect_linear_equation
-
     block = sch.get(anchor)
     window = tuple(int(iv.dom.extent) for iv in block.iter_vars[4:6])
-    read = next(r for r in block.reads if r.source.name.startswith(pad))
-    stride, dilation = [], []
-    for axis in (0, 1):
-        y, r = block.iter_vars[2 + axis].var, block.iter_vars[4 + axis].var
-        coeffs = detect_linear_equation(read.region[2 + axis].min, [y, r])
-        stride.append(int(coeffs[0]))
-        dilation.append(int(coeffs[1]))
-    return window, tuple(stride), tuple(dilation)
+    pixel, tap = block.iter_vars[2:4], block.iter_vars[4:6]
+    steps = [read_coefficients(block, pad, 2 + axis, [pixel[axis].var, tap[axis].var]) for axis in (0, 1)]
+    return window, tuple(s[0] for s in steps), tuple(s[1] for s in steps)
 
 
 def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None, anchor_name: str = ANCHOR,

@@ -31,7 +31,8 @@ from tvm import s_tir, tirx
 
 from .. import families
 from ..computes import int8
-from ..common import accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor, vectorize_tile
+from ..common import (accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor,
+                      read_coefficients, vectorize_tile)
 from .intrin import madd_pairs, vnni
 
 ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
@@ -163,16 +164,10 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
 
 
 def _width_stride(sch: s_tir.Schedule, anchor) -> int:
-    """The conv's stride along the output row: the coefficient of the row's pixel in the input column it
-    reads (1 where it cannot be read off)."""
-    from tvm.sym.pattern import detect_linear_equation
-
+    """The conv's stride along the output row, read off its input column index (1 where it cannot be)."""
     block = sch.get(anchor)
-    read = next((r for r in block.reads if r.source.name.startswith(PAD)), None)
-    if read is None or len(read.region) < 4:
-        return 1
-    found = detect_linear_equation(read.region[3].min, [block.iter_vars[3].var])
-    return int(found[0]) if len(found) == 2 and isinstance(found[0], tirx.IntImm) else 1
+    found = read_coefficients(block, PAD, 3, [block.iter_vars[3].var])
+    return found[0] if found else 1
 
 
 def _pack_is_reindex(sch: s_tir.Schedule) -> bool:
