@@ -296,13 +296,18 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool)
         _sum_groups(sch, staged, final, block_x, config, pixels_inner)
         return
     auto_inline_consumer_chain(sch, staged)
-    # The epilogue and store, the output's contiguous axis innermost: a warp writes a run of neighbours.
-    oi, oj = sch.get_loops(staged)[-2:]
+    _, tx = sch.split(_store_order(sch, staged, pixels_inner), [None, WARP])
+    sch.bind(tx, "threadIdx.x")
+
+
+def _store_order(sch: s_tir.Schedule, block, pixels_inner: bool):
+    """The epilogue and store of ``block`` as one loop, the output's contiguous axis innermost (the pixels of
+    a conv, the columns of a dense), so consecutive threads write neighbours."""
+    oi, oj = sch.get_loops(block)[-2:]
     if pixels_inner:
         sch.reorder(oj, oi)
         oi, oj = oj, oi
-    _, tx = sch.split(sch.fuse(oi, oj), [None, WARP])
-    sch.bind(tx, "threadIdx.x")
+    return sch.fuse(oi, oj)
 
 
 def _sum_groups(sch: s_tir.Schedule, staged, final, block_x, config: Config, pixels_inner: bool) -> None:
@@ -316,11 +321,7 @@ def _sum_groups(sch: s_tir.Schedule, staged, final, block_x, config: Config, pix
     sch.reverse_compute_at(final, block_x)
     sch.reverse_compute_at(total, block_x)
     auto_inline_consumer_chain(sch, total)
-    oi, oj = sch.get_loops(total)[-2:]
-    if pixels_inner:
-        sch.reorder(oj, oi)
-        oi, oj = oj, oi
-    _, ty, tx = sch.split(sch.fuse(oi, oj), [None, config.block_warps, WARP])
+    _, ty, tx = sch.split(_store_order(sch, total, pixels_inner), [None, config.block_warps, WARP])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     sch.compute_at(final, tx)

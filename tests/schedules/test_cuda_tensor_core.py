@@ -45,6 +45,13 @@ def _kernel(model):
     return func, target
 
 
+def _cuda_source(func, target) -> str:
+    """The CUDA source nvcc built for one scheduled kernel."""
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "k")})
+    with target:
+        return tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+
+
 @pytest.fixture(scope="module")
 def conv_kernel():
     return _kernel(conv_model(64, 64, 56, 3, epilogue="bn_residual"))  # a GEMM of 3136 x 64 x 576
@@ -62,9 +69,7 @@ def test_every_candidate_tile_builds_on_wmma_within_shared_memory(conv_kernel):
         scheduled = sch.mod["main"]
         used = dynamic_shared_bytes(scheduled, target)
         assert 0 < used <= config.shared_bytes() <= 48 * 1024, (config, used)
-        mod = tvm.IRModule({"main": scheduled.with_attr("global_symbol", "k")})
-        with target:
-            source = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+        source = _cuda_source(scheduled, target)
         assert "nvcuda::wmma::mma_sync" in source and "wmma::accumulator, 16, 16, 16, float" in source, config
         assert f"__launch_bounds__({config.block_warps * 32})" in source, config
 
@@ -113,9 +118,7 @@ def test_a_split_block_is_one_kernel_summing_its_groups_in_shared_memory():
     sch = s_tir.Schedule(func)
     assert conv2d.schedule(sch, 132, config)
     assert 0 < dynamic_shared_bytes(sch.mod["main"], target) <= config.shared_bytes() <= 48 * 1024
-    mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "k")})
-    with target:
-        source = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+    source = _cuda_source(sch.mod["main"], target)
     # One launch whose arguments are the kernel's own tensors: no second kernel, no global workspace.
     (name, body), = kernels(source).items()
     head = body[:body.index("{")]
@@ -135,9 +138,7 @@ def test_a_3x3_conv_walks_k_tap_by_tap_and_a_stem_keeps_its_order():
         func, target = _kernel(conv_model(cin, cout, size, window, epilogue="bn_residual"))
         sch = s_tir.Schedule(func)
         assert conv2d.schedule(sch, 132)
-        mod = tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "k")})
-        with target:
-            return tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+        return _cuda_source(sch.mod["main"], target)
 
     windowed = source(64, 64, 56, 3)
     assert not re.search(r"[/%] 9\)", windowed)
