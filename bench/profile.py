@@ -34,32 +34,8 @@ def kernel_times(cm, runs: int = 10, warmup: int = 3) -> dict[str, list[float]]:
     x = inputs_for(cm.inputs)
     for _ in range(warmup):
         runner.run_whole_pool(x)
-    if runner.device_name == "cpu":
-        return instrumented(runner._vm, lambda: runner.run_whole_pool(x), runs)
-    return _synced_times(runner, x, runs)
-
-
-def _synced_times(runner, x, runs: int) -> dict[str, list[float]]:
-    """:func:`kernel_times` on a GPU: the device waited for around every call, so each time is the call's."""
-    import time
-
-    dev, times, started = runner._dev, collections.defaultdict(list), {}
-
-    def instrument(func, symbol, before_run, ret_value, *args):
-        dev.sync()
-        if before_run:
-            started["t"] = time.perf_counter()
-        else:
-            times[str(symbol)].append(time.perf_counter() - started["t"])
-        return 0
-
-    runner._vm.set_instrument(instrument)
-    try:
-        for _ in range(runs):
-            runner.run_whole_pool(x)
-    finally:
-        runner._vm.set_instrument(lambda *a: 0)
-    return times
+    sync = None if runner.device_name == "cpu" else runner._dev.sync
+    return instrumented(runner._vm, lambda: runner.run_whole_pool(x), runs, sync=sync)
 
 
 def _anchor_row(name: str, seconds: float, calls: int, cm) -> dict | None:

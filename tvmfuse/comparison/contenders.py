@@ -83,14 +83,17 @@ def median_call_us(call, runs: int, warmup: int = 3) -> float:
     return float(np.median(times)) * 1e6
 
 
-def kernel_times(vm, call, runs: int, walls: list | None = None) -> dict[str, list[float]]:
+def kernel_times(vm, call, runs: int, walls: list | None = None, sync=None) -> dict[str, list[float]]:
     """Kernel (or VM builtin) name -> its call times in seconds over ``runs`` calls of ``call()``, through
     ``vm``'s instrument hook (a Python callback around every call the VM makes; it is removed after).
-    ``walls``, when given, receives each whole call's wall time in seconds."""
+    ``walls``, when given, receives each whole call's wall time in seconds. ``sync``, when given, waits for
+    the device before and after every call (a GPU's launches return before the kernel has run)."""
     times: dict[str, list[float]] = collections.defaultdict(list)
     started = {}
 
     def instrument(func, symbol, before_run, ret_value, *args):
+        if sync is not None:
+            sync()
         if before_run:
             started["t"] = time.perf_counter()
         else:
