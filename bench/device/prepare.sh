@@ -11,7 +11,7 @@ mkdir -p .dev1 .dev2 .git/info && grep -qx "/.dev1/" .git/info/exclude || printf
 xz -T0 -6 -c "$SP/tvm/lib/libtvm_compiler.so" | split -b 31000000 - /tmp/compiler.xz.
 mv /tmp/compiler.xz.aa .dev1/ && mv /tmp/compiler.xz.ab .dev2/
 tar -C "$SP" --exclude=libtvm_compiler.so --exclude=__pycache__ --exclude=tvm/3rdparty --exclude=tvm/src \
-    --exclude=tvm/include -cJf .dev2/tvm_py.tar.xz tvm
+    -cJf .dev2/tvm_py.tar.xz tvm
 for w in apache-tvm-ffi==$FFI xgboost-cpu==$XGB tornado==$TOR; do
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

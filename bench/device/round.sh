@@ -5,14 +5,20 @@
 # in docs/results.md.
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# Only 8 files come back from a call: the steps write under $W and, after each step, everything is packed again
+# into the one file $OUT/round.tar.gz, so a call cut off by its limit still returns every finished step.
+# ROUND_STEPS="int8_tests gpu_int8" runs only the named steps (a second, shorter call).
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
-step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in $OUT/steps.txt
+W=/tmp/round
+mkdir -p "$OUT" "$W"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$W/gpu.txt" 2>&1
+step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in steps.txt
     local name=$1 limit=$2; shift 2
+    if [ -n "${ROUND_STEPS:-}" ] && [[ " $ROUND_STEPS " != *" $name "* ]]; then return; fi
     local start=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-    echo "$name: exit $? in $((SECONDS - start)) s" >> "$OUT/steps.txt"
+    timeout "$limit" "$@" > "$W/$name.txt" 2>&1
+    echo "$name: exit $? in $((SECONDS - start)) s" >> "$W/steps.txt"
+    tar -C "$W" -czf "$OUT/round.tar.gz.part" . && mv "$OUT/round.tar.gz.part" "$OUT/round.tar.gz"
 }
 # 1. numerics on the device: every CUDA rule against numpy (the fp16 tensor-core conv/dense too), every zoo model
 #    against onnxruntime in FP32 and fp16,
@@ -27,27 +33,27 @@ step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
     tests/schedules/test_cuda_int8.py tests/schedules/test_cuda_int8_models.py
 # 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
-    --precisions fp32,fp16 --repeat 30 --torch --json "$OUT/gpu_models.json"
+    --precisions fp32,fp16 --repeat 30 --torch --json "$W/gpu_models.json"
 # 2b. where ResNet-50's fp16 time goes, kernel by kernel (graphs off, the device waited for around each call)
 step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
 # 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
 step gpu_int8 120 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
-    --json "$OUT/gpu_int8.json"
+    --json "$W/gpu_int8.json"
 # 2c. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here
 if [ -d /root/stash/fuzz ]; then
-    step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$OUT/fuzz.json"
+    step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$W/fuzz.json"
 fi
 # 3. offline tuning: the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
 #    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
 #    .candidates`
 if [ -d .candidates ]; then
-    step candidates 120 python3 bench/device/time_candidates.py .candidates "$OUT/candidate_times.json"
+    step candidates 120 python3 bench/device/time_candidates.py .candidates "$W/candidate_times.json"
 fi
 # 4. torch.compile, the fp16 contender of the bar (Inductor compiles each model: its own step, so a slow compile
 #    loses only itself)
 step torch_compile 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions fp16 \
-    --repeat 30 --torch --torch-compile --json "$OUT/gpu_torch_compile.json"
+    --repeat 30 --torch --torch-compile --json "$W/gpu_torch_compile.json"
 # 5. CUDA graphs on and off, whole models (measured on 2026-11-22 and -27: last, what a long round drops)
 step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
-cat "$OUT/steps.txt"
+cat "$W/steps.txt"
