@@ -9,7 +9,7 @@ set -u
 # into the one file $OUT/round.tar.gz, so a call cut off by its limit still returns every finished step.
 # ROUND_STEPS="int8_tests gpu_int8" runs only the named steps (a second, shorter call).
 OUT=${OUT:-/tmp/out}
-W=/tmp/round
+W=${ROUND_WORK:-/tmp/round}
 mkdir -p "$OUT" "$W"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$W/gpu.txt" 2>&1
 step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in steps.txt
@@ -31,13 +31,16 @@ step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 #     INT8 kernels (its own step: a slow build loses only itself)
 step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
     tests/schedules/test_cuda_int8.py tests/schedules/test_cuda_int8_models.py
-# 2. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
+# 1c. INT8 kernel by kernel: YOLOv8n's INT8 library differed from the x86 one on the H200 (2026-11-28) while
+#     every unit case was bit-exact; each of its kernels against the same compute on the CPU names the one
+step int8_kernels 90 python3 bench/cuda_check_kernels.py zoo:yolov8n --int8
+# 2. where ResNet-50's fp16 time goes, kernel by kernel (graphs off, the device waited for around each call)
+step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
+# 2a. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
     --precisions fp32,fp16 --repeat 30 --torch --json "$W/gpu_models.json"
-# 2b. where ResNet-50's fp16 time goes, kernel by kernel (graphs off, the device waited for around each call)
-step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
-# 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
-step gpu_int8 120 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
+# 2b. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
+step gpu_int8 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
     --json "$W/gpu_int8.json"
 # 2c. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here

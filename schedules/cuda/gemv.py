@@ -18,6 +18,32 @@ def lanes_for(k: int) -> int:
     return min(WARP, 1 << (max(k, 1).bit_length() - 1))
 
 
+def _unblock(sch: s_tir.Schedule, main, out) -> None:
+    """Lay ``main``'s output out as ``out`` reads it where that read goes through ``//`` and ``%`` (an INT8
+    conv writes channels as ``[o // 16, ..., o % 16]``): placed under a warp, ``out`` then covers that warp's
+    one output. Read through ``//`` and ``%``, its region widened to the whole block of 16 (the analysis
+    cannot invert them), and each warp stored 16 outputs of which it had computed one."""
+    written = sch.get(main).writes[0].source
+    read = next(r for r in sch.get(out).reads if r.source.same_as(written))
+    index = [r.min for r in read.region]
+    if not any(isinstance(i, (tirx.FloorDiv, tirx.FloorMod)) for i in index):
+        return
+    order = [iv.var for iv in sch.get(out).iter_vars]
+
+    def unblocked(*axes):
+        parts = {v: 0 for v in order}
+        for axis, i in zip(axes, index):
+            if isinstance(i, tirx.FloorDiv):
+                parts[i.a] = parts[i.a] + axis * i.b
+            elif isinstance(i, tirx.FloorMod):
+                parts[i.a] = parts[i.a] + axis
+            else:
+                parts[i] = axis
+        return [parts[v] for v in order]
+
+    sch.transform_layout(main, ("write", 0), unblocked)
+
+
 def schedule_rows(sch: s_tir.Schedule, anchor: str) -> bool:
     """A warp per output element of ``anchor``, whose reduction reads a weight contiguous along its
     (fused) reduction axes: lanes split K, the partial sums added by warp shuffles, the epilogue after."""
@@ -26,6 +52,7 @@ def schedule_rows(sch: s_tir.Schedule, anchor: str) -> bool:
     out = inline_epilogue(sch, anchor)
     if out is not None:
         sch.set_scope(main, 0, "local")
+        _unblock(sch, main, out)
     kinds = [iv.iter_type for iv in sch.get(main).iter_vars]
     loops = sch.get_loops(main)
     sch.fuse(*[lp for lp, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar])  # the outputs, one loop

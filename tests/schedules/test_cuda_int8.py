@@ -22,6 +22,7 @@ from helpers.cuda_source import dynamic_shared_bytes, kernels, shared_bytes
 from helpers.int8_kernels import Conv, codes, epilogue, kernel_data, run
 from helpers.qdq import Spec, qdq_model, x_input
 from tvmfuse import cuda_driver, targets
+from tvmfuse.schedules.common import block_names
 from tvmfuse.schedules.computes import int8, int8_ref
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.cuda import int8 as rule
@@ -40,8 +41,10 @@ CONV_CASES = [
     Conv(16, 20, 9, 3, pad=1, act="hardswish", out="float32"),
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),  # O < 16, dilated
     Conv(32, 24, 1, 1, act="relu"),  # a one-pixel conv (squeeze-excite): a GEMV
+    Conv(100, 40, 1, 1, act="relu6"),  # a GEMV whose K leaves lanes idle in its last step
     Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"),  # batch 2, asymmetric padding
     Conv(256, 64, 7, 3, pad=1, act="relu", residual="uint8"),  # 49 x 64 x 2304: K split over warp groups
+    Conv(16, 1, (4, 210), 1, out="float32"),  # YOLOv8n's DFL: one output channel, a 4 x N map
 ]
 DENSE_CASES = [(1, 1280, 100, "float32", None, None), (1, 100, 37, "uint8", None, "relu"),
                (32, 130, 70, "int8", "uint8", None), (64, 96, 40, "uint8", None, "hardswish")]
@@ -121,9 +124,14 @@ def _depthwise(case: Conv, tabled: bool = False):
 
 
 # A table of output codes after the kernel (SiLU, sigmoid... on codes): a GEMM, the GEMVs, a depthwise.
+# Then YOLOv8n's INT8 kernels in small (SiLU is a table there), whose CUDA library differed from the x86 one on
+# the H200 (2026-11-28): a stride-2 conv walked tap by tap, K split over warp groups, 80 channels (5 blocks of
+# 16), a stem of 3 channels, the DFL's 16 -> 1 conv on a 4 x N map with a float output.
 TABLE_CASES = [(_conv, Conv(16, 32, 14, 3, pad=1)), (_conv, Conv(32, 24, 1, 1, out="int8")),
                (_dense, (1, 100, 37, "uint8", None, None)), (_dense, (32, 130, 70, "int8", "uint8", None)),
-               (_depthwise, Conv(32, 32, 28, 3, pad=1, residual="uint8"))]
+               (_depthwise, Conv(32, 32, 28, 3, pad=1, residual="uint8")),
+               (_conv, Conv(16, 32, 40, 3, stride=2, pad=1)), (_conv, Conv(256, 64, 10, 3, pad=1)),
+               (_conv, Conv(80, 80, 20, 3, pad=1)), (_conv, Conv(3, 16, 64, 3, stride=2, pad=1))]
 CASES = ([pytest.param(_conv, c, False, id=f"conv-{c}") for c in CONV_CASES]
          + [pytest.param(_dense, c, False, id=f"dense-{c}") for c in DENSE_CASES]
          + [pytest.param(_depthwise, c, False, id=f"depthwise-{c}") for c in DW_CASES]
@@ -158,6 +166,22 @@ def _source(func):
     with target:
         lib = tvm.compile(mod, target=target)
     return lib, lib.mod.imports[0].inspect_source()
+
+
+GEMV_CASES = [p for p in GEMM_CASES if not _is_gemm(*p.values[:2])]
+
+
+@pytest.mark.parametrize("make,case,tabled", GEMV_CASES)
+def test_every_gemv_warp_stores_only_the_output_it_summed(make, case, tabled):
+    # A one-pixel INT8 conv's sums are laid out [o // 16, ..., o % 16]. Placed after the warps' sums, its
+    # epilogue covered the whole block of 16 channels: each warp stored 16 outputs of which it had summed one,
+    # the rest a register's garbage (the H200 round of 2026-11-28: half of a 24-channel conv's codes wrong).
+    func, out, *_ = make(case, tabled=tabled)
+    sch = s_tir.Schedule(_scheduled(func))
+    (store,) = [name for name in block_names(sch) if sch.get(sch.get_sblock(name)).writes[0].source.name == out.name]
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock(store))]
+    assert [str(lp.thread_binding.thread_tag) for lp in loops if lp.thread_binding is not None] == ["blockIdx.x", "threadIdx.y"]
+    assert all(lp.thread_binding is not None or int(lp.extent) == 1 for lp in loops), [(lp.loop_var, lp.extent) for lp in loops]
 
 
 @needs_nvcc
