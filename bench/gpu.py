@@ -11,6 +11,9 @@ Needs a CUDA GPU. For each zoo model:
   architecture (its own random weights), eager with cuDNN (``cudnn.benchmark``, channels_last), in the row's
   precision (``.half()`` for fp16), as a GPU user's everyday reference; with ``--torch-compile`` also under
   ``torch.compile(mode="reduce-overhead")`` (Inductor's kernels in a CUDA graph), with its compile time.
+  FP32 rows time eager twice: in float32 arithmetic (TF32 off, the ``PyTorch`` column, what tvmfuse's FP32
+  computes) and as PyTorch runs by default (``PyTorch TF32``: cuDNN's convs on TF32 tensor cores, 10-bit
+  mantissas, errors near 1e-3 like fp16's).
 
 fp16 rows are tvmfuse's ``precision="fp16"`` build against onnxruntime FP32 (relative L2 error); int8 rows are
 ``tvmfuse.quantize`` calibrated (minmax) on 4 random batches, a latency row whose error column only says the
@@ -65,10 +68,12 @@ def plain_tvm_ms(model, spec, x: dict, repeat: int) -> tuple[float, np.ndarray]:
     return statistics.median(timer(*args).results) * 1e3, out
 
 
-def torch_ms(name: str, shape, repeat: int, precision: str = "fp32", compiled: bool = False) -> dict | None:
+def torch_ms(name: str, shape, repeat: int, precision: str = "fp32", compiled: bool = False,
+             tf32: bool = False) -> dict | None:
     """PyTorch's median ms (``ms``) for torchvision's model of ``name``: eager, or with ``compiled``
     ``torch.compile(mode="reduce-overhead")`` (Inductor's kernels replayed from a CUDA graph, as tvmfuse's
-    are), whose first calls' time is ``compile_s``; ``error`` instead when PyTorch raised. None without
+    are), whose first calls' time is ``compile_s``; ``error`` instead when PyTorch raised. ``tf32``: float32
+    convs and matmuls on TF32 tensor cores (PyTorch's default for cuDNN convs), else in float32. None without
     torch/torchvision or for a model torchvision does not have."""
     try:
         import torch
@@ -79,6 +84,7 @@ def torch_ms(name: str, shape, repeat: int, precision: str = "fp32", compiled: b
         return None
     try:
         torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
         net = getattr(torchvision.models, TORCHVISION[name])().eval().cuda().to(memory_format=torch.channels_last)
         x = torch.randn(*shape, device="cuda").to(memory_format=torch.channels_last)
         if precision == "fp16":
@@ -130,9 +136,10 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
            "max abs diff vs onnxruntime (tvmfuse / plain)":
                f"{np.abs(ours - ref).max() / scale:.1e} / {np.abs(plain_out - ref).max() / scale:.1e} (of max)",
            "tvmfuse relative L2 error": f"{rel:.1e}", "compile s": f"{compile_s:.1f}"}
-    contenders = [("PyTorch", False), ("torch.compile", True)][:1 + with_compile]
-    for label, compiled in contenders if with_torch and precision != "int8" else []:
-        t = torch_ms(name, cm.inputs[0].shape, repeat, precision, compiled) or {}
+    contenders = [("PyTorch", False, False)] + [("PyTorch TF32", False, True)] * (precision == "fp32") \
+        + [("torch.compile", True, False)] * with_compile
+    for label, compiled, tf32 in contenders if with_torch and precision != "int8" else []:
+        t = torch_ms(name, cm.inputs[0].shape, repeat, precision, compiled, tf32) or {}
         row[f"{label} ms"] = f"{t['ms']:.3f}" if "ms" in t else t.get("error", "-")
         row[f"tvmfuse / {label}"] = f"{ours_ms / t['ms']:.2f}x" if "ms" in t else "-"
         if compiled and "compile_s" in t:

@@ -45,7 +45,8 @@ class _Net(_Tensor):
 def _fake_torch(log, fail=False):
     torch = types.ModuleType("torch")
     torch.channels_last = "channels_last"
-    torch.backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(benchmark=False))
+    torch.backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(benchmark=False, allow_tf32=True),
+                                           cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)))
     torch.randn = lambda *shape, device: _Tensor(log)
 
     class Event:
@@ -90,6 +91,17 @@ def test_the_contender_is_timed_in_its_precision_and_layout(monkeypatch, compile
     assert log.count("half") == 2 and log.count(("to", "channels_last")) == 2
     assert (("compile", "reduce-overhead") in log) == compiled
     assert gpu.torch_ms("efficientnet_lite0", (1, 3, 224, 224), 3) is None  # not in torchvision
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_eager_runs_in_float32_unless_asked_for_tf32(monkeypatch, tf32):
+    # PyTorch's default puts cuDNN's float32 convs on TF32 tensor cores (10-bit mantissas): not what tvmfuse's
+    # FP32 computes, so the FP32 comparison turns it off and TF32 is a column of its own.
+    torch, vision = _fake_torch([])
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torchvision", vision)
+    assert gpu.torch_ms("resnet50", (1, 3, 224, 224), repeat=3, tf32=tf32)["ms"] == 2.0
+    assert torch.backends.cudnn.allow_tf32 is tf32 and torch.backends.cuda.matmul.allow_tf32 is tf32
 
 
 def test_a_contender_that_raises_is_reported_in_one_line(monkeypatch):

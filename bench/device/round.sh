@@ -42,7 +42,10 @@ step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite
 # 2b. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
 step gpu_int8 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
     --json "$W/gpu_int8.json"
-# 2c. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
+# 2c. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, FP32 and fp16
+step depthwise_bw 50 python3 bench/cuda_kernels.py --bandwidth --repeat 30
+step depthwise_bw_fp16 50 python3 bench/cuda_kernels.py --bandwidth --precision fp16 --repeat 30
+# 2d. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here
 if [ -d /root/stash/fuzz ]; then
     step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$W/fuzz.json"
