@@ -34,18 +34,19 @@ step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 # 1c. INT8 kernel by kernel: YOLOv8n's INT8 library differed from the x86 one on the H200 (2026-11-28) while
 #     every unit case was bit-exact; each of its kernels against the same compute on the CPU names the one
 step int8_kernels 90 python3 bench/cuda_check_kernels.py zoo:yolov8n --int8
-# 2. where ResNet-50's fp16 time goes, kernel by kernel (graphs off, the device waited for around each call)
+# 2. where ResNet-50's fp16 time goes (the 2026-11-28 profile did not come back), kernel by kernel (graphs off, the device waited for around each call)
 step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
-# 2a. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager, GPU-synchronized medians
-step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
-    --precisions fp32,fp16 --repeat 30 --torch --json "$W/gpu_models.json"
-# 2b. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
+# 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
 step gpu_int8 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
     --json "$W/gpu_int8.json"
-# 2c. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, FP32 and fp16
+# 2b. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, FP32 and fp16
 step depthwise_bw 50 python3 bench/cuda_kernels.py --bandwidth --repeat 30
 step depthwise_bw_fp16 50 python3 bench/cuda_kernels.py --bandwidth --precision fp16 --repeat 30
-# 2d. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
+# 2d. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager (FP32: TF32 off and on),
+#     GPU-synchronized medians (measured whole on 2026-11-28, so after the steps above)
+step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
+    --precisions fp32,fp16 --repeat 30 --torch --json "$W/gpu_models.json"
+# 2e. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here
 if [ -d /root/stash/fuzz ]; then
     step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$W/fuzz.json"
