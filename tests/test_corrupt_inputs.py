@@ -81,13 +81,13 @@ def logs_base(tmp_path_factory) -> Path:
     workloads' records, and helpers.tune.MODEL as ``m.onnx``."""
     from helpers.tune import MODEL
 
-    from tvmfuse.tune.database import RECORDS, WORKLOADS
+    from tvmfuse.tune.database import RECORDS, WORKLOADS, read_lines
 
     shipped = Path(__file__).resolve().parents[1] / "tuning_logs" / LOGS_TARGET
-    workloads = (shipped / WORKLOADS).read_text().splitlines()
+    workloads = read_lines(shipped / WORKLOADS)  # shipped xz-compressed
     smallest = sorted(range(len(workloads)), key=lambda i: len(workloads[i]))[:3]
     new_index = {old: new for new, old in enumerate(smallest)}
-    records = [json.loads(line) for line in (shipped / RECORDS).read_text().splitlines()]
+    records = [json.loads(line) for line in read_lines(shipped / RECORDS)]
     root = tmp_path_factory.mktemp("logs_base")
     folder = root / "logs" / LOGS_TARGET
     folder.mkdir(parents=True)

@@ -12,6 +12,11 @@ Writers append under an exclusive ``flock`` on ``<dir>/.lock`` and look up workl
 so two tuning runs appending at once neither interleave lines nor point records at the wrong workload.
 A line cut short by a killed writer is a corrupt line for readers; the next writer starts a new line.
 
+Either file may be shipped xz-compressed (``database_workload.json.xz``): a workload line is a base64 IRModule,
+so the repository's x86 workloads are 21 MB plain and 0.4 MB as xz, which is what a clone, the package and a
+lent GPU machine's 64 MiB calls carry. Readers take the plain file where both exist (a writer's); a writer
+first expands a compressed file into its plain form, under the lock, and appends to that.
+
 This module is below the compile path: it never tunes, builds or runs anything.
 """
 
@@ -21,6 +26,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import lzma
 import math
 import os
 import warnings
@@ -33,6 +39,7 @@ from .records import commit_records
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+XZ = ".xz"  # a shipped file's compressed form: database_workload.json.xz
 LOCK = ".lock"
 ENV = "TVMFUSE_TUNING_LOGS"
 
@@ -126,20 +133,46 @@ class LoadReport:
         return out
 
 
-def _lines(path: Path) -> list[str]:
-    """The file's lines (a cut-short last line included); blank lines are dropped.
+def _stored(path: Path) -> Path:
+    """The file that holds ``path``'s lines: ``path``, else its compressed form where only that exists."""
+    packed = path.with_name(path.name + XZ)
+    return packed if not path.exists() and packed.exists() else path
 
-    Raises TuningLogError when the path is there but is not a readable file (a folder, no permission).
+
+def read_lines(path: Path) -> list[str]:
+    """The file's lines (a cut-short last line included), read from its compressed form where only that is
+    there; blank lines are dropped.
+
+    Raises TuningLogError when the file is there but is not a readable file (a folder, no permission, a
+    compressed file that does not decompress).
     """
+    path = _stored(path)
     if not path.exists():
         return []
     if not path.is_file():
         raise TuningLogError(f"tuning logs: {path} is not a file")
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        opener = lzma.open if path.name.endswith(XZ) else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             return [line for line in f.read().split("\n") if line.strip()]
     except OSError as err:
         raise TuningLogError(f"tuning logs: cannot read {path}: {err.strerror or err}") from None
+    except (lzma.LZMAError, EOFError) as err:
+        raise TuningLogError(f"tuning logs: cannot read {path}: not a whole xz file ({err})") from None
+
+
+def _expand(path: Path) -> None:
+    """Give ``path`` its plain form where only the compressed one is there (a writer appends to it): written
+    beside it and renamed, so a reader sees the compressed file or the whole plain one, then the compressed
+    one removed."""
+    packed = path.with_name(path.name + XZ)
+    if path.exists() or not packed.exists():
+        return
+    lines = read_lines(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(partial, path)
+    packed.unlink()
 
 
 class LogStore:
@@ -173,7 +206,7 @@ class LogStore:
             if folder.exists() and not folder.is_dir():
                 raise TuningLogError(f"tuning logs: {folder} is not a folder")
         workloads = {}
-        for i, line in enumerate(_lines(self.path / WORKLOADS)):
+        for i, line in enumerate(read_lines(self.path / WORKLOADS)):
             try:
                 entry = json.loads(line)
                 if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
@@ -183,7 +216,7 @@ class LogStore:
                 report.skipped.append((WORKLOADS, i + 1, f"corrupt workload line: {str(err)[:200]}"))
         want = _target_identity(self.spec.config)
         records = []
-        for i, line in enumerate(_lines(self.path / RECORDS)):
+        for i, line in enumerate(read_lines(self.path / RECORDS)):
             reason = None
             try:
                 index, record = json.loads(line)
@@ -223,8 +256,9 @@ class LogStore:
         out = []
         for name in (WORKLOADS, RECORDS):
             try:
-                st = (self.path / name).stat()
-                out.append((st.st_size, st.st_mtime_ns))
+                path = _stored(self.path / name)
+                st = path.stat()
+                out.append((path.name, st.st_size, st.st_mtime_ns))
             except OSError:
                 out.append(None)
         return tuple(out)
@@ -254,12 +288,14 @@ class LogStore:
         if not entries:
             return 0
         with self.locked():
+            for name in (WORKLOADS, RECORDS):
+                _expand(self.path / name)
             index = {}
-            for i, line in enumerate(_lines(self.path / WORKLOADS)):
+            for i, line in enumerate(read_lines(self.path / WORKLOADS)):
                 with contextlib.suppress(ValueError, TypeError, KeyError, IndexError, RecursionError):
                     index.setdefault(json.loads(line)[0], i)
             new_workloads, new_records = [], []
-            count = len(_lines(self.path / WORKLOADS))
+            count = len(read_lines(self.path / WORKLOADS))
             for workload, record in entries:
                 if workload[0] not in index:
                     index[workload[0]] = count
