@@ -25,6 +25,8 @@ from tvmfuse import cuda_driver, targets
 from tvmfuse.schedules.common import block_names
 from tvmfuse.schedules.computes import int8, int8_ref
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw
+from tvmfuse.schedules import families
+from tvmfuse.schedules.cuda import conv2d
 from tvmfuse.schedules.cuda import int8 as rule
 from tvmfuse.schedules.cuda import tensor_core
 
@@ -241,6 +243,45 @@ def test_int8_fragments_load_from_32_byte_aligned_shared_memory(make, case, tabl
         names = sorted(set(re.findall(r"[A-Za-z_]\w*", offset)))
         for values in itertools.product(range(4), repeat=len(names)):
             assert eval(offset, {}, dict(zip(names, values))) % 32 == 0, offset  # noqa: S307 - nvcc's index math
+
+
+@pytest.mark.parametrize("case", [Conv(16, 32, 14, 3, pad=1), Conv(32, 24, 12, 3, stride=2, pad=1, residual="uint8")])
+def test_a_windowed_conv_summed_tap_by_tap_gives_the_same_codes(case):
+    # The CUDA rule reorders an INT8 conv's reduction (channel block, row, column, channel) to (row, column,
+    # block, channel) before the GEMM; the block so reordered, built for the CPU, against int8_ref.
+    func, out, args, ref = _conv(case)
+    sch = s_tir.Schedule(func)
+    main = sch.get_sblock(families.CONV2D.int8.anchor_block)
+    before = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    conv2d._taps_outer(sch, main)
+    after = [int(iv.dom.extent) for iv in sch.get(main).iter_vars]
+    assert after == before[:5] + [case.k, case.k, case.c // 4, 4] != before
+    np.testing.assert_array_equal(run(sch.mod["main"], args, out), ref)
+
+
+@needs_nvcc
+def test_an_int8_3x3_conv_loads_its_input_tap_by_tap():
+    # No division by the 9 taps of a channel in the input's index (nvcc's PTX for ResNet's INT8 3x3 layers:
+    # 334-1,044 instructions instead of 784-2,531); the weight's 4 channels of a block still one 32-bit load.
+    def source(case):
+        func, *_ = _conv(case)
+        return _source(_scheduled(func))[1]
+
+    windowed = source(Conv(64, 64, 28, 3, pad=1, act="relu"))
+    loads = re.findall(r"x_ptr\[([^\]]*)\]", windowed)
+    assert loads and not any(re.search(r"[/%] (9|36)\b", i) for i in loads), loads
+    assert "*(int*)(w_ptr" in windowed
+
+
+@pytest.mark.parametrize("case", [Conv(3, 16, 32, 3, stride=2, pad=1), Conv(24, 16, 8, 3), Conv(64, 32, 8, 1)])
+def test_a_stem_odd_channels_and_a_1x1_conv_keep_their_order(case):
+    # Taps first would split a fragment's 16 channels over taps (3 or 24 channels); a 1x1 conv has one tap.
+    func, *_ = _conv(case)
+    sch = s_tir.Schedule(func)
+    main = sch.get_sblock(families.CONV2D.int8.anchor_block)
+    before = sch.get(main).iter_vars
+    conv2d._taps_outer(sch, main)
+    assert [int(iv.dom.extent) for iv in sch.get(main).iter_vars] == [int(iv.dom.extent) for iv in before]
 
 
 @pytest.mark.gpu
