@@ -188,6 +188,7 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
         if config is None or j % config.tile_j:
             return False
     if operand:
+        four_pixels = pixels_in_fours(sch.get(main)) and _whole_channel_blocks(sch)
         _taps_outer(sch, main)
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
@@ -200,7 +201,8 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     i, j, k = gemm_shape(sch, main)
     if operand:
         config = config or tensor_core.default_config(i, j, k, sms, operand)
-        tensor_core.schedule_gemm(sch, main, config, pixels_inner=anchor != families.DENSE.anchor_block)
+        tensor_core.schedule_gemm(sch, main, config, pixels_inner=anchor != families.DENSE.anchor_block,
+                                  vector_rows=four_pixels)
         return True
     if config is None:
         config = default_config(i, j, k, sms)
@@ -229,6 +231,35 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     auto_inline_consumer_chain(sch, store)
     sch.decompose_reduction(main, ko)
     return True
+
+
+def pixels_in_fours(block) -> bool:
+    """Whether a conv's GEMM block (an ``SBlock``, before re-indexing) reads its input in aligned runs of 4 along
+    its output pixels: a 1x1 window, stride 1, no padding (the input's map the output's) and a map of a
+    multiple of 4 pixels, so 4 neighbouring output pixels are 4 neighbouring input elements, and no run
+    crosses a channel or an image. The tensor-core rule then loads the input tile 4 elements a thread."""
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    spatial = kinds.count(tirx.IterVar.DataPar)
+    shape = block.reads[0].source.shape
+    if (spatial, len(kinds) - spatial) not in ((4, 3), (5, 4)) or len(shape) < 4:  # NCHW or INT8's; not a dense
+        return False
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    window = extents[spatial + 1:spatial + 3]  # (row, column) of (c, r, s) and of INT8's (c // 4, r, s, c % 4)
+    out_h, out_w = extents[2:4]
+    in_h, in_w = (int(d) for d in shape[2:4])
+    return window == [1, 1] and (in_h, in_w) == (out_h, out_w) and out_h * out_w % 4 == 0
+
+
+def _whole_channel_blocks(sch: s_tir.Schedule) -> bool:
+    """Whether an INT8 conv's input repacking (NCHW4c, ``families.CONV2D.int8.pad_block``) pads no channel
+    (its blocks of 4 hold the input's channels exactly), so a run of 4 pixels is read with no condition in it
+    (True for other kernels). With one, TVM's CUDA code for the vector of 4 conditional bytes does not compile
+    (``int v_ = make_ushort4(...)``; :func:`.tensor_core.schedule_gemm` refuses a padded K for the same reason)."""
+    pack = families.CONV2D.int8.pad_block
+    if pack not in block_names(sch):
+        return True
+    block = sch.get(sch.get_sblock(pack))
+    return int(block.writes[0].source.shape[1]) * 4 == int(block.reads[0].source.shape[1])
 
 
 def _taps_outer(sch: s_tir.Schedule, main) -> None:

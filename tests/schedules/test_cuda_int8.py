@@ -273,6 +273,17 @@ def test_an_int8_3x3_conv_loads_its_input_tap_by_tap():
     assert "*(int*)(w_ptr" in windowed
 
 
+@needs_nvcc
+@pytest.mark.parametrize("case,fours", [(Conv(64, 64, 28, 1, act="relu6", residual="uint8"), True),
+                                        (Conv(30, 32, 28, 1), False), (Conv(116, 116, 14, 1), False)])
+def test_an_int8_1x1_conv_loads_its_input_four_pixels_a_thread(case, fours):
+    # Unless a condition sits in the load (channels padded to a block of 4, or K to the step, as ShuffleNet's
+    # 116): TVM's CUDA code for 4 conditional bytes does not compile, so those load a byte a thread.
+    func, *_ = _conv(case)
+    source = _source(_scheduled(func))[1]
+    assert ("*(uint*)(x_ptr" in source) == fours and ("x_ptr[" in source) != fours
+
+
 @pytest.mark.parametrize("case", [Conv(3, 16, 32, 3, stride=2, pad=1), Conv(24, 16, 8, 3), Conv(64, 32, 8, 1)])
 def test_a_stem_odd_channels_and_a_1x1_conv_keep_their_order(case):
     # Taps first would split a fragment's 16 channels over taps (3 or 24 channels); a 1x1 conv has one tap.

@@ -147,6 +147,21 @@ def test_a_3x3_conv_walks_k_tap_by_tap_and_a_stem_keeps_its_order():
     assert re.search(r"[/%] 9\)", source(3, 16, 32, 3))  # the stem: K = c * 9 + r * 3 + s as before
 
 
+@pytest.mark.parametrize("case,fours", [((256, 64, 56, 1), True), ((1024, 256, 14, 1), True),
+                                        ((512, 2048, 7, 1), False), ((64, 64, 56, 3), False),
+                                        ((128, 256, 28, 1, 2), False)])
+def test_a_1x1_conv_loads_its_input_four_pixels_a_thread(case, fours):
+    # A 1x1, stride-1 conv reads its NCHW input along the output pixels: on maps of a multiple of 4 pixels the
+    # input tile is loaded as half4 (one load instead of four, the index math once), else one half a thread.
+    func, target = _kernel(conv_model(*case, epilogue="bn_residual"))
+    sch = s_tir.Schedule(func)
+    assert conv2d.pixels_in_fours(sch.get(sch.get_sblock(conv2d.ANCHOR))) == fours
+    assert conv2d.schedule(sch, 132)
+    source = _cuda_source(sch.mod["main"], target)
+    assert ("*(half4*)(p0_ptr" in source) == fours
+    assert "p0_ptr[" not in source if fours else "p0_ptr[" in source
+
+
 def test_a_config_whose_accumulator_tile_would_alias_an_operand_tile_is_not_offered():
     # TVM's StorageRewrite puts a float32 tile into a larger dead float16 buffer and then fails to lower the
     # wmma store into it; the accumulator rows are padded to stay larger, or the config is dropped.
