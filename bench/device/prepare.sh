@@ -20,3 +20,9 @@ done
 du -sh .dev1 .dev2
 # The round's fuzz slice: random CNNs built for CUDA here (about 3 minutes), carried by stage 1.
 rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && du -sh .fuzz
+# Offline CUDA tuning (#51): ResNet-50's fp16 kernels with every candidate tile, built here (2.5 minutes, 20 MB),
+# carried by the round's call (`.candidates`) and timed there; NO_CANDIDATES=1 leaves them out.
+if [ -z "${NO_CANDIDATES:-}" ]; then
+  rm -rf .candidates && tvmfuse tune zoo:resnet50 --target cuda-sm90 --precision fp16 --export-candidates .candidates \
+    | tail -n 1 && du -sh .candidates
+fi

@@ -34,12 +34,19 @@ step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 # 1c. INT8 kernel by kernel: YOLOv8n's INT8 library differed from the x86 one on the H200 (2026-11-28) while
 #     every unit case was bit-exact; each of its kernels against the same compute on the CPU names the one
 step int8_kernels 90 python3 bench/cuda_check_kernels.py zoo:yolov8n --int8
-# 2. where ResNet-50's fp16 time goes (the 2026-11-28 profile did not come back), kernel by kernel (graphs off, the device waited for around each call)
+# 2. where ResNet-50's fp16 time goes, kernel by kernel (graphs off, the device waited for around each call; the
+#    2026-11-28 profile did not come back)
 step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
 # 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
-step gpu_int8 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions int8 --repeat 30 \
+step gpu_int8 110 python3 bench/gpu.py --models resnet50,mobilenet_v2 --precisions int8 --repeat 30 \
     --json "$W/gpu_int8.json"
-# 2b. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, FP32 and fp16
+# 2b. offline tuning (the #51 logs): the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
+#    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
+#    .candidates`
+if [ -d .candidates ]; then
+    step candidates 120 python3 bench/device/time_candidates.py .candidates "$W/candidate_times.json"
+fi
+# 2c. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, FP32 and fp16
 step depthwise_bw 50 python3 bench/cuda_kernels.py --bandwidth --repeat 30
 step depthwise_bw_fp16 50 python3 bench/cuda_kernels.py --bandwidth --precision fp16 --repeat 30
 # 2d. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager (FP32: TF32 off and on),
@@ -51,16 +58,10 @@ step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite
 if [ -d /root/stash/fuzz ]; then
     step fuzz 90 python3 bench/device/fuzz_slice.py check /root/stash/fuzz "$W/fuzz.json"
 fi
-# 3. offline tuning: the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
-#    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
-#    .candidates`
-if [ -d .candidates ]; then
-    step candidates 120 python3 bench/device/time_candidates.py .candidates "$W/candidate_times.json"
-fi
-# 4. torch.compile, the fp16 contender of the bar (Inductor compiles each model: its own step, so a slow compile
+# 3. torch.compile, the fp16 contender of the bar (Inductor compiles each model: its own step, so a slow compile
 #    loses only itself)
 step torch_compile 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions fp16 \
     --repeat 30 --torch --torch-compile --json "$W/gpu_torch_compile.json"
-# 5. CUDA graphs on and off, whole models (measured on 2026-11-22 and -27: last, what a long round drops)
+# 4. CUDA graphs on and off, whole models (measured on 2026-11-22 and -27: last, what a long round drops)
 step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
 cat "$W/steps.txt"
