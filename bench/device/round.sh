@@ -43,8 +43,9 @@ step gpu_int8 110 python3 bench/gpu.py --models resnet50,mobilenet_v2 --precisio
 # 2b. offline tuning (the #51 logs): the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
 #    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
 #    .candidates`
-if [ -d .candidates ]; then
-    step candidates 120 python3 bench/device/time_candidates.py .candidates "$W/candidate_times.json"
+C=.candidates; [ -d "$C" ] || C=/root/stash/candidates  # carried by this call, or stashed by stage 1
+if [ -d "$C" ]; then
+    step candidates 120 python3 bench/device/time_candidates.py "$C" "$W/candidate_times.json"
 fi
 # 2c. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, FP32 and fp16
 step depthwise_bw 50 python3 bench/cuda_kernels.py --bandwidth --repeat 30
