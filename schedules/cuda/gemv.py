@@ -26,9 +26,16 @@ def _unblock(sch: s_tir.Schedule, main, out) -> None:
     written = sch.get(main).writes[0].source
     read = next(r for r in sch.get(out).reads if r.source.same_as(written))
     index = [r.min for r in read.region]
-    if not any(isinstance(i, (tirx.FloorDiv, tirx.FloorMod)) for i in index):
-        return
     order = [iv.var for iv in sch.get(out).iter_vars]
+
+    def plain(e) -> bool:  # one of out's axes, as it is
+        return isinstance(e, tirx.Var) and any(e.same_as(v) for v in order)
+
+    def blocked(e) -> bool:  # one of out's axes through // or % by a constant
+        return isinstance(e, (tirx.FloorDiv, tirx.FloorMod)) and plain(e.a) and isinstance(e.b, tirx.IntImm)
+
+    if not any(blocked(i) for i in index) or not all(plain(i) or blocked(i) for i in index):
+        return
 
     def unblocked(*axes):
         parts = {v: 0 for v in order}
