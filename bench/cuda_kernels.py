@@ -88,7 +88,8 @@ def _kernel_ms(func, target, repeat: int, arrays=None) -> tuple[float, list]:
     """GPU-timed median ms of one PrimFunc (``main``) on random arguments in its dtypes, and those arguments."""
     import tvm
 
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    with target:
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
     if arrays is None:
