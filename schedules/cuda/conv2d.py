@@ -188,7 +188,7 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
         if config is None or j % config.tile_j:
             return False
     if operand:
-        four_pixels = pixels_in_fours(sch.get(main)) and _whole_channel_blocks(sch)
+        four_pixels = pixels_in_fours(sch.get(main))
         _taps_outer(sch, main)
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
@@ -201,8 +201,9 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     i, j, k = gemm_shape(sch, main)
     if operand:
         config = config or tensor_core.default_config(i, j, k, sms, operand)
+        vector_rows = four_pixels and (operand != "int8" or _unconditioned_int8_load(sch, k, config.span_k))
         tensor_core.schedule_gemm(sch, main, config, pixels_inner=anchor != families.DENSE.anchor_block,
-                                  vector_rows=four_pixels)
+                                  vector_rows=vector_rows)
         return True
     if config is None:
         config = default_config(i, j, k, sms)
@@ -250,11 +251,14 @@ def pixels_in_fours(block) -> bool:
     return window == [1, 1] and (in_h, in_w) == (out_h, out_w) and out_h * out_w % 4 == 0
 
 
-def _whole_channel_blocks(sch: s_tir.Schedule) -> bool:
-    """Whether an INT8 conv's input repacking (NCHW4c, ``families.CONV2D.int8.pad_block``) pads no channel
-    (its blocks of 4 hold the input's channels exactly), so a run of 4 pixels is read with no condition in it
-    (True for other kernels). With one, TVM's CUDA code for the vector of 4 conditional bytes does not compile
-    (``int v_ = make_ushort4(...)``; :func:`.tensor_core.schedule_gemm` refuses a padded K for the same reason)."""
+def _unconditioned_int8_load(sch: s_tir.Schedule, k: int, span_k: int) -> bool:
+    """Whether an INT8 conv's input is read with no condition in the load: its repacking (NCHW4c,
+    ``families.CONV2D.int8.pad_block``) pads no channel (its blocks of 4 hold the input's channels exactly) and
+    K is not padded to the step. With a condition, TVM's CUDA code for a vector of 4 conditional bytes does not
+    compile (``int v_ = make_ushort4(...)``, seen on ShuffleNet's 116 channels), so the tile is loaded a byte a
+    thread."""
+    if k % span_k:
+        return False
     pack = families.CONV2D.int8.pad_block
     if pack not in block_names(sch):
         return True

@@ -187,17 +187,13 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool,
     ``config.operand`` cast to a float32 or int32 sum) on wmma fragments, in place. ``pixels_inner``: a conv (A, the input, and
     the output contiguous along I, the pixels; B, the OIHW weight, along K); else a dense (A along K; B, the
     ``[K, N]`` weight, and the output along J). ``vector_rows``: the conv's input tile is read 4 pixels a thread
-    (:func:`.conv2d.pixels_in_fours`)."""
+    (:func:`.conv2d.schedule_gemm` says when)."""
     from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers
     from tvmfuse.tvmscript import light_tensor_intrin
 
     light_tensor_intrin("cuda")
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
-    # INT8: a K padded to the step puts a condition into the input's load, which TVM's CUDA code cannot give a
-    # vector of 4 bytes (``int v_ = make_ushort4(...)`` does not compile): such a tile is loaded a byte a thread.
-    k_extent = int(sch.get(main).iter_vars[-1].dom.extent)
-    vector_rows = vector_rows and (config.operand != "int8" or k_extent % config.span_k == 0)
     sch.pad_einsum(main, [1, config.tile_i, config.tile_j, config.span_k])
     batch, i, j, k = sch.get_loops(main)
     final = group = None
@@ -244,16 +240,13 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool,
         fetch = sch.cache_read(outer, index, "shared.dyn")
         sch.compute_at(fetch, ko)
         rows, red = sch.get_loops(fetch)[-2:]
-        if rows_inner and vector_rows and index == 0:
+        if rows_inner:
             sch.reorder(red, rows)
-            _, ty, tx, vec = sch.split(sch.fuse(red, rows), [None, config.block_warps, WARP, VECTOR])
-            sch.vectorize(vec)
-        elif rows_inner:
-            sch.reorder(red, rows)
-            _, ty, tx = sch.split(sch.fuse(red, rows), [None, config.block_warps, WARP])
-        else:
-            _, ty, tx, vec = sch.split(sch.fuse(rows, red), [None, config.block_warps, WARP, VECTOR])
-            sch.vectorize(vec)
+        vector = not rows_inner or (vector_rows and index == 0)
+        loop = sch.fuse(red, rows) if rows_inner else sch.fuse(rows, red)
+        _, ty, tx, *vec = sch.split(loop, [None, config.block_warps, WARP] + [VECTOR] * vector)
+        if vector:
+            sch.vectorize(vec[0])
         sch.bind(tx, "threadIdx.x")
         sch.bind(ty, "threadIdx.y")
         if config.operand == "int8":
