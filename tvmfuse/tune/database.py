@@ -133,9 +133,14 @@ class LoadReport:
         return out
 
 
+def _packed(path: Path) -> Path:
+    """``path``'s compressed form (``database_workload.json.xz``)."""
+    return path.with_name(path.name + XZ)
+
+
 def _stored(path: Path) -> Path:
     """The file that holds ``path``'s lines: ``path``, else its compressed form where only that exists."""
-    packed = path.with_name(path.name + XZ)
+    packed = _packed(path)
     return packed if not path.exists() and packed.exists() else path
 
 
@@ -165,7 +170,7 @@ def _expand(path: Path) -> None:
     """Give ``path`` its plain form where only the compressed one is there (a writer appends to it): written
     beside it and renamed, so a reader sees the compressed file or the whole plain one, then the compressed
     one removed."""
-    packed = path.with_name(path.name + XZ)
+    packed = _packed(path)
     if path.exists() or not packed.exists():
         return
     lines = read_lines(path)
@@ -291,11 +296,12 @@ class LogStore:
             for name in (WORKLOADS, RECORDS):
                 _expand(self.path / name)
             index = {}
-            for i, line in enumerate(read_lines(self.path / WORKLOADS)):
+            lines = read_lines(self.path / WORKLOADS)
+            for i, line in enumerate(lines):
                 with contextlib.suppress(ValueError, TypeError, KeyError, IndexError, RecursionError):
                     index.setdefault(json.loads(line)[0], i)
             new_workloads, new_records = [], []
-            count = len(read_lines(self.path / WORKLOADS))
+            count = len(lines)
             for workload, record in entries:
                 if workload[0] not in index:
                     index[workload[0]] = count
