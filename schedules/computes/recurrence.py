@@ -1,12 +1,18 @@
-"""Whole-sequence LSTM and GRU kernels (CPU): every time step of one direction in one kernel.
+"""Whole-sequence LSTM and GRU kernels (CPU): every time step of every direction of a layer in one kernel.
 
 Unrolled into basic ops, a recurrent layer costs a few kernels per time step (the recurrent MatMul, the
 gates, the cell state, the hidden state), each a VM call with its own output allocation: CRNN's two
 31-step bidirectional layers made 1,274 calls per inference, more time in the calls than in the
-arithmetic (``[1, 48] x [48, 192]`` per step). Here one kernel runs a direction's steps in order,
+arithmetic (``[1, 48] x [48, 192]`` per step). Here one kernel runs each direction's steps in order,
 the state in a scratch buffer. The input projection of all steps stays one MatMul before it (a tvmfuse
-dense kernel); the kernel reads its rows, ``x[t]`` of shape ``[batch, gates * hidden]`` with the biases
-added, in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h).
+dense kernel); the kernel reads its rows, ``x[t]`` of shape ``[batch, D * gates * hidden]`` with the biases
+added, in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h), and writes ONNX's outputs in layout 0.
+
+The directions of a bidirectional layer are independent, so they run in parallel, one task each, with no
+synchronization over the steps (one parallel launch per call). Within a direction a step needs all of the
+previous step's state, so splitting its hidden units over threads would need a barrier per step: with
+TVM's parallel launch as that barrier (one launch per step) ddddocr's 512-unit LSTM gained nothing on 2
+cores and a 128-unit one ran 2x slower (6 us a launch), so a direction stays on one thread.
 
 Per step and batch row: the gates ``x[t] + h @ R^T`` (``R^T`` is ``[hidden, gates * hidden]``, rows read
 contiguously, ``lanes`` outputs a vector), then the cell in vectors of ``lanes`` hidden units. The sigmoid
@@ -15,8 +21,8 @@ and tanh use :func:`fast_exp` (TVM's ``fast_exp`` polynomial: at most 2.8e-7 rel
 activations are computed here, without clip, peepholes or ``input_forget``; other cells stay unrolled
 (:mod:`tvmfuse.frontend.rnn`).
 
-The kernels carry ``tirx.is_scheduled``: nothing reschedules them. They are CPU kernels (serial loops, no
-thread binding).
+The kernels carry ``tirx.is_scheduled``: nothing reschedules them. They are CPU kernels (serial steps, the
+directions a parallel loop, no thread binding).
 """
 
 from __future__ import annotations
@@ -69,96 +75,107 @@ def _finish(func) -> tirx.PrimFunc:
                             "tvmfuse.family": families.RECURRENCE.name})
 
 
-def lstm_kernel(seq: int, batch: int, hidden: int, reverse: bool) -> tirx.PrimFunc:
-    """``(x [seq, batch, 4H], rt [H, 4H], h0 [batch, H], c0 [batch, H]) -> (y [seq, batch, H], c [batch, H])``:
-    ``y[t]`` is H_t in time order (``reverse`` runs t from the last step), ``c`` the last cell state."""
+def _time(seq: int, dirs: int, reverse: bool):
+    """The step index ``t`` that direction ``d`` reads and writes at its ``s``-th step: ONNX runs the second
+    direction of a bidirectional layer (and a ``reverse`` one) from the last step."""
+    if dirs == 2:
+        return lambda d, s: s + d * (seq - 1 - 2 * s)
+    return (lambda d, s: seq - 1 - s) if reverse else (lambda d, s: s)
+
+
+def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool = False) -> tirx.PrimFunc:
+    """``(x [seq, batch, D * 4H], rt [D, H, 4H], h0 [D, batch, H], c0 [D, batch, H]) -> (y [seq, D, batch, H],
+    h [D, batch, H], c [D, batch, H])``, ONNX's ``Y`` (layout 0), ``Y_h`` and ``Y_c`` of ``D`` directions
+    (``reverse``: a single direction run from the last step)."""
     v, gh = lanes_for(hidden), 4 * hidden
     jo_n, ho_n = gh // v, hidden // v
-
-    def at(s):
-        return seq - 1 - s if reverse else s
+    at = _time(seq, dirs, reverse)
 
     @T.prim_func(private=True)
-    def kernel(x: T.Buffer((seq, batch, gh), F32), rt: T.Buffer((hidden, gh), F32),
-               h0: T.Buffer((batch, hidden), F32), c0: T.Buffer((batch, hidden), F32),
-               y: T.Buffer((seq, batch, hidden), F32), c: T.Buffer((batch, hidden), F32)):
-        gates = T.alloc_buffer((gh,), F32)
-        h = T.alloc_buffer((batch, hidden), F32)
-        for b, j in T.grid(batch, hidden):
-            h[b, j] = h0[b, j]
-            c[b, j] = c0[b, j]
-        for s, b in T.grid(seq, batch):
-            for jo in range(jo_n):
-                for ji in T.vectorized(v):
-                    gates[jo * v + ji] = x[at(s), b, jo * v + ji]
-            for k, jo in T.grid(hidden, jo_n):
-                for ji in T.vectorized(v):
-                    gates[jo * v + ji] = gates[jo * v + ji] + h[b, k] * rt[k, jo * v + ji]
-            for jo in range(ho_n):
-                for ji in T.vectorized(v):
-                    c[b, jo * v + ji] = (sigmoid(gates[2 * hidden + jo * v + ji]) * c[b, jo * v + ji]
-                                         + sigmoid(gates[jo * v + ji]) * tanh(gates[3 * hidden + jo * v + ji]))
-                    h[b, jo * v + ji] = sigmoid(gates[hidden + jo * v + ji]) * tanh(c[b, jo * v + ji])
-                    y[at(s), b, jo * v + ji] = h[b, jo * v + ji]
+    def kernel(x: T.Buffer((seq, batch, dirs * gh), F32), rt: T.Buffer((dirs, hidden, gh), F32),
+               h0: T.Buffer((dirs, batch, hidden), F32), c0: T.Buffer((dirs, batch, hidden), F32),
+               y: T.Buffer((seq, dirs, batch, hidden), F32), h: T.Buffer((dirs, batch, hidden), F32),
+               c: T.Buffer((dirs, batch, hidden), F32)):
+        gates = T.alloc_buffer((dirs, gh), F32)
+        for d in T.parallel(dirs):
+            for b, j in T.grid(batch, hidden):
+                h[d, b, j] = h0[d, b, j]
+                c[d, b, j] = c0[d, b, j]
+            for s, b in T.grid(seq, batch):
+                for jo in range(jo_n):
+                    for ji in T.vectorized(v):
+                        gates[d, jo * v + ji] = x[at(d, s), b, d * gh + jo * v + ji]
+                for k, jo in T.grid(hidden, jo_n):
+                    for ji in T.vectorized(v):
+                        gates[d, jo * v + ji] = gates[d, jo * v + ji] + h[d, b, k] * rt[d, k, jo * v + ji]
+                for jo in range(ho_n):
+                    for ji in T.vectorized(v):
+                        c[d, b, jo * v + ji] = (
+                            sigmoid(gates[d, 2 * hidden + jo * v + ji]) * c[d, b, jo * v + ji]
+                            + sigmoid(gates[d, jo * v + ji]) * tanh(gates[d, 3 * hidden + jo * v + ji]))
+                        h[d, b, jo * v + ji] = sigmoid(gates[d, hidden + jo * v + ji]) * tanh(c[d, b, jo * v + ji])
+                        y[at(d, s), d, b, jo * v + ji] = h[d, b, jo * v + ji]
 
     return _finish(kernel)
 
 
-def gru_kernel(seq: int, batch: int, hidden: int, reverse: bool, linear_before_reset: bool) -> tirx.PrimFunc:
-    """``(x [seq, batch, 3H], rt [H, 3H], h0 [batch, H], rb_h [H]) -> y [seq, batch, H]`` (H_t in time order).
+def gru_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool = False,
+               linear_before_reset: bool = False) -> tirx.PrimFunc:
+    """``(x [seq, batch, D * 3H], rt [D, H, 3H], h0 [D, batch, H], rb_h [D, H]) -> (y [seq, D, batch, H],
+    h [D, batch, H])``, ONNX's ``Y`` (layout 0) and ``Y_h``.
 
     ``linear_before_reset`` 0: ``h~ = tanh(x_h + (r * H) @ R_h^T)`` (``Rb_h`` is in ``x``); 1: ``h~ = tanh(x_h
     + r * (H @ R_h^T + Rb_h))``. Then ``H' = (1 - z) h~ + z H``."""
-    v, zr = lanes_for(hidden), 2 * hidden
+    v, zr, gh = lanes_for(hidden), 2 * hidden, 3 * hidden
     ho_n = hidden // v
-
-    def at(s):
-        return seq - 1 - s if reverse else s
+    at = _time(seq, dirs, reverse)
+    lbr = linear_before_reset
 
     @T.prim_func(private=True)
-    def kernel(x: T.Buffer((seq, batch, 3 * hidden), F32), rt: T.Buffer((hidden, 3 * hidden), F32),
-               h0: T.Buffer((batch, hidden), F32), rb: T.Buffer((hidden,), F32),
-               y: T.Buffer((seq, batch, hidden), F32)):
-        gates = T.alloc_buffer((3 * hidden,), F32)  # h @ R^T: z, r, then h (only with linear_before_reset)
-        rh = T.alloc_buffer((hidden,), F32)          # r * H (linear_before_reset 0)
-        h = T.alloc_buffer((batch, hidden), F32)
-        for b, j in T.grid(batch, hidden):
-            h[b, j] = h0[b, j]
-        for s, b in T.grid(seq, batch):
-            for jo in range(3 * ho_n if linear_before_reset else 2 * ho_n):
-                for ji in T.vectorized(v):
-                    gates[jo * v + ji] = T.float32(0)
-            for k, jo in T.grid(hidden, 3 * ho_n if linear_before_reset else 2 * ho_n):
-                for ji in T.vectorized(v):
-                    gates[jo * v + ji] = gates[jo * v + ji] + h[b, k] * rt[k, jo * v + ji]
-            if not linear_before_reset:
+    def kernel(x: T.Buffer((seq, batch, dirs * gh), F32), rt: T.Buffer((dirs, hidden, gh), F32),
+               h0: T.Buffer((dirs, batch, hidden), F32), rb: T.Buffer((dirs, hidden), F32),
+               y: T.Buffer((seq, dirs, batch, hidden), F32), h: T.Buffer((dirs, batch, hidden), F32)):
+        gates = T.alloc_buffer((dirs, gh), F32)  # H @ R^T: z, r, then h (only with linear_before_reset)
+        rh = T.alloc_buffer((dirs, hidden), F32)  # r * H (linear_before_reset 0)
+        for d in T.parallel(dirs):
+            for b, j in T.grid(batch, hidden):
+                h[d, b, j] = h0[d, b, j]
+            for s, b in T.grid(seq, batch):
+                for jo in range(3 * ho_n if lbr else 2 * ho_n):
+                    for ji in T.vectorized(v):
+                        gates[d, jo * v + ji] = T.float32(0)
+                for k, jo in T.grid(hidden, 3 * ho_n if lbr else 2 * ho_n):
+                    for ji in T.vectorized(v):
+                        gates[d, jo * v + ji] = gates[d, jo * v + ji] + h[d, b, k] * rt[d, k, jo * v + ji]
+                if not lbr:
+                    for jo in range(ho_n):
+                        for ji in T.vectorized(v):
+                            rh[d, jo * v + ji] = sigmoid(x[at(d, s), b, d * gh + hidden + jo * v + ji]
+                                                         + gates[d, hidden + jo * v + ji]) * h[d, b, jo * v + ji]
+                    for jo in range(ho_n):
+                        for ji in T.vectorized(v):
+                            gates[d, zr + jo * v + ji] = x[at(d, s), b, d * gh + zr + jo * v + ji]
+                    for k, jo in T.grid(hidden, ho_n):
+                        for ji in T.vectorized(v):
+                            gates[d, zr + jo * v + ji] = (gates[d, zr + jo * v + ji]
+                                                          + rh[d, k] * rt[d, k, zr + jo * v + ji])
                 for jo in range(ho_n):
                     for ji in T.vectorized(v):
-                        rh[jo * v + ji] = sigmoid(x[at(s), b, hidden + jo * v + ji]
-                                                  + gates[hidden + jo * v + ji]) * h[b, jo * v + ji]
-                for jo in range(ho_n):
-                    for ji in T.vectorized(v):
-                        gates[zr + jo * v + ji] = x[at(s), b, zr + jo * v + ji]
-                for k, jo in T.grid(hidden, ho_n):
-                    for ji in T.vectorized(v):
-                        gates[zr + jo * v + ji] = gates[zr + jo * v + ji] + rh[k] * rt[k, zr + jo * v + ji]
-            for jo in range(ho_n):
-                for ji in T.vectorized(v):
-                    h[b, jo * v + ji] = _gru_state(x, gates, rb, h, at(s), b, jo * v + ji, hidden,
-                                                   linear_before_reset)
-                    y[at(s), b, jo * v + ji] = h[b, jo * v + ji]
+                        h[d, b, jo * v + ji] = _gru_state(x, gates, rb, h, at(d, s), d, b, jo * v + ji, hidden, lbr)
+                        y[at(d, s), d, b, jo * v + ji] = h[d, b, jo * v + ji]
 
     return _finish(kernel)
 
 
-def _gru_state(x, gates, rb, h, t, b, j, hidden: int, linear_before_reset: bool):
-    """``(1 - z) h~ + z H`` of hidden unit ``j`` (``gates`` holds ``H @ R^T``, or ``x_h + (r H) @ R_h^T`` in
-    its h part with linear_before_reset 0)."""
-    z = sigmoid(x[t, b, j] + gates[j])
+def _gru_state(x, gates, rb, h, t, d, b, j, hidden: int, linear_before_reset: bool):
+    """``(1 - z) h~ + z H`` of direction ``d``'s hidden unit ``j`` (``gates`` holds ``H @ R^T``, or ``x_h + (r H)
+    @ R_h^T`` in its h part with linear_before_reset 0)."""
+    at = d * 3 * hidden  # the direction's columns of x
+    z = sigmoid(x[t, b, at + j] + gates[d, j])
     if linear_before_reset:
-        r = sigmoid(x[t, b, hidden + j] + gates[hidden + j])
-        candidate = tanh(x[t, b, 2 * hidden + j] + r * (gates[2 * hidden + j] + rb[j]))
+        r = sigmoid(x[t, b, at + hidden + j] + gates[d, hidden + j])
+        candidate = tanh(x[t, b, at + 2 * hidden + j] + r * (gates[d, 2 * hidden + j] + rb[d, j]))
     else:
-        candidate = tanh(gates[2 * hidden + j])
+        candidate = tanh(gates[d, 2 * hidden + j])
     zv = tirx.Var("z", F32)  # z is read twice: let-bound, so its exponential is not defined twice
-    return tirx.Let(zv, z, (_c(1.0) - zv) * candidate + zv * h[b, j])
+    return tirx.Let(zv, z, (_c(1.0) - zv) * candidate + zv * h[d, b, j])

@@ -1,5 +1,6 @@
-"""Whole-sequence LSTM and GRU kernels (CPU targets): one kernel per direction instead of the unrolled steps;
-numbers against onnxruntime, which variants stay unrolled, and the kernels alone against numpy."""
+"""Whole-sequence LSTM and GRU kernels (CPU targets): one kernel per layer (its directions in parallel) instead
+of the unrolled steps; numbers against onnxruntime, which variants stay unrolled, and the kernels alone against
+numpy."""
 
 import numpy as np
 import pytest
@@ -51,8 +52,7 @@ CASES = [
 def test_fused_directions_match_onnxruntime(op, layout, attrs):
     model, inputs, expected = _expected(layout, op=op, **attrs)
     cm = tvmfuse.compile(model, target=HOST)
-    dirs = 2 if attrs["direction"] == "bidirectional" else 1
-    assert len(_recurrent_kernels(cm)) == dirs
+    assert len(_recurrent_kernels(cm)) == 1
     got = cm.run(inputs)
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
@@ -82,19 +82,19 @@ def test_only_cpu_targets_fuse():
     model = recurrent_model("LSTM", direction="bidirectional")
     cpu, *_ = frontend.prepare(model, fused_recurrence=True)
     cuda, *_ = frontend.prepare(model, fused_recurrence=False)
-    assert [n.op_type for n in cpu.graph.node if n.domain == rnn_fused.DOMAIN] == [rnn_fused.OP_TYPE] * 2
+    assert [n.op_type for n in cpu.graph.node if n.domain == rnn_fused.DOMAIN] == [rnn_fused.OP_TYPE]
     assert not [n for n in cuda.graph.node if n.domain == rnn_fused.DOMAIN]
     assert not targets.resolve("cuda-sm90").backend().fused_recurrence
     assert targets.resolve(HOST).backend().fused_recurrence
 
 
-def test_a_stacked_model_has_one_kernel_per_direction():
-    """CRNN-like: a bidirectional LSTM feeding a bidirectional GRU compiles to 4 recurrent kernels, and far
+def test_a_stacked_model_has_one_kernel_per_layer():
+    """CRNN-like: a bidirectional LSTM feeding a bidirectional GRU compiles to 2 recurrent kernels, and far
     fewer kernel calls than the unrolled steps."""
     from tvmfuse import zoo
 
     cm = tvmfuse.compile(zoo.get("crnn"), target=HOST, shapes=zoo.default_shapes("crnn"))
-    assert len(_recurrent_kernels(cm)) == 4
+    assert len(_recurrent_kernels(cm)) == 2
     outputs = cm.lowered["main"].script().count("R.vm.alloc_tensor(")  # one per kernel output
     assert 10 < outputs < 60, outputs  # unrolled, each of the 124 steps allocated 3-4
 
@@ -112,37 +112,44 @@ def _run(func, args, outs):
     return [b.numpy() for b in bufs]
 
 
-@pytest.mark.parametrize("hidden", [6, 8, 48])
-@pytest.mark.parametrize("reverse", [False, True])
-def test_lstm_kernel_against_numpy(hidden, reverse):
-    rng = np.random.default_rng(hidden)
-    seq, batch = 5, 2
-    x, rt = rng.standard_normal((seq, batch, 4 * hidden)), rng.standard_normal((hidden, 4 * hidden)) * 0.5
-    h, c = rng.standard_normal((batch, hidden)), rng.standard_normal((batch, hidden))
-    args = [a.astype("float32") for a in (x, rt, h, c)]
-    y, c_out = _run(recurrence.lstm_kernel(seq, batch, hidden, reverse), args, [(seq, batch, hidden), (batch, hidden)])
-    expected = np.zeros((seq, batch, hidden))
+def _directions(dirs: int, reverse: bool):
+    """Whether each direction runs from the last step (ONNX: a bidirectional layer's second one)."""
+    return [False, True] if dirs == 2 else [reverse]
+
+
+def _numpy_lstm(x, rt, h, c, reverse):
+    seq, hidden = x.shape[0], rt.shape[0]
+    y = np.zeros((seq,) + h.shape)
     for t in (reversed(range(seq)) if reverse else range(seq)):
         g = x[t] + h @ rt
-        i, o, f, cand = (_sigmoid(g[:, k * hidden:(k + 1) * hidden]) for k in range(4))
-        cand = np.tanh(g[:, 3 * hidden:])
-        c = f * c + i * cand
+        i, o, f = (_sigmoid(g[:, k * hidden:(k + 1) * hidden]) for k in range(3))
+        c = f * c + i * np.tanh(g[:, 3 * hidden:])
         h = o * np.tanh(c)
-        expected[t] = h
-    np.testing.assert_allclose(y, expected, atol=2e-6)
-    np.testing.assert_allclose(c_out, c, atol=2e-6)
+        y[t] = h
+    return y, h, c
 
 
-@pytest.mark.parametrize("lbr", [False, True])
-@pytest.mark.parametrize("reverse", [False, True])
-def test_gru_kernel_against_numpy(lbr, reverse):
-    rng = np.random.default_rng(int(lbr))
-    seq, batch, hidden = 4, 3, 8
-    x, rt = rng.standard_normal((seq, batch, 3 * hidden)), rng.standard_normal((hidden, 3 * hidden)) * 0.5
-    h, rb = rng.standard_normal((batch, hidden)), rng.standard_normal(hidden)
-    args = [a.astype("float32") for a in (x, rt, h, rb)]
-    (y,) = _run(recurrence.gru_kernel(seq, batch, hidden, reverse, lbr), args, [(seq, batch, hidden)])
-    expected = np.zeros((seq, batch, hidden))
+@pytest.mark.parametrize("hidden", [6, 8, 48])
+@pytest.mark.parametrize("dirs,reverse", [(1, False), (1, True), (2, False)])
+def test_lstm_kernel_against_numpy(hidden, dirs, reverse):
+    rng = np.random.default_rng(hidden)
+    seq, batch = 5, 2
+    x, rt = rng.standard_normal((seq, batch, dirs * 4 * hidden)), rng.standard_normal((dirs, hidden, 4 * hidden)) * 0.5
+    h, c = rng.standard_normal((dirs, batch, hidden)), rng.standard_normal((dirs, batch, hidden))
+    args = [a.astype("float32") for a in (x, rt, h, c)]
+    last = (dirs, batch, hidden)
+    y, h_out, c_out = _run(recurrence.lstm_kernel(seq, batch, hidden, dirs, reverse), args,
+                           [(seq, dirs, batch, hidden), last, last])
+    for d, rev in enumerate(_directions(dirs, reverse)):
+        ey, eh, ec = _numpy_lstm(x[:, :, d * 4 * hidden:(d + 1) * 4 * hidden], rt[d], h[d], c[d], rev)
+        np.testing.assert_allclose(y[:, d], ey, atol=2e-6)
+        np.testing.assert_allclose(h_out[d], eh, atol=2e-6)
+        np.testing.assert_allclose(c_out[d], ec, atol=2e-6)
+
+
+def _numpy_gru(x, rt, h, rb, lbr, reverse):
+    seq, hidden = x.shape[0], rt.shape[0]
+    y = np.zeros((seq,) + h.shape)
     for t in (reversed(range(seq)) if reverse else range(seq)):
         g = h @ rt
         z = _sigmoid(x[t, :, :hidden] + g[:, :hidden])
@@ -152,8 +159,34 @@ def test_gru_kernel_against_numpy(lbr, reverse):
         else:
             cand = np.tanh(x[t, :, 2 * hidden:] + (r * h) @ rt[:, 2 * hidden:])
         h = (1 - z) * cand + z * h
-        expected[t] = h
-    np.testing.assert_allclose(y, expected, atol=2e-6)
+        y[t] = h
+    return y, h
+
+
+@pytest.mark.parametrize("lbr", [False, True])
+@pytest.mark.parametrize("dirs,reverse", [(1, False), (1, True), (2, False)])
+def test_gru_kernel_against_numpy(lbr, dirs, reverse):
+    rng = np.random.default_rng(int(lbr))
+    seq, batch, hidden = 4, 3, 8
+    x, rt = rng.standard_normal((seq, batch, dirs * 3 * hidden)), rng.standard_normal((dirs, hidden, 3 * hidden)) * 0.5
+    h, rb = rng.standard_normal((dirs, batch, hidden)), rng.standard_normal((dirs, hidden))
+    args = [a.astype("float32") for a in (x, rt, h, rb)]
+    y, h_out = _run(recurrence.gru_kernel(seq, batch, hidden, dirs, reverse, lbr), args,
+                    [(seq, dirs, batch, hidden), (dirs, batch, hidden)])
+    for d, rev in enumerate(_directions(dirs, reverse)):
+        ey, eh = _numpy_gru(x[:, :, d * 3 * hidden:(d + 1) * 3 * hidden], rt[d], h[d], rb[d], lbr, rev)
+        np.testing.assert_allclose(y[:, d], ey, atol=2e-6)
+        np.testing.assert_allclose(h_out[d], eh, atol=2e-6)
+
+
+def test_directions_run_in_parallel():
+    """A bidirectional layer's kernel launches its directions as parallel tasks (one launch, no barrier per
+    step); a single direction has nothing to run beside it."""
+    target = targets.resolve(HOST).tvm_target()
+    for dirs, launches in ((2, 1), (1, 0)):  # a loop of one task is no launch
+        func = recurrence.lstm_kernel(7, 1, 32, dirs).with_attr("global_symbol", "k")
+        ir = tvm.tirx.build(func, target=target).inspect_source("ll")
+        assert ir.count("load ptr, ptr @__TVMBackendParallelLaunch") == launches, dirs
 
 
 def test_fast_exp_accuracy():

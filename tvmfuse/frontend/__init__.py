@@ -40,7 +40,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recu
             consts: Mapping[str, object] | None = None):
     """Load, pin the inputs named in ``consts`` (:mod:`.pin`), fix shapes, constant-fold, inline the ``If``
     nodes whose condition folded, spell onnxruntime's float and quantized contrib ops (:mod:`.contrib`, :mod:`.qlinear_contrib`), unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
-    direction where the cell has one, for CPU targets), normalize, make 1-D convs 2-D (:mod:`.conv1d`),
+    layer where the cell has one, for CPU targets), normalize, make 1-D convs 2-D (:mod:`.conv1d`),
     express quantized ops with standard ones
     (integer ops read as float become float ops), fold zero Pads into Convs.
 

@@ -1,6 +1,6 @@
 """Unroll ONNX's recurrent ops (LSTM, GRU, RNN) into basic ops TVM's importer handles (an ONNX-graph rewrite),
-or, with ``fused`` (CPU targets), write each direction of the cells that have one as a whole-sequence kernel
-node (:mod:`.rnn_fused`) after the same input projection.
+or, with ``fused`` (CPU targets), write a layer whose cells have one as a whole-sequence kernel node (every
+direction in one, :mod:`.rnn_fused`) after the same input projection.
 
 TVM 0.27's ONNX importer has no converter for LSTM, GRU or RNN. Before import, each such node (default
 domain, top-level graph) is replaced here by a subgraph unrolled over the time steps, which needs a static
@@ -245,7 +245,7 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto, fused: bool) -> list[onnx.Node
         xw = e.op("Add", [xw, e.const("bias", bias.reshape(-1))], "xW_b")
 
     if fused and all(rnn_fused.fusable(op, attrs, acts[d], None if p is None else p[d]) for d in range(dirs)):
-        return _fused(e, node, layout, direction, dirs, xw, seq, batch, r, b, lbr)
+        return _fused(e, node, layout, direction, xw, seq, batch, r, b, lbr)
     hs: list[list[str]] = []  # hs[d][t]: H_t of direction d, in time order
     last_h, last_c = [], []
     for d in range(dirs):
@@ -293,24 +293,19 @@ def _last_states(e: Emitter, node: onnx.NodeProto, last_h: list, last_c: list, l
             _stack(e, states, layout, shape, what, name)
 
 
-def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, dirs: int, xw: str, seq: int,
-           batch: int, r: np.ndarray, b: np.ndarray | None, lbr: bool) -> list[onnx.NodeProto]:
-    """Each direction as one whole-sequence kernel (:mod:`.rnn_fused`), then ONNX's outputs."""
+def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, xw: str, seq: int, batch: int,
+           r: np.ndarray, b: np.ndarray | None, lbr: bool) -> list[onnx.NodeProto]:
+    """Every direction as one whole-sequence kernel (:mod:`.rnn_fused`) writing ONNX's outputs."""
     hidden = r.shape[-1]
-    ys, last_h, last_c = [], [], []
-    for d in range(dirs):
-        tag = _tag(d, dirs, direction)
-        h0 = _initial_state(e, node, _INITIAL_H, layout, d, f"{tag}/h")
-        c0 = _initial_state(e, node, _INITIAL_C, layout, d, f"{tag}/c") if node.op_type == "LSTM" else None
-        rb_h = b[d][5 * hidden:] if lbr and b is not None else None
-        y, h, c = rnn_fused.emit_direction(e, node.op_type, xw, d, dirs, seq, batch, r[d], rb_h, h0, c0,
-                                           direction == "reverse" or d == 1, lbr, tag)
-        ys.append(y)
-        last_h.append(h)
-        last_c.append(c)
-    if node.output and node.output[0]:
-        rnn_fused.stack_sequences(e, ys, layout, seq, batch, hidden, node.output[0])
-    _last_states(e, node, last_h, last_c, layout, batch, hidden)
+    states = []
+    for index, what in ((_INITIAL_H, "h0"), (_INITIAL_C, "c0")):
+        name = _input(node, index) if node.op_type == "LSTM" or index == _INITIAL_H else ""
+        if name and layout:  # [B, D, H] -> [D, B, H]
+            name = e.op("Transpose", [name], f"{what}_direction_major", perm=[1, 0, 2])
+        states.append(name or None)
+    rb_h = b[:, 5 * hidden:] if lbr and b is not None else None
+    rnn_fused.emit_layer(e, node.op_type, xw, seq, batch, r, rb_h, states[0], states[1], direction == "reverse",
+                         lbr, layout, list(node.output))
     return e.nodes
 
 

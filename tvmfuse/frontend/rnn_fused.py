@@ -1,7 +1,7 @@
-"""LSTM and GRU directions as one whole-sequence kernel each (CPU targets), for :mod:`.rnn`.
+"""An LSTM or GRU layer as one whole-sequence kernel (CPU targets), for :mod:`.rnn`.
 
-Instead of unrolling a direction's steps, :func:`emit_direction` writes one node ``Recurrence`` (domain
-``tvmfuse``) reading the direction's rows of the input projection; :func:`converter` turns it into a
+Instead of unrolling the steps, :func:`emit_layer` writes one node ``Recurrence`` (domain ``tvmfuse``) for
+all directions of a layer, reading the input projection; :func:`converter` turns it into a
 ``call_tir`` of :mod:`tvmfuse.schedules.computes.recurrence`'s kernel during TVM's ONNX import
 (:func:`tvmfuse.frontend.importer.to_relax`). ORT cannot run such a node: it only exists between
 :func:`tvmfuse.frontend.prepare` (with ``fused_recurrence``) and the import.
@@ -28,54 +28,37 @@ def fusable(op: str, attrs: dict, acts: tuple, peepholes) -> bool:
             and not attrs.get("input_forget", 0) and (peepholes is None or not np.any(peepholes)))
 
 
-def emit_direction(e: Emitter, op: str, xw: str, d: int, dirs: int, seq: int, batch: int, r: np.ndarray,
-                   rb_h: np.ndarray | None, h0: str | None, c0: str | None, reverse: bool, lbr: bool,
-                   tag: str) -> tuple[str, str, str | None]:
-    """One direction: ``(Y_d [seq, batch, H] in time order, H_last [batch, H], C_last [batch, H] or None)``.
+def emit_layer(e: Emitter, op: str, xw: str, seq: int, batch: int, r: np.ndarray, rb_h: np.ndarray | None,
+               h0: str | None, c0: str | None, reverse: bool, lbr: bool, layout: int, outputs: list[str]) -> None:
+    """Every direction of one layer as one node, then ONNX's ``outputs`` (Y, Y_h, Y_c; ``""`` where unused).
 
-    ``xw`` is the input projection of every step and direction, ``[seq * batch, dirs * G * H]``."""
-    hidden = r.shape[-1]
-    width = r.shape[0]
-    x = xw if dirs == 1 else e.slice(xw, [d * width], [(d + 1) * width], [1], f"{tag}/x")
-    x = e.reshape(x, [seq, batch, width], f"{tag}/x_steps")
-    inputs = [x, e.const(f"{tag}/R_T", r.T), h0 or ""]
+    ``xw`` is the input projection of every step and direction, ``[seq * batch, D * G * H]``; ``r`` is ONNX's
+    ``R`` (``[D, G * H, H]``), ``h0``/``c0`` ONNX's initial states in layout 0 (``[D, batch, H]``)."""
+    dirs, width, hidden = r.shape
+    x = e.reshape(xw, [seq, batch, dirs * width], "x_steps")
+    inputs = [x, e.const("R_T", r.transpose(0, 2, 1)), h0 or ""]
     if op == "LSTM":
         inputs.append(c0 or "")
     elif lbr and rb_h is not None:
-        inputs.append(e.const(f"{tag}/Rb_h", rb_h))
+        inputs.append(e.const("Rb_h", rb_h))
     while inputs[-1] == "":
         inputs.pop()
-    y = e.fresh(f"{e.prefix}/{tag}/Y")
-    outputs = [y] + ([e.fresh(f"{e.prefix}/{tag}/C_last")] if op == "LSTM" else [])
-    e.nodes.append(_node(e, op, inputs, outputs, tag, reverse=int(reverse), linear_before_reset=int(lbr)))
-    last = 0 if reverse else seq - 1
-    h_last = e.reshape(e.slice(y, [last], [last + 1], [0], f"{tag}/Y_last"), [batch, hidden], f"{tag}/h_last")
-    return y, h_last, (outputs[1] if op == "LSTM" else None)
+    wanted = (list(outputs) + ["", "", ""])[:3 if op == "LSTM" else 2]
+    # layout 0 is the kernel's own: it writes the node's outputs; layout 1 transposes them
+    names = [(out if out and not layout else e.fresh(f"{e.prefix}/{what}"))
+             for out, what in zip(wanted, ("Y", "Y_h", "Y_c"))]
+    e.nodes.append(_node(e, op, inputs, names, reverse=int(reverse), linear_before_reset=int(lbr)))
+    if layout:
+        for out, name, perm in zip(wanted, names, ([2, 0, 1, 3], [1, 0, 2], [1, 0, 2])):
+            if out:
+                e.op("Transpose", [name], f"{out}_batch_major", out=out, perm=perm)
 
 
-def _node(e: Emitter, op: str, inputs, outputs, tag: str, **attrs):
+def _node(e: Emitter, op: str, inputs, outputs, **attrs):
     from onnx import helper
 
-    return helper.make_node(OP_TYPE, inputs, outputs, name=f"{e.prefix}/{tag}/recurrence", domain=DOMAIN,
-                            cell=op, **attrs)
-
-
-def stack_sequences(e: Emitter, ys: list[str], layout: int, seq: int, batch: int, hidden: int, out: str) -> None:
-    """ONNX's Y from each direction's ``[seq, batch, H]``: ``[seq, D, batch, H]`` (layout 0) or ``[batch, seq,
-    D, H]`` (layout 1)."""
-    dirs = len(ys)
-    if layout:
-        ys = [e.op("Transpose", [y], f"Y{d}_batch_major", perm=[1, 0, 2]) for d, y in enumerate(ys)]
-        shape = [batch, seq, 1, hidden]
-        final = [batch, seq, dirs, hidden]
-    else:
-        shape = [seq, 1, batch, hidden]
-        final = [seq, dirs, batch, hidden]
-    if dirs == 1:
-        e.reshape(ys[0], final, "Y", out=out)
-        return
-    parts = [e.reshape(y, shape, f"Y{d}_4d") for d, y in enumerate(ys)]
-    e.op("Concat", parts, "Y", out=out, axis=2 if layout else 1)
+    return helper.make_node(OP_TYPE, inputs, outputs, name=f"{e.prefix}/recurrence", domain=DOMAIN, cell=op,
+                            **attrs)
 
 
 def converter():
@@ -90,21 +73,22 @@ def converter():
         def _impl_v1(cls, bb, inputs, attr, params):
             x, rt = inputs[0], inputs[1]
             seq, batch, _ = (int(d) for d in x.ty.shape)
-            hidden = int(rt.ty.shape[0])
+            dirs, hidden = int(rt.ty.shape[0]), int(rt.ty.shape[1])
             cell, reverse = attr["cell"], bool(attr.get("reverse", 0))
             cell = cell.decode() if isinstance(cell, bytes) else cell
-            zeros = np.zeros((batch, hidden), "float32")
+            zeros = np.zeros((dirs, batch, hidden), "float32")
             state = [inputs[i] if len(inputs) > i and inputs[i] is not None else relax.const(zeros) for i in (2, 3)]
-            y = relax.TensorType((seq, batch, hidden), "float32")
+            y = relax.TensorType((seq, dirs, batch, hidden), "float32")
+            last = relax.TensorType((dirs, batch, hidden), "float32")
             if cell == "LSTM":
-                kernel = recurrence.lstm_kernel(seq, batch, hidden, reverse)
-                args, out = [x, rt] + state, [y, relax.TensorType((batch, hidden), "float32")]
+                kernel = recurrence.lstm_kernel(seq, batch, hidden, dirs, reverse)
+                args, out = [x, rt] + state, [y, last, last]
             else:
                 lbr = bool(attr.get("linear_before_reset", 0))
                 given = len(inputs) > 3 and inputs[3] is not None
-                rb = inputs[3] if lbr and given else relax.const(np.zeros(hidden, "float32"))
-                kernel = recurrence.gru_kernel(seq, batch, hidden, reverse, lbr)
-                args, out = [x, rt, state[0], rb], y
+                rb = inputs[3] if lbr and given else relax.const(np.zeros((dirs, hidden), "float32"))
+                kernel = recurrence.gru_kernel(seq, batch, hidden, dirs, reverse, lbr)
+                args, out = [x, rt, state[0], rb], [y, last]
             gv = bb.add_func(kernel, f"tvmfuse_{cell.lower()}")
             return relax.call_tir(gv, args, out)
 
