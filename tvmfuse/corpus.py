@@ -38,7 +38,8 @@ class CorpusModel:
     ``tol`` is the rtol = atol bound it must match onnxruntime within (1e-4 unless ``why_looser`` says
     why a model needs more: float32 rounding that the network amplifies, never an approximation of ours;
     a dynamically quantized model, ``dynamic_int8``, moves a code on a rounding tie now and then, as
-    ``tests/frontend/test_dynamic_quant.py`` bounds it).
+    ``tests/frontend/test_dynamic_quant.py`` bounds it). ``dtype`` and ``values`` say what the input holds
+    (:meth:`sample`): a normalized image by default, token ids for a model that embeds them.
     """
 
     name: str
@@ -51,10 +52,21 @@ class CorpusModel:
     tol: float = 1e-4
     why_looser: str = ""
     dynamic_int8: bool = False
+    dtype: str = "float32"
+    values: tuple[int, int] = (-1, 1)  # uniform in [low, high): floats, or the integers of that range
 
     @property
     def wheel_name(self) -> str:
         return self.package.split("==")[0]
+
+    def sample(self, seed: int = 0) -> dict[str, "np.ndarray"]:
+        """A test input of the table's shape, dtype and value range (the same for every ``seed``)."""
+        import numpy as np
+
+        rng, (low, high) = np.random.default_rng(seed), self.values
+        if np.issubdtype(np.dtype(self.dtype), np.integer):
+            return {self.input: rng.integers(low, high, self.shape).astype(self.dtype)}
+        return {self.input: rng.uniform(low, high, self.shape).astype(self.dtype)}
 
 
 _RAPIDOCR = "rapidocr==3.10.0"
@@ -108,6 +120,10 @@ MODELS: tuple[CorpusModel, ...] = (
                 why_looser="dynamic INT8: the activations are quantized at run time, and float32 rounding "
                 "between two quantizations moves a code on a rounding tie now and then (max 0.065 on logits "
                 "up to 15 here; the class of every time step agrees)"),
+    # Beyond images: a file-type classifier reading the first and last 1,024 bytes of a file as token ids.
+    CorpusModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", "bytes", (1, 2048),
+                "Google's Magika file-type classifier (byte embedding, 1-D conv, LayerNorm, 214 types)",
+                "Apache-2.0", dtype="int32", values=(0, 257)),  # 256 bytes and the padding token 256
 )
 
 

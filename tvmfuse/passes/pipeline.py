@@ -37,7 +37,7 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     LayerNorm one op each, flatten N-D x constant matmuls to 2-D, pad dense weights whose column count has no
     vector-wide divisor (and, in FP32 graphs, a Softmax's rows over a dense's columns), turn transposed convs
     into stride-1 phase convs + depth-to-space, merge narrow conv groups, fold batch-norm and constant scales
-    and shifts into convs: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to
+    and shifts into convs, lay a conv over a one-pixel-wide map along the width: the shapes the patterns expect. ``spec``, ``qdq_report`` and ``blocked`` go to
     ``FuseQDQ`` (None: a CPU target, no report); ``int8``: the graph is calibrated or quantized."""
     from .canonicalize import CanonicalizeClip
     from .conv_transpose import TransposeConvToConv
@@ -52,18 +52,20 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
     from .layer_norm import FuseLayerNorm
     from .int8.qdq import FuseQDQ
     from .regroup_conv import RegroupConv
+    from .tall_conv import TallConvToWide
 
     # CanonicalizeClip first: it folds the importer's Clip guards cheaply before FoldConstant sees them, and
     # leaves relu6 one relax.clip for FuseQDQ. FuseQDQ before FoldConstant, which would fold the
     # dequantize(int8 weight) of every QDQ chain into a float constant.
     # FlattenMatmul and TransposeConvToConv after FoldConstant: the weights they look for are constants by then.
     # RegroupConv leaves the narrow groups the blocked FP32 kernel runs as they are (x86; not in INT8 graphs).
+    # TallConvToWide after the folds into convs, which match a conv followed directly by its batch norm.
     narrow_lanes = spec.backend().vector_lanes() if spec is not None and blocked and not int8 else None
     return [CanonicalizeClip, FuseQDQ(spec, qdq_report, blocked), FoldConstantLayouts, FoldConstant,
             FuseGeluTanh,
             FuseLayerNorm(spec is None or spec.backend().channel_layer_norm), FlattenMatmul,
             PadDenseColumns, *([] if int8 else [PadSoftmaxRows]), TransposeConvToConv, RegroupConv(narrow_lanes),
-            FoldBatchNorm, FoldScaleShift, FoldConstant]
+            FoldBatchNorm, FoldScaleShift, TallConvToWide, FoldConstant]
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
