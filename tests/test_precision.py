@@ -196,3 +196,26 @@ def test_a_dynamically_quantized_conv_computes_in_float16(tmp_path):
     x = {model.graph.input[0].name: np.random.default_rng(0).standard_normal(shape).astype("float32")}
     error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
     assert error <= correctness.FP16_REL, error
+
+
+def test_a_one_hot_mask_joins_the_float16_graph():
+    # Magika's token embedding: Equal(tokens, range) -> Cast(float) -> MatMul(table). The mask's 0/1 are exact in
+    # float16; kept float32 it met the float16 table in a type error.
+    from onnx import TensorProto
+
+    from helpers import ort_run
+
+    table = np.random.default_rng(1).standard_normal((9, 4)).astype("float32")
+    nodes = [helper.make_node("Unsqueeze", ["t", "axis"], ["t2"]),
+             helper.make_node("Equal", ["t2", "ids"], ["hot"]),
+             helper.make_node("Cast", ["hot"], ["hotf"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["hotf", "table"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "axis"),
+             numpy_helper.from_array(np.arange(9, dtype=np.int32), "ids"),
+             numpy_helper.from_array(table, "table")]
+    graph = helper.make_graph(nodes, "onehot", [helper.make_tensor_value_info("t", TensorProto.INT32, [1, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x = {"t": np.array([[0, 3, 8, 2, 2, 5]], np.int32)}
+    error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
+    assert error <= correctness.FP16_REL, error

@@ -69,9 +69,10 @@ class _Half(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.astype" and _float32_tensor(call) \
-                and str(getattr(call.args[0].ty, "dtype", "")) in ("int8", "uint8"):
-            # 8-bit codes read as float (a dynamically quantized model's activations and zero points) join the
-            # float16 graph, exactly; wider integers (sums, shapes) keep float32, which float16 may not hold.
+                and str(getattr(call.args[0].ty, "dtype", "")) in ("int8", "uint8", "bool"):
+            # 8-bit codes read as float (a dynamically quantized model's activations and zero points) and masks
+            # (Magika's one-hot tokens, Equal -> Cast) join the float16 graph, exactly; wider integers (sums,
+            # shapes) keep float32, which float16 may not hold.
             return relax.op.astype(call.args[0], "float16")
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip" and _float16_tensor(call.args[0]):
             # A clip with one open side is bounded by float32's largest value (CanonicalizeClip), which a
