@@ -17,7 +17,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..computes.blocked import PLAIN_CROP
-from ..common import block_names, dividing_vector
+from ..common import annotate_child, block_names, dividing_vector
 from . import RULES as X86_RULES
 from . import (batch_matmul, conv2d, conv2d_nchwc, conv2d_winograd, dense, depthwise_conv2d, depthwise_nchwc,
                layer_norm, layer_norm_channels, rows, softmax)
@@ -41,11 +41,7 @@ def annotate(func: tirx.PrimFunc, family: str) -> tirx.PrimFunc | None:
     module = RULES.get(family)
     if module is None:
         return None
-    sch = s_tir.Schedule(func)
-    if module.ANCHOR not in block_names(sch):
-        return None
-    sch.annotate(sch.get_sblock(module.ANCHOR), "schedule_rule", rule_name(family))
-    return sch.mod["main"]
+    return annotate_child(func, module.ANCHOR, "schedule_rule", rule_name(family))
 
 
 def _pick(sch: s_tir.Schedule, candidates: list[int], default: int):
