@@ -32,6 +32,20 @@ def test_annotate_marks_the_anchor_only_for_known_families():
     assert templates.annotate(_conv_kernel(), "dense") is None  # no T_matmul_NN block in a conv kernel
 
 
+def test_the_mark_is_what_a_schedule_writes():
+    """``annotate`` rebuilds the kernel with the mark instead of building a Schedule: the same kernel, so the same
+    workload hash in tuning logs; a block of that name below another block is not the root's child."""
+    from tvmfuse.schedules.common import annotate_child
+    from tvmfuse.tune.records import kernel_hash
+
+    sch = s_tir.Schedule(_conv_kernel())
+    sch.annotate(sch.get_sblock("conv2d_nchw"), "schedule_rule", "tvmfuse.x86.conv2d")
+    ours = templates.annotate(_conv_kernel(), "conv2d")
+    tvm.ir.assert_structural_equal(ours, sch.mod["main"])
+    assert kernel_hash(ours) == kernel_hash(sch.mod["main"])
+    assert annotate_child(_conv_kernel(), "no_such_block", "k", "v") is None
+
+
 def test_register_is_explicit_and_names_cpu_rules():
     names = templates.register(HOST.vector_bits())
     families = ("conv2d", "depthwise_conv2d", "dense", "batch_matmul", "conv2d_nchwc", "conv2d_winograd", "depthwise_conv2d_nchwc",
