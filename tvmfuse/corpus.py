@@ -39,7 +39,9 @@ class CorpusModel:
     why a model needs more: float32 rounding that the network amplifies, never an approximation of ours;
     a dynamically quantized model, ``dynamic_int8``, moves a code on a rounding tie now and then, as
     ``tests/frontend/test_dynamic_quant.py`` bounds it). ``dtype`` and ``values`` say what the input holds
-    (:meth:`sample`): a normalized image by default, token ids for a model that embeds them.
+    (:meth:`sample`): a normalized image by default, token ids for a model that embeds them. ``others`` are
+    more float inputs (name, shape), a recurrent state say, fed the same way; ``consts`` inputs fixed wherever
+    the model is deployed (name, value), pinned in the file :func:`prepared` gives, as ``--const`` pins them.
     """
 
     name: str
@@ -54,19 +56,30 @@ class CorpusModel:
     dynamic_int8: bool = False
     dtype: str = "float32"
     values: tuple[int, int] = (-1, 1)  # uniform in [low, high): floats, or the integers of that range
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    consts: tuple[tuple[str, object], ...] = ()
 
     @property
     def wheel_name(self) -> str:
         return self.package.split("==")[0]
 
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every input's shape (the pinned ones are constants by then)."""
+        return {self.input: self.shape, **dict(self.others)}
+
     def sample(self, seed: int = 0) -> dict[str, "np.ndarray"]:
-        """A test input of the table's shape, dtype and value range (the same for every ``seed``)."""
+        """Test inputs of the table's shapes, dtype and value range (the same for the same ``seed``)."""
         import numpy as np
 
         rng, (low, high) = np.random.default_rng(seed), self.values
         if np.issubdtype(np.dtype(self.dtype), np.integer):
-            return {self.input: rng.integers(low, high, self.shape).astype(self.dtype)}
-        return {self.input: rng.uniform(low, high, self.shape).astype(self.dtype)}
+            out = {self.input: rng.integers(low, high, self.shape).astype(self.dtype)}
+        else:
+            out = {self.input: rng.uniform(low, high, self.shape).astype(self.dtype)}
+        for name, shape in self.others:
+            out[name] = rng.uniform(low, high, shape).astype(np.float32)
+        return out
 
 
 _RAPIDOCR = "rapidocr==3.10.0"
@@ -124,6 +137,10 @@ MODELS: tuple[CorpusModel, ...] = (
     CorpusModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", "bytes", (1, 2048),
                 "Google's Magika file-type classifier (byte embedding, 1-D conv, LayerNorm, 214 types)",
                 "Apache-2.0", dtype="int32", values=(0, 257)),  # 256 bytes and the padding token 256
+    # Audio: a voice-activity detector run on 512-sample chunks with its LSTM state carried between calls.
+    CorpusModel("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx", "input", (1, 512),
+                "Silero VAD (STFT as a 1-D conv, conv encoder, LSTM cell, an If on the sample rate)", "MIT",
+                others=(("state", (2, 1, 128)),), consts=(("sr", 16000),)),
 )
 
 
@@ -148,6 +165,42 @@ def cache_dir() -> Path:
 def local_path(model: CorpusModel, cache: Path | None = None) -> Path:
     """Where :func:`fetch` puts the model's file (it may not be there yet)."""
     return (cache or cache_dir()) / model.package.replace("==", "-") / model.path
+
+
+def prepared(model: CorpusModel | str, cache: Path | None = None) -> Path:
+    """The file to compile: :func:`fetch`'s, or for a model with ``consts`` a copy beside it with those inputs
+    pinned (:func:`tvmfuse.frontend.pin.pin_inputs`), which every tool then reads as it is. (onnxruntime runs
+    the file as shipped, fed :func:`const_feeds`: it fails to inline an ``If`` on a pinned condition.)"""
+    model = get(model) if isinstance(model, str) else model
+    path = fetch(model, cache)
+    if not model.consts:
+        return path
+    import onnx
+
+    from .frontend.pin import pin_inputs
+
+    pinned = path.with_name(f"{path.stem}.{'.'.join(f'{k}{v}' for k, v in model.consts)}.onnx")
+    if not pinned.is_file():
+        proto = onnx.load(str(path))
+        pin_inputs(proto, dict(model.consts))
+        part = pinned.with_name(pinned.name + ".part")
+        onnx.save(proto, str(part))
+        os.replace(part, pinned)
+    return pinned
+
+
+def const_feeds(model: CorpusModel | str, cache: Path | None = None) -> dict:
+    """The ``consts`` as inputs of :func:`fetch`'s file, typed as it declares them: what a reference run of the
+    file as shipped (onnxruntime) is fed besides :meth:`CorpusModel.sample`."""
+    model = get(model) if isinstance(model, str) else model
+    if not model.consts:
+        return {}
+    import numpy as np
+    import onnx
+
+    proto = onnx.load(str(fetch(model, cache)), load_external_data=False)
+    types = {v.name: v.type.tensor_type.elem_type for v in proto.graph.input}
+    return {name: np.array(value, onnx.helper.tensor_dtype_to_np_dtype(types[name])) for name, value in model.consts}
 
 
 def _download(package: str, dest: Path, timeout: float) -> Path:
