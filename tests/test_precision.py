@@ -219,3 +219,21 @@ def test_a_one_hot_mask_joins_the_float16_graph():
     x = {"t": np.array([[0, 3, 8, 2, 2, 5]], np.int32)}
     error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
     assert error <= correctness.FP16_REL, error
+
+
+def test_importer_kernels_and_float_casts_join_the_float16_graph():
+    # Silero VAD: a reflect Pad (which TVM's importer writes as its own float32 kernel) and a Cast(to=float) of a
+    # float tensor; the first read float16 in a float32 kernel, the second kept float32 beside float16 constants.
+    from onnx import TensorProto
+
+    from helpers import ort_run
+
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+             helper.make_node("Cast", ["p"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("Pow", ["c", "two"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0, 0, 3, 0, 0, 3], np.int64), "pads"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    model = make_model(nodes, [("x", [1, 2, 16])], [("y", None)], inits)
+    x = {"x": np.random.default_rng(2).standard_normal((1, 2, 16)).astype("float32")}
+    error = _relative(_cpu_outputs(model, "fp16", x), ort_run(model, x))
+    assert error <= correctness.FP16_REL, error

@@ -83,7 +83,7 @@ def _cached_corpus() -> list:
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("model", _cached_corpus())
 def test_corpus_partitions_on_tvmfuse_rules(model, precision):
-    _check(_scheduled_by(str(corpus.local_path(model)), "cuda-sm90", {model.input: model.shape}, precision))
+    _check(_scheduled_by(str(corpus.prepared(model)), "cuda-sm90", model.shapes, precision))
 
 
 @pytest.mark.gpu

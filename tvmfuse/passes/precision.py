@@ -74,12 +74,17 @@ class _Half(relax.PyExprMutator):
             # (Magika's one-hot tokens, Equal -> Cast) join the float16 graph, exactly; wider integers (sums,
             # shapes) keep float32, which float16 may not hold.
             return relax.op.astype(call.args[0], "float16")
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.astype" and _float32_tensor(call) \
+                and _float16_tensor(call.args[0]):
+            return call.args[0]  # the model's own float -> float32 cast (Silero's): a no-op in the float16 graph
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip" and _float16_tensor(call.args[0]):
             # A clip with one open side is bounded by float32's largest value (CanonicalizeClip), which a
             # float16 clip cannot cast (TVM refuses the literal): bounds saturate like constants do.
             lo, hi = (min(max(float(getattr(b.value, "value", b.value)), -FLOAT16_MAX), FLOAT16_MAX)
                       for b in call.args[1:])
             return relax.op.clip(call.args[0], lo, hi)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir":
+            return self._float32_kernel(call)
         if not isinstance(call.op, tvm.ir.Op) or call.op.name not in FLOAT32_OPS:
             return call
         args = [self.builder_.emit(relax.op.astype(a, "float32")) if _float16_tensor(a) else a for a in call.args]
@@ -87,6 +92,17 @@ class _Half(relax.PyExprMutator):
         if isinstance(kept.ty, relax.TupleType):  # batch_norm: its output, then its statistics
             fields = [self.builder_.emit(relax.TupleGetItem(kept, i)) for i in range(len(kept.ty.fields))]
             return relax.Tuple([relax.op.astype(f, "float16") if _float32_tensor(f) else f for f in fields])
+        return relax.op.astype(kept, "float16") if _float32_tensor(kept) else kept
+
+    def _float32_kernel(self, call):
+        """A kernel the importer wrote itself (``call_tir`` of a float32 PrimFunc: a reflect ``Pad``) reads its
+        float16 arguments cast to float32, and its float32 result is cast to float16."""
+        args = call.args[1]
+        if not isinstance(args, relax.Tuple) or not any(_float16_tensor(a) for a in args.fields):
+            return call
+        fields = [self.builder_.emit(relax.op.astype(a, "float32")) if _float16_tensor(a) else a for a in args.fields]
+        kept = self.builder_.emit(relax.Call(call.op, [call.args[0], relax.Tuple(fields)] + list(call.args[2:]),
+                                             call.attrs, call.ty_args))
         return relax.op.astype(kept, "float16") if _float32_tensor(kept) else kept
 
 
