@@ -97,7 +97,67 @@ def test_fused_matmul(trans_a, trans_b, alpha):
 
 
 def test_other_contrib_ops_are_refused_by_name():
-    model = _ms_model([helper.make_node("SkipLayerNormalization", ["x", "x", "g", "bt"], ["y"], domain=MS)],
-                      [("x", [1, 4, 8])], [_init("g", (8,)), _init("bt", (8,))])
-    with pytest.raises(UnsupportedOpError, match=r"unsupported ONNX op: com\.microsoft\.SkipLayerNormalization"):
+    model = _ms_model([helper.make_node("EmbedLayerNormalization", ["ids", "", "w", "p", "", "g", "bt"], ["y"],
+                                        domain=MS)],
+                      [("ids", [1, 4])], [_init("w", (10, 8)), _init("p", (4, 8)), _init("g", (8,)), _init("bt", (8,))])
+    with pytest.raises(UnsupportedOpError, match=r"unsupported ONNX op: com\.microsoft\.EmbedLayerNormalization"):
         tvmfuse.compile(model, target="x86-host")
+
+
+def _norm_model(op: str, opset: int, beta: bool, bias: bool, sum_out: bool):
+    skip, simplified = op.startswith("Skip"), "Simplified" in op
+    inputs, inits = ["x"] + (["s"] if skip else []) + ["g"], [_init("g", (16,), 1.0)]
+    if beta and not simplified:
+        inputs.append("bt")
+        inits.append(_init("bt", (16,)))
+    if bias and skip:
+        inputs += [""] * (0 if simplified or beta else 1) + ["bs"]
+        inits.append(_init("bs", (16,)))
+    outputs = ["y"] + (["", "", "sum"] if sum_out else [])
+    node = helper.make_node(op, inputs, outputs, domain="" if op == "SimplifiedLayerNormalization" else MS,
+                            epsilon=1e-3)
+    tail = [helper.make_node("Add", ["sum", "y"], ["z"])] if sum_out else [helper.make_node("Identity", ["y"], ["z"])]
+    model = make_model([node] + tail, [("x", [1, 6, 16])] + ([("s", [1, 6, 16])] if skip else []), [("z", None)],
+                       inits, opset=opset)
+    model.opset_import.append(helper.make_opsetid(MS, 1))
+    return model
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SimplifiedLayerNormalization",
+                                "SkipSimplifiedLayerNormalization"])
+@pytest.mark.parametrize("opset,beta,bias,sum_out", [(17, True, True, False), (13, True, False, True),
+                                                     (18, False, True, True), (13, False, False, False)])
+def test_layer_norm_forms(op, opset, beta, bias, sum_out):
+    if sum_out and not op.startswith("Skip"):
+        pytest.skip("only the skip forms have the sum as an output")
+    model = _norm_model(op, opset, beta, bias, sum_out)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    _check(model, shapes)
+
+
+def test_the_layer_norm_statistics_outputs_are_refused():
+    model = _ms_model([helper.make_node("SkipLayerNormalization", ["x", "x", "g"], ["y", "mean"], domain=MS)],
+                      [("x", [1, 4, 8])], [_init("g", (8,))])
+    with pytest.raises(UnsupportedOpError, match=r"SkipLayerNormalization node 'y': its mean / inverse-std outputs"):
+        tvmfuse.compile(model, target="x86-host")
+
+
+def test_a_model_saved_by_the_transformers_optimizer(tmp_path):
+    """``onnxruntime.transformers.optimizer`` on two residual MatMul + LayerNorm blocks: SkipLayerNormalization
+    with the MatMul's bias folded in; compiled with the LayerNorm as one op, and matching onnxruntime."""
+    optimizer = pytest.importorskip("onnxruntime.transformers.optimizer")
+    inits = [_init("W", (32, 32)), _init("b", (32,)), _init("g", (32,), 1.0), _init("be", (32,)),
+             _init("W2", (32, 32)), _init("g2", (32,), 1.0), _init("be2", (32,))]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["mb"]),
+             helper.make_node("Add", ["mb", "x"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "be"], ["ln"], axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["ln", "W2"], ["m2"]), helper.make_node("Add", ["m2", "ln"], ["s2"]),
+             helper.make_node("LayerNormalization", ["s2", "g2", "be2"], ["y"], axis=-1, epsilon=1e-5)]
+    src, dst = tmp_path / "block.onnx", tmp_path / "optimized.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 8, 32])], [("y", [1, 8, 32])], inits), src)
+    optimized = optimizer.optimize_model(str(src), model_type="bert", num_heads=4, hidden_size=32, opt_level=0)
+    optimized.save_model_to_file(str(dst))
+    model = onnx.load(dst)
+    assert [n.op_type for n in model.graph.node if n.domain == MS] == ["SkipLayerNormalization"] * 2
+    cm = _check(model, {"x": (1, 8, 32)})
+    assert cm.mod.script().count("R.nn.layer_norm(") == 2

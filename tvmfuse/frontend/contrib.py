@@ -2,7 +2,10 @@
 
 Users hand over the file they already run, often the one onnxruntime's graph optimizer saved
 (``SessionOptions.optimized_model_filepath``): its conv-activation fusion writes ``FusedConv``, its GELU
-fusions ``Gelu``, ``BiasGelu``, ``FastGelu`` (and ``QuickGelu``), its MatMul fusions ``FusedMatMul``. Each becomes
+fusions ``Gelu``, ``BiasGelu``, ``FastGelu`` (and ``QuickGelu``), its MatMul fusions ``FusedMatMul``; its
+transformers optimizer (``onnxruntime.transformers.optimizer``) ``SkipLayerNormalization`` and the RMSNorm forms
+beside it (``SkipSimplifiedLayerNormalization``; ``SimplifiedLayerNormalization``, which onnxruntime registers
+in the ONNX domain). Each becomes
 the standard nodes it stands for, in the forms tvmfuse's partitioner already fuses (a conv with its bias,
 residual add and activation; GELU through ``Erf`` or the tanh form; a MatMul with its scale). Other
 ``com.microsoft`` operators stay and are refused by name (``unsupported ONNX op: com.microsoft.X``).
@@ -42,6 +45,11 @@ class _Writer:
     def const(self, base: str, value: float) -> str:
         name = self.name(base)
         self.graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), name))
+        return name
+
+    def ints(self, base: str, values: list[int]) -> str:
+        name = self.name(base)
+        self.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
         return name
 
     def node(self, op: str, inputs: list[str], output: str | None = None, **attrs) -> str:
@@ -118,11 +126,63 @@ def _fused_matmul(w: _Writer, node: onnx.NodeProto, ranks: dict) -> None:
         w.node("Mul", [w.node("MatMul", operands), w.const(f"{node.output[0]}/alpha", alpha)], node.output[0])
 
 
+_NORMS = {  # op -> (skip input, simplified: RMS without the mean)
+    "SimplifiedLayerNormalization": (False, True), "SkipLayerNormalization": (True, False),
+    "SkipSimplifiedLayerNormalization": (True, True)}
+# onnxruntime registers SimplifiedLayerNormalization in the ONNX domain (its optimizer writes it there)
+_ONNX_DOMAIN_OPS = {"SimplifiedLayerNormalization"}
+
+
+def _ours(node: onnx.NodeProto, known: set) -> bool:
+    return node.op_type in known and (node.domain == DOMAIN or (node.op_type in _ONNX_DOMAIN_OPS
+                                                                and node.domain in ("", "ai.onnx")))
+
+
+def _layer_norm(w: _Writer, node: onnx.NodeProto, opset: int) -> None:
+    """onnxruntime's LayerNorm forms over the last axis: the skip (and bias) added first, its sum an output of its
+    own when named; then ``LayerNormalization`` where the model's opset has it (17), else spelt out as
+    :mod:`tvmfuse.passes.layer_norm` matches it; the RMS forms spelt out."""
+    skip, simplified = _NORMS[node.op_type]
+    a = node_attrs(node)
+    where = f"com.microsoft.{node.op_type} node {node.name or node.output[0]!r}"
+    if int(a.get("axis", -1)) != -1:
+        raise UnsupportedOpError(f"{where}: axis {a['axis']} is not supported (the last axis only)")
+    outputs = list(node.output) + [""] * 4
+    stats = outputs[1:3]
+    if any(stats):
+        raise UnsupportedOpError(f"{where}: its mean / inverse-std outputs are not supported")
+    ins = list(node.input) + [""] * 5
+    x, eps = ins[0], float(a.get("epsilon", 1e-5))
+    if skip:
+        rest = ins[2:5] if not simplified else [ins[2], "", ins[3]]  # gamma, beta, bias
+        summed = w.node("Add", [x, ins[1]], outputs[3] if not rest[2] else None)
+        x = w.node("Add", [summed, rest[2]], outputs[3] or None) if rest[2] else summed
+        gamma, beta = rest[0], rest[1]
+    else:
+        gamma, beta = ins[1], ("" if simplified else ins[2])
+    y = outputs[0]
+    if not simplified and opset >= 17:
+        w.node("LayerNormalization", [x, gamma] + ([beta] if beta else []), y, axis=-1, epsilon=eps)
+        return
+
+    def mean(t):
+        if opset >= 18:
+            return w.node("ReduceMean", [t, w.ints(f"{y}/axes", [-1])], keepdims=1)
+        return w.node("ReduceMean", [t], axes=[-1], keepdims=1)
+
+    centred = x if simplified else w.node("Sub", [x, mean(x)])
+    root = w.node("Sqrt", [w.node("Add", [mean(w.node("Mul", [centred, centred])), w.const(f"{y}/eps", eps)])])
+    scaled = w.node("Mul", [w.node("Div", [centred, root]), gamma], None if beta else y)
+    if beta:
+        w.node("Add", [scaled, beta], y)
+
+
 def rewrite_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Rewrite the ``com.microsoft`` float operators above in place; return the model and how many."""
     graph = model.graph
-    known = {"FusedConv", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "FusedMatMul"}
-    if not any(n.domain == DOMAIN and n.op_type in known for n in graph.node):
+    known = {"FusedConv", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "FusedMatMul"} | set(_NORMS)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if not any(_ours(n, known) for n in graph.node):
         return model, 0
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in list(graph.input) + list(graph.value_info)
              if v.type.tensor_type.HasField("shape")}
@@ -130,7 +190,7 @@ def rewrite_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     w = _Writer(graph)
     count = 0
     for node in list(graph.node):
-        if node.domain != DOMAIN or node.op_type not in known:
+        if not _ours(node, known):
             w.nodes.append(node)
             continue
         count += 1
@@ -144,6 +204,8 @@ def rewrite_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             alpha = float(node_attrs(node).get("alpha", 1.702))
             x = node.input[0]
             w.node("Mul", [x, w.node("Sigmoid", [w.node("Mul", [x, w.const(f"{x}/alpha", alpha)])])], node.output[0])
+        elif node.op_type in _NORMS:
+            _layer_norm(w, node, opset)
         else:
             _fused_matmul(w, node, ranks)
     del graph.node[:]
