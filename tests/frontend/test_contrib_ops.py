@@ -161,3 +161,40 @@ def test_a_model_saved_by_the_transformers_optimizer(tmp_path):
     assert [n.op_type for n in model.graph.node if n.domain == MS] == ["SkipLayerNormalization"] * 2
     cm = _check(model, {"x": (1, 8, 32)})
     assert cm.mod.script().count("R.nn.layer_norm(") == 2
+
+
+def _attention(mask: bool, sizes=None, bias: bool = True, **attrs):
+    """``Attention`` over ``x [2, 6, 32]`` with 4 heads (what the transformers optimizer writes for BERT's
+    self-attention), optionally with the raw ``[2, 6]`` mask."""
+    out = sum(sizes or [32] * 3)
+    inits = [_init("W", (32, out), 0.2)] + ([_init("b", (out,), 0.1)] if bias else [])
+    inputs = ["x", "W", "b" if bias else ""] + (["m"] if mask else [])
+    node = helper.make_node("Attention", inputs, ["y"], domain=MS, num_heads=4,
+                            **({"qkv_hidden_sizes": sizes} if sizes else {}), **attrs)
+    graph = helper.make_graph([node], "attention", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 6, 32])]
+                              + ([helper.make_tensor_value_info("m", onnx.TensorProto.INT32, [2, 6])] if mask else []),
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+                             ir_version=9)
+
+
+@pytest.mark.parametrize("mask,sizes,bias,attrs", [
+    (False, None, True, {}), (True, None, True, {}), (True, [32, 32, 16], True, {"mask_filter_value": -1e4}),
+    (False, None, False, {"scale": 0.3})], ids=["plain", "masked", "qkv-sizes", "scaled-no-bias"])
+def test_attention(mask, sizes, bias, attrs):
+    model = _attention(mask, sizes, bias, **attrs)
+    x = {"x": RNG.standard_normal((2, 6, 32)).astype("float32")}
+    if mask:
+        x["m"] = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.int32)  # the first row's last two padded
+    cm = tvmfuse.compile(model, target="x86-host")
+    np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_forms_it_does_not_spell_are_refused():
+    with pytest.raises(UnsupportedOpError, match=r"Attention node 'y': unidirectional is not supported"):
+        tvmfuse.compile(_attention(False, unidirectional=1), target="x86-host")
+    model = _attention(False)
+    model.graph.node[0].input.append("lengths")  # mask_index as key lengths ([batch])
+    model.graph.input.append(helper.make_tensor_value_info("lengths", onnx.TensorProto.INT32, [2]))
+    with pytest.raises(UnsupportedOpError, match=r"mask_index of rank 1 is not supported"):
+        tvmfuse.compile(model, target="x86-host")

@@ -5,7 +5,7 @@ Users hand over the file they already run, often the one onnxruntime's graph opt
 fusions ``Gelu``, ``BiasGelu``, ``FastGelu`` (and ``QuickGelu``), its MatMul fusions ``FusedMatMul``; its
 transformers optimizer (``onnxruntime.transformers.optimizer``) ``SkipLayerNormalization`` and the RMSNorm forms
 beside it (``SkipSimplifiedLayerNormalization``; ``SimplifiedLayerNormalization``, which onnxruntime registers
-in the ONNX domain). Each becomes
+in the ONNX domain) and its self-attention ``Attention`` (:mod:`.contrib_attention`). Each becomes
 the standard nodes it stands for, in the forms tvmfuse's partitioner already fuses (a conv with its bias,
 residual add and activation; GELU through ``Erf`` or the tanh form; a MatMul with its scale). Other
 ``com.microsoft`` operators stay and are refused by name (``unsupported ONNX op: com.microsoft.X``).
@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
+from . import contrib_attention
 from .normalize import node_attrs
 
 DOMAIN = "com.microsoft"
@@ -180,13 +181,15 @@ def _layer_norm(w: _Writer, node: onnx.NodeProto, opset: int) -> None:
 def rewrite_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Rewrite the ``com.microsoft`` float operators above in place; return the model and how many."""
     graph = model.graph
-    known = {"FusedConv", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "FusedMatMul"} | set(_NORMS)
+    known = {"FusedConv", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "FusedMatMul", contrib_attention.OP_TYPE} \
+        | set(_NORMS)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     if not any(_ours(n, known) for n in graph.node):
         return model, 0
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in list(graph.input) + list(graph.value_info)
              if v.type.tensor_type.HasField("shape")}
-    ranks.update({t.name: len(t.dims) for t in graph.initializer})
+    shapes = {t.name: tuple(t.dims) for t in graph.initializer}
+    ranks.update({name: len(dims) for name, dims in shapes.items()})
     w = _Writer(graph)
     count = 0
     for node in list(graph.node):
@@ -206,6 +209,9 @@ def rewrite_contrib_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             w.node("Mul", [x, w.node("Sigmoid", [w.node("Mul", [x, w.const(f"{x}/alpha", alpha)])])], node.output[0])
         elif node.op_type in _NORMS:
             _layer_norm(w, node, opset)
+        elif node.op_type == contrib_attention.OP_TYPE:
+            weight = shapes.get(node.input[1]) if len(node.input) > 1 else None
+            contrib_attention.spell(w, node, ranks, weight, opset)
         else:
             _fused_matmul(w, node, ranks)
     del graph.node[:]
