@@ -122,3 +122,24 @@ def test_warnings_point_at_the_callers_line(monkeypatch):
         tvmfuse.quantize("zoo:tiny_convnet", calib="random:1", target="x86-avx512")
     mine = [w for w in caught if "lacks" in str(w.message) or "random batches" in str(w.message)]
     assert len(mine) == 2 and all(w.filename == __file__ for w in mine), [(w.filename, w.message) for w in mine]
+
+
+def test_outputs_are_arrays_of_their_own():
+    """``run`` reuses its input tensors and returns outputs copied out of the VM's: an output that is the input
+    itself, or a constant of the library, is not changed by the next call, nor the library by the caller."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.arange(4, dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["k"], ["z"])],
+                              "same", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])],
+                              [numpy_helper.from_array(table, "k")])
+    cm = tvmfuse.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+                         target="x86-host")
+    first = cm.run({"x": np.ones(4, np.float32)})
+    first[1][:] = -1  # the caller's copy
+    second = cm.run({"x": np.full(4, 2, np.float32)})
+    np.testing.assert_array_equal(first[0], np.ones(4))
+    np.testing.assert_array_equal(second[0], np.full(4, 2))
+    np.testing.assert_array_equal(second[1], table)

@@ -238,9 +238,24 @@ class Runner:
         tensors = getattr(local, "inputs", None)
         if tensors is None:
             tensors = local.inputs = [tvm.runtime.empty(a.shape, str(a.dtype), self._dev) for a in arrays]
-        for tensor, array in zip(tensors, arrays):
-            tensor.copyfrom(array)
+            # on the CPU, numpy views of the tensors: a copy into one costs 0.4 us, ``copyfrom`` 6 us
+            local.views = [np.from_dlpack(t) for t in tensors] if self.device_name == "cpu" else None
+        if local.views is not None:
+            for view, array in zip(local.views, arrays):
+                np.copyto(view, array)
+        else:
+            for tensor, array in zip(tensors, arrays):
+                tensor.copyfrom(array)
         return tensors
+
+    def _outputs(self, result) -> list[np.ndarray]:
+        """The VM's outputs as numpy arrays of their own: on the CPU copied through a DLPack view (Tensor.numpy
+        took 8 us an output, a quarter of a small model's call); never a view, since an output may be the
+        reused input tensor or a constant of the library."""
+        tensors = _flatten(result)
+        if self.device_name == "cpu":
+            return [np.from_dlpack(t).copy() for t in tensors]
+        return [t.numpy() for t in tensors]
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run the model once; return its outputs as numpy arrays, in the model's output order.
@@ -255,11 +270,11 @@ class Runner:
             self._thread_vm()
             main, gov = local.main, local.governor
         if gov is None:
-            return [t.numpy() for t in _flatten(main(*args))]
+            return self._outputs(main(*args))
         started = gov.start()
         out = main(*args)
         gov.done(started)
-        return [t.numpy() for t in _flatten(out)]
+        return self._outputs(out)
 
     def run_whole_pool(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """:meth:`run` on the whole thread pool, the governor neither consulted nor told: for profiling, where
@@ -270,7 +285,7 @@ class Runner:
         local = self._local
         if local.governor is not None:
             local.governor.use_whole_pool()
-        return [t.numpy() for t in _flatten(local.main(*args))]
+        return self._outputs(local.main(*args))
 
     def benchmark(self, inputs: Mapping[str, np.ndarray] | None = None, repeat: int = 50,
                   warmup: int = 5) -> dict:
