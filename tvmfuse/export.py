@@ -19,12 +19,14 @@ from .runtime.tvm_log import quiet_tvm_warnings
 from .version import __version__
 
 
-def build(mod, spec: TargetSpec, database=None, applied: list | None = None, graph: bool = False, cache=None):
+def build(mod, spec: TargetSpec, database=None, applied: list | None = None, graph: bool = False, cache=None,
+          known: dict | None = None):
     """Compile ``mod`` for ``spec``, with tuned schedules from ``database`` where it has them.
 
     ``applied`` (optional list) receives the names of the kernels a tuning record scheduled; ``graph``: capture
     the kernel launches in a graph where the backend can (``Backend.pass_config``); ``cache``: the kernel
-    cache to reuse and fill (:func:`tvmfuse.cache.resolve`: None the default one, False none).
+    cache to reuse and fill (:func:`tvmfuse.cache.resolve`: None the default one, False none); ``known``: kernel ->
+    its key, from the lowering (:class:`tvmfuse.cache.lowered.LoweredKernels`), which the cache's keys chain from.
 
     Returns
     -------
@@ -41,12 +43,13 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
 
     target = spec.tvm_target()
     store = kernel_cache.resolve(cache)
-    reuse = (lambda make, names: schedules.cached(make, store, database, names)) if kernels.cacheable(target) \
-        else None
+    known = dict(known or {}) if store is not None else None
+    reuse = (lambda make, names: schedules.cached(make, store, database, names, known)) \
+        if kernels.cacheable(target) else None
     with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(graph)):
         lowered = relax_pipeline(spec, target, database, applied, reuse)(mod)
         if kernels.cacheable(target):
-            executable, stats = kernels.build_executable(lowered, target, store)
+            executable, stats = kernels.build_executable(lowered, target, store, known)
             return executable, lowered, stats
         return (tvm.compile(lowered, target=target, relax_pipeline=None), lowered,
                 kernels.KernelStats(len(kernel_names(lowered))))

@@ -52,6 +52,7 @@ def test_compile_says_what_came_from_the_cache_and_cache_info_counts_it(tmp_path
     info = _cli("cache", "info", "--cache-dir", cache)
     assert info.returncode == 0 and "models   1 of 2 whole builds reused" in info.stdout, info.stdout
     assert "kernels  0 of" in info.stdout and "schedules 0 of" in info.stdout, info.stdout  # the first build's
+    assert "lowered   0 of" in info.stdout, info.stdout
     assert f"folder   {cache}" in info.stdout
     off = _cli("compile", MODEL, "-o", tmp_path / "c.so", "--no-cache", "-q")
     assert "kernel cache: off" in off.stdout

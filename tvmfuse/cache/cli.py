@@ -65,7 +65,7 @@ def cmd_cache(args) -> int:
     print(f"folder   {store.root}")
     print(f"entries  {len(entries)} ({_human(size)} of {_human(store.limit)}; least recently used evicted past it)")
     runs = store.runs()[-args.runs:] if args.runs > 0 else []
-    for kind, label in (("kernels", "kernels "), ("schedules", "schedules")):
+    for kind, label in (("kernels", "kernels "), ("schedules", "schedules"), ("lowered", "lowered  ")):
         kept = [r for r in runs if r.get("kind") == kind]
         hits, total = sum(r["hits"] for r in kept), sum(r["hits"] + r["misses"] for r in kept)
         if total:

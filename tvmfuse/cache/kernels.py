@@ -53,6 +53,34 @@ def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT) -> st
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+def derived_key(known: dict | None, func, *extra: str, fmt: str = FORMAT) -> str | None:
+    """A key chained from the key of what ``func`` was made from (``known[func]``: the lowered kernel's for its
+    schedule, the schedule's for its object), without serializing ``func``; None when ``func`` is not the very
+    object that key was recorded for (a pass made another since: its own key is computed from its JSON)."""
+    source = known.get(func) if known else None
+    if source is None:
+        return None
+    material = "\n".join([fmt, "derived", fingerprint.versions(), *extra, source])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _scheduled_forms(known: dict | None, kernels: list) -> dict:
+    """Kernel -> the key of its schedule, for the kernels the scheduling left as they are but for the symbol the
+    build names them by (``global_symbol``, added after it): the same body, and equal without that attribute."""
+    if not known:
+        return {}
+    import tvm_ffi
+
+    by_body = {f.body: (f, key) for f, key in known.items()}
+    out = {}
+    for _, f in kernels:
+        source = by_body.get(f.body)
+        if source is not None and tvm_ffi.structural_equal(f.without_attr("global_symbol"),
+                                                           source[0].without_attr("global_symbol")):
+            out[f] = source[1]
+    return out
+
+
 def pass_options() -> str:
     """The pass context's options, which the TIR pipeline reads (opt level, config, passes on or off)."""
     import tvm
@@ -83,9 +111,10 @@ def _threads() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
-def build_executable(lowered, target, store: Store | None):
+def build_executable(lowered, target, store: Store | None, known: dict | None = None):
     """The VM executable of ``lowered`` (after the Relax pipeline) and its :class:`KernelStats`; must run
-    inside the target and pass context of the build. ``store`` None builds every kernel (nothing stored)."""
+    inside the target and pass context of the build. ``store`` None builds every kernel (nothing stored).
+    ``known``: scheduled kernel -> its schedule key (:func:`derived_key`)."""
     import tvm
     from tvm import relax
     from tvm.relax import vm_build
@@ -95,7 +124,9 @@ def build_executable(lowered, target, store: Store | None):
     params = dict(attrs.get("const_name_to_constant", {}))
     kernels = [(gv, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     context = pass_options()
-    keys = [kernel_key(f, target, context) for _, f in kernels]
+    scheduled = _scheduled_forms(known, kernels)
+    keys = [derived_key(scheduled, f, str(target), context, gv.name_hint) or kernel_key(f, target, context)
+            for gv, f in kernels]
     objects: list[bytes | None] = [store.get(k) if store is not None else None for k in keys]
     stats = KernelStats(len(kernels), sum(o is not None for o in objects))
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernels-") as tmp:

@@ -12,7 +12,7 @@ skipped, 0.1 s of a detector); the passes run on the other kernels alone.
 
 from __future__ import annotations
 
-from .kernels import kernel_key, pass_options
+from .kernels import derived_key, kernel_key, pass_options
 from .store import Store
 
 FORMAT = "scheduled-kernel-1"
@@ -23,11 +23,13 @@ def schedule_key(func, target, context: str, records: str) -> str:
     return kernel_key(func, target, context, records, fmt=FORMAT)
 
 
-def cached(scheduling, store: Store | None, database, applied: list | None) -> list:
+def cached(scheduling, store: Store | None, database, applied: list | None, known: dict | None = None) -> list:
     """The passes ``scheduling(applied)`` makes (:func:`tvmfuse.passes.pipeline.scheduling_passes`) as one pass
     that reuses and fills ``store``; those passes as they are where nothing can be keyed: no store, or a
     tuning database that is not the lazily decoded logs (its records are not known line by line).
-    ``applied`` gets the names of the kernels a tuning record scheduled, cached or not, sorted."""
+    ``applied`` gets the names of the kernels a tuning record scheduled, cached or not, sorted. ``known``: lowered
+    kernel -> its key (:class:`.lowered.LoweredKernels`), which keys its schedule without serializing it; every
+    scheduled kernel's key is added to it, for its object's key."""
     import tvm
     from tvm import tirx
     from tvm_ffi.serialization import from_json_graph_str  # tvm.ir.load_json first "upgrades" the JSON in Python:
@@ -43,7 +45,12 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
     def _pass(mod, _ctx):
         target, context = tvm.target.Target.current(), pass_options()
         kernels = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-        keys = {gv: schedule_key(f, target, context, records_for(f)) for gv, f in kernels.items() if not is_scheduled(f)}
+        keys = {}
+        for gv, f in kernels.items():
+            if not is_scheduled(f):
+                records = records_for(f)
+                keys[gv] = (derived_key(known, f, str(target), context, records, fmt=FORMAT)
+                            or schedule_key(f, target, context, records))
         found, from_log = {}, []
         for gv, key in keys.items():
             data = store.get(key)
@@ -67,6 +74,9 @@ def cached(scheduling, store: Store | None, database, applied: list | None) -> l
             applied.extend(sorted(inner + from_log))
         if keys:
             store.log_run("schedules", len(found), len(keys) - len(found))
+        if known is not None:
+            for gv, key in keys.items():
+                known[out[gv.name_hint]] = key
         return out
 
     return [_pass]

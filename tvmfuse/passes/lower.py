@@ -79,9 +79,10 @@ class _Lower(relax.PyExprMutator, BlockedOps):
     whatever is not a blocked kernel, and removed as dead code when nothing is. The blocked forms of ops
     outside partitions come from :class:`.blocked_ops.BlockedOps`."""
 
-    def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None, blocked: bool):
+    def __init__(self, mod: tvm.IRModule, spec: TargetSpec | None, record: dict | None, blocked: bool, make=None):
         super().__init__(mod)
         self.mod_, self.spec, self.record = mod, spec, record
+        self.make = make or (lambda fn, spec, blocks: make_kernel(fn, spec, schedule=False, blocks=blocks))
         self.lanes = spec.backend().vector_lanes() if blocked and spec is not None else None
         self.blocked_of = {}  # plain NCHW var -> the NCHW[b]c var it was made from (or made into)
         self.blocked_parts = {}  # a plain channel split's tuple var -> the same split of the blocked tensor
@@ -97,7 +98,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         return None
 
     def _kernel(self, fn, args, blocks=None):
-        kernel, layout = make_kernel(fn, self.spec, schedule=False, blocks=blocks)
+        kernel, layout = self.make(fn, self.spec, blocks)
         gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
         if self.record is not None:
             self.record[gv.name_hint] = (fn, layout)
@@ -220,17 +221,19 @@ class _Lower(relax.PyExprMutator, BlockedOps):
 
 
 def LowerPartitions(spec: TargetSpec | None = None, record: dict | None = None,  # noqa: N802
-                    blocked: bool = True) -> tvm.transform.Pass:
+                    blocked: bool = True, make=None) -> tvm.transform.Pass:
     """Lower every partition call to ``call_tir``; the partition functions are then dropped.
 
     ``record`` (optional dict) receives kernel name -> (the partition function it came from, its
     :class:`~tvmfuse.schedules.computes.packing.KernelLayout`). ``blocked`` (backends with a blocked layout):
-    chain blockable partitions in NCHW[b]c; False keeps every kernel NCHW.
+    chain blockable partitions in NCHW[b]c; False keeps every kernel NCHW. ``make`` (optional): ``(fn, spec,
+    blocks) -> (kernel, layout)`` in place of :func:`make_kernel` (unscheduled), e.g. through the kernel cache
+    (:class:`tvmfuse.cache.lowered.LoweredKernels`).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="LowerPartitions")
     def _lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        lower = _Lower(mod, spec, record, blocked)
+        lower = _Lower(mod, spec, record, blocked, make)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not is_partition(func):
                 lower.users = users_of(func)

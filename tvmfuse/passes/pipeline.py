@@ -69,7 +69,8 @@ def canonicalize_passes(spec: TargetSpec | None = None, qdq_report: dict | None 
 
 
 def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = None, partition: bool = True,
-                     quantize=None, blocked: bool = True, int8: bool = False, precision: str = "fp32"):
+                     quantize=None, blocked: bool = True, int8: bool = False, precision: str = "fp32",
+                     make=None):
     """Canonicalize, partition and lower partitions to fused kernels, under the target context.
 
     ``quantize`` (optional): a function or module pass applied to the partitioned module before lowering,
@@ -77,7 +78,7 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
     :func:`tvmfuse.passes.lower.LowerPartitions`. ``int8`` (implied by ``quantize``): partition with the
     INT8 pattern table (:func:`tvmfuse.patterns.table`), as calibration must to observe the same tensors.
     ``precision`` ``"fp16"``: the canonical graph computed in float16 (:class:`tvmfuse.passes.precision.ToFloat16`)
-    before partitioning.
+    before partitioning. ``make``: see :func:`tvmfuse.passes.lower.LowerPartitions`.
     """
     import tvm
 
@@ -99,7 +100,7 @@ def run_graph_passes(mod, spec: TargetSpec, target, record: PassRecord | None = 
         record.partitioned = mod
         if quantize is not None:
             mod = quantize(mod)
-        return LowerPartitions(spec, record.kernels, blocked)(mod)
+        return LowerPartitions(spec, record.kernels, blocked, make)(mod)
 
 
 def scheduling_passes(spec: TargetSpec, database=None):
