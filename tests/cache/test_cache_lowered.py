@@ -91,3 +91,20 @@ def test_an_nchw_kernel_and_a_blocked_one_have_other_keys():
     target = tvmfuse.targets.resolve(HOST).tvm_target()
     keys = {lowered.lowered_key(fn, target, blocks) for blocks in (None, {}, {0: 8}, {0: 16})}
     assert len(keys) == 4
+
+
+def test_a_changed_layer_leaves_the_other_partitions_keys_alone(tmp_path):
+    """The graph's values are numbered in order (``lv24``), so a change renames every variable after it: the keys
+    ignore the names, and a model with one activation changed reuses every other kernel."""
+    from tvmfuse import zoo
+
+    model = zoo.get("mobilenet_v2")
+    first = tvmfuse.compile(model, HOST, cache=tmp_path, whole=False)
+    relus = [n for n in model.graph.node if n.op_type in ("Clip", "Relu")]
+    node = relus[len(relus) // 2]
+    node.op_type = "LeakyRelu"
+    del node.input[1:]
+    changed = tvmfuse.compile(model, HOST, cache=tmp_path, whole=False)
+    logged = [r for r in Store(tmp_path).runs() if r["kind"] == "lowered"][-1]
+    assert logged["misses"] <= 2 and logged["hits"] >= 40, logged
+    assert changed.cache_info["from_cache"] >= first.cache_info["kernels"] - 2, changed.cache_info

@@ -21,13 +21,35 @@ from .store import Store
 FORMAT = "lowered-kernel-1"
 
 
-def lowered_key(fn, target, blocks) -> str:
-    """The key of partition function ``fn`` lowered for ``target`` with activation ``blocks``."""
+_VARS = frozenset({"ir.Var", "relax.expr.Var", "relax.expr.DataflowVar"})
+
+
+def _unnamed(fn) -> str:
+    """``fn``'s TVM JSON without its variables' names, which number the graph's values (``lv24``) and so change
+    in every partition after a changed layer; the variables stay told apart by their place in the graph."""
     import tvm
 
+    graph = json.loads(tvm.ir.save_json(fn))
+    nodes = graph["nodes"]
+    for node in nodes:
+        if node.get("type") in _VARS and isinstance(node.get("data"), dict):
+            name = node["data"].get("name")
+            if isinstance(name, int) and 0 <= name < len(nodes) and nodes[name].get("type") == "ffi.String":
+                nodes[name]["data"] = ""  # the name's own node (a string node may be shared: blank, not removed)
+            node["data"]["name"] = None
+    return json.dumps(graph, sort_keys=True)
+
+
+def lowered_key(fn, target, blocks) -> str:
+    """The key of partition function ``fn`` lowered for ``target`` with activation ``blocks``."""
     # None (an NCHW kernel) and {} (a blocked one with no blocked input) lower differently
+    import tvm_ffi
+
     shown = "None" if blocks is None else repr(sorted(blocks.items()))
-    material = "\n".join([FORMAT, fingerprint.versions(), str(target), shown, tvm.ir.save_json(fn)])
+    # with TVM's structural hash, which also ignores names and tells apart whatever a blanked name shared a
+    # string node with
+    material = "\n".join([FORMAT, fingerprint.versions(), str(target), shown, str(tvm_ffi.structural_hash(fn)),
+                          _unnamed(fn)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 
