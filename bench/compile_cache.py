@@ -114,7 +114,9 @@ def measure(name: str, target: str, before: str | None, work: Path) -> dict:
     model, shapes = _resolve(name)
     row: dict = {"model": name}
     if before:
-        env = dict(os.environ, PYTHONPATH=before)
+        # no kernel cache: an older checkout takes no ``cache`` argument, and its default folder would hold its
+        # own earlier builds on a second run of this bench
+        env = dict(os.environ, PYTHONPATH=before, TVMFUSE_NO_CACHE="1")
         row["first_before"] = _total(_child(model, target, shapes, None, env=env))
     ref = work / "ref.npy"
     row["first"] = _total(_child(model, target, shapes, False, save=str(ref)))
