@@ -10,7 +10,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import cache as kernel_cache
-from .cache.lowered import LoweredKernels
 from . import cached_build, frontend, opcheck, targets
 from .errors import InputError, TargetError
 from .export import (build, export_library, kernel_names, kernel_schedulers, kernel_source, link_library,
@@ -282,23 +281,18 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
                       layout: str = "blocked", cuda_graph: bool = True, precision: str = "fp32",
                       cache=None) -> CompiledModel:
     """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
-    tvm_target = spec.tvm_target()
-    record = PassRecord()
-    store = kernel_cache.resolve(cache)
-    lowered_kernels = LoweredKernels(store, tvm_target) if store is not None else None
+    tvm_target, record = spec.tvm_target(), PassRecord()
+    lowered_kernels = kernel_cache.LoweredKernels(kernel_cache.resolve(cache), tvm_target)
     with steps.step("partition and fuse" if quantizer is None else quantizer.step_name()):
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
-                               blocked=layout == "blocked", precision=precision,
-                               make=lowered_kernels.make if lowered_kernels is not None else None)
-    if lowered_kernels is not None:
-        lowered_kernels.log()
+                               blocked=layout == "blocked", precision=precision, make=lowered_kernels.maker)
+    lowered_kernels.log()
     database, log_info = cached_build.load_logs(logs, spec)
     graph = _graph_capture(spec, cuda_graph)
     build_info = spec.backend().build_info(graph)
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
-        executable, lowered, kernel_stats = build(mod, spec, database, applied, graph, cache,
-                                                  lowered_kernels.keys if lowered_kernels is not None else None)
+        executable, lowered, kernel_stats = build(mod, spec, database, applied, graph, cache, lowered_kernels.keys)
     names = [o.name for o in imported.outputs]
     outputs = _relax_output_infos(mod, names)
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)

@@ -4,7 +4,7 @@
 ``~/.cache/tvmfuse/kernels``; off when ``$TVMFUSE_NO_CACHE`` is set), False for none, or a folder. The CLI's
 ``--cache-dir DIR`` and ``--no-cache`` set those variables for everything the command runs (tuning workers,
 ``compare``'s arms). :mod:`.kernels` builds and reuses kernel objects, :mod:`.models` whole builds,
-:mod:`.store` keeps the entries.
+:mod:`.store` keeps the entries; :mod:`.schedules` and :mod:`.lowered` the kernels' scheduled and lowered forms.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import threading
 from pathlib import Path
 
+from .lowered import LoweredKernels  # noqa: F401
 from .store import DIR_ENV, OFF_ENV, CacheError, Store, default_dir  # noqa: F401
 
 _STORES: dict[Path, Store] = {}

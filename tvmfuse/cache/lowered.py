@@ -70,12 +70,18 @@ def _layout(data: dict):
 
 class LoweredKernels:
     """``make(fn, spec, blocks)`` as ``make_kernel(fn, spec, schedule=False, blocks=blocks)`` is, through ``store``;
-    ``hits`` and ``misses`` count this compile's lookups."""
+    ``hits`` and ``misses`` count this compile's lookups. Without a store (the cache off) ``maker`` and ``keys``
+    are None: lowering and keys as without this level."""
 
-    def __init__(self, store: Store, target):
+    def __init__(self, store: Store | None, target):
         self.store, self.target = store, target
         self.hits = self.misses = 0
-        self.keys: dict = {}  # each kernel made -> its key, which the later keys chain from
+        # each kernel made -> its key, which the later keys chain from
+        self.keys: dict | None = {} if store is not None else None
+
+    @property
+    def maker(self):
+        return self.make if self.store is not None else None
 
     def make(self, fn, spec, blocks=None):
         from tvm_ffi.serialization import from_json_graph_str  # see cache.schedules: load_json is slower
@@ -103,5 +109,5 @@ class LoweredKernels:
         return func, layout
 
     def log(self) -> None:
-        if self.hits or self.misses:
+        if self.store is not None and (self.hits or self.misses):
             self.store.log_run("lowered", self.hits, self.misses)
