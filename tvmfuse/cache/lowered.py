@@ -42,9 +42,9 @@ def _unnamed(fn) -> str:
 
 def lowered_key(fn, target, blocks) -> str:
     """The key of partition function ``fn`` lowered for ``target`` with activation ``blocks``."""
-    # None (an NCHW kernel) and {} (a blocked one with no blocked input) lower differently
     import tvm_ffi
 
+    # None (an NCHW kernel) and {} (a blocked one with no blocked input) lower differently
     shown = "None" if blocks is None else repr(sorted(blocks.items()))
     # with TVM's structural hash, which also ignores names and tells apart whatever a blanked name shared a
     # string node with
@@ -84,6 +84,7 @@ class LoweredKernels:
         return self.make if self.store is not None else None
 
     def make(self, fn, spec, blocks=None):
+        import tvm
         from tvm_ffi.serialization import from_json_graph_str  # see cache.schedules: load_json is slower
 
         from tvmfuse.passes.lower import make_kernel
@@ -101,8 +102,6 @@ class LoweredKernels:
                 self.keys[found[0]] = key
                 return found
         self.misses += 1
-        import tvm
-
         func, layout = make_kernel(fn, spec, schedule=False, blocks=blocks)
         self.store.put(key, json.dumps({"func": tvm.ir.save_json(func), "layout": _layout_json(layout)}).encode())
         self.keys[func] = key

@@ -32,11 +32,12 @@ def is_tall(call) -> bool:
     (its output is then one pixel wide too), over a map taller than one pixel."""
     a = call.attrs
     data, weight = static_shape(call.args[0]), static_shape(call.args[1])
-    if data is None or weight is None or const_array(call.args[1]) is None:
+    # the weight's type, not its value: reading a constant's value copies it (every conv of the model comes here)
+    if data is None or weight is None or not isinstance(call.args[1], tvm.ir.expr.Constant):
         return False
     if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
         return False
-    top, left, bottom, right = (int(p) for p in a.padding)
+    _, left, _, right = (int(p) for p in a.padding)
     return data[3] == 1 and weight[3] == 1 and data[2] > 1 and left == 0 and right == 0
 
 
