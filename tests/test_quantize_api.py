@@ -20,6 +20,7 @@ from tvmfuse import cli
 from tvmfuse.passes.int8.quantize import QuantizeWarning
 from tvmfuse.quant.data import CalibrationDataError
 from tvmfuse.quant.table import CalibrationError
+from tvmfuse.schedules.computes import int8, int8_ref
 
 from helpers import HOST
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
@@ -103,11 +104,14 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
     quantize the input, conv+relu to uint8, conv + uint8 residual + relu to float32."""
     from onnx import numpy_helper
 
+    from tvmfuse import targets
+    from tvmfuse.passes.int8.kernels import weight_limit
     from tvmfuse.quant.params import activation_params, bias_params, weight_params
     from tvmfuse.quant.table import CalibrationTable
-    from tvmfuse.schedules.computes import int8, int8_ref
+    from tvmfuse.schedules import families
 
     model = residual_block(from_input=False)
+    limit = weight_limit(families.CONV2D.int8, targets.resolve(HOST).backend().int8_weights)  # 7-bit without VNNI
     cm = tvmfuse.quantize(model, calib=_random_batches((1, 8, 6, 6), 4, 1), method="minmax", target=HOST,
                           table=tmp_path / "t.json")
     ranges = CalibrationTable.load(tmp_path / "t.json").ranges
@@ -116,7 +120,7 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
     w = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
 
     def conv(codes, p_in, name, multiplier_scale, epilogue, residual=None):
-        wp = weight_params(w[f"{name}.w"])
+        wp = weight_params(w[f"{name}.w"], limit=limit)
         bias = bias_params(p_in.scale, wp).quantize(w[f"{name}.b"])
         m = int8_ref.requant_multiplier(p_in.scale, wp.scale, multiplier_scale)
         return int8_ref.conv2d_ref(codes, wp.quantize(w[f"{name}.w"]), bias, m, residual, padding=1,
@@ -156,23 +160,31 @@ def test_x86_avx512_build_calibrates_here_and_uses_vnni():
 
 
 @pytest.mark.parametrize("layout", ["nchw", "blocked"])
-def test_cpus_without_vnni_take_int16_weight_pairs_and_give_the_same_integers(layout, tmp_path):
-    """A target without VNNI (an AVX2 Zen 3 here) gets the conv and dense weights, and in NCHW16c the
-    depthwise taps, as int16 pairs and the vpmaddwd steps; its outputs equal the host build's bit for bit
-    (VNNI or pairs, whichever the host has)."""
+@pytest.mark.parametrize("limit", [int8_ref.PAIR_SAFE_CODE, 127])
+def test_cpus_without_vnni_give_the_integers_of_vnni_for_the_same_weight_codes(limit, layout, tmp_path, monkeypatch):
+    """A target without VNNI (an AVX2 Zen 3 here) quantizes conv and dense weights to 7 bits and runs them on
+    vpmaddubsw (int8 blocks marked exact); full-range codes (a quantized model's, here forced) take int16
+    pairs and vpmaddwd, with byte shuffles; in NCHW16c the depthwise taps come as int16 pairs either way.
+    Its outputs equal, bit for bit, the host build's (VNNI or pairs) with the same codes."""
     from tvmfuse import targets
+    from tvmfuse.passes.int8 import kernels
 
     if not {"avx2", "fma"} <= targets._cpuinfo_flags():
         pytest.skip("this CPU cannot run an AVX2 build")
+    monkeypatch.setattr(kernels, "weight_limit", lambda family, weights: limit if family.pairs else 127)
     model, shape = inverted_residual(), (1, 8, 10, 10)
     calib = _random_batches(shape, 4, 2)
     host = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST, table=tmp_path / "t.json", layout=layout)
     avx2 = tvmfuse.quantize(model, table=tmp_path / "t.json", target={"kind": "llvm", "mcpu": "znver3"}, layout=layout)
     asm = avx2.kernel_source("asm")
-    assert "vpmaddwd" in asm and "vpshufb" in asm and "vpdpbusd" not in asm and "vphaddd" not in asm
-    assert '"int16")' in avx2.lowered.script()  # the weight parameters of the conv kernels
+    assert "vpmaddwd" in asm and "vpdpbusd" not in asm and "vphaddd" not in asm
+    assert ("vpmaddubsw" in asm) == (limit < 127)
+    script = avx2.lowered.script()
+    assert (int8.EXACT_PAIRS_ATTR in script) == (limit < 127)
     if layout == "blocked":  # the depthwise conv's taps two by two, from interleaved neighbouring pixels
-        assert "vpunpcklbw" in asm
+        assert "vpunpcklbw" in asm and '"int16")' in script
+    else:
+        assert ('"int16")' in script) == (limit == 127)  # the conv kernels' weight parameters
     for batch in _random_batches(shape, 2, 7):
         for got, want in zip(avx2.run(batch), host.run(batch)):
             np.testing.assert_array_equal(got, want)
@@ -330,7 +342,7 @@ def test_digits_int8_accuracy_loses_at_most_half_a_point():
 
 
 
-def test_quantizing_for_a_cpu_without_vnni_says_int8_is_slower_there(monkeypatch):
+def test_quantizing_for_a_cpu_without_vnni_says_its_weights_are_7_bit(monkeypatch):
     import warnings
 
     from tvmfuse import targets
@@ -340,9 +352,10 @@ def test_quantizing_for_a_cpu_without_vnni_says_int8_is_slower_there(monkeypatch
     calib = [{"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")}]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target={"kind": "llvm", "mcpu": "znver3"})
+        q = tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target={"kind": "llvm", "mcpu": "znver3"})
     said = [str(w.message) for w in caught if "no VNNI" in str(w.message)]
-    assert len(said) == 1 and "tvmfuse compare MODEL --targets custom,custom:int8" in said[0]
+    assert len(said) == 1 and "tvmfuse compare MODEL --targets custom,custom:int8" in said[0] and "7 bits" in said[0]
+    assert "vpmaddubsw" in q.kernel_source("asm")  # the 7-bit weights' step
     assert caught[[str(w.message) for w in caught].index(said[0])].filename == __file__
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

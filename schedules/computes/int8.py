@@ -57,6 +57,10 @@ BLOCKED_LAYOUT = f"NCHW{BLOCK_O}c"  # uint8 activations between INT8 kernels: 16
 # ``sum((x - 128 - (za - 128)) * w) == sum((x - za) * w)``, so folding the bias with ``za - 128`` keeps every
 # output identical.
 SIGNED_SHIFT = 128
+# PrimFunc attr: the kernel's int8 weight was checked to have every pair of a 16x4 step within +-128 codes
+# (each pair's positive codes summed, and its negative ones), so a u8 x s8 product pair fits int16 and the
+# step may add pairs in int16 (x86 ``vpmaddubsw`` without VNNI). Set by the INT8 passes, read by the rules.
+EXACT_PAIRS_ATTR = "tvmfuse.int8_exact_pairs"
 
 
 def _shape(t) -> list[int]:

@@ -81,6 +81,23 @@ def to_pairs(packed: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(pairs.astype(np.int16))
 
 
+# The largest positive (or negative) sum of a pair of weight codes whose products with any two uint8 codes
+# stay within int16: 255 * 128 = 32640 <= 32767.
+PAIR_SUM_LIMIT = 128
+# The largest weight code that keeps every pair within PAIR_SUM_LIMIT (7-bit weights, onnxruntime's
+# ``reduce_range``).
+PAIR_SAFE_CODE = PAIR_SUM_LIMIT // 2
+
+
+def pairs_fit_int16(packed: np.ndarray) -> bool:
+    """Whether a weight in 16x4 int8 blocks (last axis the 4 inputs of a step) has, in every pair (0, 1) and
+    (2, 3), positive codes summing to at most :data:`PAIR_SUM_LIMIT` and negative ones to at least minus it:
+    then a step may add two u8 x s8 products in int16 without saturating (x86 ``vpmaddubsw``)."""
+    w = np.asarray(packed).astype(np.int32).reshape(-1, 2, 2)
+    return bool((np.maximum(w, 0).sum(-1) <= PAIR_SUM_LIMIT).all()
+                and (np.minimum(w, 0).sum(-1) >= -PAIR_SUM_LIMIT).all())
+
+
 def from_pairs(pairs: np.ndarray) -> np.ndarray:
     """Inverse of :func:`to_pairs`."""
     pairs = np.asarray(pairs)

@@ -132,13 +132,14 @@ class Backend(_Base):
     def int8_caution(self) -> str:
         if self.vnni:
             return ""
-        # AVX2 code on a Zen 4, INT8 / FP32 time: mobilenet_v2 0.99x, efficientnet_lite0 0.98x, resnet18 0.79x,
-        # resnet50 0.87x (the int16-pair steps; about 1.4x before them, about 2x on a real Zen 3). VNNI does 4x the
-        # work per instruction; without it INT8 saves memory, not much time.
-        return (f"target {self.spec.name} has no VNNI: tvmfuse's INT8 kernels run about as fast as its FP32 ones on "
-                "such CPUs (MobileNet-class models about 1.0x, ResNets 0.8-0.9x of FP32's time); time both with "
-                f"tvmfuse compare MODEL --targets "
-                f"{self.spec.name},{self.spec.name}:int8 before shipping the INT8 library")
+        # Without VNNI the conv and dense kernels add u8 x s8 product pairs in int16 (vpmaddubsw), exact only
+        # for 7-bit weights, which the quantizer then writes. AVX2 code on a Zen 4, INT8 / FP32 time:
+        # mobilenet_v2 0.76x, efficientnet_lite0 0.84x, resnet18 0.61x, resnet50 0.62x (full-range weights on
+        # the int16-pair step: 0.87-1.08x).
+        return (f"target {self.spec.name} has no VNNI: conv and dense weights are quantized to 7 bits ([-64, 64], "
+                "what onnxruntime's reduce_range does for such CPUs), which keeps its INT8 kernels exact and about "
+                "1.2-1.6x faster than FP32 at some cost in accuracy; check both with tvmfuse compare MODEL "
+                f"--targets {self.spec.name},{self.spec.name}:int8 before shipping the INT8 library")
 
     def why_not_runnable(self) -> str:
         missing = targets.missing_host_features(self.spec)

@@ -16,7 +16,7 @@ from tvm import s_tir, tirx
 from .. import families
 from ..computes import int8
 from ..common import anchor_loops, accumulate_in_registers, block_names, inline_epilogue, largest_divisor, vectorize_tile
-from .int8_conv2d import accumulators, dot_kind, intrinsic, weight_pairs
+from .int8_conv2d import accumulators, dot_kind, exact_pairs_marked, intrinsic, weight_pairs
 
 ANCHOR, PAD = families.DENSE.int8.anchor_block, families.DENSE.int8.pad_block
 
@@ -31,10 +31,11 @@ class Config:
     dot: str | None = None
 
 
-def default_config(m: int, feature_blocks: int, vector_bits: int, has_vnni: bool, pairs: bool = False) -> Config:
+def default_config(m: int, feature_blocks: int, vector_bits: int, has_vnni: bool, pairs: bool = False,
+                   exact_pairs: bool = False) -> Config:
     """Up to 4 feature blocks per task (fewer where the registers or the block count say so), then rows."""
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)
-    budget = accumulators(vector_bits, dot_kind(vector_bits, has_vnni, pairs))
+    budget = accumulators(vector_bits, dot_kind(vector_bits, has_vnni, pairs, exact_pairs))
     n_blocks = largest_divisor(feature_blocks, min(4, max(1, budget // per_block)))
     return Config(largest_divisor(m, max(1, budget // (n_blocks * per_block))), n_blocks)
 
@@ -55,11 +56,11 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     m, features = int(sch.get(i).extent), int(sch.get(j).extent)
     if features % int8.BLOCK_O or int(sch.get(k).extent) % int8.BLOCK_I:
         return False
-    pairs = weight_pairs(sch, anchor)
-    cfg = config or default_config(m, features // int8.BLOCK_O, vector_bits, has_vnni, pairs)
+    pairs, exact = weight_pairs(sch, anchor), exact_pairs_marked(sch)
+    cfg = config or default_config(m, features // int8.BLOCK_O, vector_bits, has_vnni, pairs, exact)
     if m % cfg.m_block or (features // int8.BLOCK_O) % cfg.n_blocks:
         return False
-    dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs)
+    dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs, exact)
     epilogue = inline_epilogue(sch, ANCHOR)
     jb, oi = sch.split(j, [None, int8.BLOCK_O])
     jb_o, jb_i = sch.split(jb, [None, cfg.n_blocks])

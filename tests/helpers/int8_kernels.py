@@ -43,9 +43,9 @@ def epilogue(out_dtype, act, residual):
     return int8.Epilogue.make(out_dtype, zero_point, OUT_SCALE, act, res)
 
 
-def codes(rng, shape, dtype, extreme):
-    """Random codes of ``dtype``; ``extreme`` draws only the two ends of the range (weights: +-127)."""
-    lo, hi = {"uint8": (0, 255), "int8": (-127, 127)}[dtype]
+def codes(rng, shape, dtype, extreme, limit=127):
+    """Random codes of ``dtype``; ``extreme`` draws only the two ends of the range (weights: +-limit)."""
+    lo, hi = {"uint8": (0, 255), "int8": (-limit, limit)}[dtype]
     if extreme:
         return rng.choice(np.array([lo, hi], dtype), size=shape)
     return rng.integers(lo, hi + 1, size=shape).astype(dtype)
@@ -70,7 +70,14 @@ def kernel_data(rng, out_shape, channels, residual, extreme, act=None):
 #   pairs-generic  pairs, the step's description as code
 #   generic        int8 blocks, the generic step
 #   vnni-tiles     int8 blocks, the VNNI tiling with the generic step (checks it on CPUs without VNNI)
-MODES = ("host", "avx2", "pairs-generic", "generic", "vnni-tiles")
+#   maddubs        7-bit int8 blocks marked exact for pairs (int8.EXACT_PAIRS_ATTR), 256-bit vpmaddubsw step:
+#                  what the INT8 passes hand a CPU without VNNI for the weights they quantize
+MODES = ("host", "avx2", "pairs-generic", "generic", "vnni-tiles", "maddubs")
+
+
+def weight_codes(rng, shape, mode, extreme):
+    """Weight codes for ``mode``: 7-bit (``int8_ref.PAIR_SAFE_CODE``) for the vpmaddubsw steps."""
+    return codes(rng, shape, "int8", extreme, int8_ref.PAIR_SAFE_CODE if mode.startswith("maddubs") else 127)
 
 
 def pairs(mode: str) -> bool:
@@ -96,6 +103,8 @@ def schedule_with(rule, func, mode, default_config):
         return rule.apply(func, HOST_BITS, False)
     if mode == "avx2":
         return rule.apply(func, 256, False)
+    if mode.startswith("maddubs"):
+        return rule.apply(func.with_attr(int8.EXACT_PAIRS_ATTR, True), 512 if mode == "maddubs512" else 256, False)
     if mode in ("generic", "pairs-generic"):
         return rule.apply(func, HOST_BITS, False, dataclasses.replace(default_config(HOST_BITS, False), dot="generic"))
     return rule.apply(func, 512, True, dataclasses.replace(default_config(512, True), dot="generic"))

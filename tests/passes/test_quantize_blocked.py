@@ -57,6 +57,9 @@ def test_depthwise_reads_nchw16c_and_a_quantized_input_is_transformed_once():
     weight = kernel_args(calls[2][1])[1].value.numpy()
     # AVX2: the taps in fours as int16 pairs; the padded channels weigh nothing
     assert weight.shape == (2, 3, 1, 2, 16, 2) and weight.dtype == np.int16 and not weight[1, :, :, :, 8:].any()
+    for conv in (calls[1], calls[3]):  # the convs: 7-bit codes in int8 blocks (the vpmaddubsw step)
+        codes = kernel_args(conv[1])[1].value.numpy()
+        assert codes.dtype == np.int8 and np.abs(codes).max() == 64
     assert report["layout_transforms"] == 0
     plain_in, _ = quantized(make_model([helper.make_node("Conv", ["x", "w"], ["y"], group=24, pads=[1] * 4)],
                                        [("x", [1, 24, 6, 6])], [("y", [1, 24, 6, 6])],

@@ -118,6 +118,18 @@ def test_weight_params_symmetric_per_output_channel():
     assert np.all(err <= p.scale[:, None, None, None] / 2 * 1.0001)
 
 
+def test_weight_params_7_bit_for_cpus_without_vnni():
+    """limit=64 (onnxruntime's reduce_range): each channel's largest magnitude lands on +-64; other limits
+    than 1 to 127 are refused."""
+    w = np.random.default_rng(3).standard_normal((6, 5, 3, 3)).astype(np.float32)
+    p = weight_params(w, limit=64)
+    np.testing.assert_allclose(p.scale, np.abs(w).reshape(6, -1).max(axis=1) / 64, rtol=1e-6)
+    assert np.all(np.abs(p.quantize(w)).reshape(6, -1).max(axis=1) == 64)
+    for bad in (0, 128):
+        with pytest.raises(QuantParamsError, match="weight code limit must be 1 to 127"):
+            weight_params(w, limit=bad)
+
+
 def test_weight_params_narrow_range_never_gives_minus_128():
     p = weight_params(np.array([[1.0, -1.0]], np.float32))
     assert p.quantize(np.array([[5.0, -5.0]], np.float32)).tolist() == [[127, -127]]

@@ -97,3 +97,17 @@ def test_fma32_rounds_once_like_llvm_fma():
     assert (twice != ref).sum() > 100  # the test can tell one rounding from two
     assert ref[0] == np.float32(1 + 2.0 ** -11 + 2.0 ** -23)
     assert (a[:1].astype(np.float64) * b[:1] + c[:1]).astype(np.float32)[0] == np.float32(1 + 2.0 ** -11)
+
+
+def test_pairs_fit_int16_is_the_vpmaddubsw_bound():
+    """A pair of codes fits when 255 times its positive (negative) codes stays within int16: sums up to 128."""
+    def fits(pair):
+        block = np.zeros((1, 1, 16, 4), np.int8)
+        block[0, 0, 5, 2:] = pair
+        return int8_ref.pairs_fit_int16(block)
+
+    assert fits((64, 64)) and fits((-64, -64)) and fits((127, 1)) and fits((127, -127)) and fits((-128, 0))
+    assert not fits((100, 29)) and not fits((-100, -29)) and not fits((127, 2))
+    assert int8_ref.PAIR_SAFE_CODE * 2 == int8_ref.PAIR_SUM_LIMIT and 255 * int8_ref.PAIR_SUM_LIMIT <= 32767
+    codes = np.random.default_rng(0).integers(-64, 65, (3, 4, 16, 4)).astype(np.int8)
+    assert int8_ref.pairs_fit_int16(codes)

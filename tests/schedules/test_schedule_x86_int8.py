@@ -21,7 +21,7 @@ from tvmfuse.schedules.x86.intrin import vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 
 from helpers.int8_kernels import (AVX512, HOST_BITS, MODES, Conv, build, codes, epilogue, kernel_data, packed_for,
-                                  run, schedule_with, weight_placeholder)
+                                  run, schedule_with, weight_codes, weight_placeholder)
 
 CONV_CASES = [
     Conv(19, 37, 14, 3, pad=1, act="relu"),  # C, O not multiples of 4 / 16
@@ -56,7 +56,7 @@ def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
     assert sched is not None
     rng = np.random.default_rng(seed)
     x = codes(rng, case.in_shape(), "uint8", extreme)
-    w = codes(rng, (case.o, case.c, case.k, case.k), "int8", extreme)
+    w = weight_codes(rng, (case.o, case.c, case.k, case.k), mode, extreme)
     bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme, case.act)
     args = [x, packed_for(int8_ref.pack_conv2d_weight(w), mode), int8_ref.fold_zero_point(bias, w, case.za), mult]
     got = run(sched, args + ([res] if res is not None else []), out)
@@ -76,12 +76,32 @@ def test_conv2d_bit_exact(case, mode):
     assert np.isfinite(ref.astype("float64")).all()
 
 
-@pytest.mark.parametrize("mode", ["host", "avx2", "vnni-tiles"])
+@pytest.mark.parametrize("mode", ["host", "avx2", "vnni-tiles", "maddubs", "maddubs512"])
 @pytest.mark.parametrize("case", [Conv(64, 32, 6, 3, pad=1, za=255), Conv(40, 16, 5, 1, out="int8", za=0),
                                   Conv(12, 20, 7, 3, pad=1, residual="uint8", out="float32", za=128)], ids=str)
 def test_conv2d_extreme_values(case, mode):
-    """Only 0/255 inputs and -127/127 weights: the largest sums and the padding's zero point at its ends."""
+    """Only 0/255 inputs and -127/127 weights (-64/64 for the vpmaddubsw steps, whose int16 pair sums then
+    reach 32640 of 32767): the largest sums and the padding's zero point at its ends."""
+    if mode == "maddubs512" and "avx512bw" not in targets.host_cpu_flags():
+        pytest.skip("this CPU has no AVX512BW to run the 512-bit vpmaddubsw step")
     _check_conv(case, mode, extreme=True, seed=3)
+
+
+@pytest.mark.parametrize("bits", [256, 512])
+def test_exact_pairs_compile_to_vpmaddubsw_on_the_int8_blocks(bits):
+    """7-bit weights marked exact (what the INT8 passes hand a CPU without VNNI): vpmaddubsw then vpmaddwd
+    with ones per 8 (ymm) or 16 (zmm) outputs, on the VNNI layout; the same kernel unmarked
+    keeps the generic step (full-range int8 codes would saturate vpmaddubsw)."""
+    target = {256: {"kind": "llvm", "mcpu": "znver3"}, 512: AVX512}[bits]
+    register = "zmm" if bits == 512 else "ymm"
+    conv, _ = _conv(CONV_CASES[0], "maddubs")
+    dense, _ = _dense(*DENSE_CASES[1], mode="maddubs")
+    for func, rule in ((conv, int8_conv2d), (dense, int8_dense)):
+        asm = build(rule.apply(func.with_attr(int8.EXACT_PAIRS_ATTR, True), bits, False), target).mod.inspect_source("asm")
+        steps = [line.split()[0] for line in asm.splitlines() if "vpmadd" in line and register in line]
+        assert "vpmaddubsw" in steps and "vpmaddwd" in steps and "vpdpbusd" not in asm
+        plain = build(rule.apply(func, bits, False), target).mod.inspect_source("asm")
+        assert "vpmaddubsw" not in plain
 
 
 @pytest.mark.parametrize("bits", [256, 512])
@@ -171,7 +191,7 @@ def test_dense_bit_exact(case, mode):
     assert sched is not None
     for extreme in (False, True):
         rng = np.random.default_rng(2)
-        x, w = codes(rng, (m, k), "uint8", extreme), codes(rng, (n, k), "int8", extreme)
+        x, w = codes(rng, (m, k), "uint8", extreme), weight_codes(rng, (n, k), mode, extreme)
         bias, mult, res = kernel_data(rng, (m, n), n, residual, extreme, act)
         za = 255 if extreme else 77
         args = [x, packed_for(int8_ref.pack_dense_weight(w), mode), int8_ref.fold_zero_point(bias, w, za), mult]

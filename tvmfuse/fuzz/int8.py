@@ -4,7 +4,8 @@ A case (:class:`KernelCase`, drawn by :func:`random_case`) is one conv2d, depthw
 dense with random shapes (channel counts that are and are not multiples of 4 and 16, batch 1-2, non-square
 maps), kernel 1-7, strides 1/2, dilation 1/2, asymmetric padding, input and output zero points, output
 dtype (uint8, int8, or float32 dequantized), activation (none, relu, relu6, hardswish), and an optional uint8/int8
-residual; one case in six draws only the ends of the ranges (0/255 inputs, -127/127 weights).
+residual; one case in six draws only the ends of the ranges (0/255 inputs, -127/127 weights, or -64/64 where the
+target's kernels take 7-bit weights: ``passes.int8.kernels.weight_limit``).
 
 The kernel comes from the family registry (``families.FAMILIES[family].int8``: compute and weight packing)
 and is scheduled by the target's backend from its ``tvmfuse.family`` attribute, as ``ScheduleKernels`` does
@@ -135,21 +136,22 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
                       **common)
 
 
-def _codes(rng, shape, dtype: str, extreme: bool, weight: bool = False) -> np.ndarray:
-    """Random codes; weights stay in [-127, 127] (the kernels' convention), ``extreme`` draws only the ends."""
-    lo, hi = CODE_RANGE[dtype] if weight else int8.QUANT_RANGE[dtype]
+def _codes(rng, shape, dtype: str, extreme: bool, weight: int = 0) -> np.ndarray:
+    """Random codes; weights (``weight``: their largest code) stay in [-weight, weight], at most [-127, 127]
+    (the kernels' convention); ``extreme`` draws only the ends."""
+    lo, hi = (max(CODE_RANGE[dtype][0], -weight), min(CODE_RANGE[dtype][1], weight)) if weight else int8.QUANT_RANGE[dtype]
     if extreme:
         return rng.choice(np.array([lo, hi], dtype), size=shape)
     return rng.integers(lo, hi + 1, size=shape).astype(dtype)
 
 
-def case_data(case: KernelCase) -> dict:
+def case_data(case: KernelCase, limit: int = 127) -> dict:
     """Seeded operands: ``x``, unpacked ``weight``, original int32 ``bias``, float32 ``multiplier``,
     ``residual`` (or None). The multipliers put the accumulator's spread (about ``74 * 73 * sqrt(fan_in)``
     for uniform codes) at some tens of output codes, so outputs neither all saturate nor collapse (a
     hardswish's, in real units, at some tens of ``s_y``)."""
     rng = np.random.default_rng([case.seed, 1])
-    weight = _codes(rng, case.weight_shape(), "int8", case.extreme, weight=True)
+    weight = _codes(rng, case.weight_shape(), "int8", case.extreme, weight=limit)
     fan_in = int(np.prod(case.weight_shape()[1:]))
     spread = 74.0 * 73.0 * np.sqrt(fan_in) * (2.0 if case.extreme else 1.0)
     return {"x": _codes(rng, case.in_shape(), "uint8", case.extreme), "weight": weight,
@@ -159,11 +161,16 @@ def case_data(case: KernelCase) -> dict:
             "residual": _codes(rng, case.out_shape(), case.residual, case.extreme) if case.residual else None}
 
 
-def _packed(family, weight: np.ndarray, spec) -> np.ndarray:
-    """The weight as compile hands it to the family's NCHW INT8 kernel on ``spec``."""
-    from tvmfuse.passes.int8.kernels import packed_weight
+def _operands(case: KernelCase, spec) -> tuple[dict, np.ndarray, bool]:
+    """The case's operands (:func:`case_data`) with the weight codes in the range compile quantizes to for
+    ``spec``, the weight as compile packs it for the family's NCHW INT8 kernel there, and whether the kernel
+    is marked to add product pairs in int16 (``int8.EXACT_PAIRS_ATTR``)."""
+    from tvmfuse.passes.int8.kernels import exact_pairs, packed_weight, weight_limit
 
-    return packed_weight(family.int8, weight, family.int8.pack, spec.backend().int8_weights)
+    family, weights = families.FAMILIES[case.family].int8, spec.backend().int8_weights
+    data = case_data(case, weight_limit(family, weights))
+    packed = packed_weight(family, data["weight"], family.pack, weights)
+    return data, packed, exact_pairs(family, packed, weights)
 
 
 def build(case: KernelCase, target=HOST):
@@ -175,7 +182,7 @@ def build(case: KernelCase, target=HOST):
     spec = targets.resolve(target)
     family = families.FAMILIES[case.family]
     channels = case.out_channels
-    weight = _packed(family, np.zeros(case.weight_shape(), np.int8), spec)
+    _, weight, exact = _operands(case, spec)
     tensors = [te.placeholder(case.in_shape(), "uint8", name="data"),
                te.placeholder(weight.shape, str(weight.dtype), name="weight"),
                te.placeholder((channels,), "int32", name="bias"),
@@ -185,6 +192,7 @@ def build(case: KernelCase, target=HOST):
     out = compute(*tensors, res, channels=channels, input_zero_point=case.input_zero_point,
                   epilogue=case.epilogue(), **case.conv)
     func = int8.prim_func(tensors + ([res] if res is not None else []) + [out])
+    func = func.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else func
     func = spec.backend().schedule(func.with_attr("tvmfuse.family", families.int8_kernel_name(family)))
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
     return lib, out
@@ -195,9 +203,9 @@ def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
     import tvm
 
     lib, out = build(case, target)
-    d = case_data(case)
+    d, packed, _ = _operands(case, targets.resolve(target))
     family = families.FAMILIES[case.family]
-    args = [d["x"], _packed(family, d["weight"], targets.resolve(target)),
+    args = [d["x"], packed,
             int8_ref.fold_zero_point(d["bias"], d["weight"], case.input_zero_point), d["multiplier"]]
     args += [d["residual"]] if d["residual"] is not None else []
     result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))

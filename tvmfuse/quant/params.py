@@ -8,9 +8,10 @@ weights and sums pairs into s32):
 - weights: symmetric ``int8`` per output channel, zero point 0, narrowed to [-127, 127] (TensorRT's
   convention) so the grid is symmetric: ``w`` and ``-w`` quantize to opposite values and no weight needs the
   lone -128 (:func:`weight_params`). VNNI's ``vpdpbusd`` adds its four u8 x s8 products straight into s32,
-  so nothing saturates there. The narrow range does *not* protect the AVX2/AVX-512BW fallback
-  ``vpmaddubsw``, whose s16 pair sums reach 2 * 255 * 127 = 64770 > 32767: kernels on that path must
-  bound the activations themselves (e.g. 7-bit) or widen before adding;
+  so nothing saturates there. The narrow range does *not* protect the step of CPUs without VNNI,
+  ``vpmaddubsw``, whose s16 pair sums reach 2 * 255 * 127 = 64770 > 32767: for those targets the weights are
+  quantized to [-64, 64] (``weight_params(limit=64)``, onnxruntime's ``reduce_range``), where every pair fits;
+  a quantized model's own full-range codes take a step that widens to int16 before multiplying;
 - biases: ``int32`` with scale ``s_x * s_w`` per channel, so they add straight into the s32 accumulator
   (:func:`bias_params`).
 
@@ -173,11 +174,13 @@ def activation_params(lo: float, hi: float, dtype: str = "uint8") -> QuantParams
     return QuantParams(scale, zero_point, dtype)
 
 
-def weight_params(w, axis: int = 0) -> QuantParams:
+def weight_params(w, axis: int = 0, limit: int = 127) -> QuantParams:
     """Symmetric ``int8`` parameters per output channel of the weight ``w``, zero point 0.
 
-    ``scale[c] = max |w[c]| / 127`` (float32), so quantized weights stay in [-127, 127]. A channel that is
-    zero everywhere (or whose scale would underflow float32) gets scale 1: all its values quantize to 0.
+    ``scale[c] = max |w[c]| / limit`` (float32), so quantized weights stay in [-limit, limit]: 127, or 64 for
+    7-bit weights (onnxruntime's ``reduce_range``), whose u8 x s8 product pairs fit int16, what INT8 kernels
+    without VNNI add them in. A channel that is zero everywhere (or whose scale would underflow float32) gets
+    scale 1: all its values quantize to 0.
 
     Parameters
     ----------
@@ -185,11 +188,15 @@ def weight_params(w, axis: int = 0) -> QuantParams:
         The float weight, e.g. OIHW for convolutions (``axis=0``) or (in, out) for ``matmul`` (``axis=1``).
     axis : int
         The output-channel axis.
+    limit : int
+        The largest code, 1 to 127.
 
     Returns
     -------
     QuantParams
     """
+    if not 1 <= limit <= 127:
+        raise QuantParamsError(f"weight code limit must be 1 to 127, got {limit}")
     w = np.asarray(w, dtype=np.float32)
     if w.ndim == 0 or not -w.ndim <= axis < w.ndim:
         raise QuantParamsError(f"axis {axis} is out of range for a weight of shape {w.shape}")
@@ -198,7 +205,7 @@ def weight_params(w, axis: int = 0) -> QuantParams:
     axis %= w.ndim
     others = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.max(np.abs(w), axis=others) if others else np.abs(w)
-    scale = (amax / np.float32(127)).astype(np.float32)
+    scale = (amax / np.float32(limit)).astype(np.float32)
     scale[~(scale > 0)] = _ZERO_RANGE_SCALE
     return QuantParams(scale, np.zeros(scale.shape, dtype=np.int32), "int8", axis=axis, narrow_range=True)
 

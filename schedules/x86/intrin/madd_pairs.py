@@ -1,5 +1,6 @@
 """u8 x s16 -> i32 16x4 dot-product step on weights packed as int16 pairs: ``vpmaddwd`` without horizontal
-adds, for x86 CPUs without VNNI (AVX2, AVX-512 before Cascade Lake).
+adds, for x86 CPUs without VNNI (AVX2, AVX-512 before Cascade Lake) whose weight codes do not fit
+:mod:`.maddubs` (a quantized model's own full-range codes; tvmfuse's quantizer writes 7-bit ones there).
 
 What every variant computes (the description)::
 
@@ -13,11 +14,9 @@ weight vector with the pixel's pair ``(A[2p], A[2p+1])`` broadcast to every 32-b
 127`` fits easily). Per step and pixel: one broadcast load, two ``vpshufb`` forming the zero-extended pairs,
 and per 8 (AVX2) or 16 (AVX-512) outputs two ``vpmaddwd`` (weights straight from memory) and two adds.
 
-Why not ``vpmaddubsw`` (u8 x s8 pairs, twice the products per instruction, what oneDNN and FBGEMM use
-without VNNI): its int16 sum saturates for full-range codes (``2 * 255 * 127 > 32767``); onnxruntime avoids
-that with 7-bit weights (``reduce_range``), which costs accuracy, and it needs a second ``vpmaddwd`` to widen
-to int32 anyway, so it issues as many multiplies per product as this step. Zen 4 (ymm, 2 threads): two
-``vpmaddwd`` per cycle, as many as FMAs, each 16 multiply-adds against an FMA's 8.
+Why not ``vpmaddubsw`` (u8 x s8 pairs, :mod:`.maddubs`) for these: its int16 pair sum saturates for full-range
+codes (``2 * 255 * 127 > 32767``). Zen 4 (ymm, 2 threads): two ``vpmaddwd`` per cycle, as many as FMAs, each
+16 multiply-adds against an FMA's 8.
 
 Kinds (:data:`KINDS`): ``"avx2"`` (ymm), ``"avx512"`` (zmm, AVX512BW), ``"generic"`` (the description as
 code, which LLVM vectorizes: the tests' way to check the tiling anywhere). The accumulator C is in

@@ -28,16 +28,25 @@ from .match import Int8Partition
 from ..utils import OPAQUE
 
 
-def _quantized_weight(part: Int8Partition) -> tuple[np.ndarray, QuantParams]:
-    """The int8 weight, output channel first (OIHW, ``[C, 1, kh, kw]``, dense ``[N, K]``), and its parameters."""
+def _quantized_weight(part: Int8Partition, limit: int = 127) -> tuple[np.ndarray, QuantParams]:
+    """The int8 weight, output channel first (OIHW, ``[C, 1, kh, kw]``, dense ``[N, K]``), and its parameters;
+    a float weight is quantized to [-limit, limit], a quantized model's codes are taken as they are."""
     if part.quantized is not None:
         scale = np.asarray(part.quantized.scale, np.float32)
         return part.quantized.codes, QuantParams(scale, np.zeros(scale.shape, np.int32), "int8", axis=0)
     if families.FAMILIES[part.family].matmul:
-        params = weight_params(part.weight, axis=1)
+        params = weight_params(part.weight, axis=1, limit=limit)
         return np.ascontiguousarray(params.quantize(part.weight).T), params
-    params = weight_params(part.weight, axis=0)
+    params = weight_params(part.weight, axis=0, limit=limit)
     return params.quantize(part.weight), params
+
+
+def weight_limit(family: families.Int8, weights: str) -> int:
+    """The largest weight code to quantize to: 7-bit (``int8_ref.PAIR_SAFE_CODE``) where a target without
+    VNNI (``weights == "pairs"``) runs the family's 16x4 blocks, so that its kernels add product pairs in int16
+    (onnxruntime's ``reduce_range``: half the weight's resolution for about twice the speed there); 127
+    elsewhere."""
+    return int8_ref.PAIR_SAFE_CODE if weights == "pairs" and family.pairs else 127
 
 
 def _int32_bias(part: Int8Partition, s_x: float, wparams: QuantParams) -> np.ndarray | None:
@@ -64,10 +73,24 @@ def _pack(pack, weight: np.ndarray) -> np.ndarray:
 
 
 def packed_weight(family: families.Int8, weight: np.ndarray, pack: str | None, weights: str) -> np.ndarray:
-    """``weight`` (int8, unpacked) packed by ``pack`` ("module.function"; None: as it is), and its 16x4 blocks
-    as int16 pairs where the family has them and the target takes them (``weights == "pairs"``)."""
+    """``weight`` (int8, unpacked) packed by ``pack`` ("module.function"; None: as it is). A target without
+    VNNI (``weights == "pairs"``) takes the family's 16x4 blocks as they are where every pair of codes fits
+    its int16 pair sums (``int8_ref.pairs_fit_int16``: :func:`exact_pairs`), else as int16 pairs."""
     packed = _pack(families.resolve(pack), weight) if pack else weight
-    return int8_ref.to_pairs(packed) if weights == "pairs" and family.pairs else packed
+    if weights == "pairs" and family.pairs and not int8_ref.pairs_fit_int16(packed):
+        return int8_ref.to_pairs(packed)
+    return packed
+
+
+def exact_pairs(family: families.Int8, packed: np.ndarray, weights: str) -> bool:
+    """Whether the kernel may add its u8 x s8 product pairs in int16 (``int8.EXACT_PAIRS_ATTR``): a target
+    without VNNI took the 16x4 int8 blocks :func:`packed_weight` checked."""
+    return weights == "pairs" and family.pairs and packed.dtype == np.int8
+
+
+def mark_exact_pairs(kernel, exact: bool):
+    """``kernel`` (a PrimFunc) with ``int8.EXACT_PAIRS_ATTR`` set where ``exact``."""
+    return kernel.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else kernel
 
 
 def model_multiplier(input_scale: float, weight_scales, output_scale: float | None = None) -> np.ndarray:
@@ -124,6 +147,7 @@ class Int8Constants:
     epilogue: int8.Epilogue
     input_zero_point: int
     kernel_width: int | None = None  # kw of a weight packed by the family's vnni_pack/pairs_pack (rounded up)
+    exact_pairs: bool = False  # int8 blocks a target without VNNI takes (:func:`exact_pairs`)
 
 
 def weight_packing(spec) -> str:
@@ -169,7 +193,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         When the kernel cannot take these parameters (a folded bias overflowing int32, an empty clip range).
     """
     s_x, za = float(x.scale), int(x.zero_point)
-    wq, wparams = _quantized_weight(part)
+    spec = families.FAMILIES[part.family].int8
+    wq, wparams = _quantized_weight(part, weight_limit(spec, weights))
     shift = int8.SIGNED_SHIFT if signed_data(part, weights) else 0  # the kernel sums x - shift
     folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za - shift)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
@@ -177,13 +202,13 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
-    spec = families.FAMILIES[part.family].int8
     pack = spec.blocked_pack if blocked else spec.pack
     width, taps = None, taps_pack(part, blocked, weights)
     if taps:
         pack, width = taps, int(wq.shape[-1])
     packed = packed_weight(spec, wq, pack, weights)
-    return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width)
+    return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width,
+                         exact_pairs(spec, packed, weights))
 
 
 def blocked_kernel(part: Int8Partition) -> bool:
@@ -286,7 +311,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     ops = part.ops + ["requantize" if out is not None else "dequantize"] + (list(table.ops) if table else [])
     described = family.int8.layout if not blocked else \
         f"{'NCHW16c' if len(data_shape) == 5 else 'NCHW'} -> {out_layout}, weight packed for {int8.BLOCKED_LAYOUT}"
-    kernel = int8.prim_func(tensors + [output]).with_attrs({
+    kernel = mark_exact_pairs(int8.prim_func(tensors + [output]), c.exact_pairs).with_attrs({
         "tvmfuse.partition": part.composite, "tvmfuse.family": families.int8_kernel_name(family),
         "tvmfuse.layout": described, "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
     constants = [relax.const(c.weight), relax.const(bias), relax.const(multiplier)]
