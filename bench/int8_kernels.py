@@ -5,9 +5,11 @@
 Each row is one layer at batch 1: the INT8 kernel (requantize epilogue with relu, u8 output; depthwise relu6)
 against the FP32 kernel tvmfuse compiles for the same Conv+Relu / MatMul+Add+Relu partition (packed weights,
 fused epilogue). Reported: medians and the ratio FP32 / INT8 (above 1: INT8 is faster). The weights are packed
-as compile packs them for the target: on a CPU without AVX512-VNNI conv2d and dense take int16 pairs and the
-vpmaddwd step (16 multiply-adds per instruction, twice an FMA's 8, without fused accumulation), so ratios
-near 1-1.8 are expected there (FP32 runs some 3x3 layers as Winograd); VNNI does 64 per instruction.
+as compile packs them for the target: on a CPU without AVX512-VNNI conv2d and dense take 7-bit codes in int8
+blocks and the vpmaddubsw step (``--full-range``: full-range codes as int16 pairs and the vpmaddwd step, what
+a quantized model's own weights get there); VNNI does 64 multiply-adds per instruction.
+
+    TVMFUSE_HOST_CPU=znver3 python bench/int8_kernels.py [--full-range]   # AVX2 code, on any AVX2 host
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tvm import te  # noqa: E402
 
 from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
-from tvmfuse.schedules.computes import int8  # noqa: E402
+from tvmfuse.schedules.computes import int8, int8_ref  # noqa: E402
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw  # noqa: E402
 from tvmfuse.schedules.x86.intrin import vnni  # noqa: E402
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise  # noqa: E402
@@ -50,10 +52,10 @@ def _compile(func, spec):
     return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
 
 
-def _random(shape, dtype, rng):
+def _random(shape, dtype, rng, limit=127):
     if dtype == "float32":
         return rng.standard_normal(shape).astype(dtype)
-    lo, hi = (0, 255) if dtype == "uint8" else (-127, 127)
+    lo, hi = (0, 255) if dtype == "uint8" else (-limit, limit)
     return rng.integers(lo, hi + 1, size=shape).astype(dtype)
 
 
@@ -92,10 +94,12 @@ def _fp32_kernel(layer, spec, rng):
     return _compile(func, spec), tensors
 
 
-def _int8_kernel(layer, spec, rng):
-    """The INT8 kernel of the layer, scheduled for ``spec``, and random arguments."""
+def _int8_kernel(layer, spec, rng, full_range=False):
+    """The INT8 kernel of the layer, scheduled for ``spec``, and random arguments: without VNNI, conv2d and dense
+    on 7-bit codes marked exact for vpmaddubsw, or (``full_range``) on int16 pairs."""
     bits, has_vnni = spec.vector_bits(), vnni.target_has_vnni(spec.tvm_target())
-    pairs = spec.backend().int8_weights == "pairs"
+    exact = spec.backend().int8_weights == "pairs" and not full_range and layer[0] != "depthwise"
+    pairs = spec.backend().int8_weights == "pairs" and full_range
     kind = layer[0]
     if kind == "dense":
         _, k, n = layer
@@ -118,8 +122,10 @@ def _int8_kernel(layer, spec, rng):
     compute = {"conv": int8.conv2d_compute, "depthwise": int8_dw.depthwise_conv2d_compute, "dense": int8.dense_compute}
     out = compute[kind](x, w, b, m, epilogue=epilogue, **out_kw)
     rule = {"conv": int8_conv2d, "depthwise": int8_depthwise, "dense": int8_dense}[kind]
-    func = rule.apply(int8.prim_func([x, w, b, m, out]), bits, has_vnni)
-    tensors = [_random([int(d) for d in t.shape], str(t.dtype), rng) for t in (x, w, b, m)]
+    func = int8.prim_func([x, w, b, m, out])
+    func = rule.apply(func.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else func, bits, has_vnni)
+    limit = int8_ref.PAIR_SAFE_CODE if exact else 127
+    tensors = [_random([int(d) for d in t.shape], str(t.dtype), rng, limit) for t in (x, w, b, m)]
     tensors.append(np.zeros([int(d) for d in out.shape], "uint8"))
     return _compile(func, spec), tensors
 
@@ -148,6 +154,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="x86-host")
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--full-range", action="store_true",
+                   help="without VNNI: full-range weight codes on the int16-pair step (default: 7-bit, vpmaddubsw)")
     args = p.parse_args(argv)
     spec = targets.resolve(args.target)
     if not spec.backend().runs_on_this_cpu():
@@ -156,10 +164,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     has_vnni = vnni.target_has_vnni(spec.tvm_target())
     print(f"# INT8 vs FP32 kernels: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}, "
-          f"{spec.vector_bits()}-bit vectors, {'VNNI' if has_vnni else 'no VNNI: int16-pair vpmaddwd step'})")
+          f"{spec.vector_bits()}-bit vectors, {'VNNI' if has_vnni else 'no VNNI: ' + ('int16-pair vpmaddwd step' if args.full_range else '7-bit weights, vpmaddubsw step')})")
     rows = []
     for layer in LAYERS:
-        ms = _alternate({"int8": _int8_kernel(layer, spec, rng), "fp32": _fp32_kernel(layer, spec, rng)}, args.repeat)
+        ms = _alternate({"int8": _int8_kernel(layer, spec, rng, args.full_range), "fp32": _fp32_kernel(layer, spec, rng)}, args.repeat)
         int8_ms, fp32_ms = ms["int8"], ms["fp32"]
         rows.append({"layer": _name(layer), "INT8 ms": f"{int8_ms:.3f}", "FP32 ms": f"{fp32_ms:.3f}",
                      "FP32 / INT8": f"{fp32_ms / int8_ms:.2f}x", "INT8 GOP/s": f"{_ops(layer) / int8_ms / 1e6:.0f}"})

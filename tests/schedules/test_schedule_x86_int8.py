@@ -340,3 +340,14 @@ def test_conv2d_below_serial_macs_runs_on_one_thread(channels, out_channels, siz
     args = [xv, packed_for(int8_ref.pack_conv2d_weight(wv), "host"), int8_ref.fold_zero_point(bias, wv, 3), mult]
     ref = int8_ref.conv2d_ref(xv, wv, bias, mult, None, input_zero_point=3, epilogue=ep)
     np.testing.assert_array_equal(run(func, args, out), ref)
+
+
+def test_byte_pair_step_tiles_one_pixel_of_many_blocks_for_narrow_1x1_convs():
+    """The vpmaddubsw step (7-bit weights without VNNI): a 1x1 conv over a map up to 28 wide takes 6 (else 4)
+    channel blocks of one pixel; 3x3 convs and wider maps keep the pair tiles; full-range pairs are unchanged."""
+    config = int8_conv2d.default_config
+    assert config(24, 14, 256, False, exact_pairs=True) == int8_conv2d.Config(6, 1)
+    assert config(16, 7, 256, False, stride=2, exact_pairs=True) == int8_conv2d.Config(4, 1)
+    assert config(24, 14, 256, False, exact_pairs=True, taps=9) == int8_conv2d.Config(3, 2)
+    assert config(9, 56, 256, False, exact_pairs=True) == int8_conv2d.Config(3, 2)
+    assert config(24, 14, 256, False, pairs=True) == int8_conv2d.Config(3, 2)
