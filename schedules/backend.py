@@ -97,8 +97,9 @@ class Backend:
     def __init__(self, spec):
         self.spec = spec
 
-    def int8_caution(self) -> str:
-        """What a user quantizing for this target should know before shipping it ('' when nothing)."""
+    def int8_caution(self, weight_bits: int = 8) -> str:
+        """What a user quantizing for this target (conv and dense weights of ``weight_bits``) should know before
+        shipping it ('' when nothing)."""
         return ""
 
     # --- the device (asked where the compiler is present; a runtime-only process has the manifest's

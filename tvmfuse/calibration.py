@@ -26,6 +26,7 @@ from .errors import TargetError, spelled
 from .export import build
 from .passes.lower import LowerPartitions
 from .passes.pipeline import PassRecord, run_graph_passes
+from .passes.int8.kernels import weight_packing
 from .passes.int8.quantize import QuantizeGraph
 from .quant.calibrate import create_calibrator
 from .quant.data import CalibrationDataError, check_batch, load_calibration_data
@@ -224,6 +225,8 @@ class Quantizer:
         The percentile of the ``"percentile"`` method.
     blocked : bool
         uint8 activations NCHW16c between INT8 kernels (``QuantizeGraph``'s ``blocked``).
+    weight_bits : int or None
+        ``QuantizeGraph``'s: 7 or 8 bits of conv and dense weights; None, 7 where the target has no VNNI.
 
     Raises
     ------
@@ -233,7 +236,7 @@ class Quantizer:
     """
 
     def __init__(self, spec: TargetSpec, calib=None, method: str = "entropy", table=None,
-                 percentile: float = 99.99, blocked: bool = True, preprocess=None):
+                 percentile: float = 99.99, blocked: bool = True, preprocess=None, weight_bits: int | None = None):
         if calib is None and table is None:
             raise CalibrationError(spelled("quantize needs calibration data (calib=...) or a saved calibration "
                                            "table (table=...)", "quantize needs --calib DATA or --table TABLE"))
@@ -243,6 +246,10 @@ class Quantizer:
         if table is not None and not (_is_path(table) or isinstance(table, CalibrationTable)):
             raise CalibrationError(f"table must be a CalibrationTable or a path, got {type(table).__name__}")
         self.spec, self.calib, self.method, self.preprocess = spec, calib, method, preprocess
+        if weight_bits not in (None, 7, 8):
+            raise CalibrationError(spelled(f"weight_bits must be 7 or 8 (None: 7 on a target without VNNI), got "
+                                           f"{weight_bits!r}", f"--weight-bits must be 7 or 8, got {weight_bits}"))
+        self.weight_bits = weight_bits or (7 if weight_packing(spec) == "pairs" else 8)
         self.options = {"percentile": percentile} if method == "percentile" else {}
         if calib is not None:
             create_calibrator(method, **self.options)  # an unknown method fails before anything is built
@@ -277,7 +284,7 @@ class Quantizer:
                                                CALIBRATION_TARGET, self.source, **self.options)
             if self.table_path is not None:
                 self.table.save(self.table_path)
-        return QuantizeGraph(self.table, self.spec, self.report, self.blocked)(partitioned)
+        return QuantizeGraph(self.table, self.spec, self.report, self.blocked, self.weight_bits)(partitioned)
 
     def manifest_entry(self) -> dict:
         """The manifest's ``quantization`` entry: how the table was made, and what QuantizeGraph did."""
@@ -287,7 +294,8 @@ class Quantizer:
                  "table": str(self.table_path) if self.table_path is not None else None,
                  "calibrated": self.calib is not None,
                  "calibration_data": _describe_data(self.calib, self.preprocess),
-                 "calibration_batches": len(self.batches) if self.batches is not None else None}
+                 "calibration_batches": len(self.batches) if self.batches is not None else None,
+                 "weight_bits": self.weight_bits}
         entry.update(self.report)
         return entry
 

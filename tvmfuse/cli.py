@@ -102,11 +102,12 @@ def cmd_quantize(args) -> int:
                                    bgr=args.bgr)
     cm = api.quantize(args.model, calib=args.calib, method=args.method, target=args.target, table=args.table,
                       shapes=_shapes(args), percentile=99.99 if args.percentile is None else args.percentile,
-                      progress=not args.quiet, logs=logs, preprocess=preprocess, consts=_consts(args))
+                      progress=not args.quiet, logs=logs, preprocess=preprocess, consts=_consts(args),
+                      weight_bits=args.weight_bits)
     path = cm.export(args.output)
     q = cm.quantization
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
-          f"{q['int8_partitions']} INT8 partition(s), {q['fp32_partitions']} FP32, "
+          f"{q['int8_partitions']} INT8 partition(s) ({q['weight_bits']}-bit weights), {q['fp32_partitions']} FP32, "
           f"{q['quantize_ops']} quantize / {q['dequantize_ops']} dequantize op(s)")
     print(describe_cache(cm.cache_info))
     if args.calib and args.table:
@@ -263,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     images.add_argument("--bgr", action="store_true", default=None, help="channels in BGR order (default RGB)")
     p.add_argument("--method", default="entropy", help="minmax, entropy or percentile (default entropy)")
     p.add_argument("--percentile", type=float, help="percentile kept by --method percentile (default 99.99)")
+    p.add_argument("--weight-bits", type=int, choices=(7, 8), help="conv and dense weight codes: 7 ([-64, 64]) or 8 "
+                   "(default 7 on a CPU target without VNNI, which then runs them faster, else 8)")
     p.add_argument("--target", default=targets.DEFAULT,
                    help=f"target name (default {targets.DEFAULT}: this machine; calibration always runs on this CPU)")
     p.add_argument("-o", "--output", required=True, help="output library path (.so)")

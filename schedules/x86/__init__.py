@@ -129,17 +129,23 @@ class Backend(_Base):
         self.int8_weights = ("vnni" if "avx512vnni" in features else "avxvnni" if self.vnni
                              else "pairs" if self.vector_bits >= 256 else "")
 
-    def int8_caution(self) -> str:
+    def int8_caution(self, weight_bits: int = 7) -> str:
         if self.vnni:
             return ""
+        compare = (f"tvmfuse compare MODEL --targets {self.spec.name},{self.spec.name}:int8 before shipping the INT8 "
+                   "library")
+        if weight_bits == 8:
+            # The int16-pair step: 64 products in 10 vector uops against an FMA's 8 in one. AVX2 code on a Zen 4,
+            # INT8 / FP32 time: mobilenet_v2 1.04x, efficientnet_lite0 1.08x, resnet18 0.87x, resnet50 0.94x.
+            return (f"target {self.spec.name} has no VNNI: with 8-bit weights tvmfuse's INT8 kernels run about as "
+                    f"fast as its FP32 ones on such CPUs (7-bit weights, the default there, 1.2-1.6x faster); time "
+                    f"both with {compare}")
         # Without VNNI the conv and dense kernels add u8 x s8 product pairs in int16 (vpmaddubsw), exact only
         # for 7-bit weights, which the quantizer then writes. AVX2 code on a Zen 4, INT8 / FP32 time:
-        # mobilenet_v2 0.76x, efficientnet_lite0 0.84x, resnet18 0.61x, resnet50 0.62x (full-range weights on
-        # the int16-pair step: 0.87-1.08x).
+        # mobilenet_v2 0.76x, efficientnet_lite0 0.84x, resnet18 0.61x, resnet50 0.62x.
         return (f"target {self.spec.name} has no VNNI: conv and dense weights are quantized to 7 bits ([-64, 64], "
                 "what onnxruntime's reduce_range does for such CPUs), which keeps its INT8 kernels exact and about "
-                "1.2-1.6x faster than FP32 at some cost in accuracy; check both with tvmfuse compare MODEL "
-                f"--targets {self.spec.name},{self.spec.name}:int8 before shipping the INT8 library")
+                f"1.2-1.6x faster than FP32 at some cost in accuracy (weight_bits=8 keeps 8); check both with {compare}")
 
     def why_not_runnable(self) -> str:
         missing = targets.missing_host_features(self.spec)

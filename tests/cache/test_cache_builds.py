@@ -94,6 +94,8 @@ def test_a_quantized_build_comes_back_whole_for_the_same_calibration_source(tmp_
     assert data == ["miss", "hit", "miss", "miss"]  # an iterator is not consumed for a key
     other = tvmfuse.quantize(MODEL, batches, "entropy", HOST, cache=cache)
     assert other.cache_info["model"] == "miss"
+    bits = 8 if other.quantization["weight_bits"] == 7 else 7  # the other width than this target's default
+    assert tvmfuse.quantize(MODEL, batches, "entropy", HOST, cache=cache, weight_bits=bits).cache_info["model"] == "miss"
 
 
 def test_a_model_with_external_data_misses_when_only_its_data_file_changes(tmp_path):

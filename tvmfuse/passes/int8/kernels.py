@@ -41,6 +41,13 @@ def _quantized_weight(part: Int8Partition, limit: int = 127) -> tuple[np.ndarray
     return params.quantize(part.weight), params
 
 
+def bits_limit(weight_bits: int | None) -> int | None:
+    """The largest weight code of ``weight_bits`` (7: 64, 8: 127; None: None, :func:`weight_limit` decides)."""
+    if weight_bits not in (None, 7, 8):
+        raise int8.Int8KernelError(f"weight_bits must be 7 or 8 (or None: 7 on a target without VNNI), got {weight_bits!r}")
+    return None if weight_bits is None else {7: int8_ref.PAIR_SAFE_CODE, 8: 127}[weight_bits]
+
+
 def weight_limit(family: families.Int8, weights: str) -> int:
     """The largest weight code to quantize to: 7-bit (``int8_ref.PAIR_SAFE_CODE``) where a target without
     VNNI (``weights == "pairs"``) runs the family's 16x4 blocks, so that its kernels add product pairs in int16
@@ -178,14 +185,16 @@ def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
 
 
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
-                   residual: QuantParams | None = None, blocked: bool = False, weights: str = "") -> Int8Constants:
+                   residual: QuantParams | None = None, blocked: bool = False, weights: str = "",
+                   limit: int | None = None) -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
     residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
     ``weights``: the target's :func:`weight_packing` (``Int8.vnni_pack`` or ``pairs_pack`` where
-    :func:`taps_pack`; the rest as :func:`packed_weight`).
+    :func:`taps_pack`; the rest as :func:`packed_weight`). ``limit``: the largest code a float conv or dense
+    weight (a family with 16x4 blocks) is quantized to (None: :func:`weight_limit`).
 
     Raises
     ------
@@ -194,7 +203,7 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     """
     s_x, za = float(x.scale), int(x.zero_point)
     spec = families.FAMILIES[part.family].int8
-    wq, wparams = _quantized_weight(part, weight_limit(spec, weights))
+    wq, wparams = _quantized_weight(part, weight_limit(spec, weights) if limit is None or not spec.pairs else limit)
     shift = int8.SIGNED_SHIFT if signed_data(part, weights) else 0  # the kernel sums x - shift
     folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za - shift)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
@@ -244,7 +253,8 @@ def _padded(values: np.ndarray, length: int) -> np.ndarray:
 
 def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: QuantParams | None,
                      residual: QuantParams | None = None, out_layout: str = "NCHW",
-                     weights: str = "", table: OutputTable | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
+                     weights: str = "", table: OutputTable | None = None,
+                     limit: int | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
     """The INT8 kernel of ``part`` and its constant arguments.
 
     Parameters
@@ -263,6 +273,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     table : OutputTable, optional
         The elementwise ops after the partition as a table of output codes: the kernel requantizes to ``out``
         (their input's parameters) and writes the table's entry for each code.
+    limit : int, optional
+        As in :func:`int8_constants`.
 
     Returns
     -------
@@ -281,7 +293,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     blocked = len(data_shape) == 5 or out_layout != "NCHW"
     if blocked and not blocked_kernel(part):
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
-    c = int8_constants(part, x, out, residual, blocked, weights)
+    c = int8_constants(part, x, out, residual, blocked, weights, limit)
     epilogue = dataclasses.replace(c.epilogue, table=True) if table is not None else c.epilogue
     channels = c.bias.shape[0]
     out_shape = kernel_out_shape(part, out_layout)
