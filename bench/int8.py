@@ -4,6 +4,7 @@
                          [--repeat 20] [--calib-batches 16] [--method minmax]
     python bench/int8.py --models ppocrv5_det,layout_cdla   # corpus models (fetched), at their table shape
     python bench/int8.py --models all --no-peers            # every zoo and corpus model, tvmfuse FP32 vs INT8
+    python bench/int8.py --no-peers --other-bits            # 7- and 8-bit weights (a CPU without VNNI)
 
 Up to seven contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
 (common.interleaved_medians) on the same seeded input:
@@ -82,14 +83,21 @@ def _timed(fn):
     return result, time.perf_counter() - start
 
 
-def measure(name: str, target: str, repeat: int, calib_batches: int, method: str, peers: bool = True) -> dict:
-    """Build the contenders of one model (only tvmfuse FP32 and INT8 when not ``peers``), time them alternately."""
+def measure(name: str, target: str, repeat: int, calib_batches: int, method: str, peers: bool = True,
+            other_bits: bool = False) -> dict:
+    """Build the contenders of one model (only tvmfuse FP32 and INT8 when not ``peers``), time them alternately;
+    with ``other_bits`` also tvmfuse INT8 with the other weight width than the target's default (8 bits where
+    it quantizes to 7: a CPU without VNNI)."""
     model, shapes = named_model(name)
     fp32, fp32_s = _timed(lambda: tvmfuse.compile(model, target=target, shapes=shapes))
     batches = [inputs_for(fp32.inputs, seed=100 + i) for i in range(calib_batches)]
     int8, int8_s = _timed(lambda: tvmfuse.quantize(model, calib=batches, method=method, target=target, shapes=shapes))
     x = inputs_for(fp32.inputs)
     fns = {"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x)}
+    if other_bits:
+        bits = 15 - int8.quantization["weight_bits"]
+        other = tvmfuse.quantize(model, calib=batches, method=method, target=target, shapes=shapes, weight_bits=bits)
+        fns[f"tvmfuse INT8 {bits}-bit"] = lambda: other.run(x)
     imported, imported_s, qdq_kernels = None, float("nan"), "-"
     if peers:
         imported, imported_s = _add_peers(fns, name, model, shapes, batches, target, x)
@@ -98,7 +106,7 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
         qdq_kernels = f"{on_int8}/{on_int8 + len(qdq_report.get('kept_float', []))}"
     ms = interleaved_medians(fns, repeat)
     quant = int8.quantization
-    return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s),
+    return {"model": name, "ms": ms, "compile s": (fp32_s, int8_s, imported_s), "bits": quant["weight_bits"],
             "int8 partitions": f"{quant['int8_partitions']}/{quant['int8_partitions'] + quant['fp32_partitions']}",
             "qdq kernels": qdq_kernels}
 
@@ -129,9 +137,10 @@ def _row(r: dict) -> dict:
     ms = r["ms"]
     fp32, int8, ort_fp32, ort_int8, imported = (ms.get(k, float("nan")) for k in (
         "tvmfuse FP32", "tvmfuse INT8", "ORT FP32", "ORT INT8", "tvmfuse(ORT QDQ)"))
-    return {"model": r["model"], "tvmfuse FP32 ms": f"{fp32:.2f}", "tvmfuse INT8 ms": f"{int8:.2f}",
+    other = {f"INT8 {k.split()[-1]}/FP32 tvmfuse": f"{v / fp32:.2f}x" for k, v in ms.items() if k.endswith("-bit")}
+    return {"model": r["model"], "tvmfuse FP32 ms": f"{fp32:.2f}", f"tvmfuse INT8 ({r['bits']}-bit) ms": f"{int8:.2f}",
             "ORT FP32 ms": f"{ort_fp32:.2f}", "ORT INT8 ms": f"{ort_int8:.2f}",
-            "tvmfuse(ORT QDQ) ms": f"{imported:.2f}", "INT8/FP32 tvmfuse": f"{int8 / fp32:.2f}x",
+            "tvmfuse(ORT QDQ) ms": f"{imported:.2f}", "INT8/FP32 tvmfuse": f"{int8 / fp32:.2f}x", **other,
             "tvmfuse INT8 / ORT INT8": f"{int8 / ort_int8:.2f}x",
             "tvmfuse(ORT QDQ) / ORT INT8": f"{imported / ort_int8:.2f}x",
             "ORT INT8/FP32": f"{ort_int8 / ort_fp32:.2f}x",
@@ -147,7 +156,7 @@ def _simd(spec: targets.TargetSpec) -> str:
     if "avx512vnni" in feats:
         return "AVX512-VNNI (vpdpbusd)"
     if "avx2" in feats:
-        return "AVX2 (no VNNI on this target: the INT8 kernels use the exact AVX2 u8 x s8 step)"
+        return "AVX2 (no VNNI on this target: 7-bit weights on vpmaddubsw, 8-bit ones on the int16-pair step)"
     return "no AVX2 (generic INT8 loops)"
 
 
@@ -161,6 +170,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-peers", action="store_true",
                    help="time tvmfuse FP32 and INT8 only (no onnxruntime or OpenVINO quantization): a sweep over "
                         "many models")
+    p.add_argument("--other-bits", action="store_true",
+                   help="also tvmfuse INT8 with the other weight width (8 bits where the target's default is 7: "
+                        "a CPU without VNNI; 7 elsewhere)")
     args = p.parse_args(argv)
     spec = targets.resolve(args.target)
     if args.models == "all":
@@ -171,14 +183,14 @@ def main(argv=None) -> int:
     for m in args.models.split(","):
         print(f"{m} ...", file=sys.stderr, flush=True)
         try:
-            rows.append(_row(measure(m, args.target, args.repeat, args.calib_batches, args.method, not args.no_peers)))
+            rows.append(_row(measure(m, args.target, args.repeat, args.calib_batches, args.method, not args.no_peers,
+                                     args.other_bits)))
         except Exception as e:  # noqa: BLE001 - one model's failure is reported, the sweep goes on
             failed.append(f"{m}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             print(f"{m} FAILED: {failed[-1]}", file=sys.stderr, flush=True)
     if args.no_peers:
-        keep = ("model", "tvmfuse FP32 ms", "tvmfuse INT8 ms", "INT8/FP32 tvmfuse", "INT8 partitions",
-                "compile s (FP32/INT8/QDQ)")
-        rows = [{k: r[k] for k in keep} for r in rows]
+        peer = lambda k: "ORT" in k or "OV " in k or k.startswith("QDQ")  # noqa: E731 - the peers' columns
+        rows = [{k: v for k, v in r.items() if not peer(k)} for r in rows]
     print(f"# INT8 bench: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
           f"INT8 on {_simd(spec)}; {platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, "
           f"TVM {tvm.__version__}, onnxruntime {_ort_version()}")
