@@ -56,6 +56,16 @@ PAIR_TILES = ((3, 2), (2, 2))
 # at 56x56: 91 there, 98 with (3, 1)), and so do 3x3 convs: ResNet-18 INT8 took 1.16x as long with them.
 BYTE_PAIR_TILES = ((6, 1), (4, 1))
 BYTE_PAIR_WIDTH = 28
+# AVX512-VNNI: 8 or more pixels of 2 channel blocks spill (ResNet-50's 64->64 1x1 at 56x56: 195 stack
+# accesses in the kernel against 55 with 4 blocks of 4, 129 us against 55), so a row tile takes at most
+# VNNI_PIXELS; and 1x1 convs reading at most VNNI_POINTWISE_K channels take more blocks of 2-4 pixels first.
+# Zen 4, 2 threads, NCHW16c, kernel alone, 7 interleaved rounds (us, 2 blocks of the widest row tile -> this):
+# 64->64 at 56x56 129 -> 51, 64->256 471 -> 180, 24->144 411 -> 74, 16->96 at 112x112 586 -> 153, 48->96 at
+# 96x96 772 -> 157, 128->512 at 28x28 200 -> 168, 96->576 at 14x14 62 -> 42, 256->1024 211 -> 173; 3x3
+# 64->64 at 56x56 386 -> 324. Wider reductions keep 2 blocks of 7 (1024->256 at 14x14: 228, 248 with (4, 2)).
+VNNI_PIXELS = 7
+VNNI_POINTWISE_TILES = ((6, 2), (4, 2), (3, 4), (2, 4))
+VNNI_POINTWISE_K = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +129,12 @@ def accumulators(vector_bits: int, dot: str) -> int:
 
 
 def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, has_vnni: bool,
-                   pairs: bool = False, stride: int = 1, exact_pairs: bool = False, taps: int = 1) -> Config:
-    """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits. The AVX2
-    pair step with a stride-1 conv takes 3 (else 2) channel blocks of 2 pixels first (:data:`PAIR_TILES`)."""
+                   pairs: bool = False, stride: int = 1, exact_pairs: bool = False, taps: int = 1,
+                   in_channels: int = 0) -> Config:
+    """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits (with
+    AVX512-VNNI at most :data:`VNNI_PIXELS`). The AVX2 pair step with a stride-1 conv takes 3 (else 2) channel
+    blocks of 2 pixels first (:data:`PAIR_TILES`); the steps without a weight register take the tiles of
+    :data:`BYTE_PAIR_TILES` and :data:`VNNI_POINTWISE_TILES` for the 1x1 convs those name."""
     dot = dot_kind(vector_bits, has_vnni, pairs, exact_pairs)
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)  # vector registers per 16 int32 accumulators
     budget = accumulators(vector_bits, dot)
@@ -129,12 +142,18 @@ def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, ha
         for oc_blocks, ow_block in BYTE_PAIR_TILES:
             if out_channel_blocks % oc_blocks == 0:
                 return Config(oc_blocks, ow_block)
+    if dot == "vnni" and taps == 1 and in_channels <= VNNI_POINTWISE_K:
+        for oc_blocks, ow_block in VNNI_POINTWISE_TILES:
+            if out_channel_blocks % oc_blocks == 0 and out_width % ow_block == 0:
+                return Config(oc_blocks, ow_block)
     if dot in ("avx2", "maddubs") and stride == 1:
         for oc_blocks, ow_block in PAIR_TILES:
             if out_channel_blocks % oc_blocks == 0 and out_width % ow_block == 0:
                 return Config(oc_blocks, ow_block)
     oc_blocks = 2 if out_channel_blocks % 2 == 0 and 2 * per_block * 4 <= budget else 1
     pixels = max(1, budget // (oc_blocks * per_block))
+    if dot == "vnni":
+        pixels = min(pixels, VNNI_PIXELS)
     ow_block = largest_divisor(out_width, pixels)
     if ow_block == 1 and out_width <= 2 * pixels:
         ow_block = out_width  # a short row with a prime width (7): one tile, a few spills beat 1-pixel tiles
@@ -161,7 +180,7 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     pairs, exact = weight_pairs(sch, anchor), exact_pairs_marked(sch)
     taps = int(sch.get(ry).extent) * int(sch.get(rx).extent)
     cfg = config or default_config(o_blocks, out_width, vector_bits, has_vnni, pairs, _width_stride(sch, anchor),
-                                   exact, taps)
+                                   exact, taps, int(sch.get(rcb).extent) * int8.BLOCK_I)
     dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs, exact)
     if o_blocks % cfg.oc_blocks or out_width % cfg.ow_block:
         return False

@@ -351,3 +351,17 @@ def test_byte_pair_step_tiles_one_pixel_of_many_blocks_for_narrow_1x1_convs():
     assert config(24, 14, 256, False, exact_pairs=True, taps=9) == int8_conv2d.Config(3, 2)
     assert config(9, 56, 256, False, exact_pairs=True) == int8_conv2d.Config(3, 2)
     assert config(24, 14, 256, False, pairs=True) == int8_conv2d.Config(3, 2)
+
+
+def test_vnni_tiles_avoid_the_spilling_row_tiles():
+    """AVX512-VNNI: at most 7 pixels a row tile (2 blocks of 8 spill), and 1x1 convs reading up to 256 channels
+    take 6, 4, 3 or 2 blocks of 2-4 pixels first; wider reductions and 3x3 convs keep 2 blocks of the row."""
+    config, cfg = int8_conv2d.default_config, int8_conv2d.Config
+    assert config(4, 56, 512, True, in_channels=64) == cfg(4, 2)
+    assert config(9, 56, 512, True, in_channels=24) == cfg(3, 4)
+    assert config(12, 28, 512, True, in_channels=32) == cfg(6, 2)
+    assert config(16, 14, 512, True, in_channels=1024) == cfg(2, 7)
+    assert config(4, 56, 512, True, taps=9, in_channels=64) == cfg(2, 7)
+    assert config(1, 96, 512, True, taps=9, in_channels=8) == cfg(1, 6)
+    asm = build(int8_conv2d.apply(_conv(Conv(64, 64, 16, 1), "generic")[0], 512, True), AVX512).mod.inspect_source("asm")
+    assert "vpdpbusd" in asm and asm.count("(%rsp)") < 100  # the accumulators stay in registers
