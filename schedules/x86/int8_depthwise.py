@@ -124,14 +124,17 @@ def schedule_blocked(sch: s_tir.Schedule, ow_block: int | None = None) -> bool:
     return True
 
 
-def taps_ow_block(out_width: int, most: int = 12) -> int:
-    """Pixels per register tile of the taps-in-fours kernel: the largest divisor of the row up to ``most``
-    (12 zmm accumulators; 8 pixels of two ymm each for the AVX2 pair step, which spills a few).
+# Pixels per register tile of the taps-in-fours kernel, at most. 12 zmm accumulators spill since (AVX512-VNNI,
+# 200x2x96 5x5: 220 stack accesses against 43 with 8). Zen 4, 2 threads, u8 out, kernel alone, 9 interleaved
+# rounds (us; tiles 12 / 8 / 6 / 4): 200x2x96 5x5 31.6, 9.7, 10.3, 11.2; 88x3x96 5x5 20.8, 6.3, 6.8, 7.5;
+# 32x12x96 3x3 24.6, 5.1, 6.3, 5.2; 64x24x96 3x3 105.9, 23.0, 29.1, 20.9; 128x12x48 3x3 48.8, 9.0, 9.3, 9.8.
+TAPS_PIXELS = 8
 
-    Zen 4, x86-avx512, 2 threads, u8 out (us; tiles 7 / 8 / 12): 88x3x96 5x5 -, 8.6, 8.0; 32x12x96 3x3 -,
-    4.9, 4.9; 144x56x56 3x3 56.0, 55.6, -; the int32 kernel 13.1, 7.1, 83.1. AVX2 pair step (ymm, run on
-    Zen 4; tiles 2 / 4 / 7 / 8): 576x14x14 30.9, -, 26.0, -; 192x28x28 39.3, 37.3, 32.7, -; 144x56x56 127.4,
-    120.9, 105.4, 102.4; 960x7x7 17.2 (1) against 13.3 (7)."""
+
+def taps_ow_block(out_width: int, most: int = TAPS_PIXELS) -> int:
+    """Pixels per register tile of the taps-in-fours kernel: the largest divisor of the row up to ``most``
+    (:data:`TAPS_PIXELS`). AVX2 pair step (ymm, run on Zen 4; tiles 2 / 4 / 7 / 8): 576x14x14 30.9, -, 26.0, -;
+    192x28x28 39.3, 37.3, 32.7, -; 144x56x56 127.4, 120.9, 105.4, 102.4; 960x7x7 17.2 (1) against 13.3 (7)."""
     return largest_divisor(out_width, most)
 
 
@@ -144,7 +147,7 @@ def schedule_taps(sch: s_tir.Schedule, dot: str = "vnni", ow_block: int | None =
         return False
     anchor, (n, cb, oh, ow, ci, ry, rg, rk) = match
     pairs = weight_pairs(sch, anchor)
-    ow_block = ow_block or taps_ow_block(int(sch.get(ow).extent), 8 if dot == "avx2" else 12)
+    ow_block = ow_block or taps_ow_block(int(sch.get(ow).extent), TAPS_PIXELS)
     if int(sch.get(ow).extent) % ow_block:
         return False
     epilogue = inline_epilogue(sch, ANCHOR)

@@ -300,3 +300,11 @@ def test_conv2d_reads_unpadded_nchw16c_in_place(k, pad, in_place):
                               out_layout=int8.BLOCKED_LAYOUT)
     func = int8_conv2d.apply(int8.prim_func([x, wt, b, m, out]), 512, True)
     assert ('T.sblock("data_pack")' not in func.script()) == in_place
+
+
+def test_taps_tiles_stop_at_8_pixels():
+    """12-pixel tiles of the taps-in-fours kernel spilled on AVX512-VNNI (a 96-wide row: 3-5x the time of 8):
+    the default takes at most 8 pixels, the row's largest divisor up to that."""
+    assert int8_depthwise.taps_ow_block(96) == 8 and int8_depthwise.taps_ow_block(48) == 8
+    assert int8_depthwise.taps_ow_block(28) == 7 and int8_depthwise.taps_ow_block(14) == 7
+    assert int8_depthwise.taps_ow_block(12) == 6 and int8_depthwise.taps_ow_block(5) == 5
