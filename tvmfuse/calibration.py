@@ -26,7 +26,7 @@ from .errors import TargetError, spelled
 from .export import build
 from .passes.lower import LowerPartitions
 from .passes.pipeline import PassRecord, run_graph_passes
-from .passes.int8.kernels import weight_packing
+from .passes.int8.kernels import WEIGHT_BITS, default_weight_bits, weight_packing
 from .passes.int8.quantize import QuantizeGraph
 from .quant.calibrate import create_calibrator
 from .quant.data import CalibrationDataError, check_batch, load_calibration_data
@@ -246,10 +246,10 @@ class Quantizer:
         if table is not None and not (_is_path(table) or isinstance(table, CalibrationTable)):
             raise CalibrationError(f"table must be a CalibrationTable or a path, got {type(table).__name__}")
         self.spec, self.calib, self.method, self.preprocess = spec, calib, method, preprocess
-        if weight_bits not in (None, 7, 8):
+        if weight_bits not in (None, *WEIGHT_BITS):
             raise CalibrationError(spelled(f"weight_bits must be 7 or 8 (None: 7 on a target without VNNI), got "
                                            f"{weight_bits!r}", f"--weight-bits must be 7 or 8, got {weight_bits}"))
-        self.weight_bits = weight_bits or (7 if weight_packing(spec) == "pairs" else 8)
+        self.weight_bits = weight_bits or default_weight_bits(weight_packing(spec))
         self.options = {"percentile": percentile} if method == "percentile" else {}
         if calib is not None:
             create_calibrator(method, **self.options)  # an unknown method fails before anything is built

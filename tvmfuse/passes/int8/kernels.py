@@ -41,19 +41,28 @@ def _quantized_weight(part: Int8Partition, limit: int = 127) -> tuple[np.ndarray
     return params.quantize(part.weight), params
 
 
-def bits_limit(weight_bits: int | None) -> int | None:
-    """The largest weight code of ``weight_bits`` (7: 64, 8: 127; None: None, :func:`weight_limit` decides)."""
-    if weight_bits not in (None, 7, 8):
-        raise int8.Int8KernelError(f"weight_bits must be 7 or 8 (or None: 7 on a target without VNNI), got {weight_bits!r}")
-    return None if weight_bits is None else {7: int8_ref.PAIR_SAFE_CODE, 8: 127}[weight_bits]
+WEIGHT_BITS = (7, 8)  # the weight widths quantize takes (``weight_bits``)
 
 
-def weight_limit(family: families.Int8, weights: str) -> int:
-    """The largest weight code to quantize to: 7-bit (``int8_ref.PAIR_SAFE_CODE``) where a target without
-    VNNI (``weights == "pairs"``) runs the family's 16x4 blocks, so that its kernels add product pairs in int16
-    (onnxruntime's ``reduce_range``: half the weight's resolution for about twice the speed there); 127
-    elsewhere."""
-    return int8_ref.PAIR_SAFE_CODE if weights == "pairs" and family.pairs else 127
+def default_weight_bits(weights: str) -> int:
+    """7 where a target without VNNI (``weights == "pairs"``) runs the 16x4 blocks, so that its kernels add
+    product pairs in int16 (onnxruntime's ``reduce_range``: half the weight's resolution for about twice the
+    speed there); 8 elsewhere."""
+    return 7 if weights == "pairs" else 8
+
+
+def check_weight_bits(weight_bits: int | None) -> None:
+    if weight_bits not in (None, *WEIGHT_BITS):
+        raise int8.Int8KernelError(f"weight_bits must be 7 or 8 (or None: 7 on a target without VNNI), got "
+                                   f"{weight_bits!r}")
+
+
+def weight_limit(family: families.Int8, weights: str, weight_bits: int | None = None) -> int:
+    """The largest code a float weight of ``family`` is quantized to: 7-bit (``int8_ref.PAIR_SAFE_CODE``) for a
+    family of 16x4 blocks (conv2d, dense) at ``weight_bits`` 7 (None: :func:`default_weight_bits` of the
+    target's ``weights``), 127 otherwise (the depthwise taps always: their pair step is exact for any code)."""
+    bits = weight_bits or default_weight_bits(weights)
+    return int8_ref.PAIR_SAFE_CODE if bits == 7 and family.pairs else 127
 
 
 def _int32_bias(part: Int8Partition, s_x: float, wparams: QuantParams) -> np.ndarray | None:
@@ -186,15 +195,15 @@ def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
 
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
                    residual: QuantParams | None = None, blocked: bool = False, weights: str = "",
-                   limit: int | None = None) -> Int8Constants:
+                   weight_bits: int | None = None) -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
     output, dequantized in the epilogue); ``residual`` those of the residual operand, uint8 or int8 (None: no
     residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
     ``weights``: the target's :func:`weight_packing` (``Int8.vnni_pack`` or ``pairs_pack`` where
-    :func:`taps_pack`; the rest as :func:`packed_weight`). ``limit``: the largest code a float conv or dense
-    weight (a family with 16x4 blocks) is quantized to (None: :func:`weight_limit`).
+    :func:`taps_pack`; the rest as :func:`packed_weight`). ``weight_bits``: 7 or 8 bits of a float conv or dense
+    weight (None: the target's default, :func:`weight_limit`).
 
     Raises
     ------
@@ -203,7 +212,7 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     """
     s_x, za = float(x.scale), int(x.zero_point)
     spec = families.FAMILIES[part.family].int8
-    wq, wparams = _quantized_weight(part, weight_limit(spec, weights) if limit is None or not spec.pairs else limit)
+    wq, wparams = _quantized_weight(part, weight_limit(spec, weights, weight_bits))
     shift = int8.SIGNED_SHIFT if signed_data(part, weights) else 0  # the kernel sums x - shift
     folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za - shift)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
@@ -254,7 +263,7 @@ def _padded(values: np.ndarray, length: int) -> np.ndarray:
 def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: QuantParams | None,
                      residual: QuantParams | None = None, out_layout: str = "NCHW",
                      weights: str = "", table: OutputTable | None = None,
-                     limit: int | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
+                     weight_bits: int | None = None) -> tuple[tvm.tirx.PrimFunc, list]:
     """The INT8 kernel of ``part`` and its constant arguments.
 
     Parameters
@@ -273,7 +282,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     table : OutputTable, optional
         The elementwise ops after the partition as a table of output codes: the kernel requantizes to ``out``
         (their input's parameters) and writes the table's entry for each code.
-    limit : int, optional
+    weight_bits : int, optional
         As in :func:`int8_constants`.
 
     Returns
@@ -293,7 +302,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     blocked = len(data_shape) == 5 or out_layout != "NCHW"
     if blocked and not blocked_kernel(part):
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
-    c = int8_constants(part, x, out, residual, blocked, weights, limit)
+    c = int8_constants(part, x, out, residual, blocked, weights, weight_bits)
     epilogue = dataclasses.replace(c.epilogue, table=True) if table is not None else c.epilogue
     channels = c.bias.shape[0]
     out_shape = kernel_out_shape(part, out_layout)

@@ -43,7 +43,7 @@ from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT, Int8KernelError
 from ...quant.keys import observed_tensors
 from ...quant.params import QuantParams, activation_params
 from ...targets import TargetSpec
-from .kernels import (OutputTable, bits_limit, blocked_kernel, codes_blocked, data_layout, int8_constants,
+from .kernels import (OutputTable, blocked_kernel, check_weight_bits, codes_blocked, data_layout, int8_constants,
                       kernel_out_shape, make_int8_kernel, relayout, weight_packing)
 from .match import Int8Partition, analyze
 from .codes import float_read, uint8_gates, uint8_means, uint8_pools
@@ -151,9 +151,9 @@ class _Rewrite(relax.PyExprMutator):
 
     def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool,
                  weights: str = "", means: dict | None = None, gates: dict | None = None,
-                 dequantized: set | None = None, limit: int | None = None):
+                 dequantized: set | None = None, weight_bits: int | None = None):
         super().__init__(mod)
-        self.weights, self.limit = weights, limit
+        self.weights, self.weight_bits = weights, weight_bits
         self.sites = {s.var: s for s in sites if s.part is not None}
         self.pools, self.dequantized = pools, dequantized or set()  # pools FP32 ops also read
         self.means, self.gates = means or {}, gates or {}
@@ -270,7 +270,7 @@ class _Rewrite(relax.PyExprMutator):
         res = self.qparams(args[part.residual]) if part.residual is not None else None
         data = self._codes_of(args[part.data], data_layout(part, self.blocked))
         kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
-                                             site.out_layout, self.weights, site.table, self.limit)
+                                             site.out_layout, self.weights, site.table, self.weight_bits)
         gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
         call_args = [data] + constants
         if part.residual is not None:
@@ -348,7 +348,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         When no partition can be quantized, naming why; the module is then returned unchanged (FP32).
     """
 
-    limit = bits_limit(weight_bits)
+    check_weight_bits(weight_bits)
 
     @tvm.transform.module_pass(opt_level=0, name="QuantizeGraph")
     def _quantize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -375,7 +375,7 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
             return mod
         dequantized = {p for p in pools if float_read(p, users, int8_vars)}
         rewrite = _Rewrite(mod, sites, table, keys, pools, blocked_codes, weight_packing(spec), means, gates, dequantized,
-                           limit)
+                           weight_bits)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
