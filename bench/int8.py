@@ -95,7 +95,7 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
     x = inputs_for(fp32.inputs)
     fns = {"tvmfuse FP32": lambda: fp32.run(x), "tvmfuse INT8": lambda: int8.run(x)}
     if other_bits:
-        bits = 15 - int8.quantization["weight_bits"]
+        bits = 8 if int8.quantization["weight_bits"] == 7 else 7
         other = tvmfuse.quantize(model, calib=batches, method=method, target=target, shapes=shapes, weight_bits=bits)
         fns[f"tvmfuse INT8 {bits}-bit"] = lambda: other.run(x)
     imported, imported_s, qdq_kernels = None, float("nan"), "-"

@@ -281,8 +281,8 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
                       layout: str = "blocked", cuda_graph: bool = True, precision: str = "fp32",
                       cache=None) -> CompiledModel:
     """Partition (and quantize, with ``quantizer``), build; the steps after the import."""
-    tvm_target, record = spec.tvm_target(), PassRecord()
-    lowered_kernels = kernel_cache.LoweredKernels(kernel_cache.resolve(cache), tvm_target)
+    tvm_target, record, store = spec.tvm_target(), PassRecord(), kernel_cache.resolve(cache)
+    lowered_kernels = kernel_cache.LoweredKernels(store, tvm_target)
     with steps.step("partition and fuse" if quantizer is None else quantizer.step_name()):
         mod = run_graph_passes(imported.mod, spec, tvm_target, record, quantize=quantizer,
                                blocked=layout == "blocked", precision=precision, make=lowered_kernels.maker)
@@ -297,7 +297,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
     cm.pinned, cm.record, cm.layout, cm.build_info = dict(imported.pinned), record, layout, build_info
     cm.precision = precision
-    cm.cache_info = {"model": "off" if kernel_cache.resolve(cache) is None else "miss", **kernel_stats.to_json()}
+    cm.cache_info = {"model": "off" if store is None else "miss", **kernel_stats.to_json()}
     if log_info is not None:
         cm.tuning_logs = dict(log_info, applied=applied)
     return cm

@@ -133,23 +133,17 @@ def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, ha
                    in_channels: int = 0) -> Config:
     """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits (with
     AVX512-VNNI at most :data:`VNNI_PIXELS`). The AVX2 pair step with a stride-1 conv takes 3 (else 2) channel
-    blocks of 2 pixels first (:data:`PAIR_TILES`); the steps without a weight register take the tiles of
-    :data:`BYTE_PAIR_TILES` and :data:`VNNI_POINTWISE_TILES` for the 1x1 convs those name."""
+    blocks of 2 pixels first (:data:`PAIR_TILES`), after :data:`BYTE_PAIR_TILES` (``vpmaddubsw``) or
+    :data:`VNNI_POINTWISE_TILES` (VNNI) for the 1x1 convs those name."""
     dot = dot_kind(vector_bits, has_vnni, pairs, exact_pairs)
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)  # vector registers per 16 int32 accumulators
     budget = accumulators(vector_bits, dot)
-    if dot == "maddubs" and taps == 1 and out_width <= BYTE_PAIR_WIDTH:
-        for oc_blocks, ow_block in BYTE_PAIR_TILES:
-            if out_channel_blocks % oc_blocks == 0:
-                return Config(oc_blocks, ow_block)
-    if dot == "vnni" and taps == 1 and in_channels <= VNNI_POINTWISE_K:
-        for oc_blocks, ow_block in VNNI_POINTWISE_TILES:
-            if out_channel_blocks % oc_blocks == 0 and out_width % ow_block == 0:
-                return Config(oc_blocks, ow_block)
-    if dot in ("avx2", "maddubs") and stride == 1:
-        for oc_blocks, ow_block in PAIR_TILES:
-            if out_channel_blocks % oc_blocks == 0 and out_width % ow_block == 0:
-                return Config(oc_blocks, ow_block)
+    preferred = ((BYTE_PAIR_TILES if dot == "maddubs" and taps == 1 and out_width <= BYTE_PAIR_WIDTH else ())
+                 + (VNNI_POINTWISE_TILES if dot == "vnni" and taps == 1 and in_channels <= VNNI_POINTWISE_K else ())
+                 + (PAIR_TILES if dot in ("avx2", "maddubs") and stride == 1 else ()))
+    for oc_blocks, ow_block in preferred:  # the first that divides
+        if out_channel_blocks % oc_blocks == 0 and out_width % ow_block == 0:
+            return Config(oc_blocks, ow_block)
     oc_blocks = 2 if out_channel_blocks % 2 == 0 and 2 * per_block * 4 <= budget else 1
     pixels = max(1, budget // (oc_blocks * per_block))
     if dot == "vnni":

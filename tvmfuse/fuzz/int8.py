@@ -136,10 +136,11 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
                       **common)
 
 
-def _codes(rng, shape, dtype: str, extreme: bool, weight: int = 0) -> np.ndarray:
-    """Random codes; weights (``weight``: their largest code) stay in [-weight, weight], at most [-127, 127]
-    (the kernels' convention); ``extreme`` draws only the ends."""
-    lo, hi = (max(CODE_RANGE[dtype][0], -weight), min(CODE_RANGE[dtype][1], weight)) if weight else int8.QUANT_RANGE[dtype]
+def _codes(rng, shape, dtype: str, extreme: bool, weight_limit: int = 0) -> np.ndarray:
+    """Random codes; weights (``weight_limit``: their largest code) stay in [-weight_limit, weight_limit], within
+    [-127, 127] (the kernels' convention); ``extreme`` draws only the ends."""
+    lo, hi = ((max(CODE_RANGE[dtype][0], -weight_limit), min(CODE_RANGE[dtype][1], weight_limit)) if weight_limit
+              else int8.QUANT_RANGE[dtype])
     if extreme:
         return rng.choice(np.array([lo, hi], dtype), size=shape)
     return rng.integers(lo, hi + 1, size=shape).astype(dtype)
@@ -151,7 +152,7 @@ def case_data(case: KernelCase, limit: int = 127) -> dict:
     for uniform codes) at some tens of output codes, so outputs neither all saturate nor collapse (a
     hardswish's, in real units, at some tens of ``s_y``)."""
     rng = np.random.default_rng([case.seed, 1])
-    weight = _codes(rng, case.weight_shape(), "int8", case.extreme, weight=limit)
+    weight = _codes(rng, case.weight_shape(), "int8", case.extreme, weight_limit=limit)
     fan_in = int(np.prod(case.weight_shape()[1:]))
     spread = 74.0 * 73.0 * np.sqrt(fan_in) * (2.0 if case.extreme else 1.0)
     return {"x": _codes(rng, case.in_shape(), "uint8", case.extreme), "weight": weight,
