@@ -24,14 +24,10 @@ from tvmfuse.schedules.computes import int8, int8_ref
 
 from helpers import HOST
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
-                              inverted_residual, residual_block, spelt_hardswish, squeeze_excite, two_outputs)
+                              inverted_residual, random_batches, residual_block, spelt_hardswish, squeeze_excite,
+                              two_outputs)
 
 TOLERANCE = 0.03  # of the FP32 output range
-
-
-def _random_batches(shape, count, seed, name="x"):
-    rng = np.random.default_rng(seed)
-    return [{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)]
 
 
 def _relative_error(int8_model, fp32_model, batches):
@@ -44,7 +40,7 @@ def _relative_error(int8_model, fp32_model, batches):
 
 @pytest.fixture(scope="module")
 def tiny_int8():
-    calib = _random_batches((1, 3, 32, 32), 8, seed=0, name="input")
+    calib = random_batches((1, 3, 32, 32), 8, seed=0, name="input")
     return tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="entropy", target=HOST)
 
 
@@ -52,7 +48,7 @@ def test_tiny_convnet_int8_is_close_to_fp32(tiny_int8, tiny_compiled):
     q = tiny_int8.quantization
     assert (q["int8_partitions"], q["fp32_partitions"], q["method"], q["calibrated"]) == (7, 0, "entropy", True)
     assert q["fp32_reasons"] == []
-    assert _relative_error(tiny_int8, tiny_compiled, _random_batches((1, 3, 32, 32), 4, 9, "input")) < TOLERANCE
+    assert _relative_error(tiny_int8, tiny_compiled, random_batches((1, 3, 32, 32), 4, 9, "input")) < TOLERANCE
 
 
 def test_export_and_load_run_the_int8_model(tiny_int8, tmp_path):
@@ -61,14 +57,14 @@ def test_export_and_load_run_the_int8_model(tiny_int8, tmp_path):
     assert manifest["quantization"]["int8_partitions"] == 7 and manifest["quantization"]["table"] is None
     assert any(k.startswith("tvmfuse_int8_depthwise_conv2d") for k in manifest["kernels"])
     loaded = tvmfuse.load(path)
-    batch = _random_batches((1, 3, 32, 32), 1, 5, "input")[0]
+    batch = random_batches((1, 3, 32, 32), 1, 5, "input")[0]
     np.testing.assert_array_equal(loaded.run(batch)[0], tiny_int8.run(batch)[0])
 
 
 @pytest.mark.parametrize("method", ["minmax", "percentile"])
 def test_residual_block_int8_is_close_to_fp32(method):
     model = residual_block(from_input=False)
-    calib = _random_batches((1, 8, 6, 6), 8, 1)
+    calib = random_batches((1, 8, 6, 6), 8, 1)
     cm = tvmfuse.quantize(model, calib=calib, method=method, target=HOST, percentile=99.995)
     assert cm.quantization["int8_partitions"] == 2
     assert cm.quantization["options"] == ({"percentile": 99.995, "num_bins": 2048} if method == "percentile" else {})
@@ -83,7 +79,7 @@ def test_residual_block_int8_is_close_to_fp32(method):
 @pytest.mark.parametrize("spelling", ["paddle", "torch"])
 def test_hardswish_int8_is_close_to_fp32(spelling):
     model = spelt_hardswish(spelling)
-    calib = _random_batches((1, 3, 8, 8), 8, 3)
+    calib = random_batches((1, 3, 8, 8), 8, 3)
     cm = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST)
     assert (cm.quantization["int8_partitions"], cm.quantization["fp32_partitions"]) == (3, 0)
     assert _relative_error(cm, tvmfuse.compile(model, target=HOST), calib) < TOLERANCE
@@ -93,7 +89,7 @@ def test_hardswish_int8_is_close_to_fp32(spelling):
 def test_max_pool_of_uint8_codes_is_close_to_fp32(channels, output):
     """Between INT8 kernels, and as the model output (the pooled codes dequantized)."""
     model = conv_pool_conv(channels=channels, pool_is_output=output)
-    calib = _random_batches((1, 3, 16, 16), 8, 2)
+    calib = random_batches((1, 3, 16, 16), 8, 2)
     cm = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST)
     assert cm.quantization["uint8_pools"] == 1 and cm.quantization["quantize_ops"] == 1
     assert _relative_error(cm, tvmfuse.compile(model, target=HOST), calib) < TOLERANCE
@@ -112,7 +108,7 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
 
     model = residual_block(from_input=False)
     limit = weight_limit(families.CONV2D.int8, targets.resolve(HOST).backend().int8_weights)  # 7-bit without VNNI
-    cm = tvmfuse.quantize(model, calib=_random_batches((1, 8, 6, 6), 4, 1), method="minmax", target=HOST,
+    cm = tvmfuse.quantize(model, calib=random_batches((1, 8, 6, 6), 4, 1), method="minmax", target=HOST,
                           table=tmp_path / "t.json")
     ranges = CalibrationTable.load(tmp_path / "t.json").ranges
     assert list(ranges) == ["x", "lv", "gv"]  # model input, conv1+relu output, block output
@@ -126,7 +122,7 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
         return int8_ref.conv2d_ref(codes, wp.quantize(w[f"{name}.w"]), bias, m, residual, padding=1,
                                    input_zero_point=p_in.zero_point, epilogue=epilogue)
 
-    for batch in _random_batches((1, 8, 6, 6), 3, 8):
+    for batch in random_batches((1, 8, 6, 6), 3, 8):
         h = conv(px.quantize(batch["x"]), px, "conv1", ph.scale, int8.Epilogue.make("uint8", ph.zero_point,
                                                                                        ph.scale, "relu"))
         y = conv(h, ph, "conv2", None, int8.Epilogue.make("float32", activation="relu",
@@ -142,111 +138,19 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
 def test_nchw16c_codes_give_the_same_integers_as_nchw(name, model, shape, tmp_path):
     """The blocked layout moves the codes, not the arithmetic: every output equals the NCHW build's, bit for
     bit (padded channels included, which never reach an output)."""
-    calib = _random_batches(shape, 4, 2)
+    calib = random_batches(shape, 4, 2)
     nchw = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST, table=tmp_path / "t.json",
                             layout="nchw")
     blocked = tvmfuse.quantize(model, table=tmp_path / "t.json", target=HOST)
     assert nchw.quantization["blocked_outputs"] == 0 and blocked.quantization["blocked_outputs"] >= 1
-    for batch in _random_batches(shape, 2, 7):
+    for batch in random_batches(shape, 2, 7):
         for got, want in zip(blocked.run(batch), nchw.run(batch)):
             np.testing.assert_array_equal(got, want)
 
 
-def test_x86_avx512_build_calibrates_here_and_uses_vnni():
-    cm = tvmfuse.quantize(conv_relu_conv(), calib=_random_batches((1, 3, 8, 8), 2, 3), method="minmax",
-                          target="x86-avx512")
-    assert cm.target.name == "x86-avx512" and cm.quantization["int8_partitions"] == 2
-    assert "vpdpbusd" in cm.kernel_source("asm")
-
-
-@pytest.mark.parametrize("layout", ["nchw", "blocked"])
-@pytest.mark.parametrize("bits", [7, 8])
-def test_cpus_without_vnni_give_the_integers_of_vnni_for_the_same_weight_codes(bits, layout, tmp_path):
-    """A target without VNNI (an AVX2 Zen 3 here) quantizes conv and dense weights to 7 bits and runs them on
-    vpmaddubsw (int8 blocks marked exact); full-range codes (``weight_bits=8``, or a quantized model's own)
-    take int16 pairs and vpmaddwd; in NCHW16c the depthwise taps come as int16 pairs either way. Its outputs
-    equal, bit for bit, the host build's (VNNI or pairs) with the same codes."""
-    from tvmfuse import targets
-
-    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
-        pytest.skip("this CPU cannot run an AVX2 build")
-    model, shape = inverted_residual(), (1, 8, 10, 10)
-    calib = _random_batches(shape, 4, 2)
-    host = tvmfuse.quantize(model, calib=calib, method="minmax", target=HOST, table=tmp_path / "t.json", layout=layout,
-                            weight_bits=bits)
-    avx2 = tvmfuse.quantize(model, table=tmp_path / "t.json", target={"kind": "llvm", "mcpu": "znver3"}, layout=layout,
-                            weight_bits=None if bits == 7 else bits)  # 7: the default there
-    assert avx2.quantization["weight_bits"] == bits
-    asm = avx2.kernel_source("asm")
-    assert "vpmaddwd" in asm and "vpdpbusd" not in asm and "vphaddd" not in asm
-    assert ("vpmaddubsw" in asm) == (bits == 7)
-    script = avx2.lowered.script()
-    assert (int8.EXACT_PAIRS_ATTR in script) == (bits == 7)
-    if layout == "blocked":  # the depthwise conv's taps two by two, from interleaved neighbouring pixels
-        assert "vpunpcklbw" in asm and '"int16")' in script
-    else:
-        assert ('"int16")' in script) == (bits == 8)  # the conv kernels' weight parameters
-    for batch in _random_batches(shape, 2, 7):
-        for got, want in zip(avx2.run(batch), host.run(batch)):
-            np.testing.assert_array_equal(got, want)
-
-
-def test_weight_bits_choose_the_codes_and_the_step(tmp_path, capsys):
-    """weight_bits=8 on a CPU without VNNI keeps full-range codes (the int16-pair step, and the caution says
-    8-bit weights run about as fast as FP32); weight_bits=7 on an AVX-512 VNNI target quantizes conv (and
-    dense) weights to [-64, 64] there too; the manifest says which; anything else is refused in one line."""
-    import warnings
-
-    from tvmfuse.calibration import CalibrationError
-
-    znver3 = {"kind": "llvm", "mcpu": "znver3"}
-    calib = _random_batches((1, 8, 10, 10), 2, 2)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        full = tvmfuse.quantize(inverted_residual(), calib=calib, method="minmax", target=znver3, weight_bits=8)
-    assert full.quantization["weight_bits"] == 8 and "vpmaddubsw" not in full.kernel_source("asm")
-    assert any("with 8-bit weights" in str(w.message) for w in caught)
-    seven = tvmfuse.quantize(inverted_residual(), calib=calib, method="minmax", target="x86-avx512", weight_bits=7)
-    assert seven.quantization["weight_bits"] == 7 and "vpdpbusd" in seven.kernel_source("asm")
-    codes = [c.value.numpy() for c in tvm_constants(seven.mod) if c.value.numpy().dtype == np.int8]
-    # the three convs' 16x4 blocks in [-64, 64]; the depthwise taps keep 8 bits
-    assert sorted(int(np.abs(c).max()) for c in codes) == [64, 64, 64, 127] and codes[1].ndim == 5
-    with pytest.raises(CalibrationError, match="weight_bits must be 7 or 8"):
-        tvmfuse.quantize(inverted_residual(), calib=calib, method="minmax", target=HOST, weight_bits=4)
-    model = tmp_path / "ir.onnx"
-    model.write_bytes(inverted_residual().SerializeToString())
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["quantize", str(model), "--calib", "random:1", "--weight-bits", "6", "-o", str(tmp_path / "x.so")])
-    assert exit_.value.code == 2 and "--weight-bits" in capsys.readouterr().err
-
-
-def tvm_constants(mod):
-    """Every constant in ``mod``'s main function."""
-    from tvm import relax
-    from tvm.ir.expr import GenericConst
-
-    found = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if isinstance(e, GenericConst) else None)
-    return found
-
-
-def test_avx_vnni_cpus_take_vnni_blocks_for_convs_and_pairs_for_the_depthwise_taps(tmp_path):
-    """Alder Lake and later client cores, Sierra Forest: VNNI on ymm only. Conv2d and dense use 256-bit
-    vpdpbusd on the VNNI-packed int8 weights; the depthwise taps come as int16 pairs (the zmm VNNI depthwise
-    step needs vpermb). Built here, not run (this CPU may lack the VEX form)."""
-    from tvmfuse import targets
-
-    spec = targets.resolve({"kind": "llvm", "mcpu": "alderlake"})
-    assert spec.backend().int8_weights == "avxvnni" and spec.backend().int8_caution() == ""
-    cm = tvmfuse.quantize(inverted_residual(), calib=_random_batches((1, 8, 10, 10), 2, 2), method="minmax",
-                          target=spec)
-    asm = cm.kernel_source("asm")
-    assert "{vex}\tvpdpbusd\t%ymm" in asm and "vpunpcklbw" in asm and "zmm" not in asm
-
-
 def test_nothing_quantizable_compiles_exactly_as_fp32():
     model = grouped_conv_sigmoid()
-    batches = _random_batches((1, 4, 6, 6), 2, 6)
+    batches = random_batches((1, 4, 6, 6), 2, 6)
     with pytest.warns(QuantizeWarning, match=r"grouped conv2d \(groups=2\) has no INT8 kernel"):
         cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
     assert cm.quantization["int8_partitions"] == 0 and cm.quantization["quantize_ops"] == 0
@@ -258,7 +162,7 @@ def test_conv_silu_quantizes_the_conv_and_stays_near_fp32(silu_output):
     """YOLO's conv + SiLU: both convs INT8, the SiLU the first one's output table, near the FP32 result; the
     SiLU's result as a model output too (dequantized from the table's codes) is near FP32 as well."""
     model = conv_silu_conv(silu_output)
-    batches = _random_batches((1, 3, 8, 8), 4, 9)
+    batches = random_batches((1, 3, 8, 8), 4, 9)
     cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
     q = cm.quantization
     assert (q["int8_partitions"], q["fp32_partitions"], q["table_outputs"]) == (2, 0, 1)
@@ -273,7 +177,7 @@ def test_squeeze_and_excitation_on_codes_stays_close_to_fp32(gate_output):
     """The SE block's mean and gate run on uint8 codes (no float tensor between the INT8 kernels): end to end
     within the INT8 tolerance of the FP32 build."""
     model = squeeze_excite(gate_output=gate_output)
-    batches = _random_batches((1, 8, 8, 8), 4, 11)
+    batches = random_batches((1, 8, 8, 8), 4, 11)
     cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
     assert (cm.quantization["uint8_means"], cm.quantization["uint8_gates"]) == (1, 1)
     fp32 = tvmfuse.compile(model, target=HOST)
@@ -299,7 +203,7 @@ def test_cli_calibrates_writes_the_table_then_reuses_it(tmp_path, capsys):
     manifests = [json.loads(p.with_suffix(".json").read_text())["quantization"] for p in (first, second)]
     assert manifests[0]["calibrated"] and manifests[0]["calibration_batches"] == 4
     assert not manifests[1]["calibrated"] and manifests[1]["table"] == str(table)
-    batch = _random_batches((1, 3, 8, 8), 1, 7)[0]
+    batch = random_batches((1, 3, 8, 8), 1, 7)[0]
     np.testing.assert_array_equal(tvmfuse.load(first).run(batch)[0], tvmfuse.load(second).run(batch)[0])
 
 
@@ -380,25 +284,3 @@ def test_digits_int8_accuracy_loses_at_most_half_a_point():
         assert cm.quantization["int8_partitions"] == 3  # both convs and the dense head
         losses[method] = fp32 - digits_cnn.model_accuracy(cm, split.x_test, split.y_test)
     assert min(losses.values()) <= 0.5, losses
-
-
-
-def test_quantizing_for_a_cpu_without_vnni_says_its_weights_are_7_bit(monkeypatch):
-    import warnings
-
-    from tvmfuse import targets
-
-    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
-        pytest.skip("this CPU cannot stand in for an AVX2 one")
-    calib = [{"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")}]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        q = tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target={"kind": "llvm", "mcpu": "znver3"})
-    said = [str(w.message) for w in caught if "no VNNI" in str(w.message)]
-    assert len(said) == 1 and "tvmfuse compare MODEL --targets custom,custom:int8" in said[0] and "7 bits" in said[0]
-    assert "vpmaddubsw" in q.kernel_source("asm")  # the 7-bit weights' step
-    assert caught[[str(w.message) for w in caught].index(said[0])].filename == __file__
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tvmfuse.quantize("zoo:tiny_convnet", calib=calib, method="minmax", target="x86-avx512")  # VNNI: quiet
-    assert not [w for w in caught if "no VNNI" in str(w.message)]

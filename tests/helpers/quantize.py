@@ -9,6 +9,12 @@ from onnx import helper, numpy_helper
 from helpers import make_model
 
 
+def random_batches(shape, count, seed, name="x"):
+    """``count`` seeded standard-normal batches of input ``name``: calibration data, or inputs to compare on."""
+    rng = np.random.default_rng(seed)
+    return [{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)]
+
+
 def conv(rng, x, out, c_in, c_out, name, pads=1, stride=1, group=1):
     """A 3x3 Conv node with seeded random weight and bias: ``(node, initializers)``."""
     w = numpy_helper.from_array((rng.standard_normal((c_out, c_in // group, 3, 3)) * 0.2).astype(np.float32),
