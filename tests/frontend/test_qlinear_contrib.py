@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmfuse
+from tvmfuse import frontend
 from helpers import make_model, ort_run
 from helpers.qdq import ort_quantize, output_scale
 
@@ -136,6 +137,12 @@ def test_dynamic_quantize_lstm(tmp_path, direction, per_channel):
     quantized = onnx.load(tmp_path / "q.onnx")
     assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
     x = {"x": RNG.standard_normal((steps, 1, inputs)).astype("float32")}
+    # The recurrent weight reaches the whole-sequence kernel as its int8 codes, the float copy gone.
+    prepared = frontend.prepare(quantized, fused_recurrence=True)[0]
+    kernel = next(n for n in prepared.graph.node if n.op_type == "Recurrence")
+    consts = {t.name: numpy_helper.to_array(t) for t in prepared.graph.initializer}
+    assert consts[kernel.input[1]].dtype == np.int8 and consts[kernel.input[4]].shape == (dirs, 4 * hidden)
+    assert not any(n.op_type == "DequantizeLinear" for n in prepared.graph.node)
     got = tvmfuse.compile(quantized, target="x86-host").run(x)[0]
     # The same LSTM on the dequantized weights, in float: what the rewrite computes.
     inits = {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}

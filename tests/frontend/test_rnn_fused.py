@@ -147,6 +147,28 @@ def test_lstm_kernel_against_numpy(hidden, dirs, reverse):
         np.testing.assert_allclose(c_out[d], ec, atol=2e-6)
 
 
+@pytest.mark.parametrize("hidden,codes", [(8, "int8"), (6, "int16"), (48, "int8")])
+@pytest.mark.parametrize("dirs", [1, 2])
+def test_lstm_codes_kernel_against_numpy(hidden, codes, dirs):
+    """The kernel on integer codes and a scale per gate column (a quantized model's ``R``): the float LSTM on
+    ``codes * scale``; hidden sizes with and without the four-row step (6 has none)."""
+    rng = np.random.default_rng(hidden + dirs)
+    seq, batch, limit = 5, 2, 127 if codes == "int8" else 3000
+    x = rng.standard_normal((seq, batch, dirs * 4 * hidden)).astype("float32")
+    q = rng.integers(-limit, limit + 1, (dirs, hidden, 4 * hidden)).astype(codes)
+    scale = rng.uniform(0.5, 1.0, (dirs, 4 * hidden)).astype("float32") / limit
+    h, c = (rng.standard_normal((dirs, batch, hidden)).astype("float32") for _ in range(2))
+    last = (dirs, batch, hidden)
+    y, h_out, c_out = _run(recurrence.lstm_kernel(seq, batch, hidden, dirs, codes=codes), [x, q, h, c, scale],
+                           [(seq, dirs, batch, hidden), last, last])
+    rt = q.astype(np.float64) * scale[:, None, :]
+    for d, rev in enumerate(_directions(dirs, False)):
+        ey, eh, ec = _numpy_lstm(x[:, :, d * 4 * hidden:(d + 1) * 4 * hidden], rt[d], h[d], c[d], rev)
+        np.testing.assert_allclose(y[:, d], ey, atol=2e-6)
+        np.testing.assert_allclose(h_out[d], eh, atol=2e-6)
+        np.testing.assert_allclose(c_out[d], ec, atol=2e-6)
+
+
 def _numpy_gru(x, rt, h, rb, lbr, reverse):
     seq, hidden = x.shape[0], rt.shape[0]
     y = np.zeros((seq,) + h.shape)

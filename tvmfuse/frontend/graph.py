@@ -28,3 +28,13 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
                 names |= names_read(sub)
     return names
+
+
+def drop_unused_constant_nodes(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    """Remove the Constant nodes among ``candidates`` (the old weights) that nothing reads now."""
+    used = names_read(graph) | {o.name for o in graph.output}
+    kept = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] in candidates
+                                          and n.output[0] not in used)]
+    if len(kept) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)

@@ -25,7 +25,8 @@ And what its optimizer makes of ``quantize_dynamic``'s chains, back in the chain
 
 ``DynamicQuantizeLSTM`` (``quantize_dynamic`` on an LSTM: int8 weights stored ``[directions, input, 4 *
 hidden]``, a scale and zero point per direction or per gate row) becomes a standard ``LSTM`` on its weights
-dequantized here, transposed back to ``[directions, 4 * hidden, input]``. onnxruntime also quantizes the
+written as ``DequantizeLinear`` of the codes, transposed back to ``[directions, 4 * hidden, input]``; the LSTM
+rewrite folds them and its whole-sequence kernel reads the recurrent weight's codes. onnxruntime also quantizes the
 input and hidden state at every step; tvmfuse keeps them float32, which is closer to the float model.
 
 Scales and zero points are read by name, so they may be any tensor ``DequantizeLinear`` accepts.
@@ -153,25 +154,30 @@ def _matmul_integer_to_float(e: _Emitter, node: onnx.NodeProto) -> None:
     _integer_matmul(e, node, a, b, a_s, b_s, a_z, b_z, bias)
 
 
-def _dequantized_weight(e: _Emitter, initializers: dict, codes: str, scale: str, zero_point: str, base: str) -> str:
-    """``[D, rows, 4H]`` int8 codes with a scale (and zero point) per direction or per gate row, as the float
-    ``[D, 4H, rows]`` LSTM weight."""
+def _lstm_weight(e: _Emitter, initializers: dict, codes: str, scale: str, zero_point: str, base: str) -> str:
+    """``[D, rows, 4H]`` integer codes with a scale (and zero point) per direction or per gate row, as the
+    ``[D, 4H, rows]`` LSTM weight: ``DequantizeLinear`` of the transposed codes (per row of their
+    ``[D * 4H, rows]`` view), reshaped. :mod:`.rnn` folds it, keeping the codes for the LSTM kernel."""
     missing = [n for n in (codes, scale) + ((zero_point,) if zero_point else ()) if n not in initializers]
     if missing:
         raise UnsupportedOpError(f"com.microsoft.DynamicQuantizeLSTM node {e.prefix!r}: {missing[0]!r} is computed "
                                  "at run time; tvmfuse needs constant weights, scales and zero points")
-    q = numpy_helper.to_array(initializers[codes]).astype(np.float32)
+    q = numpy_helper.to_array(initializers[codes])
     s = numpy_helper.to_array(initializers[scale]).astype(np.float32)
-    z = numpy_helper.to_array(initializers[zero_point]).astype(np.float32) if zero_point else np.zeros_like(s)
-    shape = (q.shape[0], 1, q.shape[2]) if s.ndim == 2 else (q.shape[0], 1, 1)
-    weight = (q - z.reshape(shape)) * s.reshape(shape)
-    return e.const(base, np.ascontiguousarray(weight.transpose(0, 2, 1)).astype(np.float32))
+    z = numpy_helper.to_array(initializers[zero_point]) if zero_point else np.zeros(s.shape, q.dtype)
+    dirs, rows, width = q.shape
+    per_row = (dirs, width) if s.ndim == 2 else (dirs, 1)
+    s, z = (np.broadcast_to(a.reshape(per_row), (dirs, width)).reshape(-1) for a in (s, z))
+    q_rows = e.const(f"{base}_codes", np.ascontiguousarray(q.transpose(0, 2, 1)).reshape(dirs * width, rows))
+    value = e.add("DequantizeLinear", [q_rows, e.const(f"{base}_scale", np.ascontiguousarray(s)),
+                                       e.const(f"{base}_zero_point", np.ascontiguousarray(z).astype(q.dtype))],
+                  f"{base}_rows", axis=0)
+    return e.add("Reshape", [value, e.const(f"{base}_shape", np.array([dirs, width, rows], np.int64))], base)
 
 
 def _dynamic_quantize_lstm(e: _Emitter, node: onnx.NodeProto, initializers: dict) -> None:
     x, w, r, b, lens, h0, c0, p, w_s, w_z, r_s, r_z = _inputs(node, 12)
-    weights = [_dequantized_weight(e, initializers, w, w_s, w_z, "W"),
-               _dequantized_weight(e, initializers, r, r_s, r_z, "R")]
+    weights = [_lstm_weight(e, initializers, w, w_s, w_z, "W"), _lstm_weight(e, initializers, r, r_s, r_z, "R")]
     inputs = [x] + weights + [b, lens, h0, c0, p]
     while inputs and not inputs[-1]:
         inputs.pop()

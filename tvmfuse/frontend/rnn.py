@@ -31,8 +31,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError, spelled
-from .graph import drop_unused_initializers, names_read
-from . import rnn_fused
+from .graph import drop_unused_constant_nodes, drop_unused_initializers, names_read
+from . import rnn_codes, rnn_fused
 from .rnn_cells import Cell, Emitter, gru_step, lstm_step, rnn_step
 
 #: Op types (default domain) this module replaces; ``check_ops`` accepts them.
@@ -64,6 +64,8 @@ class _Rewriter:
         self.names |= set(self.constants) | {n for node in graph.node for n in list(node.input) + list(node.output)}
         self.names |= {node.name for node in graph.node}
         self.new_initializers: list[onnx.TensorProto] = []
+        self.producers = rnn_codes.producers(graph)
+        self.codes: dict[str, rnn_codes.Codes] = {}  # weights given as DequantizeLinear of integer codes
 
     def error(self, node: onnx.NodeProto, why: str) -> UnsupportedOpError:
         return UnsupportedOpError(f"{self.source}: {node.op_type} node {_node_name(node)!r}: {why}")
@@ -81,13 +83,22 @@ class _Rewriter:
         name = node.input[index] if index < len(node.input) else ""
         if not name:
             return None
+        found = self._folded(name)
+        if found is not None:
+            return found[0]
+        raise self.error(node, f"{role} {name!r} is computed at run time; {needs}")
+
+    def _folded(self, name: str) -> tuple[np.ndarray, rnn_codes.Codes | None] | None:
+        """``(value, codes)`` of a constant, or of a DequantizeLinear / Reshape of constants; None otherwise."""
         if name in self.constants:
-            return numpy_helper.to_array(self.constants[name])
+            return numpy_helper.to_array(self.constants[name]), None
         if name in self.constant_nodes:
             value = _constant_node_value(self.constant_nodes[name])
-            if value is not None:
-                return value
-        raise self.error(node, f"{role} {name!r} is computed at run time; {needs}")
+            return None if value is None else (value, None)
+        found = rnn_codes.fold(self.producers[name], self._folded) if name in self.producers else None
+        if found is not None and found[1] is not None:
+            self.codes[name] = found[1]
+        return found
 
     def shape(self, name: str) -> tuple | None:
         """The shape of ``name`` from the model's value_info, else from ONNX shape inference (None = unknown dim)."""
@@ -245,7 +256,8 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto, fused: bool) -> list[onnx.Node
         xw = e.op("Add", [xw, e.const("bias", bias.reshape(-1))], "xW_b")
 
     if fused and all(rnn_fused.fusable(op, attrs, acts[d], None if p is None else p[d]) for d in range(dirs)):
-        return _fused(e, node, layout, direction, xw, seq, batch, r, b, lbr)
+        codes = rw.codes.get(node.input[_R]) if op == "LSTM" else None
+        return _fused(e, node, layout, direction, xw, seq, batch, r, b, lbr, codes and codes.gate_columns())
     hs: list[list[str]] = []  # hs[d][t]: H_t of direction d, in time order
     last_h, last_c = [], []
     for d in range(dirs):
@@ -294,8 +306,9 @@ def _last_states(e: Emitter, node: onnx.NodeProto, last_h: list, last_c: list, l
 
 
 def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, xw: str, seq: int, batch: int,
-           r: np.ndarray, b: np.ndarray | None, lbr: bool) -> list[onnx.NodeProto]:
-    """Every direction as one whole-sequence kernel (:mod:`.rnn_fused`) writing ONNX's outputs."""
+           r: np.ndarray, b: np.ndarray | None, lbr: bool, codes=None) -> list[onnx.NodeProto]:
+    """Every direction as one whole-sequence kernel (:mod:`.rnn_fused`) writing ONNX's outputs (reading ``R``'s
+    codes where it has them: :meth:`.rnn_codes.Codes.gate_columns`)."""
     hidden = r.shape[-1]
     states = []
     for index, what in ((_INITIAL_H, "h0"), (_INITIAL_C, "c0")):
@@ -305,7 +318,7 @@ def _fused(e: Emitter, node: onnx.NodeProto, layout: int, direction: str, xw: st
         states.append(name or None)
     rb_h = b[:, 5 * hidden:] if lbr and b is not None else None
     rnn_fused.emit_layer(e, node.op_type, xw, seq, batch, r, rb_h, states[0], states[1], direction == "reverse",
-                         lbr, layout, list(node.output))
+                         lbr, layout, list(node.output), codes)
     return e.nodes
 
 
@@ -378,16 +391,8 @@ def rewrite_recurrent_ops(model: onnx.ModelProto, source: str = "<ModelProto>",
     if any(n.domain == rnn_fused.DOMAIN for n in nodes) and \
             not any(o.domain == rnn_fused.DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(rnn_fused.DOMAIN, 1))
-    _drop_unused_constants(graph, read)
+    drop_unused_constant_nodes(graph, read)
+    read |= rnn_codes.drop_unread(graph, set(rw.producers) & read, names_read)
     drop_unused_initializers(graph, read)
     return model, replaced
 
-
-def _drop_unused_constants(graph: onnx.GraphProto, candidates: set[str]) -> None:
-    """Remove the Constant nodes among ``candidates`` (the old weights) that nothing reads now."""
-    used = names_read(graph) | {o.name for o in graph.output}
-    kept = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] in candidates
-                                          and n.output[0] not in used)]
-    if len(kept) != len(graph.node):
-        del graph.node[:]
-        graph.node.extend(kept)

@@ -33,10 +33,10 @@ class Emitter:
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{self.prefix}/{tag}", **attrs))
         return out
 
-    def const(self, tag: str, value) -> str:
-        """A new initializer of the cell's float dtype."""
+    def const(self, tag: str, value, dtype=None) -> str:
+        """A new initializer of the cell's float dtype (or ``dtype``)."""
         name = self.fresh(f"{self.prefix}/{tag}")
-        self.initializers.append(numpy_helper.from_array(np.asarray(value, self.dtype), name))
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype or self.dtype), name))
         return name
 
     def ints(self, values) -> str:

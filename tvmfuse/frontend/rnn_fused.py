@@ -29,16 +29,22 @@ def fusable(op: str, attrs: dict, acts: tuple, peepholes) -> bool:
 
 
 def emit_layer(e: Emitter, op: str, xw: str, seq: int, batch: int, r: np.ndarray, rb_h: np.ndarray | None,
-               h0: str | None, c0: str | None, reverse: bool, lbr: bool, layout: int, outputs: list[str]) -> None:
+               h0: str | None, c0: str | None, reverse: bool, lbr: bool, layout: int, outputs: list[str],
+               codes: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """Every direction of one layer as one node, then ONNX's ``outputs`` (Y, Y_h, Y_c; ``""`` where unused).
 
     ``xw`` is the input projection of every step and direction, ``[seq * batch, D * G * H]``; ``r`` is ONNX's
-    ``R`` (``[D, G * H, H]``), ``h0``/``c0`` ONNX's initial states in layout 0 (``[D, batch, H]``)."""
+    ``R`` (``[D, G * H, H]``), ``h0``/``c0`` ONNX's initial states in layout 0 (``[D, batch, H]``); ``codes`` (an
+    LSTM's) ``R^T`` as integer codes ``[D, H, G * H]`` and each gate column's scale ``[D, G * H]``, which the kernel
+    reads instead of ``r``."""
     dirs, width, hidden = r.shape
     x = e.reshape(xw, [seq, batch, dirs * width], "x_steps")
-    inputs = [x, e.const("R_T", r.transpose(0, 2, 1)), h0 or ""]
+    rt = e.const("R_T", r.transpose(0, 2, 1)) if codes is None else e.const("R_codes_T", codes[0], codes[0].dtype)
+    inputs = [x, rt, h0 or ""]
     if op == "LSTM":
         inputs.append(c0 or "")
+        if codes is not None:
+            inputs.append(e.const("R_scale", codes[1]))
     elif lbr and rb_h is not None:
         inputs.append(e.const("Rb_h", rb_h))
     while inputs[-1] == "":
@@ -81,8 +87,10 @@ def converter():
             y = relax.TensorType((seq, dirs, batch, hidden), "float32")
             last = relax.TensorType((dirs, batch, hidden), "float32")
             if cell == "LSTM":
-                kernel = recurrence.lstm_kernel(seq, batch, hidden, dirs, reverse)
-                args, out = [x, rt] + state, [y, last, last]
+                coded = len(inputs) > 4 and inputs[4] is not None
+                codes = str(rt.ty.dtype) if coded else None
+                kernel = recurrence.lstm_kernel(seq, batch, hidden, dirs, reverse, codes)
+                args, out = [x, rt] + state + ([inputs[4]] if coded else []), [y, last, last]
             else:
                 lbr = bool(attr.get("linear_before_reset", 0))
                 given = len(inputs) > 3 and inputs[3] is not None
