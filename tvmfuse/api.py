@@ -252,7 +252,7 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
             model, spec, shapes, False, logs, layout, cuda_graph, precision, consts, cache=store, whole=False))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
+        imported = frontend.import_model(model, shapes, consts=consts, **frontend.target_options(spec.backend()))
     cm = _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision,
                            cache=store if store is not None else False)
     if key is not None:
@@ -387,7 +387,7 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
             cache=store, whole=False, weight_bits=weight_bits))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
-        imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
+        imported = frontend.import_model(model, shapes, consts=consts, **frontend.target_options(spec.backend()))
     quantizer.prepare(imported.inputs, imported.source)
     cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout,
                            cache=store if store is not None else False)

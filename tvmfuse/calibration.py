@@ -195,7 +195,7 @@ def collect_ranges(model, batches, method: str = "minmax", target="x86-host",
     """
     spec = _check_target(target)
     create_calibrator(method, **options)
-    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence)
+    imported = frontend.import_model(model, shapes, **frontend.target_options(spec.backend()))
     batches = calibration_batches(batches, imported.inputs)
     record = PassRecord()
     run_graph_passes(imported.mod, spec, spec.tvm_target(), record, int8=True)

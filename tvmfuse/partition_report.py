@@ -181,7 +181,7 @@ def partitions(model, target="x86-host", shapes=None, consts=None) -> PartitionR
     from .passes.pipeline import PassRecord, run_graph_passes
 
     spec = targets.resolve(target)
-    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
+    imported = frontend.import_model(model, shapes, consts=consts, **frontend.target_options(spec.backend()))
     record = PassRecord()
     lowered = run_graph_passes(imported.mod, spec, spec.tvm_target(), record)
     return build_report(record.partitioned, record.rejections, imported.source, spec.name, lowered)

@@ -84,7 +84,10 @@ def _check_epilogue(kernel: str, bias, multiplier, residual, epilogue: Epilogue,
     check_table(kernel, table, epilogue)
     channels = out_shape[1] * (out_shape[4] if len(out_shape) == 5 else 1)
     _check_vector(kernel, "bias", bias, channels, "int32")
-    _check_vector(kernel, "multiplier", multiplier, channels, "float32")
+    if epilogue.out_dtype == "int32":
+        _check(multiplier is None, kernel, "an int32 output takes no multiplier")
+    else:
+        _check_vector(kernel, "multiplier", multiplier, channels, "float32")
     _check((residual is None) == (epilogue.residual is None), kernel,
            "a residual tensor needs Epilogue.residual (its zero point and scale), and vice versa")
     if residual is not None:

@@ -15,7 +15,9 @@ EPILOGUE = "requantize"
 TABLE_STAGE = "table_lookup"  # after EPILOGUE (which then writes int32 codes) when the epilogue has a table
 TABLE_SIZE = 256  # codes of a uint8/int8 value: a table entry per code
 QUANT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
-OUT_DTYPES = ("uint8", "int8", "float32")
+# int32: the accumulator with the bias added, nothing else (no multiplier): for a caller that finishes in
+# int32, as ONNX's MatMulInteger does (:mod:`tvmfuse.frontend.integer_matmul`).
+OUT_DTYPES = ("uint8", "int8", "float32", "int32")
 
 
 class Int8KernelError(TvmfuseError, ValueError):
@@ -81,6 +83,10 @@ class Epilogue:
             raise Int8KernelError(f"INT8 epilogue: out_dtype must be one of {OUT_DTYPES}, got {self.out_dtype!r}")
         if self.table and not self.quantized:
             raise Int8KernelError("INT8 epilogue: a table of output codes needs a uint8/int8 output")
+        if self.out_dtype == "int32" and (self.residual or self.hardswish or self.clip_min is not None
+                                          or self.clip_max is not None or self.zero_point):
+            raise Int8KernelError("INT8 epilogue: an int32 output is the accumulator plus the bias; it takes no "
+                                  "residual, activation, clip or zero point")
         qmin, qmax = QUANT_RANGE.get(self.out_dtype, (0, 0))
         if not qmin <= self.zero_point <= qmax:
             raise Int8KernelError(f"INT8 epilogue: zero point {self.zero_point} is outside {self.out_dtype}'s range "
@@ -91,7 +97,7 @@ class Epilogue:
 
     @property
     def quantized(self) -> bool:
-        return self.out_dtype != "float32"
+        return self.out_dtype in QUANT_RANGE
 
     def bounds(self) -> tuple[float | None, float | None]:
         """The clip range applied (dtype range intersected with clip_min/clip_max)."""
@@ -128,6 +134,8 @@ class Epilogue:
 def _requantize(acc, scale, res, ep: Epilogue):
     """The epilogue of one element: ``acc`` int32 (bias included), ``scale`` float32, ``res`` the residual
     code or None. Returns the output value in ``ep.out_dtype``; with ``ep.table``, its table index (int32)."""
+    if ep.out_dtype == "int32":
+        return acc
     dtype = "float32"
     if ep.residual is None:
         value = acc.astype("float32") * scale
@@ -183,7 +191,8 @@ def _epilogue_stage(acc_at, bias, multiplier, residual, ep: Epilogue, out_shape:
     def body(*idx):
         channel = idx[1] * out_shape[4] + idx[4] if len(out_shape) == 5 else idx[1]
         res = residual[idx] if residual is not None else None
-        return _requantize(acc_at(*idx) + bias[channel], multiplier[channel], res, ep)
+        scale = multiplier[channel] if multiplier is not None else None
+        return _requantize(acc_at(*idx) + bias[channel], scale, res, ep)
 
     codes = te.compute(out_shape, body, name=EPILOGUE)
     return te.compute(out_shape, lambda *i: table[codes[i]], name=TABLE_STAGE) if ep.table else codes

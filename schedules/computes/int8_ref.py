@@ -150,8 +150,10 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, resi
     the output codes of ``epilogue.table``."""
     shape = [1] * acc.ndim
     shape[1] = -1
-    m = np.asarray(multiplier, np.float32).reshape(shape)
     acc = np.asarray(acc).astype(np.int32)  # the kernel accumulates in int32
+    if epilogue.out_dtype == "int32":
+        return acc
+    m = np.asarray(multiplier, np.float32).reshape(shape)
     if epilogue.residual is None:
         value = acc.astype(np.float32) * m
     else:

@@ -12,7 +12,7 @@ import onnx
 from ..errors import TvmfuseError, UnsupportedOpError
 from ..tensors import TensorInfo
 from .qlinear import REWRITTEN_OP_TYPES
-from . import rnn_fused
+from . import integer_matmul, rnn_fused
 from .rnn import REWRITTEN_OP_TYPES as RECURRENT_OP_TYPES
 
 
@@ -36,8 +36,8 @@ def check_ops(model: onnx.ModelProto, source: str) -> None:
     bad: dict[str, list[str]] = collections.defaultdict(list)
     for i, node in enumerate(model.graph.node):
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        if (node.domain, node.op_type) == (rnn_fused.DOMAIN, rnn_fused.OP_TYPE):
-            continue  # written by the recurrent rewrite itself, converted in to_relax
+        if (node.domain, node.op_type) in _OWN_OPS:
+            continue  # written by tvmfuse's own rewrites, converted in to_relax
         if node.domain not in ("", "ai.onnx") or node.op_type not in supported:
             bad[op].append(node.name or f"#{i}")
         elif node.op_type == "BatchNormalization" and _attr(node, "training_mode", 0):
@@ -49,16 +49,24 @@ def check_ops(model: onnx.ModelProto, source: str) -> None:
         raise UnsupportedOpError(f"{source}: unsupported ONNX op{'s' if len(bad) > 1 else ''}: {'; '.join(parts)}")
 
 
+# tvmfuse's own nodes, which only exist between prepare and the import: (domain, op type) -> converter factory
+_OWN_OPS = {(rnn_fused.DOMAIN, rnn_fused.OP_TYPE): rnn_fused.converter,
+            (integer_matmul.DOMAIN, integer_matmul.OP_TYPE): integer_matmul.converter}
+
+
 def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo], source: str):
-    """Import the (shape-fixed, folded) model into a Relax IRModule. The whole-sequence recurrent nodes
-    (:mod:`.rnn_fused`) are converted by a converter added to TVM's table for the call."""
+    """Import the (shape-fixed, folded) model into a Relax IRModule. tvmfuse's own nodes (the whole-sequence
+    recurrent layers of :mod:`.rnn_fused`, :mod:`.integer_matmul`'s) are converted by converters added to TVM's
+    table for the call."""
     from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
 
     check_ops(model, source)
     # The importer has no hook for extra ops and rebuilds its table per node: patch it only when needed.
     extra = contextlib.nullcontext()
-    if any(n.domain == rnn_fused.DOMAIN for n in model.graph.node):
-        table = {**onnx_frontend._get_convert_map(), rnn_fused.OP_TYPE: rnn_fused.converter()}  # noqa: SLF001
+    own = {op: make() for (domain, op), make in _OWN_OPS.items() if any((n.domain, n.op_type) == (domain, op)
+                                                                          for n in model.graph.node)}
+    if own:
+        table = {**onnx_frontend._get_convert_map(), **own}  # noqa: SLF001
         extra = mock.patch.object(onnx_frontend, "_get_convert_map", lambda: table)
     # TVM's importer runs onnx.checker on the model again and only warns on what it finds: the model was
     # checked when it was loaded (frontend.load), and the check serializes the whole proto (ResNet-50's import:

@@ -81,7 +81,7 @@ def extract_tasks(model, spec, shapes=None, precision: str = "fp32", consts=None
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    imported = frontend.import_model(model, shapes, spec.backend().fused_recurrence, consts)
+    imported = frontend.import_model(model, shapes, consts=consts, **frontend.target_options(spec.backend()))
     target = spec.tvm_target()
     quantize = None
     if table is not None:
