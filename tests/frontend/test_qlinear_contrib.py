@@ -137,8 +137,10 @@ def test_dynamic_quantize_lstm(tmp_path, direction, per_channel):
     quantized = onnx.load(tmp_path / "q.onnx")
     assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
     x = {"x": RNG.standard_normal((steps, 1, inputs)).astype("float32")}
-    # The recurrent weight reaches the whole-sequence kernel as its int8 codes, the float copy gone.
-    prepared = frontend.prepare(quantized, fused_recurrence=True)[0]
+    # The recurrent weight reaches the whole-sequence kernel as its int8 codes, the float copy gone; the input
+    # projection is an INT8 MatMul on W's codes.
+    prepared = frontend.prepare(quantized, fused_recurrence=True, int8_weights="vnni")[0]
+    assert [n.op_type for n in prepared.graph.node].count("IntegerMatMul") == 1
     kernel = next(n for n in prepared.graph.node if n.op_type == "Recurrence")
     consts = {t.name: numpy_helper.to_array(t) for t in prepared.graph.initializer}
     assert consts[kernel.input[1]].dtype == np.int8 and consts[kernel.input[4]].shape == (dirs, 4 * hidden)
@@ -156,7 +158,13 @@ def test_dynamic_quantize_lstm(tmp_path, direction, per_channel):
     graph.initializer[0].CopyFrom(_init("W", dequantized("W")))
     graph.initializer[1].CopyFrom(_init("R", dequantized("R")))
     float_twin = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
-    np.testing.assert_allclose(got, ort_run(float_twin, x)[0], rtol=1e-5, atol=1e-5)
-    # onnxruntime also quantizes x and h at each step: within 2% of the output's range of it.
+    # The input projection reads x quantized at run time, as the operator defines it (DynamicQuantizeLinear).
+    lo, hi = min(0.0, float(x["x"].min())), max(0.0, float(x["x"].max()))
+    scale = np.float32((hi - lo) / 255)
+    zero = np.clip(np.rint(-lo / scale), 0, 255)
+    codes = np.clip(np.rint(x["x"] / scale) + zero, 0, 255)
+    x_dq = {"x": ((codes - zero) * scale).astype("float32")}
+    np.testing.assert_allclose(got, ort_run(float_twin, x_dq)[0], rtol=1e-5, atol=1e-5)
+    # onnxruntime also quantizes h at each step: within 2% of the output's range of it.
     want = ort_run(quantized, x)[0]
     assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()

@@ -101,9 +101,10 @@ def rewrite_integer_matmuls(model: onnx.ModelProto, packing: str) -> tuple[onnx.
     rw = Rewriter(model, "<ModelProto>")
     rw.dtypes = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info)}
     rw.dtypes.update({t.name: t.data_type for t in graph.initializer})
-    for n in graph.node:  # DynamicQuantizeLinear writes uint8 codes; value_info may not say so
+    for n in graph.node:  # DynamicQuantizeLinear writes uint8 codes and a scalar zero point; value_info may not say so
         if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
             rw.dtypes[n.output[0]] = TensorProto.UINT8
+            rw.shapes[n.output[2]] = ()
     nodes, new, read, replaced = [], [], set(), 0
     for node in graph.node:
         made = _node(rw, node, packing) if node.op_type == "MatMulInteger" and node.domain in ("", "ai.onnx") \

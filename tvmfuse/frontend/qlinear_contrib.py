@@ -26,8 +26,10 @@ And what its optimizer makes of ``quantize_dynamic``'s chains, back in the chain
 ``DynamicQuantizeLSTM`` (``quantize_dynamic`` on an LSTM: int8 weights stored ``[directions, input, 4 *
 hidden]``, a scale and zero point per direction or per gate row) becomes a standard ``LSTM`` on its weights
 written as ``DequantizeLinear`` of the codes, transposed back to ``[directions, 4 * hidden, input]``; the LSTM
-rewrite folds them and its whole-sequence kernel reads the recurrent weight's codes. onnxruntime also quantizes the
-input and hidden state at every step; tvmfuse keeps them float32, which is closer to the float model.
+rewrite folds them, quantizes the input of its input projection at run time as onnxruntime does (an INT8
+MatMul on the codes: :func:`.rnn_codes.quantized_projection`), and its whole-sequence kernel reads the
+recurrent weight's codes. onnxruntime also quantizes the
+hidden state at every step; tvmfuse keeps it float32, which is closer to the float model.
 
 Scales and zero points are read by name, so they may be any tensor ``DequantizeLinear`` accepts.
 """
@@ -40,6 +42,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
 from .normalize import node_attrs
+from .rnn_codes import DYNAMIC_INPUT_ATTR
 
 DOMAIN = "com.microsoft"
 _UNARY = {"QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu", "QLinearGlobalAveragePool": "GlobalAveragePool",
@@ -183,6 +186,7 @@ def _dynamic_quantize_lstm(e: _Emitter, node: onnx.NodeProto, initializers: dict
         inputs.pop()
     lstm = helper.make_node("LSTM", inputs, list(node.output), name=e.name("lstm"))
     lstm.attribute.extend(node.attribute)
+    lstm.attribute.append(helper.make_attribute(DYNAMIC_INPUT_ATTR, 1))
     e.nodes.append(lstm)
 
 

@@ -248,7 +248,9 @@ def _rewrite(rw: _Rewriter, node: onnx.NodeProto, fused: bool) -> list[onnx.Node
     if layout:
         x = e.op("Transpose", [x], "x_seq_major", perm=[1, 0, 2])
     x = e.reshape(x, [seq * batch, w.shape[-1]], "x_rows")
-    xw = e.op("MatMul", [x, e.const("W_T", np.concatenate([w[d].T for d in range(dirs)], axis=1))], "xW")
+    w_codes = rw.codes.get(node.input[_W]) if attrs.get(rnn_codes.DYNAMIC_INPUT_ATTR) else None
+    xw = (w_codes and rnn_codes.quantized_projection(e, x, w_codes)) or \
+        e.op("MatMul", [x, e.const("W_T", np.concatenate([w[d].T for d in range(dirs)], axis=1))], "xW")
     if b is not None:
         bias = b[:, :width] + b[:, width:]
         if lbr:  # Rb_h stays inside the reset gate's product

@@ -17,6 +17,9 @@ from onnx import helper
 
 #: ops folded when all their inputs are constants
 FOLDED_OP_TYPES = ("DequantizeLinear", "Reshape")
+#: set (to 1) on the LSTM :mod:`.qlinear_contrib` writes for a ``DynamicQuantizeLSTM``: the input projection
+#: quantizes the input at run time, as that operator defines it (:func:`quantized_projection`)
+DYNAMIC_INPUT_ATTR = "tvmfuse_dynamic_input"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,37 @@ class Codes:
             return None
         return (np.ascontiguousarray(centred.transpose(0, 2, 1)).astype(dtype),
                 np.ascontiguousarray(self.scale[:, :, 0]).astype(np.float32))
+
+
+    def input_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """For ONNX's ``W`` (``[D, G*H, I]``): the codes as ``[I, D*G*H]`` (their own dtype), and each column's
+        zero point and scale; None when either varies along a gate's inputs."""
+        if self.codes.ndim != 3:
+            return None
+        first = (slice(None), slice(None), slice(0, 1))
+        if not (np.all(self.scale == self.scale[first]) and np.all(self.zero_point == self.zero_point[first])):
+            return None
+        rows = self.codes.shape[0] * self.codes.shape[1]
+        return (np.ascontiguousarray(self.codes.reshape(rows, -1).T), self.zero_point[:, :, 0].reshape(-1),
+                self.scale[:, :, 0].reshape(-1).astype(np.float32))
+
+
+def quantized_projection(e, x_rows: str, codes: Codes) -> str | None:
+    """``x_rows @ W^T`` as a ``DynamicQuantizeLSTM`` computes it: ``x`` quantized at run time
+    (``DynamicQuantizeLinear``), ``MatMulInteger`` with the codes, then times both scales, which the INT8 dense
+    kernel computes exactly (:mod:`.integer_matmul`). None (the float projection stays) when ``codes`` has no
+    :meth:`Codes.input_columns`. ``e`` is the rewrite's :class:`.rnn_cells.Emitter`."""
+    columns = codes.input_columns()
+    if columns is None:
+        return None
+    q, zero, scale = columns
+    quantized = [e.fresh(f"{e.prefix}/x_{what}") for what in ("quantized", "scale", "zero_point")]
+    e.nodes.append(helper.make_node("DynamicQuantizeLinear", [x_rows], quantized, name=f"{e.prefix}/x_quantize"))
+    inputs = [quantized[0], e.const("W_codes_T", q, q.dtype), quantized[2]]
+    if np.any(zero):
+        inputs.append(e.const("W_zero_point", zero, q.dtype))
+    value = e.op("Cast", [e.op("MatMulInteger", inputs, "xW_int32")], "xW_int32_f32", to=onnx.TensorProto.FLOAT)
+    return e.op("Mul", [value, e.op("Mul", [quantized[1], e.const("W_scale", scale)], "xW_scale")], "xW")
 
 
 def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
