@@ -15,7 +15,7 @@ from ..tensors import TensorInfo
 from .load import fix_input_shapes, graph_inputs, load_model, output_infos
 from .normalize import normalize_nodes
 from .pin import inline_ifs, pin_inputs
-from .integer_matmul import rewrite_integer_matmuls
+from .integer_kernels import rewrite_integer_kernels
 from .integer_ops import rewrite_integer_ops
 from .qlinear import rewrite_quantized_ops
 from .qlinear_contrib import rewrite_qlinear_contrib_ops
@@ -62,7 +62,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recu
     proto, _ = rewrite_recurrent_ops(proto, source, fused_recurrence)
     proto, _ = normalize_nodes(proto, source)
     proto, _ = conv1d_as_conv2d(proto)
-    proto, _ = rewrite_integer_matmuls(proto, int8_weights)
+    proto, _ = rewrite_integer_kernels(proto, int8_weights)
     proto, _ = rewrite_integer_ops(proto)
     proto, _ = rewrite_quantized_ops(proto, source)
     proto, _ = fuse_pad_into_conv(proto)

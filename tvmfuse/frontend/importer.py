@@ -12,7 +12,7 @@ import onnx
 from ..errors import TvmfuseError, UnsupportedOpError
 from ..tensors import TensorInfo
 from .qlinear import REWRITTEN_OP_TYPES
-from . import integer_matmul, rnn_fused
+from . import integer_conv, integer_matmul, rnn_fused
 from .rnn import REWRITTEN_OP_TYPES as RECURRENT_OP_TYPES
 
 
@@ -51,7 +51,8 @@ def check_ops(model: onnx.ModelProto, source: str) -> None:
 
 # tvmfuse's own nodes, which only exist between prepare and the import: (domain, op type) -> converter factory
 _OWN_OPS = {(rnn_fused.DOMAIN, rnn_fused.OP_TYPE): rnn_fused.converter,
-            (integer_matmul.DOMAIN, integer_matmul.OP_TYPE): integer_matmul.converter}
+            (integer_matmul.DOMAIN, integer_matmul.OP_TYPE): integer_matmul.converter,
+            (integer_matmul.DOMAIN, integer_conv.OP_TYPE): integer_conv.converter}
 
 
 def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo], source: str):

@@ -28,19 +28,27 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph import drop_unused_initializers
 
 DOMAIN = "tvmfuse"
 OP_TYPE = "IntegerMatMul"
-#: the backend's ``int8_weights`` whose dense kernel this uses
+#: the backend's ``int8_weights`` whose INT8 kernels these rewrites use
 PACKINGS = ("vnni", "avxvnni", "pairs")
 
 
-def _scalar(value: np.ndarray | None) -> bool:
+def scalar(value: np.ndarray | None) -> bool:
     return value is None or value.size == 1
 
 
-def _weight_terms(w: np.ndarray, zw: np.ndarray | None) -> tuple[np.ndarray, int, np.ndarray]:
+def scalar_zero_point(rw, za: str) -> bool:
+    """Whether the data zero point ``za`` is absent, or one value (a constant, or computed at run time)."""
+    if not za:
+        return True
+    if za in rw.initializers:
+        return scalar(numpy_helper.to_array(rw.initializers[za]))
+    return rw.shapes.get(za) in ((), (1,))
+
+
+def weight_terms(w: np.ndarray, zw: np.ndarray | None) -> tuple[np.ndarray, int, np.ndarray]:
     """``(w8 [N, K] int8, shift, -C [N] int32)`` of the weight ``w [K, N]`` and its zero point."""
     z = int(np.asarray(zw).reshape(())) if zw is not None else 0
     wide = w.astype(np.int32)
@@ -51,8 +59,8 @@ def _weight_terms(w: np.ndarray, zw: np.ndarray | None) -> tuple[np.ndarray, int
     return np.ascontiguousarray(w8.T).astype(np.int8), shift, -(wide - z).sum(axis=0).astype(np.int32)
 
 
-def _node(rw, node: onnx.NodeProto, packing: str) -> tuple[onnx.NodeProto, list] | None:
-    """The ``IntegerMatMul`` node replacing ``node`` and its new initializers; None when it does not apply."""
+def node(rw, node: onnx.NodeProto, packing: str, readers: dict, outputs: set):
+    """``(IntegerMatMul node, new initializers, replaced nodes)`` for ``node``; None when it does not apply."""
     from tvmfuse.schedules import families
 
     from ..passes.int8 import kernels
@@ -68,13 +76,9 @@ def _node(rw, node: onnx.NodeProto, packing: str) -> tuple[onnx.NodeProto, list]
     if rw.dtypes.get(a) != TensorProto.UINT8:
         return None
     zw_value = numpy_helper.to_array(rw.initializers[zw]) if zw in rw.initializers else None
-    if (zw and zw_value is None) or not _scalar(zw_value):
+    if (zw and zw_value is None) or not scalar(zw_value) or not scalar_zero_point(rw, za):
         return None
-    if za and not (za in rw.initializers or rw.shapes.get(za) in ((), (1,))):
-        return None
-    if za in rw.initializers and not _scalar(numpy_helper.to_array(rw.initializers[za])):
-        return None
-    w8, shift, neg_c = _weight_terms(w, zw_value)
+    w8, shift, neg_c = weight_terms(w, zw_value)
     family = families.DENSE
     packed = kernels.packed_weight(family.int8, w8, family.int8.pack, packing)
     prefix = node.name or node.output[0]
@@ -85,45 +89,7 @@ def _node(rw, node: onnx.NodeProto, packing: str) -> tuple[onnx.NodeProto, list]
     op = helper.make_node(OP_TYPE, [a, za, names[0], names[1]], list(node.output), name=prefix, domain=DOMAIN,
                           out_features=int(w.shape[1]), shift=int(shift),
                           exact_pairs=int(kernels.exact_pairs(family.int8, packed, packing)))
-    return op, new
-
-
-def rewrite_integer_matmuls(model: onnx.ModelProto, packing: str) -> tuple[onnx.ModelProto, int]:
-    """Replace each ``MatMulInteger`` this module takes by an ``IntegerMatMul`` node (in place), its weight packed
-    for ``packing`` (the target backend's ``int8_weights``; nothing is replaced for one not in
-    :data:`PACKINGS`). Run it after constant folding, before :func:`.integer_ops.rewrite_integer_ops`."""
-    graph = model.graph
-    if packing not in PACKINGS or not any(n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")
-                                          for n in graph.node):
-        return model, 0
-    from .qlinear import Rewriter
-
-    rw = Rewriter(model, "<ModelProto>")
-    rw.dtypes = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info)}
-    rw.dtypes.update({t.name: t.data_type for t in graph.initializer})
-    for n in graph.node:  # DynamicQuantizeLinear writes uint8 codes and a scalar zero point; value_info may not say so
-        if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
-            rw.dtypes[n.output[0]] = TensorProto.UINT8
-            rw.shapes[n.output[2]] = ()
-    nodes, new, read, replaced = [], [], set(), 0
-    for node in graph.node:
-        made = _node(rw, node, packing) if node.op_type == "MatMulInteger" and node.domain in ("", "ai.onnx") \
-            else None
-        if made is None:
-            nodes.append(node)
-            continue
-        nodes.append(made[0])
-        new.extend(made[1])
-        read.update(node.input[1:])
-        replaced += 1
-    if replaced:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(new)
-        if not any(o.domain == DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-        drop_unused_initializers(graph, read)
-    return model, replaced
+    return op, new, [node]
 
 
 def converter():

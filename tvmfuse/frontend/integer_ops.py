@@ -20,6 +20,8 @@ quantizations (the Mul, a BatchNormalization), which already move an activation 
 one code: measured on mobilenet_v2, 1 to 3 codes of ~400,000 per layer, and 0.8% of the largest logit at
 the output; ``tests/frontend/test_dynamic_quant.py`` states the bounds.
 
+On a target whose INT8 kernels take them, :mod:`.integer_matmul` and :mod:`.integer_conv` take these ops first
+(exact int32 on the INT8 kernels); this module handles the rest (CUDA, grouped convs, per-channel zero points).
 Left to :mod:`.qlinear` (exact int32): an integer op whose result is read as int32, or whose weight is not
 a constant, or whose ``a_zero_point`` is per row.
 """
