@@ -54,6 +54,19 @@ def test_non_contiguous_input_is_accepted(tiny_compiled):
     np.testing.assert_array_equal(tiny_compiled.run({"input": x})[0], tiny_compiled.run(_x())[0])
 
 
+def test_scalar_input_runs():
+    """A 0-d input (a scale, a sample rate) stays 0-d on its way to the VM."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "s"], ["y"])], "scaled",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    x = {"x": np.arange(4, dtype=np.float32), "s": np.array(2.5, np.float32)}
+    np.testing.assert_array_equal(tvmfuse.compile(model, target=HOST).run(x)[0], x["x"] * 2.5)
+
+
 def test_benchmark(tiny_compiled):
     r = tiny_compiled.benchmark(repeat=5, warmup=1)
     assert r["repeat"] == 5 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]

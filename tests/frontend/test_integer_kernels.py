@@ -203,3 +203,28 @@ def test_avx512_target_runs_the_conv_on_vnni():
     w = RNG.integers(0, 256, (32, 16, 3, 3)).astype(np.uint8)
     cm = tvmfuse.compile(_conv_model((1, 16, 8, 8), w, 9, 100, pads=[1, 1, 1, 1]), target="x86-avx512")
     assert "vpdpbusd" in cm.kernel_source("asm")
+
+
+def test_bias_rounded_at_run_time_is_cast_plainly():
+    """ddddocr's form: the int32 bias is ``Reshape(Cast(to=int32)(Floor(b / s)))`` with ``s`` known at run time.
+    The kernel takes the floored floats and converts them itself; TVM's spelling of the ONNX Cast (its
+    out-of-range cases in int64, 0.4 s of LLVM a layer) is not built."""
+    w = RNG.integers(0, 256, (16, 4, 3, 3)).astype(np.uint8)
+    model = _conv_model((1, 4, 9, 9), w, 100, 120, pads=[1, 1, 1, 1])
+    graph = model.graph
+    graph.input.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [1]))
+    graph.initializer.extend([numpy_helper.from_array(RNG.uniform(-50, 50, 16).astype(np.float32), "b_real"),
+                              numpy_helper.from_array(np.array([1, 16, 1, 1], np.int64), "b_shape")])
+    bias = [helper.make_node("Div", ["b_real", "s"], ["b_div"]), helper.make_node("Floor", ["b_div"], ["b_floor"]),
+            helper.make_node("Cast", ["b_floor"], ["b_int"], to=TensorProto.INT32),
+            helper.make_node("Reshape", ["b_int", "b_shape"], ["b"]),
+            helper.make_node("Add", ["acc", "b"], ["biased"])]
+    cast = graph.node[1]
+    cast.input[0] = "biased"
+    nodes = [graph.node[0]] + bias + [cast]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    feeds = {"x": RNG.integers(0, 256, (1, 4, 9, 9)).astype(np.uint8), "s": np.array([0.03], np.float32)}
+    cm = tvmfuse.compile(model, target=HOST)
+    assert not any("isfinite" in gv.name_hint for gv, _ in cm.lowered.functions_items())
+    np.testing.assert_array_equal(cm.run(feeds)[0], ort_run(model, feeds)[0])

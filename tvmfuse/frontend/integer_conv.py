@@ -13,6 +13,8 @@ Taken for ``ConvInteger`` with a uint8 NCHW input, a constant OIHW weight, one g
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -29,6 +31,21 @@ def _int32_bias(node: onnx.NodeProto, readers: dict, outputs: set) -> onnx.NodeP
         return None
     add = after[0]
     return add if len(add.input) == 2 and list(add.input).count(node.output[0]) == 1 else None
+
+
+def _rounded(bias: str, producers: dict) -> str:
+    """For a bias written ``[Reshape](Cast(to=int32)(q))`` with ``q`` a ``Floor``/``Round``/``Ceil`` (a bias quantized
+    at run time), ``q``: the same integers as float32, which the kernel's bias converts with a plain ``astype``.
+    TVM's importer spells ONNX's float-to-int32 Cast with its out-of-range cases in int64 arithmetic, which took
+    LLVM 0.4 s a layer to build. "" otherwise."""
+    node = producers.get(bias)
+    if node is not None and node.op_type == "Reshape":
+        node = producers.get(node.input[0])
+    to = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("to") if node is not None else None
+    if node is None or node.op_type != "Cast" or to != onnx.TensorProto.INT32:
+        return ""
+    rounded = producers.get(node.input[0])
+    return node.input[0] if rounded is not None and rounded.op_type in ("Floor", "Round", "Ceil") else ""
 
 
 def node(rw, conv: onnx.NodeProto, packing: str, readers: dict, outputs: set):
@@ -58,8 +75,9 @@ def node(rw, conv: onnx.NodeProto, packing: str, readers: dict, outputs: set):
     names = [rw.fresh(f"{w_name}_packed"), rw.fresh(f"{w_name}_neg_sums") if za else ""]
     new = [numpy_helper.from_array(packed, names[0])] + ([numpy_helper.from_array(neg_c, names[1])] if za else [])
     bias = "" if add is None else next(n for n in add.input if n != conv.output[0])
+    rounded = _rounded(bias, rw.producers) if bias else ""
     out = conv.output[0] if add is None else add.output[0]
-    made = helper.make_node(OP_TYPE, [a, za, names[0], names[1], bias], [out], name=conv.name or out,
+    made = helper.make_node(OP_TYPE, [a, za, names[0], names[1], rounded or bias], [out], name=conv.name or out,
                             domain=base.DOMAIN, out_channels=o, shift=int(shift),
                             kernel_shape=list(w.shape[2:]), strides=list(attrs.get("strides", [1, 1])),
                             pads=list(attrs.get("pads", [0, 0, 0, 0])), dilations=list(attrs.get("dilations", [1, 1])),
@@ -69,23 +87,41 @@ def node(rw, conv: onnx.NodeProto, packing: str, readers: dict, outputs: set):
 
 def window_sums(shape, kernel, strides, pads, dilations):
     """``(data [N, C, H, W] uint8, za [1] uint8) -> T [N, OH, OW] int32``: the sum of the input padded with
-    ``za`` over each output's window and every input channel. Scheduled here (rows in parallel, columns in
-    vectors): the channel sums of each row into a padded plane, then the window's taps added a row at a time."""
+    ``za`` over each output's window and every input channel, and ``(N, OH, OW)``. Scheduled here (rows in
+    parallel, columns in vectors): the channel sums of each row into a padded plane, then the window's taps
+    added a row at a time."""
+    n, c, h, w = (int(d) for d in shape)
+    (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, strides, dilations, pads
+    oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + left + right - dw * (kw - 1) - 1) // sw + 1
+    from tvm import tirx
+
+    func = _window_sums(tuple(kernel), tuple(strides), tuple(pads), tuple(dilations))
+    shapes = ((n, c, h, w), (1,), (n, oh, ow))
+    buffers = {param: tirx.decl_buffer(shape, dtype, name=name) for param, shape, dtype, name in
+               zip(func.params, shapes, ("uint8", "uint8", "int32"), ("data", "zero_point", "window_sums"))}
+    return func.specialize(buffers), (n, oh, ow)
+
+
+@functools.lru_cache(maxsize=None)
+def _window_sums(kernel, strides, pads, dilations):
+    """:func:`window_sums` for symbolic sizes, parsed once per window (TVMScript takes ~0.1 s a parse)."""
     from tvm.script import tirx as T
 
     from tvmfuse.schedules.backend import SCHEDULED_BY
 
-    n, c, h, w = shape
     (kh, kw), (sh, sw), (dh, dw), (top, left, bottom, right) = kernel, strides, dilations, pads
-    ph, pw = h + top + bottom, w + left + right
-    oh, ow = (ph - dh * (kh - 1) - 1) // sh + 1, (pw - dw * (kw - 1) - 1) // sw + 1
 
     @T.prim_func(private=True)
-    def sums(data: T.Buffer((n, c, h, w), "uint8"), za: T.Buffer((1,), "uint8"), out: T.Buffer((n, oh, ow), "int32")):
-        plane = T.alloc_buffer((n, ph, pw), "int32")
+    def sums(d: T.handle, z: T.handle, o: T.handle):
+        n, c, h, w, oh, ow = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        data = T.match_buffer(d, (n, c, h, w), "uint8")
+        za = T.match_buffer(z, (1,), "uint8")
+        out = T.match_buffer(o, (n, oh, ow), "int32")
+        plane = T.alloc_buffer((n, h + top + bottom, w + left + right), "int32")
         for b in range(n):
-            for y in T.parallel(ph):
-                for x in T.vectorized(pw):
+            for y in T.parallel(h + top + bottom):
+                for x in T.vectorized(w + left + right):
                     plane[b, y, x] = T.Cast("int32", za[0]) * c
             for y in T.parallel(h):
                 for x in T.vectorized(w):
@@ -100,8 +136,7 @@ def window_sums(shape, kernel, strides, pads, dilations):
                     for x in T.vectorized(ow):
                         out[b, y, x] = out[b, y, x] + plane[b, y * sh + ky * dh, x * sw + kx * dw]
 
-    return sums.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True, SCHEDULED_BY: "tvmfuse.window_sums"}), \
-        (n, oh, ow)
+    return sums.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True, SCHEDULED_BY: "tvmfuse.window_sums"})
 
 
 def converter():
@@ -126,7 +161,8 @@ def converter():
             total = relax.const(np.zeros(o, np.int32))
             if za is not None:
                 total = bb.normalize(relax.op.multiply(relax.op.astype(zero, "int32"), neg_c))
-            if bias is not None:
+            if bias is not None:  # int32, or the float32 integers of a bias rounded at run time (_rounded)
+                bias = relax.op.astype(bias, "int32") if str(bias.ty.dtype) != "int32" else bias
                 total = bb.normalize(relax.op.add(total, relax.op.reshape(bias, [o])))
             tensors = [te.placeholder(shape, "uint8", name="data"),
                        te.placeholder(tuple(int(d) for d in weight.ty.shape), str(weight.ty.dtype), name="weight"),

@@ -28,6 +28,7 @@ def rewrite_integer_kernels(model: onnx.ModelProto, packing: str) -> tuple[onnx.
         if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
             rw.dtypes[n.output[0]] = TensorProto.UINT8
             rw.shapes[n.output[2]] = ()
+    rw.producers = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list] = {}
     for n in graph.node:
         for name in n.input:

@@ -118,7 +118,8 @@ def check_inputs(inputs: Mapping[str, np.ndarray], expected: Sequence[TensorInfo
             raise InputError(f"input {info.name!r}: expected shape {tuple(info.shape)}, got {tuple(arr.shape)}")
         if arr.dtype != np.dtype(info.dtype):
             raise InputError(f"input {info.name!r}: expected dtype {info.dtype}, got {arr.dtype}")
-        arrays.append(np.ascontiguousarray(arr))
+        # np.ascontiguousarray would make a scalar (0-d) input 1-d, which the VM refuses
+        arrays.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
     return arrays
 
 
