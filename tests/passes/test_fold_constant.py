@@ -73,6 +73,27 @@ def test_calls_on_constants_are_folded_by_tvm():
     assert "R.exp" not in got.script()
 
 
+def test_broadcast_and_reshape_of_a_constant_fold_in_numpy(monkeypatch):
+    """What TVM's ONNX Min/Max of a tensor and a constant write: folded without building a kernel, to the
+    constants TVM's pass gives."""
+    zero = relax.const(np.float32(0.5))
+
+    def body(bb, x):
+        wide = bb.emit(relax.op.broadcast_to(zero, (2, 3)))
+        flat = bb.emit(relax.op.reshape(wide, (3, 2)))
+        return relax.op.add(x, relax.op.reshape(flat, (2, 3)))
+
+    mod = _module(body)
+    expected, _ = _both(mod)
+    built = []
+    real = relax.transform.FoldConstant
+    monkeypatch.setattr(relax.transform, "FoldConstant", lambda: built.append(1) or real())
+    with tvm.target.Target("llvm"), tvm.transform.PassContext(opt_level=3):
+        got = FoldConstant(mod)
+    assert not built
+    assert tvm_ffi.structural_equal(expected, got)
+
+
 def test_a_like_op_goes_to_tvm_which_folds_it_for_any_input():
     expected, got = _both(_module(lambda bb, x: relax.op.add(x, relax.op.zeros_like(x))))
     assert tvm_ffi.structural_equal(expected, got)

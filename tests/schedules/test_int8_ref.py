@@ -63,7 +63,8 @@ def test_epilogue_activation_bounds():
     with pytest.raises(int8.Int8KernelError, match="activation"):
         int8.Epilogue.make("uint8", activation="gelu")
     with pytest.raises(int8.Int8KernelError, match="out_dtype"):
-        int8.Epilogue("int32")
+        int8.Epilogue("int16")
+    assert int8.Epilogue("int32").bounds() == (None, None)  # the accumulator as it is (MatMulInteger)
     with pytest.raises(int8.Int8KernelError, match="zero point"):
         int8.Epilogue("float32", zero_point=3)
     with pytest.raises(int8.Int8KernelError, match="zero point"):

@@ -170,6 +170,9 @@ def rewrite_integer_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     rw = Rewriter(model, "<ModelProto>")  # its constants, shapes (-1: unknown) and fresh names
     initializers, shapes = rw.initializers, rw.shapes
+    for n in graph.node:  # a scale and zero point computed at run time are scalars, whatever value_info says
+        if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
+            shapes.update({out: () for out in n.output[1:]})
     readers: dict[str, list] = {}
     for n in graph.node:
         for name in n.input:
