@@ -137,6 +137,10 @@ MODELS: tuple[CorpusModel, ...] = (
     CorpusModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", "bytes", (1, 2048),
                 "Google's Magika file-type classifier (byte embedding, 1-D conv, LayerNorm, 214 types)",
                 "Apache-2.0", dtype="int32", values=(0, 257)),  # 256 bytes and the padding token 256
+    # A small transformer: a masked-language BERT over 32 grapheme tokens (ids 0-31), exported by tf2onnx.
+    CorpusModel("g2p_id_bert", "g2p-id-py==0.4.2", "g2p_id/models/bert/bert_mlm.onnx", "input_1", (1, 32),
+                "Indonesian grapheme-to-phoneme masked-LM BERT (2 encoder layers, d=128, 8 heads; tf2onnx: "
+                "layer norm spelt out, an Einsum, shape arithmetic)", "Apache-2.0", dtype="int64", values=(0, 32)),
     # Audio: a voice-activity detector run on 512-sample chunks with its LSTM state carried between calls.
     CorpusModel("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx", "input", (1, 512),
                 "Silero VAD (STFT as a 1-D conv, conv encoder, LSTM cell, an If on the sample rate)", "MIT",

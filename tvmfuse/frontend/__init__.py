@@ -9,6 +9,7 @@ import onnx
 
 from .contrib import rewrite_contrib_ops
 from .conv1d import conv1d_as_conv2d
+from .einsum import rewrite_einsums
 from .fold import fold_constants, fuse_pad_into_conv
 from .importer import check_ops, to_relax
 from ..tensors import TensorInfo
@@ -41,7 +42,8 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recu
             consts: Mapping[str, object] | None = None, int8_weights: str = ""):
     """Load, pin the inputs named in ``consts`` (:mod:`.pin`), fix shapes, constant-fold, inline the ``If``
     nodes whose condition folded, spell onnxruntime's float and quantized contrib ops (:mod:`.contrib`, :mod:`.qlinear_contrib`), unroll LSTM/GRU/RNN (``fused_recurrence``: one whole-sequence kernel per
-    layer where the cell has one, for CPU targets), normalize, make 1-D convs 2-D (:mod:`.conv1d`),
+    layer where the cell has one, for CPU targets), normalize, write an Einsum that is a matrix product as one
+    (:mod:`.einsum`), make 1-D convs 2-D (:mod:`.conv1d`),
     express quantized ops with standard ones (a ``MatMulInteger`` with a constant weight becomes tvmfuse's INT8
     dense kernel on a target whose INT8 kernels take ``int8_weights``, :mod:`.integer_matmul`; other integer ops
     read as float become float ops), fold zero Pads into Convs.
@@ -61,6 +63,7 @@ def prepare(model, shapes: Mapping[str, Sequence[int]] | None = None, fused_recu
     proto, _ = rewrite_qlinear_contrib_ops(proto)
     proto, _ = rewrite_recurrent_ops(proto, source, fused_recurrence)
     proto, _ = normalize_nodes(proto, source)
+    proto, _ = rewrite_einsums(proto)
     proto, _ = conv1d_as_conv2d(proto)
     proto, _ = rewrite_integer_kernels(proto, int8_weights)
     proto, _ = rewrite_integer_ops(proto)
