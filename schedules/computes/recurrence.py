@@ -111,6 +111,12 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
         return total
 
     @T.macro
+    def start(h, c, h0, c0, d):
+        for b, j in T.grid(batch, hidden):
+            h[d, b, j] = h0[d, b, j]
+            c[d, b, j] = c0[d, b, j]
+
+    @T.macro
     def cell(x, gates, y, h, c, d, s, b):
         for jo in range(ho_n):
             for ji in T.vectorized(v):
@@ -127,9 +133,7 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
                c: T.Buffer((dirs, batch, hidden), F32)):
         gates = T.alloc_buffer((dirs, gh), F32)
         for d in T.parallel(dirs):
-            for b, j in T.grid(batch, hidden):
-                h[d, b, j] = h0[d, b, j]
-                c[d, b, j] = c0[d, b, j]
+            start(h, c, h0, c0, d)
             for s, b in T.grid(seq, batch):
                 for jo in range(jo_n):
                     for ji in T.vectorized(v):
@@ -147,9 +151,7 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
               c: T.Buffer((dirs, batch, hidden), F32)):
         gates = T.alloc_buffer((dirs, gh), F32)
         for d in T.parallel(dirs):
-            for b, j in T.grid(batch, hidden):
-                h[d, b, j] = h0[d, b, j]
-                c[d, b, j] = c0[d, b, j]
+            start(h, c, h0, c0, d)
             for s, b in T.grid(seq, batch):
                 for jo in range(jo_n):
                     for ji in T.vectorized(v):

@@ -20,8 +20,9 @@ from helpers import HOST, ort_run
 RNG = np.random.default_rng(7)
 
 
-def _integer_model(x_shape, w: np.ndarray, x_zero: int | None, w_zero):
-    """``Cast(MatMulInteger(x, w, x_zero, w_zero))``: the integer op's own result, as float32."""
+def _integer_model(x_shape, w: np.ndarray, x_zero: int | None, w_zero, op: str = "MatMulInteger",
+                   bias: np.ndarray | None = None, **attrs):
+    """``Cast(op(x, w, x_zero, w_zero) [+ bias])``: the integer op's own result, as float32."""
     names = ["x", "w", "xz" if x_zero is not None else "", "wz" if w_zero is not None else ""]
     while names[-1] == "":
         names.pop()
@@ -30,9 +31,13 @@ def _integer_model(x_shape, w: np.ndarray, x_zero: int | None, w_zero):
         inits.append(numpy_helper.from_array(np.array(x_zero, np.uint8), "xz"))
     if w_zero is not None:
         inits.append(numpy_helper.from_array(np.asarray(w_zero, w.dtype), "wz"))
-    nodes = [helper.make_node("MatMulInteger", names, ["acc"]),
-             helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)]
-    graph = helper.make_graph(nodes, "mmi", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x_shape))],
+    nodes, out = [helper.make_node(op, names, ["acc"], **attrs)], "acc"
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "b"))
+        nodes.append(helper.make_node("Add", ["acc", "b"], ["biased"]))
+        out = "biased"
+    nodes.append(helper.make_node("Cast", [out], ["y"], to=TensorProto.FLOAT))
+    graph = helper.make_graph(nodes, op, [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x_shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
 
@@ -114,23 +119,7 @@ def test_int32_epilogue_is_the_accumulator_plus_bias():
 
 def _conv_model(x_shape, w: np.ndarray, x_zero: int | None, w_zero, bias: np.ndarray | None = None, **attrs):
     """``Cast(ConvInteger(x, w, x_zero, w_zero) [+ bias])``."""
-    names = ["x", "w", "xz" if x_zero is not None else "", "wz" if w_zero is not None else ""]
-    while names[-1] == "":
-        names.pop()
-    inits = [numpy_helper.from_array(w, "w")]
-    if x_zero is not None:
-        inits.append(numpy_helper.from_array(np.array(x_zero, np.uint8), "xz"))
-    if w_zero is not None:
-        inits.append(numpy_helper.from_array(np.asarray(w_zero, w.dtype), "wz"))
-    nodes, out = [helper.make_node("ConvInteger", names, ["acc"], **attrs)], "acc"
-    if bias is not None:
-        inits.append(numpy_helper.from_array(bias, "b"))
-        nodes.append(helper.make_node("Add", ["acc", "b"], ["biased"]))
-        out = "biased"
-    nodes.append(helper.make_node("Cast", [out], ["y"], to=TensorProto.FLOAT))
-    graph = helper.make_graph(nodes, "ci", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x_shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    return _integer_model(x_shape, w, x_zero, w_zero, "ConvInteger", bias, **attrs)
 
 
 CONV_CASES = {  # weight dtype, x zero point, weight zero point, bias, conv attributes
