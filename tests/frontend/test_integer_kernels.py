@@ -147,6 +147,20 @@ def test_integer_conv_is_exact(case):
     np.testing.assert_array_equal(cm.run({"x": x})[0], ort_run(model, {"x": x})[0])
 
 
+@pytest.mark.parametrize("shape,absorbed", [((1, 20, 1, 1), True), ((20, 1, 1), True), ((1,), True),
+                                            ((13,), False), ((1, 20, 11, 13), False)])
+def test_int32_bias_of_any_broadcast(shape, absorbed):
+    """A per-channel or single int32 bias goes into the kernel's bias; one that broadcasts otherwise (along the
+    width, or a whole map) stays an Add after it."""
+    w = RNG.integers(-128, 128, (20, 6, 3, 3)).astype(np.int8)
+    bias = RNG.integers(-5000, 5000, shape).astype(np.int32)
+    model = _conv_model((1, 6, 11, 13), w, 7, None, bias, pads=[1, 1, 1, 1])
+    prepared = frontend.prepare(model, int8_weights="vnni")[0]
+    assert ("Add" not in [n.op_type for n in prepared.graph.node]) == absorbed
+    x = {"x": RNG.integers(0, 256, (1, 6, 11, 13)).astype(np.uint8)}
+    np.testing.assert_array_equal(tvmfuse.compile(model, target=HOST).run(x)[0], ort_run(model, x)[0])
+
+
 def test_window_sums_against_numpy():
     shape, kernel, strides, pads, dilations = (2, 5, 9, 8), (3, 2), (2, 1), (1, 0, 2, 1), (1, 2)
     func, out_shape = integer_conv.window_sums(shape, kernel, strides, pads, dilations)

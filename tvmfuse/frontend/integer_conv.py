@@ -24,13 +24,20 @@ from . import integer_matmul as base
 OP_TYPE = "IntegerConv"
 
 
-def _int32_bias(node: onnx.NodeProto, readers: dict, outputs: set) -> onnx.NodeProto | None:
-    """The ``Add(result, b)`` that is the conv's only reader (``b`` an int32 bias computed at run time)."""
+def _int32_bias(rw, node: onnx.NodeProto, channels: int, readers: dict, outputs: set) -> onnx.NodeProto | None:
+    """The ``Add(result, b)`` that is the conv's only reader, ``b`` one int32 value per output channel (``[1, O, 1,
+    1]``, ``[O, 1, 1]``) or a single one, as its known shape says: what the kernel's bias can take."""
     after = readers.get(node.output[0], [])
     if len(after) != 1 or after[0].op_type != "Add" or node.output[0] in outputs:
         return None
     add = after[0]
-    return add if len(add.input) == 2 and list(add.input).count(node.output[0]) == 1 else None
+    if len(add.input) != 2 or list(add.input).count(node.output[0]) != 1:
+        return None
+    shape = rw.shapes.get(next(n for n in add.input if n != node.output[0]))
+    if shape is None or -1 in shape:
+        return None
+    per_channel = len(shape) >= 3 and tuple(shape[-3:]) == (channels, 1, 1) and all(d == 1 for d in shape[:-3])
+    return add if per_channel or int(np.prod(shape)) == 1 else None
 
 
 def _rounded(bias: str, producers: dict) -> str:
@@ -71,7 +78,7 @@ def node(rw, conv: onnx.NodeProto, packing: str, readers: dict, outputs: set):
     w8, shift, neg_c = base.weight_terms(w.reshape(o, -1).T, zw_value)
     family = families.CONV2D
     packed = kernels.packed_weight(family.int8, w8.reshape(w.shape), family.int8.pack, packing)
-    add = _int32_bias(conv, readers, outputs)
+    add = _int32_bias(rw, conv, o, readers, outputs)
     names = [rw.fresh(f"{w_name}_packed"), rw.fresh(f"{w_name}_neg_sums") if za else ""]
     new = [numpy_helper.from_array(packed, names[0])] + ([numpy_helper.from_array(neg_c, names[1])] if za else [])
     bias = "" if add is None else next(n for n in add.input if n != conv.output[0])
@@ -162,8 +169,10 @@ def converter():
             if za is not None:
                 total = bb.normalize(relax.op.multiply(relax.op.astype(zero, "int32"), neg_c))
             if bias is not None:  # int32, or the float32 integers of a bias rounded at run time (_rounded)
+                single = int(np.prod([int(d) for d in bias.ty.shape])) == 1
                 bias = relax.op.astype(bias, "int32") if str(bias.ty.dtype) != "int32" else bias
-                total = bb.normalize(relax.op.add(total, relax.op.reshape(bias, [o])))
+                bias = relax.op.broadcast_to(relax.op.reshape(bias, [1]), [o]) if single else relax.op.reshape(bias, [o])
+                total = bb.normalize(relax.op.add(total, bias))
             tensors = [te.placeholder(shape, "uint8", name="data"),
                        te.placeholder(tuple(int(d) for d in weight.ty.shape), str(weight.ty.dtype), name="weight"),
                        te.placeholder((o,), "int32", name="bias"), te.placeholder((1,), "uint8", name="zero_point")]
