@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import integer_matmul as base
+from .integer_ops import rounded_bias
 
 OP_TYPE = "IntegerConv"
 
@@ -41,18 +42,12 @@ def _int32_bias(rw, node: onnx.NodeProto, channels: int, readers: dict, outputs:
 
 
 def _rounded(bias: str, producers: dict) -> str:
-    """For a bias written ``[Reshape](Cast(to=int32)(q))`` with ``q`` a ``Floor``/``Round``/``Ceil`` (a bias quantized
-    at run time), ``q``: the same integers as float32, which the kernel's bias converts with a plain ``astype``.
-    TVM's importer spells ONNX's float-to-int32 Cast with its out-of-range cases in int64 arithmetic, which took
-    LLVM 0.4 s a layer to build. "" otherwise."""
-    node = producers.get(bias)
-    if node is not None and node.op_type == "Reshape":
-        node = producers.get(node.input[0])
-    to = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("to") if node is not None else None
-    if node is None or node.op_type != "Cast" or to != onnx.TensorProto.INT32:
-        return ""
-    rounded = producers.get(node.input[0])
-    return node.input[0] if rounded is not None and rounded.op_type in ("Floor", "Round", "Ceil") else ""
+    """``q`` of a bias written ``[Reshape](Cast(to=int32)(q))`` (:func:`.integer_ops.rounded_bias`): the same
+    integers as float32, which the kernel's bias converts with a plain ``astype``. TVM's importer spells ONNX's
+    float-to-int32 Cast with its out-of-range cases in int64 arithmetic, which took LLVM 0.4 s a layer to build.
+    "" otherwise."""
+    found = rounded_bias(bias, producers)
+    return found[1].input[0] if found is not None else ""
 
 
 def node(rw, conv: onnx.NodeProto, packing: str, readers: dict, outputs: set):

@@ -24,10 +24,9 @@ def rewrite_integer_kernels(model: onnx.ModelProto, packing: str) -> tuple[onnx.
     rw = Rewriter(model, "<ModelProto>")
     rw.dtypes = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info)}
     rw.dtypes.update({t.name: t.data_type for t in graph.initializer})
-    for n in graph.node:  # DynamicQuantizeLinear writes uint8 codes and a scalar zero point; value_info may not say so
+    for n in graph.node:  # DynamicQuantizeLinear writes uint8 codes; value_info may not say so
         if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
             rw.dtypes[n.output[0]] = TensorProto.UINT8
-            rw.shapes[n.output[2]] = ()
     rw.producers = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list] = {}
     for n in graph.node:

@@ -89,12 +89,9 @@ def _int32_bias_add(consumers: list, result: str, readers: dict, outputs: set) -
     return add if len(after) == 1 and after[0].op_type == "Cast" else None
 
 
-def _float_bias(bias: str, out: str, producers: dict, name: str) -> tuple[list, list]:
-    """Nodes writing ``bias`` (int32) as float32 to ``out``, and the nodes they bypass. A bias quantized at
-    run time as ``[Reshape](Cast(to=int32)(q))`` with ``q`` a ``Floor``/``Round``/``Ceil`` is ``[Reshape](q)``:
-    the same values for any ``|q| < 2**24``, without the float-to-int32 conversion, whose out-of-range
-    handling TVM's importer spells as int64 arithmetic that, fused into the elementwise kernel after the conv,
-    is recomputed for every output element (6 s of LLVM and 1.3 ms a layer on ddddocr's ``common_old``)."""
+def rounded_bias(bias: str, producers: dict):
+    """For a bias quantized at run time as ``[Reshape](Cast(to=int32)(q))`` with ``q`` a ``Floor``/``Round``/``Ceil``:
+    ``(reshape or None, cast)``, ``q`` being ``cast.input[0]``, the same integers as float32; None otherwise."""
     reshape = producers.get(bias)
     if reshape is None or reshape.op_type != "Reshape":
         reshape = None
@@ -102,7 +99,20 @@ def _float_bias(bias: str, out: str, producers: dict, name: str) -> tuple[list, 
     to = next((a.i for a in cast.attribute if a.name == "to"), None) if cast is not None else None
     rounded = producers.get(cast.input[0]) if cast is not None and cast.op_type == "Cast" else None
     if to != TensorProto.INT32 or rounded is None or rounded.op_type not in ("Floor", "Round", "Ceil"):
+        return None
+    return reshape, cast
+
+
+def _float_bias(bias: str, out: str, producers: dict, name: str) -> tuple[list, list]:
+    """Nodes writing ``bias`` (int32) as float32 to ``out``, and the nodes they bypass. A bias quantized at
+    run time as ``[Reshape](Cast(to=int32)(q))`` with ``q`` a ``Floor``/``Round``/``Ceil`` is ``[Reshape](q)``:
+    the same values for any ``|q| < 2**24``, without the float-to-int32 conversion, whose out-of-range
+    handling TVM's importer spells as int64 arithmetic that, fused into the elementwise kernel after the conv,
+    is recomputed for every output element (6 s of LLVM and 1.3 ms a layer on ddddocr's ``common_old``)."""
+    found = rounded_bias(bias, producers)
+    if found is None:
         return [helper.make_node("Cast", [bias], [out], to=TensorProto.FLOAT, name=name)], []
+    reshape, cast = found
     if reshape is None:
         return [helper.make_node("Identity", [cast.input[0]], [out], name=name)], [cast]
     return [helper.make_node("Reshape", [cast.input[0], reshape.input[1]], [out], name=name)], [reshape, cast]
@@ -170,9 +180,6 @@ def rewrite_integer_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     rw = Rewriter(model, "<ModelProto>")  # its constants, shapes (-1: unknown) and fresh names
     initializers, shapes = rw.initializers, rw.shapes
-    for n in graph.node:  # a scale and zero point computed at run time are scalars, whatever value_info says
-        if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
-            shapes.update({out: () for out in n.output[1:]})
     readers: dict[str, list] = {}
     for n in graph.node:
         for name in n.input:

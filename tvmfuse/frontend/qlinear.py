@@ -67,6 +67,9 @@ class Rewriter:
             if value.name not in self.shapes and value.type.tensor_type.HasField("shape"):
                 self.shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else -1
                                                 for d in value.type.tensor_type.shape.dim)
+        for node in graph.node:  # a scale and zero point computed at run time are scalars, whatever value_info says
+            if node.op_type == "DynamicQuantizeLinear" and node.domain in ("", "ai.onnx"):
+                self.shapes.update({out: () for out in node.output[1:] if out})
         self.names = set(self.initializers) | {v.name for v in graph.input} | {v.name for v in graph.output}
         self.names |= {n for node in graph.node for n in list(node.input) + list(node.output)}
         self.new_initializers: list[onnx.TensorProto] = []
