@@ -126,40 +126,21 @@ def check_outputs(got, expected, rtol: float, atol: float) -> None:
             np.testing.assert_array_equal(out, ref, err_msg=f"output {i}")
 
 
-_outcomes: dict[str, BaseException | None] = {}
-
-
 def run_case(name: str) -> None:
-    """Compile and run case ``name``, raising on any error or mismatch. The outcome is remembered."""
+    """Compile and run case ``name``, raising on any error or mismatch."""
     import tvmfuse
 
-    if name not in _outcomes:
-        _, case = cases()[name]
-        try:
-            model, feeds, expected = prepare(name)
-            got = tvmfuse.compile(model, target=TARGET).run(feeds)
-            check_outputs(got, expected, case.rtol, case.atol)
-        except Exception as e:  # noqa: BLE001 - remembered and re-raised below
-            _outcomes[name] = e
-        else:
-            _outcomes[name] = None
-    error = _outcomes[name]
-    if error is not None:
-        raise error
+    _, case = cases()[name]
+    model, feeds, expected = prepare(name)
+    got = tvmfuse.compile(model, target=TARGET).run(feeds)
+    check_outputs(got, expected, case.rtol, case.atol)
 
 
-def passed(name: str) -> bool:
-    try:
-        run_case(name)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-def summary() -> dict[str, tuple[int, int]]:
-    """``{op type: (passed, total)}`` over all collected cases (runs the ones not run yet)."""
+def summary(failing) -> dict[str, tuple[int, int]]:
+    """``{op type: (passed, total)}`` over all collected cases, the names in ``failing`` counted as failed (the
+    suite's strict xfail marks make each case's own test prove its outcome; nothing is run here)."""
     table = {op: [0, 0] for op in OP_TYPES}
     for name, (op, _) in cases().items():
-        table[op][0] += passed(name)
+        table[op][0] += name not in failing
         table[op][1] += 1
     return {op: (p, t) for op, (p, t) in table.items()}

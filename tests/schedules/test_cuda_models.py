@@ -13,7 +13,7 @@ import tvmfuse
 from tvmfuse import corpus, zoo
 
 from helpers import ort_run
-from helpers.cuda_source import guarded_partial_sums
+from helpers.cuda_source import SM80_MODELS, guarded_partial_sums
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -60,18 +60,18 @@ def test_zoo_builds_for_sm90_with_partitions_on_tvmfuse_rules(name):
     assert guarded_partial_sums(cm.executable.mod.imports[0].imports[0].inspect_source()) == []
 
 
-@pytest.mark.parametrize("name", zoo.names())
-def test_zoo_partitions_on_tvmfuse_rules_for_sm80(name):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", SM80_MODELS)
+def test_zoo_partitions_on_tvmfuse_rules_for_sm80(name, precision):
     # The same rules with the A100's SM count (tile and grid choices differ); nvcc is exercised on sm90 above.
-    _check(_scheduled_by(zoo.get(name), "cuda-sm80", zoo.default_shapes(name)))
+    _check(_scheduled_by(zoo.get(name), "cuda-sm80", zoo.default_shapes(name), precision))
 
 
-@pytest.mark.parametrize("target", ["cuda-sm80", "cuda-sm90"])
 @pytest.mark.parametrize("name", zoo.names())
-def test_fp16_zoo_partitions_on_tvmfuse_rules(name, target):
+def test_fp16_zoo_partitions_on_tvmfuse_rules(name):
     """fp16 kernels (float16 operands, float32 accumulators) take the same rules; nvcc builds them in
     tests/test_precision.py."""
-    _check(_scheduled_by(zoo.get(name), target, zoo.default_shapes(name), precision="fp16"))
+    _check(_scheduled_by(zoo.get(name), "cuda-sm90", zoo.default_shapes(name), precision="fp16"))
 
 
 def _cached_corpus() -> list:
