@@ -25,6 +25,7 @@ from common import THREADS, inputs_for, named_model, table  # noqa: E402
 
 import tvmfuse  # noqa: E402
 from tvmfuse.comparison.contenders import kernel_times as instrumented  # noqa: E402
+from tvmfuse.passes.kernel_names import kind as kernel_kind  # noqa: E402
 from tvmfuse.schedules.computes.partition import anchor_call  # noqa: E402
 
 
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     total = sum(per_run.values())
     kinds = collections.defaultdict(float)
     for name, seconds in per_run.items():
-        kinds[name.rstrip("0123456789")] += seconds
+        kinds[kernel_kind(name)] += seconds
     print(f"# {args.model}: {total * 1e3:.2f} ms per inference in kernels and VM builtins, {THREADS} threads, "
           f"target {args.target} {args.precision}, {'no logs' if args.no_logs else 'with logs'}"
           f"{', INT8' if args.int8 else ''}")

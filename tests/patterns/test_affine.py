@@ -14,6 +14,7 @@ from tvmfuse import patterns
 from tvmfuse.passes.partition import Partition
 from tvmfuse.patterns.builders import AFFINE
 from tvmfuse.schedules.families import ACTIVATIONS
+from tvmfuse.passes.kernel_names import kind
 
 from helpers import HOST, make_model, ort_run
 from helpers.patterns import _assert_well_formed, _canonical, _op_names, composite_calls, outside_ops
@@ -130,7 +131,7 @@ def test_learnable_affine_block_is_one_kernel(group, act, composite, scale_first
     x = _inputs(model)
     cm = tvmfuse.compile(model, target=HOST)
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-5, atol=1e-5)
-    kernels = {gv.name_hint for gv in cm.lowered.functions if isinstance(cm.lowered[gv], tvm.tirx.PrimFunc)}
+    kernels = {kind(gv.name_hint) for gv in cm.lowered.functions if isinstance(cm.lowered[gv], tvm.tirx.PrimFunc)}
     assert kernels - {"to_blocked", "to_plain"} == {"tvmfuse_" + composite.removeprefix("tvmfuse.")}
 
 

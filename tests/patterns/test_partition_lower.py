@@ -20,6 +20,7 @@ from tvmfuse import frontend, targets, zoo
 from tvmfuse.passes.lower import OPAQUE, LowerPartitions
 from tvmfuse.passes.partition import Partition, composites
 from tvmfuse.passes.pipeline import canonicalize_passes
+from tvmfuse.passes.kernel_names import kind
 
 from helpers import HOST
 from helpers import make_model
@@ -100,8 +101,8 @@ def test_lower_before_expected_conv_bias_relu():
     main_calls = [bd.value for bd in _bindings(lowered["main"]) if isinstance(bd.value, relax.Call)]
     assert [c.op.name for c in main_calls] == ["relax.call_tir"]
     gv = main_calls[0].args[0]
-    assert gv.name_hint == "tvmfuse_conv2d_relu" and list(kernels) == ["tvmfuse_conv2d_relu"]
-    fn, layout = kernels["tvmfuse_conv2d_relu"]
+    assert kind(gv.name_hint) == "tvmfuse_conv2d_relu" and list(kernels) == [gv.name_hint]
+    fn, layout = kernels[gv.name_hint]
     packed = layout.packed
     assert str(fn.attrs["Composite"]) == "tvmfuse.conv2d_relu"
     args = main_calls[0].args[1].fields

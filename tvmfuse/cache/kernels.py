@@ -12,6 +12,7 @@ is stored is not built again; the others are built on a thread per core (TVM's b
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -44,12 +45,37 @@ def cacheable(target) -> bool:
     return str(target.kind.name) == "llvm"
 
 
-def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT) -> str:
-    """The key of what ``func`` becomes for ``target`` under pass options ``context`` (:func:`pass_options`):
-    ``fmt`` names the kind of entry, ``extra`` adds what else decides it (a scheduled kernel's tuning records)."""
+_VARS = frozenset({"ir.Var", "relax.expr.Var", "relax.expr.DataflowVar"})
+
+
+def unnamed_json(node) -> str:
+    """``node``'s TVM JSON without its variables' names. Relax names number the graph's values (``lv24``), and
+    TVM's fusion names a kernel's parameters after them: a changed layer renamed every value after it. The
+    variables stay told apart by their place in the graph; attributes (a kernel's ``global_symbol``) stay."""
     import tvm
 
-    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra, tvm.ir.save_json(func)])
+    graph = json.loads(tvm.ir.save_json(node))
+    nodes = graph["nodes"]
+    for item in nodes:
+        if item.get("type") in _VARS and isinstance(item.get("data"), dict):
+            name = item["data"].get("name")
+            if isinstance(name, int) and 0 <= name < len(nodes) and nodes[name].get("type") == "ffi.String":
+                nodes[name]["data"] = ""  # the name's own node (a string node may be shared: blank, not removed)
+            item["data"]["name"] = None
+    return json.dumps(graph, sort_keys=True)
+
+
+def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT) -> str:
+    """The key of what ``func`` becomes for ``target`` under pass options ``context`` (:func:`pass_options`):
+    ``fmt`` names the kind of entry, ``extra`` adds what else decides it (a scheduled kernel's tuning records).
+    Variable names are left out (:func:`unnamed_json`): they change no instruction, only the parameter names an
+    argument check's message quotes, so an entry keyed by another model's names may quote those."""
+    import tvm_ffi
+
+    # with TVM's structural hash, which also ignores names and tells apart whatever a blanked name shared a
+    # string node with
+    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra,
+                          str(tvm_ffi.structural_hash(func)), unnamed_json(func)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 

@@ -16,28 +16,10 @@ import hashlib
 import json
 
 from . import fingerprint
+from .kernels import unnamed_json
 from .store import Store
 
 FORMAT = "lowered-kernel-1"
-
-
-_VARS = frozenset({"ir.Var", "relax.expr.Var", "relax.expr.DataflowVar"})
-
-
-def _unnamed(fn) -> str:
-    """``fn``'s TVM JSON without its variables' names, which number the graph's values (``lv24``) and so change
-    in every partition after a changed layer; the variables stay told apart by their place in the graph."""
-    import tvm
-
-    graph = json.loads(tvm.ir.save_json(fn))
-    nodes = graph["nodes"]
-    for node in nodes:
-        if node.get("type") in _VARS and isinstance(node.get("data"), dict):
-            name = node["data"].get("name")
-            if isinstance(name, int) and 0 <= name < len(nodes) and nodes[name].get("type") == "ffi.String":
-                nodes[name]["data"] = ""  # the name's own node (a string node may be shared: blank, not removed)
-            node["data"]["name"] = None
-    return json.dumps(graph, sort_keys=True)
 
 
 def lowered_key(fn, target, blocks) -> str:
@@ -49,7 +31,7 @@ def lowered_key(fn, target, blocks) -> str:
     # with TVM's structural hash, which also ignores names and tells apart whatever a blanked name shared a
     # string node with
     material = "\n".join([FORMAT, fingerprint.versions(), str(target), shown, str(tvm_ffi.structural_hash(fn)),
-                          _unnamed(fn)])
+                          unnamed_json(fn)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 

@@ -114,6 +114,7 @@ def kernel_info(cm) -> dict[str, dict]:
     from tvm.s_tir.analysis import estimate_tir_flops
 
     from ..partition_report import op_name
+    from ..passes import kernel_names
 
     applied = set((cm.tuning_logs or {}).get("applied", []))
     out = {}
@@ -130,7 +131,7 @@ def kernel_info(cm) -> dict[str, dict]:
             ops = str(fn.attrs["tvmfuse.ops"]).split(",")
             partition = str(fn.attrs.get("tvmfuse.partition", ""))
         else:
-            ops, partition = [name.rstrip("0123456789")], ""
+            ops, partition = [kernel_names.kind(name)], ""
         try:
             flops = float(estimate_tir_flops(tvm.IRModule({name: fn})))
         except Exception:  # noqa: BLE001 - loops TVM cannot count (data-dependent extents)
@@ -142,6 +143,6 @@ def kernel_info(cm) -> dict[str, dict]:
             if shape is not None and all(isinstance(d, (int, tvm.tirx.IntImm)) for d in shape):
                 nbytes += int(np.prod([int(d) for d in shape])) * tvm.DataType(ty.dtype).bits // 8
         schedule = "tuning record" if name in applied else "tvmfuse rule" if family else "TVM default"
-        out[name] = {"kind": str(family) if family else name.rstrip("0123456789"), "fused_ops": ops,
+        out[name] = {"kind": str(family) if family else kernel_names.kind(name), "fused_ops": ops,
                      "schedule": schedule, "tvmfuse": bool(family), "partition": partition, "flops": flops, "bytes": nbytes}
     return out

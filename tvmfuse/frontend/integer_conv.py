@@ -149,7 +149,7 @@ def converter():
     from tvmfuse.schedules import families
     from tvmfuse.schedules.computes import int8
 
-    from ..passes.utils import OPAQUE
+    from ..passes.utils import OPAQUE, add_kernel
 
     class IntegerConv(OnnxOpConverter):
         @classmethod
@@ -178,7 +178,7 @@ def converter():
                 "tvmfuse.layout": families.CONV2D.int8.layout, "tvmfuse.ops": "conv_integer", "op_pattern": OPAQUE})
             if int(attr.get("exact_pairs", 0)):
                 func = func.with_attr(int8.EXACT_PAIRS_ATTR, True)
-            gv = bb.add_func(func, "tvmfuse_integer_conv")
+            gv = add_kernel(bb, func, "tvmfuse_integer_conv")
             out_shape = [int(d) for d in out.shape]
             y = bb.normalize(relax.call_tir(gv, [a, weight, total, zero], relax.TensorType(out_shape, "int32")))
             shift = int(attr.get("shift", 0))
@@ -186,7 +186,7 @@ def converter():
                 return y
             sums, (n, oh, ow) = window_sums(shape, tuple(attr["kernel_shape"]), conv["strides"], conv["padding"],
                                             conv["dilation"])
-            sums_gv = bb.add_func(sums.with_attr("op_pattern", OPAQUE), "tvmfuse_window_sums")
+            sums_gv = add_kernel(bb, sums.with_attr("op_pattern", OPAQUE), "tvmfuse_window_sums")
             t = bb.normalize(relax.call_tir(sums_gv, [a, zero], relax.TensorType((n, oh, ow), "int32")))
             window = relax.op.reshape(relax.op.multiply(t, relax.const(np.int32(shift))), [n, 1, oh, ow])
             return relax.op.add(y, window)

@@ -100,7 +100,7 @@ def converter():
     from tvmfuse.schedules import families
     from tvmfuse.schedules.computes import int8
 
-    from ..passes.utils import OPAQUE
+    from ..passes.utils import OPAQUE, add_kernel
 
     class IntegerMatMul(OnnxOpConverter):
         @classmethod
@@ -123,7 +123,7 @@ def converter():
                 "tvmfuse.layout": families.DENSE.int8.layout, "tvmfuse.ops": "matmul_integer", "op_pattern": OPAQUE})
             if int(attr.get("exact_pairs", 0)):
                 func = func.with_attr(int8.EXACT_PAIRS_ATTR, True)
-            gv = bb.add_func(func, "tvmfuse_integer_matmul")
+            gv = add_kernel(bb, func, "tvmfuse_integer_matmul")
             y = bb.normalize(relax.call_tir(gv, [data, weight, bias], relax.TensorType((rows, n), "int32")))
             shift = int(attr.get("shift", 0))
             if shift:

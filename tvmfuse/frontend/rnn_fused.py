@@ -72,6 +72,7 @@ def converter():
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
+    from ..passes.utils import add_kernel
     from ..schedules.computes import recurrence
 
     class Recurrence(OnnxOpConverter):
@@ -97,7 +98,7 @@ def converter():
                 rb = inputs[3] if lbr and given else relax.const(np.zeros((dirs, hidden), "float32"))
                 kernel = recurrence.gru_kernel(seq, batch, hidden, dirs, reverse, lbr)
                 args, out = [x, rt, state[0], rb], [y, last]
-            gv = bb.add_func(kernel, f"tvmfuse_{cell.lower()}")
+            gv = add_kernel(bb, kernel, f"tvmfuse_{cell.lower()}")
             return relax.call_tir(gv, args, out)
 
     return Recurrence

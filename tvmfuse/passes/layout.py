@@ -15,7 +15,7 @@ from tvm import relax, te
 
 from tvmfuse.schedules.families import LAYOUT_TRANSFORM, POOL_NCHWC
 
-from .utils import OPAQUE
+from .utils import OPAQUE, add_kernel
 
 FAMILY = LAYOUT_TRANSFORM.name
 POOL_FAMILY = POOL_NCHWC.name
@@ -34,5 +34,5 @@ def transform_call(builder, compute, arg, out_shape, **kernel) -> relax.Call:
     """The ``call_tir`` of :func:`layout_kernel` (``compute`` on ``arg``, ``kernel`` its keywords), the kernel
     added to ``builder``'s module under its ``tvmfuse.kernel`` name."""
     func = layout_kernel(compute, arg.ty, **kernel)
-    gv = builder.add_func(func, str(func.attrs["tvmfuse.kernel"]))
+    gv = add_kernel(builder, func, str(func.attrs["tvmfuse.kernel"]))
     return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))

@@ -22,7 +22,7 @@ from .blocked_ops import BlockedOps, is_activation
 from .channel_scale import with_prologue
 from .layout import transform_call
 from .partition import is_partition
-from .utils import OPAQUE, const_array, users_of
+from .utils import OPAQUE, add_kernel, const_array, users_of
 
 
 def kernel_name(partition: str) -> str:
@@ -99,7 +99,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
 
     def _kernel(self, fn, args, blocks=None):
         kernel, layout = self.make(fn, self.spec, blocks)
-        gv = self.builder_.add_func(kernel, kernel_name(str(fn.attrs["Composite"])))
+        gv = add_kernel(self.builder_, kernel, kernel_name(str(fn.attrs["Composite"])))
         if self.record is not None:
             self.record[gv.name_hint] = (fn, layout)
         return gv, _pack_args(args, layout), layout

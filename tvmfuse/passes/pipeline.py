@@ -122,14 +122,19 @@ def relax_pipeline(spec: TargetSpec, target, database=None, applied: list | None
     with the passes of :func:`scheduling_passes` where the backend schedules kernels. ``reuse`` (optional):
     ``(make, applied) -> passes`` in their place, e.g. the same with scheduled kernels cached
     (:func:`tvmfuse.cache.schedules.cached`)."""
+    from .kernel_names import StableKernelNames
+
     make = scheduling_passes(spec, database)
     scheduling = reuse(make, applied) if reuse is not None else make(applied)
-    return spec.backend().relax_pipeline(target, scheduling)
+    # TVM's numbered kernel names renamed before anything is keyed by them (scheduling, objects)
+    return spec.backend().relax_pipeline(target, [StableKernelNames()] + scheduling)
 
 
 def fused_module(mod, spec: TargetSpec, target):
     """``mod`` after the backend's legalize/fuse passes: the state tuning tasks are extracted from."""
     import tvm
 
-    with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(spec.backend().legalize_passes(target))(mod)
+    from .kernel_names import StableKernelNames
+
+    with target, tvm.transform.PassContext(opt_level=3):  # the kernels named as compile names them
+        return tvm.transform.Sequential(spec.backend().legalize_passes(target) + [StableKernelNames()])(mod)

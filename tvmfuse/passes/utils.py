@@ -82,3 +82,15 @@ def emit_like(builder, value, like, suffix: str = "", inputs=()):
     if builder.current_block_is_dataflow() and not isinstance(like, relax.DataflowVar) and like not in inputs:
         return builder.emit_output(value, name)
     return builder.emit(value, name)
+
+
+def add_kernel(builder, func, name: str):
+    """Add PrimFunc ``func`` to ``builder``'s module as ``name`` + ``_`` + 6 hex digits of its structural hash;
+    return its GlobalVar (that of an equal function already there, as ``add_func`` dedups).
+
+    The name follows the kernel alone. Numbered names (``tvmfuse_conv2d_relu5``) count the kernels of a kind
+    before it, so a model with one layer changed renamed every later kernel of that kind, and a kernel's
+    object, whose symbol is its name, was built again though its code was the same."""
+    import tvm_ffi
+
+    return builder.add_func(func, f"{name}_{tvm_ffi.structural_hash(func) % (1 << 24):06x}")

@@ -16,7 +16,7 @@ from tvm import relax
 from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT
 
 from .kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
-from ..utils import emit_like
+from ..utils import add_kernel, emit_like
 
 SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 
@@ -83,7 +83,7 @@ class Rewrite(relax.PyExprMutator):
         args = [data] + constants
         if chain.residual is not None:
             args.append(self._codes(chain.residual, layout))
-        gv = self.builder_.add_func(kernel, chain.name)
+        gv = add_kernel(self.builder_, kernel, chain.name)
         call = relax.call_tir(gv, args, out_type)
         if layout == "NCHW":
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))

@@ -50,7 +50,7 @@ from .codes import float_read, uint8_gates, uint8_means, uint8_pools
 from ..layout import POOL_FAMILY, transform_call
 from .tables import Chain, find_chains, output_table
 from ..partition import is_partition
-from ..utils import bindings_of, emit_like, users_of
+from ..utils import add_kernel, bindings_of, emit_like, users_of
 
 
 class QuantizeWarning(UserWarning):
@@ -225,7 +225,7 @@ class _Rewrite(relax.PyExprMutator):
 
     def _codes_kernel(self, var, kernel, name: str, inputs: list, shape: list) -> None:
         """Bind the codes of ``var`` to the call of ``kernel`` on ``inputs`` (codes first), in their layout."""
-        gv = self.builder_.add_func(kernel, name)
+        gv = add_kernel(self.builder_, kernel, name)
         layout = BLOCKED_LAYOUT if len(shape) == 5 else "NCHW"
         call = relax.call_tir(gv, inputs, relax.TensorType(shape, "uint8"))
         self.codes[var] = {layout: self._emit_like(call, var, "_u8" if layout == "NCHW" else "_u8_nchw16c")}
@@ -271,7 +271,7 @@ class _Rewrite(relax.PyExprMutator):
         data = self._codes_of(args[part.data], data_layout(part, self.blocked))
         kernel, constants = make_int8_kernel(part, data.ty.shape, self.qparams(args[part.data]), out, res,
                                              site.out_layout, self.weights, site.table, self.weight_bits)
-        gv = self.builder_.add_func(kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
+        gv = add_kernel(self.builder_, kernel, site.composite.replace("tvmfuse.", "tvmfuse_int8_"))
         call_args = [data] + constants
         if part.residual is not None:
             call_args.append(self._codes_of(args[part.residual], site.out_layout))
