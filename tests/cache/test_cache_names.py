@@ -69,3 +69,20 @@ def test_stable_names_drop_tvm_numbers_but_not_an_op_s_digits(name, kind):
     stable = kernel_names.stable_name(name, func)
     assert kernel_names.kind(stable) == kind and kernel_names.STABLE.search(stable)
     assert stable == kernel_names.stable_name(name, func.with_attr("global_symbol", "other"))  # its code only
+
+
+def test_a_kernel_two_partitions_make_is_found_whichever_comes_first(tmp_path):
+    # UNet has partitions that lower to one kernel (Relax's builder keeps the first); with its middle ReLU
+    # changed, another partition came first and a key of the partition missed that kernel's object.
+    from tvmfuse import zoo
+    from tvmfuse.frontend.load import load_model
+
+    proto, _ = load_model("zoo:unet")
+    shapes = zoo.default_shapes("unet")
+    first = tvmfuse.compile(proto, HOST, shapes=shapes, cache=tmp_path, whole=False)
+    relus = [n for n in proto.graph.node if n.op_type == "Relu"]
+    relus[len(relus) // 2].op_type = "LeakyRelu"
+    changed = tvmfuse.compile(proto, HOST, shapes=shapes, cache=tmp_path, whole=False)
+    new = _kernels(changed) - _kernels(first)
+    assert len(new) == 1 and changed.cache_info["from_cache"] == changed.cache_info["kernels"] - 1, \
+        (new, changed.cache_info)

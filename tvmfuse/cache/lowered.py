@@ -20,6 +20,7 @@ from .kernels import unnamed_json
 from .store import Store
 
 FORMAT = "lowered-kernel-1"
+CHAIN_FORMAT = "lowered-kernel-content-1"
 
 
 def lowered_key(fn, target, blocks) -> str:
@@ -81,13 +82,24 @@ class LoweredKernels:
                 found = None
             if found is not None:
                 self.hits += 1
-                self.keys[found[0]] = key
+                self.keys[found[0]] = self._chain_key(found[0])
                 return found
         self.misses += 1
         func, layout = make_kernel(fn, spec, schedule=False, blocks=blocks)
         self.store.put(key, json.dumps({"func": tvm.ir.save_json(func), "layout": _layout_json(layout)}).encode())
-        self.keys[func] = key
+        self.keys[func] = self._chain_key(func)
         return func, layout
+
+    def _chain_key(self, func) -> str:
+        """The key the later keys chain from: of the kernel made, not of the partition it came from. Two
+        partitions can make the same kernel (the module keeps the first: Relax's builder dedups), and which
+        came first changes with the model: a key of the partition then missed for a kernel built before."""
+        import tvm_ffi
+
+        # TVM's 64-bit structural hash of the kernel (names aside): what MetaSchedule files workloads under too
+        material = "\n".join([CHAIN_FORMAT, fingerprint.versions(), str(self.target),
+                              str(tvm_ffi.structural_hash(func))])
+        return hashlib.sha256(material.encode()).hexdigest()
 
     def log(self) -> None:
         if self.store is not None and (self.hits or self.misses):
