@@ -54,7 +54,8 @@ def test_a_head_softmax_runs_over_whole_vectors_and_equals_onnxruntime(n, bias, 
     main = cm.lowered["main"].script()
     called = [gv.name_hint for gv, f in cm.lowered.functions_items()
               if isinstance(f, tvm.tirx.PrimFunc) and re.search(rf"\b{gv.name_hint}\(", main)]
-    assert sorted(map(kind, called)) == ["fused_softmax_strided_slice", "tvmfuse_dense"]  # it writes the output: no copy
+    # it writes the output: no copy
+    assert sorted(map(kind, called)) == ["fused_softmax_strided_slice", "tvmfuse_dense"]
 
 
 @pytest.mark.parametrize("n", [6912, 1000, 40])

@@ -152,8 +152,8 @@ def build_executable(lowered, target, store: Store | None, known: dict | None = 
     context = pass_options()
     scheduled = _scheduled_forms(known, kernels)
     keys = [derived_key(scheduled, f, str(target), context, gv.name_hint) or kernel_key(f, target, context)
-            for gv, f in kernels]
-    objects: list[bytes | None] = [store.get(k) if store is not None else None for k in keys]
+            for gv, f in kernels] if store is not None else []  # no store: nothing to look up or keep
+    objects: list[bytes | None] = [store.get(k) for k in keys] if store is not None else [None] * len(kernels)
     stats = KernelStats(len(kernels), sum(o is not None for o in objects))
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernels-") as tmp:
         workdir = Path(tmp)

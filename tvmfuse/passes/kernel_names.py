@@ -28,8 +28,8 @@ def stable_name(name: str, func) -> str:
 
 
 def StableKernelNames():
-    """A module pass: every PrimFunc not named by :func:`~tvmfuse.passes.utils.add_kernel` renamed by :func:`stable_name` (its
-    ``global_symbol`` too), and every Relax function's references to it."""
+    """A module pass: every PrimFunc not named by :func:`~tvmfuse.passes.utils.add_kernel` renamed by
+    :func:`stable_name` (its ``global_symbol`` too), and every Relax function's references to it."""
     import tvm
     from tvm import relax, tirx
 
