@@ -65,17 +65,20 @@ def unnamed_json(node) -> str:
     return json.dumps(graph, sort_keys=True)
 
 
+def content(node) -> str:
+    """What a key holds of ``node``: :func:`unnamed_json`, with TVM's structural hash, which also ignores names
+    and tells apart whatever a blanked name shared a string node with."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(node)}\n{unnamed_json(node)}"
+
+
 def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT) -> str:
     """The key of what ``func`` becomes for ``target`` under pass options ``context`` (:func:`pass_options`):
     ``fmt`` names the kind of entry, ``extra`` adds what else decides it (a scheduled kernel's tuning records).
     Variable names are left out (:func:`unnamed_json`): they change no instruction, only the parameter names an
     argument check's message quotes, so an entry keyed by another model's names may quote those."""
-    import tvm_ffi
-
-    # with TVM's structural hash, which also ignores names and tells apart whatever a blanked name shared a
-    # string node with
-    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra,
-                          str(tvm_ffi.structural_hash(func)), unnamed_json(func)])
+    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra, content(func)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -150,10 +153,13 @@ def build_executable(lowered, target, store: Store | None, known: dict | None = 
     params = dict(attrs.get("const_name_to_constant", {}))
     kernels = [(gv, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     context = pass_options()
-    scheduled = _scheduled_forms(known, kernels)
-    keys = [derived_key(scheduled, f, str(target), context, gv.name_hint) or kernel_key(f, target, context)
-            for gv, f in kernels] if store is not None else []  # no store: nothing to look up or keep
-    objects: list[bytes | None] = [store.get(k) for k in keys] if store is not None else [None] * len(kernels)
+    keys: list[str] = []  # no store: nothing to look up or keep
+    objects: list[bytes | None] = [None] * len(kernels)
+    if store is not None:
+        scheduled = _scheduled_forms(known, kernels)
+        keys = [derived_key(scheduled, f, str(target), context, gv.name_hint) or kernel_key(f, target, context)
+                for gv, f in kernels]
+        objects = [store.get(k) for k in keys]
     stats = KernelStats(len(kernels), sum(o is not None for o in objects))
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernels-") as tmp:
         workdir = Path(tmp)

@@ -16,7 +16,7 @@ import hashlib
 import json
 
 from . import fingerprint
-from .kernels import unnamed_json
+from .kernels import content
 from .store import Store
 
 FORMAT = "lowered-kernel-1"
@@ -25,14 +25,9 @@ CHAIN_FORMAT = "lowered-kernel-content-1"
 
 def lowered_key(fn, target, blocks) -> str:
     """The key of partition function ``fn`` lowered for ``target`` with activation ``blocks``."""
-    import tvm_ffi
-
     # None (an NCHW kernel) and {} (a blocked one with no blocked input) lower differently
     shown = "None" if blocks is None else repr(sorted(blocks.items()))
-    # with TVM's structural hash, which also ignores names and tells apart whatever a blanked name shared a
-    # string node with
-    material = "\n".join([FORMAT, fingerprint.versions(), str(target), shown, str(tvm_ffi.structural_hash(fn)),
-                          unnamed_json(fn)])
+    material = "\n".join([FORMAT, fingerprint.versions(), str(target), shown, content(fn)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 

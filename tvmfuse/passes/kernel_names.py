@@ -21,10 +21,15 @@ def kind(name: str) -> str:
     return STABLE.sub("", name)
 
 
-def stable_name(name: str, func) -> str:
+def with_digest(name: str, func) -> str:
+    """``name`` + ``_`` + 6 hex digits of ``func``'s structural hash (its code: names and symbol aside)."""
     import tvm_ffi
 
-    return f"{_NUMBER.sub('', name)}_{tvm_ffi.structural_hash(func.without_attr('global_symbol')) % (1 << 24):06x}"
+    return f"{name}_{tvm_ffi.structural_hash(func.without_attr('global_symbol')) % (1 << 24):06x}"
+
+
+def stable_name(name: str, func) -> str:
+    return with_digest(_NUMBER.sub("", name), func)
 
 
 def StableKernelNames():
@@ -42,8 +47,8 @@ def StableKernelNames():
                 continue
             name = base = stable_name(gv.name_hint, func)
             suffix = 1
-            while name in taken:  # two kernels whose digests meet (a 1 in 16 million chance per pair)
-                name, suffix = f"{base}_{suffix}", suffix + 1
+            while name in taken:  # two kernels whose digests meet (1 in 16 million per pair): a digit more,
+                name, suffix = f"{base}{suffix}", suffix + 1  # as Relax's builder adds, which STABLE allows
             taken.add(name)
             new = tvm.ir.GlobalVar(name)
             relax.expr._update_type(new, gv.ty)  # a call's type comes from its callee's

@@ -91,6 +91,6 @@ def add_kernel(builder, func, name: str):
     The name follows the kernel alone. Numbered names (``tvmfuse_conv2d_relu5``) count the kernels of a kind
     before it, so a model with one layer changed renamed every later kernel of that kind, and a kernel's
     object, whose symbol is its name, was built again though its code was the same."""
-    import tvm_ffi
+    from .kernel_names import with_digest
 
-    return builder.add_func(func, f"{name}_{tvm_ffi.structural_hash(func) % (1 << 24):06x}")
+    return builder.add_func(func, with_digest(name, func))
