@@ -10,6 +10,7 @@ import onnx
 from onnx import helper
 
 from .frontend import prepare
+from .frontend.skeleton import skeleton
 from .tensors import TensorInfo
 
 
@@ -39,7 +40,7 @@ class ModelInfo:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    model = onnx.shape_inference.infer_shapes(model)
+    model = onnx.shape_inference.infer_shapes(skeleton(model))  # large weights as inputs: their dims kept
     g = model.graph
     out = {t.name: tuple(t.dims) for t in g.initializer}
     for v in list(g.input) + list(g.value_info) + list(g.output):

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from . import skeleton
 from .graph import names_read
 
 # Quantize/dequantize stay as nodes: folding DequantizeLinear(int8 weight) into a float constant would
@@ -71,7 +72,7 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 16) -> tuple[onnx.M
 
 def _fold_round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        model = skeleton.infer_shapes(model)
     except Exception:  # noqa: BLE001 - shape inference is best effort; folding then sees fewer shapes
         pass
     graph = model.graph

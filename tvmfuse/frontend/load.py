@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import ModelLoadError, ShapeError, spelled
 from ..tensors import TensorInfo
+from . import skeleton
 
 
 # Exporters often declare an output without a shape; the checker rejects that, shape inference does not care.
@@ -58,7 +59,7 @@ def load_model(model) -> tuple[onnx.ModelProto, str]:
                 raise ModelLoadError(_unreadable(Path(model)))
         raise ModelLoadError(f"{source} is not an ONNX model: it holds no graph")
     try:
-        onnx.checker.check_model(proto)
+        skeleton.check_model(proto)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0]
         if _BENIGN_CHECKER_ERROR not in first:
