@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import skeleton
-from .graph import names_read
+from .graph import Constants, names_read
 
 # Quantize/dequantize stay as nodes: folding DequantizeLinear(int8 weight) into a float constant would
 # erase the QDQ structure the INT8 path matches on.
@@ -76,7 +76,7 @@ def _fold_round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     except Exception:  # noqa: BLE001 - shape inference is best effort; folding then sees fewer shapes
         pass
     graph = model.graph
-    known = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    known = Constants(graph.initializer)
     shapes = {v.name: _static_shape(v) for v in list(graph.input) + list(graph.value_info)}
     protected = {o.name for o in graph.output}
     kept, folded = [], 0

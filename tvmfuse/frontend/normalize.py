@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError
+from .graph import Constants
 
 
 def node_attrs(node: onnx.NodeProto) -> dict:
@@ -48,8 +49,8 @@ class _Graph:
 
     def __init__(self, model: onnx.ModelProto, source: str):
         self.model, self.source = model, source
-        self.consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-        self.shapes: dict[str, tuple[int, ...]] = {n: a.shape for n, a in self.consts.items()}
+        self.consts = Constants(model.graph.initializer)
+        self.shapes: dict[str, tuple[int, ...]] = {t.name: tuple(t.dims) for t in model.graph.initializer}
         self.types: dict[str, int] = {t.name: t.data_type for t in model.graph.initializer}
         g = model.graph
         for v in list(g.input) + list(g.value_info) + list(g.output):

@@ -1,4 +1,5 @@
-"""The checker and shape inference on a model without its large weights' data (tvmfuse.frontend.skeleton)."""
+"""Large weights in the front end: the checker and shape inference without their data (tvmfuse.frontend.skeleton),
+constants converted to arrays only when read (tvmfuse.frontend.graph.Constants)."""
 
 import numpy as np
 import onnx
@@ -6,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvmfuse.frontend import skeleton
+from tvmfuse.frontend.graph import Constants
 from tvmfuse.frontend.load import load_model
 
 
@@ -61,3 +63,17 @@ def test_the_checker_still_refuses_a_broken_graph_with_large_weights(tmp_path):
     onnx.save(model, path)
     with pytest.raises(Exception, match="is not a valid ONNX model: .*missing"):
         load_model(str(path))
+
+
+def test_constants_convert_an_initializer_only_when_it_is_read():
+    model = _model()
+    consts = Constants(model.graph.initializer)
+    assert len(consts) == 3 and "w" in consts and "nope" not in consts and consts._arrays == {}
+    assert consts["shape"].tolist() == [1, -1] and list(consts._arrays) == ["shape"]
+    consts["new"] = np.zeros(2)
+    consts.update({"shape": np.array([4])})  # a folded value replaces the initializer's
+    assert sorted(consts) == ["d", "new", "shape", "w"] and consts["shape"].tolist() == [4]
+    del consts["w"]
+    assert "w" not in consts and len(consts) == 3 and consts.get("w") is None
+    with pytest.raises(KeyError):
+        consts["w"]
