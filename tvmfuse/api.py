@@ -157,9 +157,7 @@ class CompiledModel:
 
     def export(self, path: str | Path) -> Path:
         """Write the shared library ``path`` (.so) and its JSON manifest beside it."""
-        # Bytes linked before (for run, or the cache) are written as they are; else the linker writes the file
-        # itself, not bytes read back and written again (128 MB for ResNet-50's weights)
-        library = self._library
+        library = self._library  # linked before (run, the cache): written as is; else linked straight to path
         return export_library(library if library is not None else self.executable, path, self.manifest())
 
     def __repr__(self) -> str:

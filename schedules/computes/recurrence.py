@@ -27,6 +27,8 @@ directions a parallel loop, no thread binding).
 
 from __future__ import annotations
 
+import functools
+
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -83,6 +85,7 @@ def _time(seq: int, dirs: int, reverse: bool):
     return (lambda d, s: seq - 1 - s) if reverse else (lambda d, s: s)
 
 
+@functools.lru_cache(maxsize=64)  # a PrimFunc is immutable: one parse per shape and process
 def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool = False,
                 codes: str | None = None) -> tirx.PrimFunc:
     """``(x [seq, batch, D * 4H], rt [D, H, 4H], h0 [D, batch, H], c0 [D, batch, H]) -> (y [seq, D, batch, H],
@@ -97,7 +100,7 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
     v, gh = lanes_for(hidden), 4 * hidden
     jo_n, ho_n = gh // v, hidden // v
     at = _time(seq, dirs, reverse)
-    code = codes or "int8"  # both functions are parsed; one is returned
+    code = codes or "int8"
 
     # Four rows of codes per pass over the gates: the gates' load and store, not the conversion, bounded a
     # row at a time (1.75 -> 1.26 ms for ddddocr's [32 steps, 512] bidirectional layer on 2 Zen 4 cores).
@@ -126,22 +129,25 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
                 h[d, b, jo * v + ji] = sigmoid(gates[d, hidden + jo * v + ji]) * tanh(c[d, b, jo * v + ji])
                 y[at(d, s), d, b, jo * v + ji] = h[d, b, jo * v + ji]
 
-    @T.prim_func(private=True)
-    def kernel(x: T.Buffer((seq, batch, dirs * gh), F32), rt: T.Buffer((dirs, hidden, gh), F32),
-               h0: T.Buffer((dirs, batch, hidden), F32), c0: T.Buffer((dirs, batch, hidden), F32),
-               y: T.Buffer((seq, dirs, batch, hidden), F32), h: T.Buffer((dirs, batch, hidden), F32),
-               c: T.Buffer((dirs, batch, hidden), F32)):
-        gates = T.alloc_buffer((dirs, gh), F32)
-        for d in T.parallel(dirs):
-            start(h, c, h0, c0, d)
-            for s, b in T.grid(seq, batch):
-                for jo in range(jo_n):
-                    for ji in T.vectorized(v):
-                        gates[d, jo * v + ji] = x[at(d, s), b, d * gh + jo * v + ji]
-                for k, jo in T.grid(hidden, jo_n):
-                    for ji in T.vectorized(v):
-                        gates[d, jo * v + ji] = gates[d, jo * v + ji] + h[d, b, k] * rt[d, k, jo * v + ji]
-                cell(x, gates, y, h, c, d, s, b)
+    if codes is None:  # only the function returned is parsed (TVMScript: ~0.09 s each)
+        @T.prim_func(private=True)
+        def kernel(x: T.Buffer((seq, batch, dirs * gh), F32), rt: T.Buffer((dirs, hidden, gh), F32),
+                   h0: T.Buffer((dirs, batch, hidden), F32), c0: T.Buffer((dirs, batch, hidden), F32),
+                   y: T.Buffer((seq, dirs, batch, hidden), F32), h: T.Buffer((dirs, batch, hidden), F32),
+                   c: T.Buffer((dirs, batch, hidden), F32)):
+            gates = T.alloc_buffer((dirs, gh), F32)
+            for d in T.parallel(dirs):
+                start(h, c, h0, c0, d)
+                for s, b in T.grid(seq, batch):
+                    for jo in range(jo_n):
+                        for ji in T.vectorized(v):
+                            gates[d, jo * v + ji] = x[at(d, s), b, d * gh + jo * v + ji]
+                    for k, jo in T.grid(hidden, jo_n):
+                        for ji in T.vectorized(v):
+                            gates[d, jo * v + ji] = gates[d, jo * v + ji] + h[d, b, k] * rt[d, k, jo * v + ji]
+                    cell(x, gates, y, h, c, d, s, b)
+
+        return _finish(kernel)
 
     @T.prim_func(private=True)
     def coded(x: T.Buffer((seq, batch, dirs * gh), F32), rt: T.Buffer((dirs, hidden, gh), code),
@@ -165,9 +171,10 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
                                                  + scale[d, jo * v + ji] * gates[d, jo * v + ji])
                 cell(x, gates, y, h, c, d, s, b)
 
-    return _finish(kernel if codes is None else coded)
+    return _finish(coded)
 
 
+@functools.lru_cache(maxsize=64)
 def gru_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool = False,
                linear_before_reset: bool = False) -> tirx.PrimFunc:
     """``(x [seq, batch, D * 3H], rt [D, H, 3H], h0 [D, batch, H], rb_h [D, H]) -> (y [seq, D, batch, H],

@@ -32,8 +32,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedOpError, spelled
 from .graph import drop_unused_constant_nodes, drop_unused_initializers, names_read
-from . import rnn_codes, rnn_fused
-from .skeleton import skeleton
+from . import rnn_codes, rnn_fused, skeleton
 from .rnn_cells import Cell, Emitter, gru_step, lstm_step, rnn_step
 
 #: Op types (default domain) this module replaces; ``check_ops`` accepts them.
@@ -109,7 +108,7 @@ class _Rewriter:
         if not _static(self._shapes.get(name)) and not self._inferred:
             self._inferred = True
             try:
-                self._merge_shapes(onnx.shape_inference.infer_shapes(skeleton(self.model)).graph)
+                self._merge_shapes(onnx.shape_inference.infer_shapes(skeleton.skeleton(self.model)).graph)
             except Exception:  # noqa: BLE001 - inference is best effort; the value_info is still used
                 pass
         return self._shapes.get(name)
