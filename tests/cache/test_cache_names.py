@@ -86,3 +86,37 @@ def test_a_kernel_two_partitions_make_is_found_whichever_comes_first(tmp_path):
     new = _kernels(changed) - _kernels(first)
     assert len(new) == 1 and changed.cache_info["from_cache"] == changed.cache_info["kernels"] - 1, \
         (new, changed.cache_info)
+
+
+def _sum_kernel(block: str):
+    """A row sum whose block is named ``block`` (TVM's legalization names blocks after the Relax value,
+    ``lv1335_red``; its buffers after other names)."""
+    import tvm
+
+    return tvm.script.from_source(f"""
+# from tvm.script import tirx as T
+@T.prim_func(s_tir=True)
+def main(x: T.Buffer((4, 64), "float32"), out: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 64):
+        with T.sblock("{block}"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                out[vi] = T.float32(0)
+            out[vi] = out[vi] + x[vi, vk]
+""")
+
+
+def test_value_numbers_in_block_names_are_keyed_only_where_a_tuning_record_could_find_blocks_by_them():
+    from tvmfuse.cache import kernels, schedules
+
+    a, b, other = _sum_kernel("lv1335_red"), _sum_kernel("lv1337_red"), _sum_kernel("lv1335_total")
+    target, context = HOST, kernels.pass_options()
+    # an object (a scheduled kernel: a block's name changes no instruction) and a schedule with no record
+    assert kernels.kernel_key(a, target, context) == kernels.kernel_key(b, target, context)
+    assert schedules.schedule_key(a, target, context, "") == schedules.schedule_key(b, target, context, "")
+    # a record's trace finds its blocks by name: the name decides whether it replays
+    assert schedules.schedule_key(a, target, context, "[r]") != schedules.schedule_key(b, target, context, "[r]")
+    # only the value number goes: a block of another name is another key
+    assert kernels.kernel_key(a, target, context) != kernels.kernel_key(other, target, context)
+    assert '"lv_red"' in kernels.unnamed_json(a, block_numbers=True)
+    assert '"lv1335_red"' in kernels.unnamed_json(a)

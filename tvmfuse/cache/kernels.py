@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -46,39 +47,60 @@ def cacheable(target) -> bool:
 
 
 _VARS = frozenset({"ir.Var", "relax.expr.Var", "relax.expr.DataflowVar"})
+_BLOCKS = frozenset({"s_tir.SBlock", "tirx.SBlock"})
+# A Relax value's number in a block name TVM's legalization gave (``lv1335_red``): it moves with every layer
+# before the kernel, like the variable names
+_VALUE_NUMBER = re.compile(r"(?<![A-Za-z0-9])lv\d+")
 
 
-def unnamed_json(node) -> str:
+def unnamed_json(node, block_numbers: bool = False) -> str:
     """``node``'s TVM JSON without its variables' names. Relax names number the graph's values (``lv24``), and
     TVM's fusion names a kernel's parameters after them: a changed layer renamed every value after it. The
-    variables stay told apart by their place in the graph; attributes (a kernel's ``global_symbol``) stay."""
+    variables stay told apart by their place in the graph; attributes (a kernel's ``global_symbol``) stay.
+    ``block_numbers``: blocks' names lose those value numbers too (``lv1335_red`` -> ``lv_red``), for keys
+    where a block's name cannot change the code: a kernel already scheduled, or one no tuning record is filed
+    for (a record's trace finds its blocks by name; tvmfuse's rules and dlight find theirs by names that carry
+    no value number, or by structure)."""
     import tvm
 
     graph = json.loads(tvm.ir.save_json(node))
     nodes = graph["nodes"]
+
+    def string(index):
+        ok = isinstance(index, int) and 0 <= index < len(nodes) and nodes[index].get("type") == "ffi.String"
+        return nodes[index] if ok else None
+
     for item in nodes:
-        if item.get("type") in _VARS and isinstance(item.get("data"), dict):
-            name = item["data"].get("name")
-            if isinstance(name, int) and 0 <= name < len(nodes) and nodes[name].get("type") == "ffi.String":
-                nodes[name]["data"] = ""  # the name's own node (a string node may be shared: blank, not removed)
-            item["data"]["name"] = None
+        data = item.get("data")
+        if not isinstance(data, dict):
+            continue
+        if item.get("type") in _VARS:
+            name = string(data.get("name"))
+            if name is not None:
+                name["data"] = ""  # the name's own node (a string node may be shared: blank, not removed)
+            data["name"] = None
+        elif block_numbers and item.get("type") in _BLOCKS:
+            name = string(data.get("name_hint"))
+            if name is not None and isinstance(name["data"], str):
+                name["data"] = _VALUE_NUMBER.sub("lv", name["data"])
     return json.dumps(graph, sort_keys=True)
 
 
-def content(node) -> str:
+def content(node, block_numbers: bool = False) -> str:
     """What a key holds of ``node``: :func:`unnamed_json`, with TVM's structural hash, which also ignores names
     and tells apart whatever a blanked name shared a string node with."""
     import tvm_ffi
 
-    return f"{tvm_ffi.structural_hash(node)}\n{unnamed_json(node)}"
+    return f"{tvm_ffi.structural_hash(node)}\n{unnamed_json(node, block_numbers)}"
 
 
-def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT) -> str:
+def kernel_key(func, target, context: str, *extra: str, fmt: str = FORMAT, block_numbers: bool = True) -> str:
     """The key of what ``func`` becomes for ``target`` under pass options ``context`` (:func:`pass_options`):
     ``fmt`` names the kind of entry, ``extra`` adds what else decides it (a scheduled kernel's tuning records).
     Variable names are left out (:func:`unnamed_json`): they change no instruction, only the parameter names an
-    argument check's message quotes, so an entry keyed by another model's names may quote those."""
-    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra, content(func)])
+    argument check's message quotes, so an entry keyed by another model's names may quote those; so are the
+    value numbers in block names where ``block_numbers`` (an object's key: ``func`` is scheduled)."""
+    material = "\n".join([fmt, fingerprint.versions(), str(target), context, *extra, content(func, block_numbers)])
     return hashlib.sha256(material.encode()).hexdigest()
 
 

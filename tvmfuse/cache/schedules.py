@@ -19,8 +19,9 @@ FORMAT = "scheduled-kernel-1"
 
 
 def schedule_key(func, target, context: str, records: str) -> str:
-    """The key of ``func`` scheduled for ``target`` under pass options ``context`` with tuning ``records``."""
-    return kernel_key(func, target, context, records, fmt=FORMAT)
+    """The key of ``func`` scheduled for ``target`` under pass options ``context`` with tuning ``records`` (its
+    blocks' names keyed with their value numbers only where a record could find blocks by them)."""
+    return kernel_key(func, target, context, records, fmt=FORMAT, block_numbers=not records)
 
 
 def cached(scheduling, store: Store | None, database, applied: list | None, known: dict | None = None) -> list:
