@@ -46,9 +46,12 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     _copy_fields(model, out, skip={"graph"})
     _copy_fields(graph, out.graph, skip={"initializer"})
     out.graph.initializer.extend(t for t in graph.initializer if math.prod(t.dims) <= LARGE)
-    listed = {v.name for v in graph.input}
-    out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                           for t in large if t.name not in listed)
+    # as inputs typed by the weight itself: an input that lists an initializer (IR 3) may declare no shape
+    typed = {t.name: helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in large}
+    for i, value in enumerate(out.graph.input):
+        if value.name in typed:
+            out.graph.input[i].CopyFrom(typed.pop(value.name))
+    out.graph.input.extend(typed.values())
     return out
 
 
