@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import os
+import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ def cacheable(target) -> bool:
 
 
 _VARS = frozenset({"ir.Var", "relax.expr.Var", "relax.expr.DataflowVar"})
-_BLOCKS = frozenset({"s_tir.SBlock", "tirx.SBlock"})
+_BLOCK = "s_tir.SBlock"  # the type key of a TIR block in TVM 0.27
 # A Relax value's number in a block name TVM's legalization gave (``lv1335_red``): it moves with every layer
 # before the kernel, like the variable names
 _VALUE_NUMBER = re.compile(r"(?<![A-Za-z0-9])lv\d+")
@@ -79,7 +79,7 @@ def unnamed_json(node, block_numbers: bool = False) -> str:
             if name is not None:
                 name["data"] = ""  # the name's own node (a string node may be shared: blank, not removed)
             data["name"] = None
-        elif block_numbers and item.get("type") in _BLOCKS:
+        elif block_numbers and item.get("type") == _BLOCK:
             name = string(data.get("name_hint"))
             if name is not None and isinstance(name["data"], str):
                 name["data"] = _VALUE_NUMBER.sub("lv", name["data"])
