@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import skeleton
-from .graph import Constants, names_read, remove_initializers
+from .graph import Constants, drop_unused_initializers, names_read
 
 # Quantize/dequantize stay as nodes: folding DequantizeLinear(int8 weight) into a float constant would
 # erase the QDQ structure the INT8 path matches on.
@@ -98,20 +98,13 @@ def _fold_round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             kept.append(node)
     if not folded:
         return model, 0
-    remaining = onnx.GraphProto()
-    remaining.node.extend(kept)
-    used = names_read(remaining) | protected  # an If/Loop body reads outer initializers too
-    initial = {t.name for t in graph.initializer}
-    new_inits = [numpy_helper.from_array(np.asarray(known[n]), n) for n in sorted(used)
-                 if n in known and n not in initial]
     del graph.node[:]
     graph.node.extend(kept)
-    remove_initializers(graph, initial - used)
-    graph.initializer.extend(new_inits)
-    # Inputs listed for initializers that are now gone would dangle.
-    keep_inputs = [v for v in graph.input if v.name not in initial or v.name in used]
-    del graph.input[:]
-    graph.input.extend(keep_inputs)
+    used = names_read(graph) | protected  # an If/Loop body reads outer initializers too
+    initial = {t.name for t in graph.initializer}
+    graph.initializer.extend(numpy_helper.from_array(np.asarray(known[n]), n) for n in sorted(used)
+                             if n in known and n not in initial)
+    drop_unused_initializers(graph, initial)  # and the inputs that listed them, which would dangle
     return model, folded
 
 
