@@ -1,4 +1,5 @@
-"""Small queries and edits of an ONNX graph that the front end's rewrites (folding, normalization, qlinear, rnn) share."""
+"""Small queries and edits of an ONNX graph that the front end's rewrites (folding, normalization, qlinear, rnn)
+share."""
 
 from __future__ import annotations
 
