@@ -38,19 +38,44 @@ def _shape_of(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
     return np.array(shape[start:end], dtype=np.int64)
 
 
-def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray], opsets) -> list[np.ndarray] | None:
-    from onnx.reference import ReferenceEvaluator
+def _evaluate(node: onnx.NodeProto, inputs: list, opsets) -> list[np.ndarray | None] | None:
+    """The outputs of ``node``, an op of the ONNX domain (one per name in ``node.output``, None for an empty
+    name), from ``inputs`` (one per name in ``node.input``, None for an empty name); None where ONNX's reference
+    cannot evaluate it.
 
-    names = [n for n in node.input if n]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs)]
-    outs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.output if n]
-    graph = helper.make_graph([node], "fold", vis, outs)
+    The op's reference class is run directly: a ``ReferenceEvaluator`` per node checked and loaded a one-node
+    model, 0.6 ms a node where running the op takes 0.02 (ShuffleNetV2 folds 205 nodes). Ops whose class
+    depends on their input types go through the evaluator."""
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import RuntimeContextError
+    from onnx.reference.ops import load_op
+
+    version = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in opsets}.get("")
     try:
-        ev = ReferenceEvaluator(helper.make_model(graph, opset_imports=opsets))
-        return [np.asarray(r) for r in ev.run(None, dict(zip(names, inputs)))]
+        try:
+            op = load_op("", node.op_type, version, evaluator_cls=ReferenceEvaluator)
+        except RuntimeContextError:
+            return _evaluate_graph(node, inputs, opsets)
+        results = op(node, {"log": lambda *_: None, "opsets": {"": version}, "verbose": 0, "new_ops": {},
+                            "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}).run(*inputs)
     except Exception:  # noqa: BLE001 - an op the reference cannot evaluate is simply left in the graph
         return None
+    if any(name and i >= len(results) for i, name in enumerate(node.output)):
+        return None
+    return [np.asarray(r) if name else None for name, r in zip(node.output, results)]
+
+
+def _evaluate_graph(node: onnx.NodeProto, inputs: list, opsets) -> list[np.ndarray | None] | None:
+    """:func:`_evaluate` through a ``ReferenceEvaluator`` of a one-node model."""
+    from onnx.reference import ReferenceEvaluator
+
+    given = [(n, a) for n, a in zip(node.input, inputs) if n]
+    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in given]
+    names = [n for n in node.output if n]
+    outs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in names]
+    ev = ReferenceEvaluator(helper.make_model(helper.make_graph([node], "fold", vis, outs), opset_imports=opsets))
+    found = dict(zip(names, ev.run(None, dict(given))))
+    return [np.asarray(found[n]) if n else None for n in node.output]
 
 
 def fold_constants(model: onnx.ModelProto, max_rounds: int = 16) -> tuple[onnx.ModelProto, int]:
@@ -90,9 +115,9 @@ def _fold_round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             elif (node.op_type not in _KEEP and node.input and
                   all(not n or n in known for n in node.input) and
                   not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)):
-                values = _evaluate(node, [known[n] for n in node.input if n], model.opset_import)
-        if values is not None and sum(v.size for v in values) <= _MAX_FOLDED_ELEMENTS:
-            known.update(zip(node.output, values))
+                values = _evaluate(node, [known[n] if n else None for n in node.input], model.opset_import)
+        if values is not None and sum(v.size for v in values if v is not None) <= _MAX_FOLDED_ELEMENTS:
+            known.update((name, v) for name, v in zip(node.output, values) if name)
             folded += 1
         else:
             kept.append(node)
