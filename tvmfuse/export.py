@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from . import link
 from .errors import TvmfuseError
 from .runtime.integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline
@@ -121,7 +122,7 @@ def link_library(executable) -> bytes:
     """The bytes of the shared library ``executable`` exports to (its objects linked by the system compiler)."""
     with tempfile.TemporaryDirectory(prefix="tvmfuse-link-") as tmp:
         path = Path(tmp) / "model.so"
-        executable.export_library(str(path))
+        link.export_library(executable, str(path))
         return path.read_bytes()
 
 
@@ -166,7 +167,7 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
         if isinstance(executable, bytes):
             tmp.write_bytes(executable)
         else:
-            executable.export_library(str(tmp))
+            link.export_library(executable, str(tmp))
         sealed = seal_manifest(manifest, tmp)
         os.replace(tmp, path)
     finally:
