@@ -59,6 +59,23 @@ def test_a_model_without_large_weights_is_its_own_skeleton():
     assert skeleton.skeleton(model) is model
 
 
+def test_float_constants_shape_inference_reads_are_kept_and_longer_float_vectors_left_out():
+    """A Resize's float scales stay initializers (inference reads them); a batch-norm's 100 floats are inputs."""
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    stats = [numpy_helper.from_array(np.full(100, v, np.float32), n) for n, v in
+             (("g", 1), ("b", 0), ("m", 0), ("v", 1))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n"]),
+             helper.make_node("Resize", ["n", "", "scales"], ["y"], mode="nearest")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 100, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[scales] + stats)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    bare = skeleton.skeleton(model)
+    assert [t.name for t in bare.graph.initializer] == ["scales"]
+    assert sorted(v.name for v in bare.graph.input) == ["b", "g", "m", "v", "x"]
+    assert _shapes(skeleton.infer_shapes(model).graph)["y"] == [1, 100, 8, 8]
+
+
 def test_the_checker_still_refuses_a_broken_graph_with_large_weights(tmp_path):
     model = _model()
     model.graph.node[2].input[0] = "missing"  # read but never produced
