@@ -30,9 +30,25 @@ def layout_kernel(compute, struct_info, family: str = FAMILY, name: str | None =
     return func.with_attrs({"tvmfuse.family": family, "tvmfuse.kernel": name or out.op.name, "op_pattern": OPAQUE})
 
 
-def transform_call(builder, compute, arg, out_shape, **kernel) -> relax.Call:
+# (what the compute is, input shape, dtype, kernel keywords) -> its PrimFunc: every blocked kernel's output gets a
+# to_plain transform (dead code unless something reads it plain), 70 in MobileNetV3, mostly of a few shapes; the
+# TE kernel costs about 0.5 ms to make. PrimFuncs are immutable, so kernels are shared across modules.
+_KERNELS: dict = {}
+
+
+def transform_call(builder, compute, arg, out_shape, key=None, **kernel) -> relax.Call:
     """The ``call_tir`` of :func:`layout_kernel` (``compute`` on ``arg``, ``kernel`` its keywords), the kernel
-    added to ``builder``'s module under its ``tvmfuse.kernel`` name."""
-    func = layout_kernel(compute, arg.ty, **kernel)
+    added to ``builder``'s module under its ``tvmfuse.kernel`` name. ``key`` (hashable): what ``compute`` is
+    (with its parameters), for a kernel made before to be reused; None makes it again."""
+    found = None
+    if key is not None:
+        found = (key, tuple(int(d) for d in arg.ty.shape), str(arg.ty.dtype), tuple(sorted(kernel.items())))
+    func = _KERNELS.get(found) if found is not None else None
+    if func is None:
+        func = layout_kernel(compute, arg.ty, **kernel)
+        if found is not None:
+            if len(_KERNELS) > 4096:
+                _KERNELS.clear()
+            _KERNELS[found] = func
     gv = add_kernel(builder, func, str(func.attrs["tvmfuse.kernel"]))
     return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))

@@ -104,8 +104,8 @@ class _Lower(relax.PyExprMutator, BlockedOps):
             self.record[gv.name_hint] = (fn, layout)
         return gv, _pack_args(args, layout), layout
 
-    def _transform(self, compute, arg, out_shape, **kernel):
-        return transform_call(self.builder_, compute, arg, out_shape, **kernel)
+    def _transform(self, compute, arg, out_shape, key=None, **kernel):
+        return transform_call(self.builder_, compute, arg, out_shape, key, **kernel)
 
     def _as_blocked(self, arg, block: int | None = None):
         """``arg`` (a plain NCHW activation) in NCHW[b]c, transformed once; None when it has no block.
@@ -119,7 +119,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         if block is None or (arg, block) in self.reblocked:
             return self.reblocked.get((arg, block))
         shape = blocked_shape(arg.ty.shape, block)
-        var = self.builder_.emit(self._transform(lambda t: to_blocked(t, block), arg, shape))
+        var = self.builder_.emit(self._transform(lambda t: to_blocked(t, block), arg, shape, ("to_blocked", block)))
         if have is None:
             self.blocked_of[arg] = var
         else:
@@ -172,7 +172,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         """``var`` computed blocked as ``blocked``: the original variable gets its NCHW value (dead code when
         nothing reads it plain) and blocked readers get ``blocked``."""
         channels = int(plain_shape[1])  # fewer than the blocks hold when the last one is padded
-        self._bind(var, self._transform(lambda t: to_plain(t, channels), blocked, plain_shape))
+        self._bind(var, self._transform(lambda t: to_plain(t, channels), blocked, plain_shape, ("to_plain", channels)))
         self.blocked_of[var] = blocked
 
     def _fold_channel_scale(self, fn, args):

@@ -1,0 +1,57 @@
+"""Less work for the same lowering: the pattern table handed to FuseOpsByPattern leaves out patterns calling an op
+the module never calls (``passes/partition.applicable``), layout transform kernels are made once per shape."""
+
+import pytest
+import tvm
+from tvm.relax.dpl import is_const, is_op, wildcard
+
+from tvmfuse import frontend, patterns
+from tvmfuse.passes import partition
+from tvmfuse.passes.pipeline import canonicalize_passes
+
+
+def test_required_ops_of_alternatives_are_what_both_call():
+    conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
+    either = is_op("relax.nn.relu")(conv) | is_op("relax.clip")(conv, wildcard(), wildcard())
+    assert partition.required_ops(either) == {"relax.nn.conv2d"}
+    assert partition.required_ops(is_op("relax.add")(either, wildcard())) == {"relax.add", "relax.nn.conv2d"}
+    assert partition.required_ops(wildcard()) == frozenset()
+
+
+@pytest.mark.parametrize("model", ["zoo:mobilenet_v3_large", "zoo:crnn", "zoo:resnet18"])
+def test_partitions_as_with_the_whole_table(model, monkeypatch):
+    mod = tvm.transform.Sequential(canonicalize_passes())(frontend.import_model(model).mod)
+    table = patterns.table()
+    kept = partition.applicable(table, partition.called_ops(mod))
+    assert 0 < len(kept) < len(table)
+    results = []
+    for whole in (False, True):
+        if whole:
+            monkeypatch.setattr(partition, "applicable", lambda table, ops: table)
+        rejections: dict = {}
+        results.append((partition.Partition(rejections)(mod), rejections))
+    tvm.ir.assert_structural_equal(results[0][0], results[1][0])
+    assert results[0][1] == results[1][1]
+
+
+def test_layout_transform_kernels_made_once_per_shape(monkeypatch):
+    """Lowering reuses the to_plain/to_blocked kernels it made for a shape (``passes/layout._KERNELS``): a second
+    lowering of a model makes none of them again and gives the same module as one made from scratch."""
+    from tvmfuse import targets
+    from tvmfuse.passes import layout
+    from tvmfuse.passes.pipeline import run_graph_passes
+
+    spec = targets.resolve("x86-host")
+    mod = frontend.import_model("zoo:mobilenet_v2").mod
+    made = []
+    real = layout.layout_kernel
+    monkeypatch.setattr(layout, "layout_kernel", lambda *a, **k: made.append(1) or real(*a, **k))
+    lowered = []
+    for _ in range(2):
+        monkeypatch.setattr(layout, "_KERNELS", {})  # the first lowering, as in a fresh process
+        lowered.append(run_graph_passes(mod, spec, spec.tvm_target()))
+    first = len(made) // 2
+    assert 0 < first < 34  # fewer than MobileNetV2's blocked kernels: outputs of one shape share one
+    run_graph_passes(mod, spec, spec.tvm_target())
+    assert len(made) - 2 * first < first // 2  # only kernels not made by shape (a blocked pooling's)
+    tvm.ir.assert_structural_equal(lowered[0], lowered[1])
