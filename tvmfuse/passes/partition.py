@@ -49,28 +49,45 @@ def called_ops(mod: tvm.IRModule) -> set[str]:
             for b in bindings_of(func) if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
 
 
+# entry name -> the ops its pattern requires: a name is one pattern (a residual entry's two patterns differ only
+# in the add's operand order), and walking a pattern reads every node through the FFI, 2 ms an entry
+_REQUIRED: dict[str, frozenset] = {}
+
+
 def applicable(table: list, ops: set[str]) -> list:
     """The entries of ``table`` whose pattern calls only ops in ``ops``, in order."""
-    return [entry for entry in table if required_ops(entry.pattern) <= ops]
+    for entry in table:
+        if entry.name not in _REQUIRED:
+            _REQUIRED[entry.name] = required_ops(entry.pattern)
+    return [entry for entry in table if _REQUIRED[entry.name] <= ops]
 
 
-def required_ops(pattern) -> frozenset:
+def required_ops(pattern, seen: dict | None = None) -> frozenset:
     """Op names every match of DFPattern ``pattern`` calls; a pattern kind not known here requires none (which
-    keeps its entry)."""
+    keeps its entry). ``seen``: the subpatterns walked so far (a pattern shares them between its alternatives)."""
     from tvm.relax.dpl import pattern as dpl
 
+    seen = {} if seen is None else seen
+    if pattern in seen:
+        return seen[pattern]
+
+    def walk(*parts):
+        return [required_ops(part, seen) for part in parts]
+
+    found = frozenset()
     if isinstance(pattern, dpl.CallPattern):
         op = pattern.op
         own = {op.expr.name} if isinstance(op, dpl.ExprPattern) and isinstance(op.expr, tvm.ir.Op) else set()
-        return frozenset(own).union(*(required_ops(a) for a in pattern.args))
-    if isinstance(pattern, dpl.OrPattern):  # either side may match
-        return required_ops(pattern.left) & required_ops(pattern.right)
-    if isinstance(pattern, dpl.AndPattern):
-        return required_ops(pattern.left) | required_ops(pattern.right)
-    if isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
-        return required_ops(pattern.pattern)
-    if isinstance(pattern, dpl.TupleGetItemPattern):
-        return required_ops(pattern.tuple)
-    if isinstance(pattern, dpl.TuplePattern):
-        return frozenset().union(*(required_ops(f) for f in pattern.fields))
-    return frozenset()
+        found = frozenset(own).union(*walk(*pattern.args))
+    elif isinstance(pattern, dpl.OrPattern):  # either side may match
+        found = frozenset.intersection(*walk(pattern.left, pattern.right))
+    elif isinstance(pattern, dpl.AndPattern):
+        found = frozenset.union(*walk(pattern.left, pattern.right))
+    elif isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
+        found = walk(pattern.pattern)[0]
+    elif isinstance(pattern, dpl.TupleGetItemPattern):
+        found = walk(pattern.tuple)[0]
+    elif isinstance(pattern, dpl.TuplePattern):
+        found = frozenset().union(*walk(*pattern.fields))
+    seen[pattern] = found
+    return found
