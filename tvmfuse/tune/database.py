@@ -36,6 +36,7 @@ from typing import Iterable
 from ..errors import TvmfuseError
 from ..targets import TargetSpec
 from .records import commit_records
+from .workload_index import INDEX, indexed, workload_hash
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -178,6 +179,7 @@ def _expand(path: Path) -> None:
     partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     os.replace(partial, path)
     packed.unlink()
+    (path.parent / INDEX).unlink(missing_ok=True)  # of the compressed file
 
 
 class LogStore:
@@ -203,15 +205,21 @@ class LogStore:
     def read(self):
         """Parse the folder into ``(workloads, records, report)``.
 
-        ``workloads`` maps a workload's line index to its parsed ``[hash, payload]`` JSON;
+        ``workloads`` maps a workload's line index to its parsed ``[hash, payload]`` JSON (a compressed file with a
+        current index: :class:`.workload_index.Workloads`, its lines read when a payload is first asked for);
         ``records`` is a list of ``(workload index, record JSON)`` whose workload exists and whose target fits.
         """
         report = LoadReport(self.path)
         for folder in (self.root, self.path):
             if folder.exists() and not folder.is_dir():
                 raise TuningLogError(f"tuning logs: {folder} is not a folder")
-        workloads = {}
-        for i, line in enumerate(read_lines(self.path / WORKLOADS)):
+        workloads = _indexed_workloads(self.path / WORKLOADS)
+        if workloads is None:
+            workloads = {}
+            lines = read_lines(self.path / WORKLOADS)
+        else:  # a compressed file with a current index: its lines are read when a payload is needed
+            lines = []
+        for i, line in enumerate(lines):
             try:
                 entry = json.loads(line)
                 if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
@@ -321,15 +329,21 @@ def _filled(workloads: dict, records: list, report: LoadReport, other: LogStore)
         return workloads, records, report
     if not records and not report.skipped:
         return more_workloads, more_records, more
-    have = {workloads[i][0] for i, _ in records}
+    have = {workload_hash(workloads, i) for i, _ in records}
     offset = max(workloads, default=-1) + 1
-    taken = [(i + offset, r) for i, r in more_records if more_workloads[i][0] not in have]
+    taken = [(i + offset, r) for i, r in more_records if workload_hash(more_workloads, i) not in have]
     workloads = dict(workloads) | {i + offset: w for i, w in more_workloads.items()}
     report.records += len(taken)
     report.workloads += len({i for i, _ in taken})
     report.skipped += more.skipped
     report.filled_from = (other.path, len(taken))
     return workloads, records + taken, report
+
+
+def _indexed_workloads(path: Path):
+    """The workloads of ``path`` by the index of its compressed form (:mod:`.workload_index`), or None."""
+    packed = _stored(path)
+    return indexed(packed) if packed.name.endswith(XZ) else None
 
 
 def _check_record(index, record, workloads: dict, want: tuple[str, str]) -> str | None:

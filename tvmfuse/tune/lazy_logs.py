@@ -14,6 +14,7 @@ import warnings
 
 from .database import LogStore, _filled, warn_skipped
 from .records import commit_records
+from .workload_index import workload_hash
 
 
 class LazyLogs:
@@ -33,7 +34,7 @@ class LazyLogs:
         self._workloads = workloads
         self._by_hash: dict[str, list] = {}
         for index, record in records:
-            self._by_hash.setdefault(workloads[index][0], []).append((index, record))
+            self._by_hash.setdefault(workload_hash(workloads, index), []).append((index, record))
         self._db = ms.database.MemoryDatabase()
         self._decoded: set[str] = set()
         self._lock = threading.Lock()
