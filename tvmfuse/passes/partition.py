@@ -49,21 +49,23 @@ def called_ops(mod: tvm.IRModule) -> set[str]:
             for b in bindings_of(func) if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
 
 
-# entry name -> the ops its pattern requires: a name is one pattern (a residual entry's two patterns differ only
-# in the add's operand order), and walking a pattern reads every node through the FFI, 2 ms an entry
+# entry name -> the op sets its pattern requires: a name is one pattern (a residual entry's two patterns differ only
+# in the add's operand order), and walking a pattern reads every node through the FFI
 _REQUIRED: dict[str, frozenset] = {}
+_MAX_ALTERNATIVES = 64  # past this many, a pattern's alternatives are merged into what all of them call
 
 
 def applicable(table: list, ops: set[str]) -> list:
-    """The entries of ``table`` whose pattern calls only ops in ``ops``, in order."""
+    """The entries of ``table`` whose pattern has an alternative calling only ops in ``ops``, in order."""
     for entry in table:
         if entry.name not in _REQUIRED:
             _REQUIRED[entry.name] = required_ops(entry.pattern)
-    return [entry for entry in table if _REQUIRED[entry.name] <= ops]
+    return [entry for entry in table if any(need <= ops for need in _REQUIRED[entry.name])]
 
 
 def required_ops(pattern, seen: dict | None = None) -> frozenset:
-    """Op names every match of DFPattern ``pattern`` calls; a pattern kind not known here requires none (which
+    """The ways DFPattern ``pattern`` can match, each as the set of op names such a match calls (a frozenset of
+    frozensets: a match calls every op of one of them). A pattern kind not known here requires nothing (which
     keeps its entry). ``seen``: the subpatterns walked so far (a pattern shares them between its alternatives)."""
     from tvm.relax.dpl import pattern as dpl
 
@@ -71,23 +73,28 @@ def required_ops(pattern, seen: dict | None = None) -> frozenset:
     if pattern in seen:
         return seen[pattern]
 
-    def walk(*parts):
-        return [required_ops(part, seen) for part in parts]
+    def each(*parts):  # every part matches: one alternative of each, combined
+        out = {frozenset()}
+        for part in parts:
+            out = {a | b for a in out for b in required_ops(part, seen)}
+        if len(out) > _MAX_ALTERNATIVES:
+            out = {frozenset.intersection(*out)}
+        return frozenset(out)
 
-    found = frozenset()
+    found = frozenset({frozenset()})
     if isinstance(pattern, dpl.CallPattern):
         op = pattern.op
         own = {op.expr.name} if isinstance(op, dpl.ExprPattern) and isinstance(op.expr, tvm.ir.Op) else set()
-        found = frozenset(own).union(*walk(*pattern.args))
-    elif isinstance(pattern, dpl.OrPattern):  # either side may match
-        found = frozenset.intersection(*walk(pattern.left, pattern.right))
+        found = frozenset(need | own for need in each(*pattern.args))
+    elif isinstance(pattern, dpl.OrPattern):  # either side
+        found = required_ops(pattern.left, seen) | required_ops(pattern.right, seen)
     elif isinstance(pattern, dpl.AndPattern):
-        found = frozenset.union(*walk(pattern.left, pattern.right))
+        found = each(pattern.left, pattern.right)
     elif isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
-        found = walk(pattern.pattern)[0]
+        found = required_ops(pattern.pattern, seen)
     elif isinstance(pattern, dpl.TupleGetItemPattern):
-        found = walk(pattern.tuple)[0]
+        found = required_ops(pattern.tuple, seen)
     elif isinstance(pattern, dpl.TuplePattern):
-        found = frozenset().union(*walk(*pattern.fields))
+        found = each(*pattern.fields)
     seen[pattern] = found
     return found
