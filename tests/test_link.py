@@ -34,14 +34,14 @@ def test_gold_used_and_blank_sources_dropped(calls, tmp_path):
     code.write_text("int f(void) { return 1; }\n")
     obj.write_bytes(b"\x7fELF")
     link.create_shared(str(tmp_path / "m.so"), [str(obj), str(blank), str(code)], ["-I/x"])
-    assert calls == [([str(obj), str(code)], ["-I/x", "-fuse-ld=gold"])]
+    assert calls == [([str(obj), str(code)], ["-I/x"] + link.GOLD)]
 
 
 def test_a_link_gold_refuses_is_done_again_by_the_default_linker(calls, tmp_path):
     calls.refuse_gold = True
     link.create_shared(str(tmp_path / "m.so"), ["a.o"], None)
     link.create_shared(str(tmp_path / "m.so"), ["b.o"], None)
-    assert calls == [(["a.o"], ["-fuse-ld=gold"]), (["a.o"], []), (["b.o"], [])]  # the process keeps to it
+    assert calls == [(["a.o"], link.GOLD), (["a.o"], []), (["b.o"], [])]  # the process keeps to it
     assert link._GOLD["works"] is False
 
 
@@ -59,3 +59,11 @@ def test_linked_library_runs_as_tvms_export(tiny_compiled, tmp_path):
         vm = tvm.relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
         outputs.append(vm["main"](*[tvm.runtime.tensor(inputs[i.name]) for i in tiny_compiled.inputs]).numpy())
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_the_same_executable_links_to_the_same_bytes_wherever_it_goes(tiny_compiled, tmp_path):
+    (tmp_path / "sub").mkdir()
+    first, second = tmp_path / "a.so", tmp_path / "sub" / "b.so"
+    for path in (first, second):
+        link.export_library(tiny_compiled.executable, str(path))
+    assert first.read_bytes() == second.read_bytes()

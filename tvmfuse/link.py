@@ -4,7 +4,10 @@ TVM's ``export_library`` writes each module to an object and links them with ``g
 that link are avoidable: GNU ld copied ResNet-50's 128 MB library in 0.40-0.56 s where gold took 0.27-0.29
 (same objects, Zen 4, 2 cores), and the host module of a Relax VM with no host functions is an empty C file
 that ``g++`` compiles anyway. gold is used where it is installed; a link it fails is done again with the
-compiler's default linker, which the process then keeps to.
+compiler's default linker, which the process then keeps to. gold names the library's base version after the
+output path (a temporary folder's), so each link would differ; a fixed soname makes it name that instead, and
+the same objects link to the same bytes (the kernel cache's byte-identical libraries). A library loaded by its
+path, as TVM loads one, is never taken for another with the same soname.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import shutil
 
 _GOLD = {"works": shutil.which("ld.gold") is not None}
+GOLD = ["-fuse-ld=gold", "-Wl,-soname,tvmfuse_model.so"]
 
 
 def export_library(module, path: str) -> None:
@@ -34,7 +38,7 @@ def create_shared(output: str, objects, options=None, **kwargs) -> None:
     objects = [o for o in objects if not (o.endswith((".c", ".cc")) and _blank(o))]
     if _GOLD["works"]:
         try:
-            return cc.create_shared(output, objects, list(options or []) + ["-fuse-ld=gold"], **kwargs)
+            return cc.create_shared(output, objects, list(options or []) + GOLD, **kwargs)
         except RuntimeError:  # the default linker's error is the one to report, if it fails too
             _GOLD["works"] = False
     return cc.create_shared(output, objects, options, **kwargs)
