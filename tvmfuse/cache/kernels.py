@@ -193,18 +193,20 @@ def build_executable(lowered, target, store: Store | None, known: dict | None = 
                 return _build_one(kernels[i][0], kernels[i][1], target, workdir, i)
 
         with ThreadPoolExecutor(min(_threads(), max(1, len(todo)))) as pool:
-            for i, data in zip(todo, pool.map(build, todo)):
-                objects[i] = data
+            # the kernels build (TVM releases the GIL) while this thread writes the cached objects and makes the
+            # VM's bytecode (0.02-0.14 s): a changed layer's one kernel took 0.1 s of LLVM after them
+            futures = [pool.submit(build, i) for i in todo]
+            for i, data in enumerate(objects):
+                if data is not None:  # from the cache: not on disk yet
+                    _object_path(i, workdir).write_bytes(data)
+            builder = relax.ExecBuilder()
+            vm_build._vmcodegen(builder, lowered, "bytecode")
+            for i, future in zip(todo, futures):
+                objects[i] = future.result()
                 if store is not None:
-                    store.put(keys[i], data)
-        libs, built = [], set(todo)
-        for i, ((gv, _), data) in enumerate(zip(kernels, objects)):
-            path = _object_path(i, workdir)
-            if i not in built:  # from the cache: not on disk yet
-                path.write_bytes(data)
-            libs.append(tvm.runtime.load_static_library(str(path), [gv.name_hint]))  # read into memory
-        builder = relax.ExecBuilder()
-        vm_build._vmcodegen(builder, lowered, "bytecode")
+                    store.put(keys[i], objects[i])
+        libs = [tvm.runtime.load_static_library(str(_object_path(i, workdir)), [gv.name_hint])  # read into memory
+                for i, (gv, _) in enumerate(kernels)]
         executable = vm_build._vmlink(builder, target, None, ext_libs=libs + ext_libs, params=params)
     if store is not None:
         store.log_run("kernels", stats.from_cache, stats.built)
