@@ -26,27 +26,19 @@ import contextlib
 import dataclasses
 import fcntl
 import json
-import lzma
 import math
 import os
 import warnings
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import TvmfuseError
 from ..targets import TargetSpec
+from .log_files import RECORDS, WORKLOADS, XZ, TuningLogError, packed_path, read_lines, stored_path
 from .records import commit_records
 from .workload_index import INDEX, indexed, workload_hash
 
-WORKLOADS = "database_workload.json"
-RECORDS = "database_tuning_record.json"
-XZ = ".xz"  # a shipped file's compressed form: database_workload.json.xz
 LOCK = ".lock"
 ENV = "TVMFUSE_TUNING_LOGS"
-
-
-class TuningLogError(TvmfuseError):
-    """A tuning-log folder that cannot be used at all (not a folder, not writable)."""
 
 
 def default_root() -> Path:
@@ -134,44 +126,11 @@ class LoadReport:
         return out
 
 
-def _packed(path: Path) -> Path:
-    """``path``'s compressed form (``database_workload.json.xz``)."""
-    return path.with_name(path.name + XZ)
-
-
-def _stored(path: Path) -> Path:
-    """The file that holds ``path``'s lines: ``path``, else its compressed form where only that exists."""
-    packed = _packed(path)
-    return packed if not path.exists() and packed.exists() else path
-
-
-def read_lines(path: Path) -> list[str]:
-    """The file's lines (a cut-short last line included), read from its compressed form where only that is
-    there; blank lines are dropped.
-
-    Raises TuningLogError when the file is there but is not a readable file (a folder, no permission, a
-    compressed file that does not decompress).
-    """
-    path = _stored(path)
-    if not path.exists():
-        return []
-    if not path.is_file():
-        raise TuningLogError(f"tuning logs: {path} is not a file")
-    try:
-        opener = lzma.open if path.name.endswith(XZ) else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            return [line for line in f.read().split("\n") if line.strip()]
-    except OSError as err:
-        raise TuningLogError(f"tuning logs: cannot read {path}: {err.strerror or err}") from None
-    except (lzma.LZMAError, EOFError) as err:
-        raise TuningLogError(f"tuning logs: cannot read {path}: not a whole xz file ({err})") from None
-
-
 def _expand(path: Path) -> None:
     """Give ``path`` its plain form where only the compressed one is there (a writer appends to it): written
     beside it and renamed, so a reader sees the compressed file or the whole plain one, then the compressed
     one removed."""
-    packed = _packed(path)
+    packed = packed_path(path)
     if path.exists() or not packed.exists():
         return
     lines = read_lines(path)
@@ -269,7 +228,7 @@ class LogStore:
         out = []
         for name in (WORKLOADS, RECORDS):
             try:
-                path = _stored(self.path / name)
+                path = stored_path(self.path / name)
                 st = path.stat()
                 out.append((path.name, st.st_size, st.st_mtime_ns))
             except OSError:
@@ -342,7 +301,7 @@ def _filled(workloads: dict, records: list, report: LoadReport, other: LogStore)
 
 def _indexed_workloads(path: Path):
     """The workloads of ``path`` by the index of its compressed form (:mod:`.workload_index`), or None."""
-    packed = _stored(path)
+    packed = stored_path(path)
     return indexed(packed) if packed.name.endswith(XZ) else None
 
 

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from .log_files import WORKLOADS, XZ, read_lines
+
 INDEX = "database_workload.hashes.json"
 
 
@@ -37,8 +39,6 @@ class Workloads(Mapping):
         if not isinstance(index, int) or not 0 <= index < len(self._hashes):
             raise KeyError(index)
         if self._lines is None:
-            from .database import read_lines
-
             self._lines = read_lines(self.path)
         return json.loads(self._lines[index])
 
@@ -73,8 +73,6 @@ def indexed(packed: Path) -> Workloads | None:
 def write_index(folder: Path) -> bool:
     """Write ``folder``'s index of its compressed workload file; False (and any old index removed) where there is
     no compressed file or a line does not parse (readers then parse the file)."""
-    from .database import WORKLOADS, XZ, read_lines
-
     folder, packed = Path(folder), Path(folder) / (WORKLOADS + XZ)
     target = folder / INDEX
     hashes = []
