@@ -12,14 +12,8 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from .utils import const_array, rewrite_functions
+from .utils import bound_call, const_array, rewrite_functions
 
-
-def _call(expr, op: str, lookup):
-    """``expr`` (or the value bound to it) when it is a call to ``op``, else None."""
-    if isinstance(expr, relax.Var):
-        expr = lookup(expr)
-    return expr if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == op else None
 
 
 def _fold(item, lookup):
@@ -27,15 +21,15 @@ def _fold(item, lookup):
     optional constant bias), else None. ``lookup``: a variable's bound value."""
     if not isinstance(item, relax.TupleGetItem) or int(item.index) != 0:
         return None
-    bn = _call(item.tuple_value, "relax.nn.batch_norm", lookup)
+    bn = bound_call(item.tuple_value, "relax.nn.batch_norm", lookup)
     if bn is None or not all(isinstance(a, Constant) for a in bn.args[1:5]):
         return None
-    conv, bias = _call(bn.args[0], "relax.nn.conv2d", lookup), None
+    conv, bias = bound_call(bn.args[0], "relax.nn.conv2d", lookup), None
     if conv is None:
-        add = _call(bn.args[0], "relax.add", lookup)
+        add = bound_call(bn.args[0], "relax.add", lookup)
         if add is None or not isinstance(add.args[1], Constant):
             return None
-        conv, bias = _call(add.args[0], "relax.nn.conv2d", lookup), add.args[1]
+        conv, bias = bound_call(add.args[0], "relax.nn.conv2d", lookup), add.args[1]
     if conv is None or not isinstance(conv.args[1], Constant):
         return None
     a, bn_attrs = conv.attrs, bn.attrs

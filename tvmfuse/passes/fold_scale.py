@@ -21,20 +21,13 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from .fold_bn import per_channel, scaled_conv
-from .utils import bindings_of, const_array, rewrite_functions, users_of
-
-
-def _call(expr, op: str, lookup):
-    """``expr`` (or the value bound to it) when it is a call of ``op``, else None."""
-    if isinstance(expr, relax.Var):
-        expr = lookup(expr)
-    return expr if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == op else None
+from .utils import bindings_of, bound_call, const_array, rewrite_functions, users_of
 
 
 def _split(call, op: str, lookup):
     """``(x, c)`` for ``call`` = ``op(x, c)`` or ``op(c, x)`` with ``c`` a constant (``x`` first where both are),
     else None."""
-    call = _call(call, op, lookup)
+    call = bound_call(call, op, lookup)
     if call is None:
         return None
     a, b = call.args
@@ -42,8 +35,8 @@ def _split(call, op: str, lookup):
 
 
 def _fold(call, lookup, uses: dict, shifted: bool):
-    """The replacement of ``call`` (``[+ constant after] * constant after [+ constant bias after] conv2d``, the
-    shift's add when ``shifted``, else the multiply), or None. ``uses``: readers of each variable; every value
+    """The replacement of ``call``, or None: of ``(conv2d(x, W) [+ bias]) * scale + shift`` (constants) when
+    ``shifted`` (``call`` the shift's add), else of ``(conv2d(x, W) [+ bias]) * scale`` (``call`` the multiply). ``uses``: readers of each variable; every value
     between the conv and ``call`` must have one (else folding would compute the conv twice)."""
     shift = None
     if shifted:
@@ -59,12 +52,12 @@ def _fold(call, lookup, uses: dict, shifted: bool):
     if scaled is None or not isinstance(scaled[0], relax.Var) or uses.get(scaled[0], 0) != 1:
         return None
     biased_var, scale = scaled
-    conv, bias = _call(biased_var, "relax.nn.conv2d", lookup), None
+    conv, bias = bound_call(biased_var, "relax.nn.conv2d", lookup), None
     if conv is None:
         found = _split(biased_var, "relax.add", lookup)
         if found is None or not isinstance(found[0], relax.Var) or uses.get(found[0], 0) != 1:
             return None
-        conv, bias = _call(found[0], "relax.nn.conv2d", lookup), found[1]
+        conv, bias = bound_call(found[0], "relax.nn.conv2d", lookup), found[1]
     if conv is None or not isinstance(conv.args[1], Constant):
         return None
     a = conv.attrs
@@ -92,7 +85,7 @@ def _scales_a_conv(func) -> bool:
         scaled = _split(value, "relax.multiply", lookup)
         if scaled is not None and isinstance(scaled[0], relax.Var):
             biased = _split(scaled[0], "relax.add", lookup)
-            if _call(scaled[0] if biased is None else biased[0], "relax.nn.conv2d", lookup) is not None:
+            if bound_call(scaled[0] if biased is None else biased[0], "relax.nn.conv2d", lookup) is not None:
                 return True
     return False
 

@@ -37,6 +37,13 @@ def op_name(expr) -> str | None:
     return getattr(getattr(expr, "op", None), "name", None)
 
 
+def bound_call(expr, op: str, lookup):
+    """``expr`` (or the value ``lookup`` gives for it, a variable) when it is a call to ``op``, else None."""
+    if isinstance(expr, relax.Var):
+        expr = lookup(expr)
+    return expr if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == op else None
+
+
 def bindings_of(func) -> list:
     """Every binding of a Relax function's body, block after block."""
     return [binding for block in func.body.blocks for binding in block.bindings]
