@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Iterable
 
 from ..targets import TargetSpec
-from .log_files import RECORDS, WORKLOADS, XZ, TuningLogError, packed_path, read_lines, stored_path
+from .log_files import (RECORDS, WORKLOADS, XZ, TuningLogError, packed_path, read_lines, stored_path,
+                        workload_entry)
 from .records import commit_records
 from .workload_index import INDEX, indexed, workload_hash
 
@@ -180,10 +181,7 @@ class LogStore:
             lines = []
         for i, line in enumerate(lines):
             try:
-                entry = json.loads(line)
-                if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
-                    raise ValueError("not a [hash, workload] pair")
-                workloads[i] = entry
+                workloads[i] = workload_entry(line)
             except (ValueError, RecursionError) as err:  # RecursionError: a line of deeply nested brackets
                 report.skipped.append((WORKLOADS, i + 1, f"corrupt workload line: {str(err)[:200]}"))
         want = _target_identity(self.spec.config)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import lzma
 from pathlib import Path
 
@@ -48,3 +49,12 @@ def read_lines(path: Path) -> list[str]:
         raise TuningLogError(f"tuning logs: cannot read {path}: {err.strerror or err}") from None
     except (lzma.LZMAError, EOFError) as err:
         raise TuningLogError(f"tuning logs: cannot read {path}: not a whole xz file ({err})") from None
+
+
+def workload_entry(line: str) -> list:
+    """A workload line parsed: ``[structural hash, base64 IRModule]``. Raises ValueError (or RecursionError, for a
+    line of deeply nested brackets) on anything else."""
+    entry = json.loads(line)
+    if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+        raise ValueError("not a [hash, workload] pair")
+    return entry

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from .log_files import WORKLOADS, XZ, read_lines
+from .log_files import WORKLOADS, XZ, read_lines, workload_entry
 
 INDEX = "database_workload.hashes.json"
 
@@ -61,11 +61,12 @@ def indexed(packed: Path) -> Workloads | None:
     """The workloads of compressed file ``packed`` by its index, or None (no index, or one of another file)."""
     try:
         index = json.loads((packed.parent / INDEX).read_text(encoding="utf-8"))
-        digest = hashlib.sha256(packed.read_bytes()).hexdigest()
+        if not isinstance(index, dict) or index.get("xz_sha256") != hashlib.sha256(packed.read_bytes()).hexdigest():
+            return None
     except (OSError, ValueError):
         return None
-    hashes = index.get("hashes") if isinstance(index, dict) else None
-    if index.get("xz_sha256") != digest or not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+    hashes = index.get("hashes")
+    if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
         return None
     return Workloads(packed, hashes)
 
@@ -75,16 +76,13 @@ def write_index(folder: Path) -> bool:
     no compressed file or a line does not parse (readers then parse the file)."""
     folder, packed = Path(folder), Path(folder) / (WORKLOADS + XZ)
     target = folder / INDEX
-    hashes = []
-    for line in read_lines(packed) if packed.exists() else [None]:
-        try:
-            entry = json.loads(line)
-        except (TypeError, ValueError, RecursionError):
-            entry = None
-        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
-            target.unlink(missing_ok=True)  # what LogStore.read skips as a corrupt line
-            return False
-        hashes.append(entry[0])
+    try:
+        hashes = [workload_entry(line)[0] for line in read_lines(packed)] if packed.exists() else None
+    except (ValueError, RecursionError):  # a line LogStore.read skips as corrupt
+        hashes = None
+    if hashes is None:
+        target.unlink(missing_ok=True)
+        return False
     partial = target.with_name(target.name + ".partial")
     partial.write_text(json.dumps({"xz_sha256": hashlib.sha256(packed.read_bytes()).hexdigest(),
                                    "hashes": hashes}) + "\n", encoding="utf-8")
@@ -94,4 +92,5 @@ def write_index(folder: Path) -> bool:
 
 if __name__ == "__main__":
     for name in sys.argv[1:]:
-        print(f"{name}: {'indexed' if write_index(Path(name)) else 'no compressed workload file to index'}")
+        done = write_index(Path(name))
+        print(f"{name}: " + ("indexed" if done else "not indexed (no compressed workload file, or a corrupt line)"))
