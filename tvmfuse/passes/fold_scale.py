@@ -34,32 +34,42 @@ def _split(call, op: str, lookup):
     return (a, b) if isinstance(b, Constant) else (b, a) if isinstance(a, Constant) else None
 
 
-def _fold(call, lookup, uses: dict, shifted: bool):
-    """The replacement of ``call``, or None: of ``(conv2d(x, W) [+ bias]) * scale + shift`` (constants) when
-    ``shifted`` (``call`` the shift's add), else of ``(conv2d(x, W) [+ bias]) * scale`` (``call`` the multiply). ``uses``: readers of each variable; every value
-    between the conv and ``call`` must have one (else folding would compute the conv twice)."""
+def _chain(call, lookup, uses: dict | None, shifted: bool):
+    """``(conv, bias, scale, shift)`` (bias and shift None where absent) when ``call`` ends ``(conv2d(x, W) [+ bias])
+    * scale + shift`` (the shift's add, ``shifted``) or ``(conv2d(x, W) [+ bias]) * scale`` (the multiply), with
+    ``W`` and the rest constants; else None. ``uses``: readers of each variable, where every value between the conv
+    and ``call`` must have one (else folding would compute the conv twice); None does not ask."""
+
+    def single(var) -> bool:
+        return isinstance(var, relax.Var) and (uses is None or uses.get(var, 0) == 1)
+
     shift = None
     if shifted:
         found = _split(call, "relax.add", lookup)
-        if found is None:
+        if found is None or not single(found[0]):
             return None
-        scaled_var, shift = found
-        if not isinstance(scaled_var, relax.Var) or uses.get(scaled_var, 0) != 1:
-            return None
-        scaled = _split(scaled_var, "relax.multiply", lookup)
-    else:
-        scaled = _split(call, "relax.multiply", lookup)
-    if scaled is None or not isinstance(scaled[0], relax.Var) or uses.get(scaled[0], 0) != 1:
+        call, shift = found
+    scaled = _split(call, "relax.multiply", lookup)
+    if scaled is None or not single(scaled[0]):
         return None
-    biased_var, scale = scaled
-    conv, bias = bound_call(biased_var, "relax.nn.conv2d", lookup), None
+    biased, scale = scaled
+    conv, bias = bound_call(biased, "relax.nn.conv2d", lookup), None
     if conv is None:
-        found = _split(biased_var, "relax.add", lookup)
-        if found is None or not isinstance(found[0], relax.Var) or uses.get(found[0], 0) != 1:
+        found = _split(biased, "relax.add", lookup)
+        if found is None or not single(found[0]):
             return None
         conv, bias = bound_call(found[0], "relax.nn.conv2d", lookup), found[1]
     if conv is None or not isinstance(conv.args[1], Constant):
         return None
+    return conv, bias, scale, shift
+
+
+def _fold(call, lookup, uses: dict, shifted: bool):
+    """The replacement of ``call`` (see :func:`_chain`), or None."""
+    chain = _chain(call, lookup, uses, shifted)
+    if chain is None:
+        return None
+    conv, bias, scale, shift = chain
     a = conv.attrs
     if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or conv.ty.dtype != "float32" \
             or any(str(x.ty.dtype) != "float32" for x in (scale,) + ((shift,) if shift is not None else ())):
@@ -75,19 +85,10 @@ def _fold(call, lookup, uses: dict, shifted: bool):
 
 
 def _scales_a_conv(func) -> bool:
-    """Whether ``func`` multiplies the output of a conv2d (or of a conv2d plus a constant) by a constant."""
+    """Whether ``func`` multiplies the output of a conv2d (or of a conv2d plus a constant) by a constant: the
+    multiply of every chain :func:`_fold` folds, shifted or not."""
     values = {b.var: b.value for b in bindings_of(func)}
-
-    def lookup(var):
-        return values.get(var)
-
-    for value in values.values():
-        scaled = _split(value, "relax.multiply", lookup)
-        if scaled is not None and isinstance(scaled[0], relax.Var):
-            biased = _split(scaled[0], "relax.add", lookup)
-            if bound_call(scaled[0] if biased is None else biased[0], "relax.nn.conv2d", lookup) is not None:
-                return True
-    return False
+    return any(_chain(value, values.get, None, False) is not None for value in values.values())
 
 
 @relax.expr_functor.mutator
