@@ -34,14 +34,14 @@ def test_gold_used_and_blank_sources_dropped(calls, tmp_path):
     code.write_text("int f(void) { return 1; }\n")
     obj.write_bytes(b"\x7fELF")
     link.create_shared(str(tmp_path / "m.so"), [str(obj), str(blank), str(code)], ["-I/x"])
-    assert calls == [([str(obj), str(code)], ["-I/x"] + link.GOLD)]
+    assert calls == [([str(obj), str(code)], ["-I/x"] + link.GOLD_OPTIONS)]
 
 
 def test_a_link_gold_refuses_is_done_again_by_the_default_linker(calls, tmp_path):
     calls.refuse_gold = True
     link.create_shared(str(tmp_path / "m.so"), ["a.o"], None)
     link.create_shared(str(tmp_path / "m.so"), ["b.o"], None)
-    assert calls == [(["a.o"], link.GOLD), (["a.o"], []), (["b.o"], [])]  # the process keeps to it
+    assert calls == [(["a.o"], link.GOLD_OPTIONS), (["a.o"], []), (["b.o"], [])]  # the process keeps to it
     assert link._GOLD["works"] is False
 
 

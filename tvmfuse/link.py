@@ -16,7 +16,7 @@ import os
 import shutil
 
 _GOLD = {"works": shutil.which("ld.gold") is not None}
-GOLD = ["-fuse-ld=gold", "-Wl,-soname,tvmfuse_model.so"]
+GOLD_OPTIONS = ["-fuse-ld=gold", "-Wl,-soname,tvmfuse_model.so"]
 
 
 def export_library(module, path: str) -> None:
@@ -38,7 +38,7 @@ def create_shared(output: str, objects, options=None, **kwargs) -> None:
     objects = [o for o in objects if not (o.endswith((".c", ".cc")) and _blank(o))]
     if _GOLD["works"]:
         try:
-            return cc.create_shared(output, objects, list(options or []) + GOLD, **kwargs)
+            return cc.create_shared(output, objects, list(options or []) + GOLD_OPTIONS, **kwargs)
         except RuntimeError:  # the default linker's error is the one to report, if it fails too
             _GOLD["works"] = False
     return cc.create_shared(output, objects, options, **kwargs)

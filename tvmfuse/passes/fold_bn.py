@@ -15,7 +15,6 @@ from tvm.ir.expr import Constant
 from .utils import bound_call, const_array, rewrite_functions
 
 
-
 def _fold(item, lookup):
     """The replacement of ``item`` (``batch_norm(...)[0]``) when it normalizes a constant-weight conv2d (with an
     optional constant bias), else None. ``lookup``: a variable's bound value."""

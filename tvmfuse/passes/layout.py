@@ -40,15 +40,14 @@ def transform_call(builder, compute, arg, out_shape, key=None, **kernel) -> rela
     """The ``call_tir`` of :func:`layout_kernel` (``compute`` on ``arg``, ``kernel`` its keywords), the kernel
     added to ``builder``'s module under its ``tvmfuse.kernel`` name. ``key`` (hashable): what ``compute`` is
     (with its parameters), for a kernel made before to be reused; None makes it again."""
-    found = None
-    if key is not None:
-        found = (key, tuple(int(d) for d in arg.ty.shape), str(arg.ty.dtype), tuple(sorted(kernel.items())))
-    func = _KERNELS.get(found) if found is not None else None
+    cache_key = None if key is None else (key, tuple(int(d) for d in arg.ty.shape), str(arg.ty.dtype),
+                                          tuple(sorted(kernel.items())))
+    func = _KERNELS.get(cache_key) if cache_key is not None else None
     if func is None:
         func = layout_kernel(compute, arg.ty, **kernel)
-        if found is not None:
+        if cache_key is not None:
             if len(_KERNELS) > 4096:
                 _KERNELS.clear()
-            _KERNELS[found] = func
+            _KERNELS[cache_key] = func
     gv = add_kernel(builder, func, str(func.attrs["tvmfuse.kernel"]))
     return relax.call_tir(gv, [arg], relax.TensorType(out_shape, arg.ty.dtype))
