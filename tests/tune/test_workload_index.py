@@ -58,6 +58,8 @@ def test_a_stale_index_is_ignored_and_a_writer_removes_it(tmp_path, entry):
     assert write_index(store.path)
     (store.path / INDEX).write_text(json.dumps({"xz_sha256": "0" * 64, "hashes": ["1"]}))
     assert store.read()[0] == {0: store.read()[0][0]} and not isinstance(store.read()[0], Workloads)
+    (store.path / INDEX).write_text("[1, 2]")  # not an index at all
+    assert not isinstance(store.read()[0], Workloads)
     assert write_index(store.path)
     store.append([entry])  # expands the compressed file: its index goes with it
     assert not (store.path / INDEX).exists() and (store.path / WORKLOADS).exists()
