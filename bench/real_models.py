@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                 time_row(row, args.repeat)
             print(f"  {row['model']} {target} {layout}: {row['status']} {row.get('error', '')}", file=sys.stderr,
                   flush=True)
-            for k in ("cm", "sess", "x", "proto"):
+            for k in ("cm", "sess", "x", "ort_x", "proto"):
                 row.pop(k, None)
             rows.append(row)
     columns = ["model", "target", "layout", "status", "max abs diff", "transforms", "import s", "compile s"]
