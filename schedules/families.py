@@ -64,6 +64,10 @@ class Int8:
     # "module.function" packing the weight for the NCHW16c kernel on targets without VNNI (backend
     # ``int8_weights == "pairs"``) where ``vnni_pack``'s layout would apply, as int16 pairs; None: none.
     pairs_pack: str | None = None
+    # "module.function" packing the weight into AMX tiles for targets with ``amx-int8`` (backend
+    # ``int8_weights == "amx"``); the family's compute then builds the tile kernel's form. None: the family
+    # takes VNNI's packing there.
+    amx_pack: str | None = None
     # The kernel repacks its input in a stage of its own whatever the layout (conv2d's NCHW4c ``data_pack``):
     # NCHW data costs it nothing, so no transform is inserted to hand it NCHW16c.
     repacks_input: bool = False
@@ -257,8 +261,9 @@ DEPTHWISE_CONV2D = Family(
 CONV2D = Family(
     "conv2d", "relax.nn.conv2d", "conv2d", residual=True,
     compute="computes.anchors.conv2d", blocked_compute="computes.anchors.conv2d_blocked",
-    int8=Int8("computes.int8.conv2d_kernel", "computes.int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
-              blocked_pack="computes.int8_ref.pack_conv2d_weight", repacks_input=True, anchor_block="conv2d_int8",
+    int8=Int8("computes.int8_amx.conv2d_kernel", "computes.int8_ref.pack_conv2d_weight", "NCHW, weight OIHW16o4i",
+              blocked_pack="computes.int8_ref.pack_conv2d_weight", amx_pack="computes.int8_amx.pack_weight",
+              repacks_input=True, anchor_block="conv2d_int8",
               pairs=True, signed_data=True,
               pad_block="data_pack", reference="computes.int8_ref.conv2d_ref"),
     kernels=(Kernel("conv2d", {"x86": "conv2d", "cuda": "conv2d"}), Kernel("conv2d_nchwc", {"x86": "conv2d_nchwc"}),

@@ -126,7 +126,10 @@ class Backend(_Base):
         # depthwise step transposes 64 bytes with vpermb)
         self.vnni = "avx512vnni" in features or "avxvnni" in features
         self.vbmi = "avx512vbmi" in features
-        self.int8_weights = ("vnni" if "avx512vnni" in features else "avxvnni" if self.vnni
+        # AMX: conv2d on tiles (.int8_amx); depthwise and dense keep VNNI's steps (a dense row of batch 1
+        # would fill one tile row of 16)
+        self.int8_weights = ("amx" if {"amx-int8", "avx512vnni"} <= features
+                             else "vnni" if "avx512vnni" in features else "avxvnni" if self.vnni
                              else "pairs" if self.vector_bits >= 256 else "")
 
     def int8_caution(self, weight_bits: int = 7) -> str:
@@ -219,11 +222,13 @@ class Backend(_Base):
     @staticmethod
     def kernel_passes() -> list:
         """The steps of padded convs that read only padding are skipped (:mod:`..padding_taps`): DeepLab's
-        dilated ASPP convs ran 2.2x faster (4.0 -> 1.8 ms on Zen 4)."""
+        dilated ASPP convs ran 2.2x faster (4.0 -> 1.8 ms on Zen 4). Kernels on AMX tiles ask Linux for the
+        tile state first (:func:`.int8_amx.with_tile_permission`)."""
         from ..padding_taps import SkipPaddingTaps
+        from .int8_amx import GrantTileState
         from .intrin.table_vbmi import VectorTableLookups
 
-        return [SkipPaddingTaps(), VectorTableLookups()]
+        return [SkipPaddingTaps(), VectorTableLookups(), GrantTileState()]
 
     def relax_pipeline(self, target, scheduling: list):
         """TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with

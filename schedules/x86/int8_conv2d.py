@@ -34,6 +34,7 @@ from .. import families
 from ..computes import int8
 from ..common import (accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor,
                       read_coefficients, vectorize_tile)
+from . import int8_amx
 from .intrin import madd_pairs, maddubs, vnni
 
 ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
@@ -161,7 +162,10 @@ def apply(func: tirx.PrimFunc, vector_bits: int, has_vnni: bool, config: Config 
 
 
 def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Config | None = None) -> bool:
-    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
+    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match. A kernel of the
+    AMX form (weight in tiles) takes :mod:`.int8_amx`'s rule."""
+    if int8_amx.matches(sch):
+        return int8_amx.schedule(sch)
     names = block_names(sch)
     if ANCHOR not in names or PAD not in names:
         return False

@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 DOMAIN = "tvmfuse"
 OP_TYPE = "IntegerMatMul"
 #: the backend's ``int8_weights`` whose INT8 kernels these rewrites use
-PACKINGS = ("vnni", "avxvnni", "pairs")
+PACKINGS = ("amx", "vnni", "avxvnni", "pairs")
 
 
 def scalar(value: np.ndarray | None) -> bool:

@@ -170,7 +170,8 @@ def _operands(case: KernelCase, spec) -> tuple[dict, np.ndarray, bool]:
 
     family, weights = families.FAMILIES[case.family].int8, spec.backend().int8_weights
     data = case_data(case, weight_limit(family, weights))
-    packed = packed_weight(family, data["weight"], family.pack, weights)
+    pack = family.amx_pack if weights == "amx" and family.amx_pack else family.pack  # AMX targets: conv2d tiles
+    packed = packed_weight(family, data["weight"], pack, weights)
     return data, packed, exact_pairs(family, packed, weights)
 
 

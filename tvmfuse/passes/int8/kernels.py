@@ -168,7 +168,7 @@ class Int8Constants:
 
 def weight_packing(spec) -> str:
     """How the target's INT8 kernels take their weights (a ``TargetSpec``; None: an unnamed CPU): its
-    backend's ``int8_weights``, ``"vnni"``, ``"avxvnni"``, ``"pairs"``, ``"signed"`` or ``""``."""
+    backend's ``int8_weights``, ``"amx"``, ``"vnni"``, ``"avxvnni"``, ``"pairs"``, ``"signed"`` or ``""``."""
     return spec.backend().int8_weights if spec is not None else ""
 
 
@@ -189,7 +189,8 @@ def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
     kernel of ``part`` takes it: an NCHW16c kernel with dilation 1 along the row (the depthwise taps in fours
     read neighbouring pixels); None otherwise."""
     spec = families.FAMILIES[part.family].int8
-    pack = {"vnni": spec.vnni_pack, "pairs": spec.pairs_pack, "avxvnni": spec.pairs_pack}.get(weights)
+    packs = {"vnni": spec.vnni_pack, "amx": spec.vnni_pack, "pairs": spec.pairs_pack, "avxvnni": spec.pairs_pack}
+    pack = packs.get(weights)
     return pack if blocked and pack is not None and part.conv.get("dilation", [1, 1])[-1] == 1 else None
 
 
@@ -224,6 +225,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     width, taps = None, taps_pack(part, blocked, weights)
     if taps:
         pack, width = taps, int(wq.shape[-1])
+    elif weights == "amx" and spec.amx_pack:
+        pack = spec.amx_pack
     packed = packed_weight(spec, wq, pack, weights)
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width,
                          exact_pairs(spec, packed, weights))

@@ -1,0 +1,154 @@
+"""INT8 conv2d on AMX tiles (:func:`tvmfuse.schedules.computes.int8_amx.conv2d_compute`), x86 with ``amx-int8``.
+
+An output tile is ``oc_blocks`` blocks of 16 channels by ``pixels`` pixels of one output row; the whole
+reduction (64-channel chunks, kernel rows, kernel columns) is one call of the tile kernel of
+:mod:`.intrin.amx`, which keeps the tile's accumulators in AMX tiles throughout and stores them to a local
+int32 buffer, from which the requantize epilogue writes the output (vectorized, as the VNNI rule does). The
+input is repacked into 64-channel pixels with the zero point around (``data_pack``, one parallel pass); the
+parallel axis is (batch, channel tile, output row).
+
+Tiles: the row is cut into the widest tile of at most 2 runs of 16 pixels that divides it (28 -> 2 x 14, 56 ->
+2 x 14, 7 -> 7), with 2 channel blocks where the outputs allow (4 accumulators at most, AMX has 8 tiles: 2 for
+pixel runs, 2 for weights). The process asks Linux for the tile state once per kernel call
+(:data:`.intrin.amx.PERMISSION_SYSCALL`, a syscall of well under a microsecond).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..common import inline_epilogue, iterations, read_coefficients, vectorize_tile
+from ..computes import int8_amx
+from .intrin import amx
+
+ANCHOR, PAD = int8_amx.ANCHOR, int8_amx.PAD
+KIND = "amx"  # the tile kernel; tests pass "emulated" to run the same program without AMX
+TILES_MARK = "tvmfuse.amx_tiles"  # on the root block of a kernel that runs AMX tile instructions
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """``oc_blocks`` x 16 output channels by ``pixels`` output pixels of a row per tile; ``kind`` the tile
+    kernel's implementation (:data:`.intrin.amx.KINDS`)."""
+
+    oc_blocks: int
+    pixels: int
+    kind: str = KIND
+
+
+def default_config(out_channel_blocks: int, out_width: int, kind: str = KIND) -> Config:
+    """The widest pixel count (2 runs of at most 16, or one) that divides the row, 2 channel blocks when they
+    divide the outputs and the pixels are one run, else 1."""
+    pixels = max((p for p in range(1, 2 * amx.MAX_ROWS + 1) if out_width % p == 0 and _fits(p)), default=1)
+    groups, _ = amx.groups_of(pixels)
+    oc_blocks = 2 if out_channel_blocks % 2 == 0 and groups * 2 <= len(amx.ACC_TILES) else 1
+    return Config(oc_blocks, pixels, kind)
+
+
+def _fits(pixels: int) -> bool:
+    try:
+        amx.groups_of(pixels)
+    except ValueError:
+        return False
+    return True
+
+
+def matches(sch: s_tir.Schedule) -> bool:
+    """Whether ``sch`` holds the AMX compute's anchor (10 loops: n, ob, oh, ow, oi, rc, ry, rx, rk, rq)."""
+    try:
+        anchor = sch.get_sblock(ANCHOR)
+    except Exception:  # noqa: BLE001 - tvm raises its own error type for a missing block
+        return False
+    return len(sch.get_loops(anchor)) == 10
+
+
+def apply(func: tirx.PrimFunc, config: Config | None = None) -> tirx.PrimFunc | None:
+    """Schedule an AMX INT8 conv2d kernel; None when ``func`` is not one (or ``config`` does not divide it)."""
+    sch = s_tir.Schedule(func)
+    return sch.mod["main"] if schedule(sch, config) else None
+
+
+def schedule(sch: s_tir.Schedule, config: Config | None = None) -> bool:
+    """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
+    if not matches(sch):
+        return False
+    anchor = sch.get_sblock(ANCHOR)
+    n, ob, oh, ow, oi, rc, ry, rx, rk, rq = sch.get_loops(anchor)
+    extents = [int(sch.get(loop).extent) for loop in (ob, ow, rc, ry, rx)]
+    o_blocks, out_width, chunks, kh, kw = extents
+    cfg = config or default_config(o_blocks, out_width)
+    if o_blocks % cfg.oc_blocks or out_width % cfg.pixels:
+        return False
+    amx.check_shape(cfg.oc_blocks, cfg.pixels)
+    sw, dh, dw = _geometry(sch, anchor)
+    epilogue = inline_epilogue(sch, ANCHOR)
+    ob_o, ob_i = sch.split(ob, [None, cfg.oc_blocks])
+    ow_o, ow_i = sch.split(ow, [None, cfg.pixels])
+    sch.reorder(n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i, oi, rk, rq)
+    local = sch.cache_write(anchor, 0, "local")
+    consumer = local if epilogue is None else epilogue
+    if epilogue is not None:
+        sch.compute_inline(local)
+    sch.reverse_compute_at(consumer, ow_o, preserve_unit_loops=True)
+    vectorize_tile(sch, consumer, ow_o)
+    serial = iterations(sch, anchor) < (1 << 16)
+    rows = sch.fuse(n, ob_o, oh)
+    if not serial:
+        sch.parallel(rows)
+    init = sch.decompose_reduction(anchor, rc)
+    vectorize_tile(sch, init, ow_o)
+    sch.tensorize(rc, amx.ensure(cfg.kind, cfg.oc_blocks, cfg.pixels, chunks, kh, kw, sw, dh, dw))
+    if cfg.kind == "amx":
+        sch.annotate(sch.get_sblock("root"), TILES_MARK, 1)
+    _schedule_pack(sch, serial)
+    return True
+
+
+def _geometry(sch: s_tir.Schedule, anchor) -> tuple[int, int, int]:
+    """(stride along the row, dilation of rows, dilation along the row), read off the packed input's indices."""
+    block = sch.get(anchor)
+    x_var, ry_var, rx_var = (block.iter_vars[i].var for i in (3, 6, 7))
+    sw = read_coefficients(block, PAD, 3, [x_var])
+    dh = read_coefficients(block, PAD, 2, [ry_var])
+    dw = read_coefficients(block, PAD, 3, [rx_var])
+    return (sw[0] if sw else 1), (dh[0] if dh else 1), (dw[0] if dw else 1)
+
+
+def _schedule_pack(sch: s_tir.Schedule, serial: bool) -> None:
+    """NCHW(16c) -> 64-channel pixels with the zero-point border: parallel over (batch, chunk, row), each
+    pixel's 64 bytes one vector."""
+    pack = sch.get_sblock(PAD)
+    b, cb, y, x, k, q = sch.get_loops(pack)
+    rows = sch.fuse(b, cb, y)
+    if not serial:
+        sch.parallel(rows)
+    sch.vectorize(sch.fuse(k, q))
+
+
+def uses_tiles(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` was scheduled by this rule with the AMX tile kernel (its root block's mark)."""
+    body = func.body
+    return isinstance(body, s_tir.SBlockRealize) and TILES_MARK in body.block.annotations
+
+
+def with_tile_permission(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` asking Linux for the AMX tile state first when it uses tiles (unchanged otherwise): a tile
+    instruction before the request faults (SIGILL), and a library loaded by any process cannot count on the
+    host having asked. Granted once per process; later requests return at once."""
+    if not uses_tiles(func):
+        return func
+    call = tirx.call_extern("int64", "syscall", *(tirx.const(v, "int64") for v in amx.PERMISSION_SYSCALL))
+    return func.with_body(tirx.SeqStmt([tirx.Evaluate(call), func.body]))
+
+
+def GrantTileState() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+    """:func:`with_tile_permission` on every PrimFunc of a module (a backend kernel pass)."""
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmfuse.GrantTileState")
+    def _pass(func, _mod, _ctx):
+        return with_tile_permission(func)
+
+    return _pass

@@ -1,0 +1,200 @@
+"""INT8 conv2d on AMX tiles (schedules/x86/int8_amx.py, intrin/amx.py, computes/int8_amx.py).
+
+Bit-exact against ``int8_ref.conv2d_ref`` on any CPU through the emulated tile program (the same tile loads,
+stores and strides as the AMX code, each tile a local array); the AMX build's instructions from its assembly;
+the AMX code itself where this CPU has AMX (otherwise skipped; ``bench/device/`` runs it on the lent host).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import te
+
+import tvmfuse
+from tvmfuse import targets
+from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
+from tvmfuse.schedules.x86 import int8_amx as rule
+from tvmfuse.schedules.x86.intrin import amx
+
+from helpers.int8_kernels import Conv, codes, epilogue, kernel_data
+
+SAPPHIRE = {"kind": "llvm", "mcpu": "sapphirerapids"}
+HAS_AMX = "amx_int8" in targets._cpuinfo_flags()
+
+CASES = [
+    (Conv(64, 32, 14, 1), None),  # one chunk, 2 channel blocks
+    (Conv(19, 37, 14, 3, pad=1, act="relu"), None),  # C, O not multiples of 16
+    (Conv(3, 20, 15, 7, stride=2, pad=3), None),  # 7x7 stem, stride 2
+    (Conv(32, 16, 9, 1, out="float32", act="relu6"), None),  # dequantized output
+    (Conv(21, 33, 11, 3, stride=2, residual="uint8", out="int8"), None),  # residual add, no padding
+    (Conv(8, 5, 12, 3, pad=2, dilation=2, za=255), None),  # dilation
+    (Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"), None),  # batch 2, asymmetric
+    (Conv(24, 40, 7, 1, act="hardswish"), None),
+    (Conv(130, 64, 28, 1), rule.Config(2, 28, "emulated")),  # 3 chunks, 2 runs x 2 blocks: 4 accumulators
+    (Conv(70, 32, 28, 3, pad=1, za=0), rule.Config(1, 4, "emulated")),
+]
+
+
+def _conv(case: Conv, blocked: bool = False, out_layout: str = "NCHW"):
+    n, c, h, w = case.in_shape()
+    shape = (n, -(-c // 16), h, w, 16) if blocked else case.in_shape()
+    x = te.placeholder(shape, "uint8", name="x")
+    wt = te.placeholder((-(-case.o // 16), -(-c // 64), case.k, case.k, 16, 16, 4), "int8", name="w")
+    out_shape = int8.out_shape_of(*case.out_shape()[:1], case.o, *case.out_shape()[2:], out_layout)
+    lanes = case.o if out_layout == "NCHW" else out_shape[1] * 16  # NCHW16c: bias and multiplier padded
+    b, m = te.placeholder((lanes,), "int32", name="b"), te.placeholder((lanes,), "float32", name="m")
+    r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
+    out = int8_amx.conv2d_kernel(x, wt, b, m, r, channels=case.o, strides=case.stride, padding=case.pad,
+                                 dilation=case.dilation, input_zero_point=case.za,
+                                 epilogue=epilogue(case.out, case.act, case.residual), out_layout=out_layout)
+    return int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out]), out
+
+
+def _to_blocked(a: np.ndarray) -> np.ndarray:
+    n, c, h, w = a.shape
+    full = np.zeros((n, -(-c // 16) * 16, h, w), a.dtype)
+    full[:, :c] = a
+    return np.ascontiguousarray(full.reshape(n, -1, 16, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _check(case: Conv, config, blocked=False, out_layout="NCHW", target=None, kind="emulated"):
+    func, out = _conv(case, blocked, out_layout)
+    config = config or rule.default_config(-(-case.o // 16), case.out_shape()[3], kind)
+    sched = rule.apply(func, config)
+    assert sched is not None
+    rng = np.random.default_rng(1)
+    x = codes(rng, case.in_shape(), "uint8", False)
+    w = codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
+    ep = epilogue(case.out, case.act, case.residual)
+    ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad, dilation=case.dilation,
+                              input_zero_point=case.za, epilogue=ep)
+    blocked_out = out_layout != "NCHW"
+    args = [_to_blocked(x) if blocked else x, int8_amx.pack_weight(w), int8_ref.fold_zero_point(bias, w, case.za),
+            _padded(mult, out) if blocked_out else mult]
+    args[2] = _padded(args[2], out) if blocked_out else args[2]
+    if res is not None:
+        args.append(_to_blocked(res) if blocked_out else res)
+    spec = targets.resolve(target or "x86-host")
+    lib = tvm.compile(tvm.IRModule({"main": rule.with_tile_permission(sched).with_attr("global_symbol", "main")}),
+                      target=spec.tvm_target())
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
+    lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], got)
+    got = got.numpy()
+    if blocked_out:  # the padded output channels hold the epilogue of a zero sum: not compared
+        n, blocks, h, w, _ = got.shape
+        got = got.transpose(0, 1, 4, 2, 3).reshape(n, blocks * 16, h, w)[:, :case.o]
+    np.testing.assert_array_equal(got, ref)
+    if case.out != "float32":
+        assert len(np.unique(ref)) > 2
+    return config
+
+
+def _padded(values: np.ndarray, out) -> np.ndarray:
+    length = int(out.shape[1]) * 16
+    return np.concatenate([values, np.zeros(length - len(values), values.dtype)])
+
+
+@pytest.mark.parametrize("case,config", CASES, ids=lambda v: str(v) if isinstance(v, Conv) else "")
+def test_emulated_tiles_bit_exact(case, config):
+    _check(case, config)
+
+
+def test_blocked_input_and_output():
+    """NCHW16c codes in (the padded channels' garbage never read: their weights are zero) and out."""
+    _check(Conv(40, 24, 10, 3, pad=1, act="relu", residual="uint8"), None, blocked=True, out_layout="NCHW16c")
+
+
+def test_weight_packing_round_trip_and_tile_rows():
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (37, 70, 3, 3)).astype(np.int8)
+    packed = int8_amx.pack_weight(w)
+    assert packed.shape == (3, 2, 3, 3, 16, 16, 4)
+    np.testing.assert_array_equal(int8_amx.unpack_weight(packed, 37, 70), w)
+    # a tile's row k, column 4i + q: input channel 64c + 4k + q of output 16b + i
+    assert packed[1, 0, 2, 1, 5, 3, 2] == w[16 + 3, 4 * 5 + 2, 2, 1]
+    assert not packed[:, 1, :, :, 2:].any()  # channels 72.. of chunk 1 are padding
+
+
+def test_tile_config_record():
+    record = amx.tile_config(2, 28)  # 2 blocks x 2 runs of 14: accumulators 0-3, A 4-5, B 6-7
+    assert record[0] == 1 and len(record) == 64
+    assert [record[48 + t] for t in range(8)] == [14, 14, 14, 14, 14, 14, 16, 16]
+    assert all(record[16 + 2 * t] == 64 and record[17 + 2 * t] == 0 for t in range(8))
+    assert not any(record[1:16]) and not any(record[32:48]) and not any(record[56:])
+    with pytest.raises(ValueError):
+        amx.check_shape(3, 8)  # 3 weight tiles
+    with pytest.raises(ValueError):
+        amx.groups_of(33)
+
+
+def test_the_tile_kernel_configures_the_record():
+    """The AMX program stores tile_config's 64 bytes as 8 little-endian words, then ldtilecfg reads them."""
+    text = amx.impl("amx", 2, 28, 1, 3, 3, 1, 1, 1).script()
+    words = [int(v) for v in re.findall(r"T.uint64\((\d+)\)", text)]
+    assert b"".join(w.to_bytes(8, "little") for w in words) == bytes(amx.tile_config(2, 28))
+    assert text.index("llvm.x86.ldtilecfg") > text.rindex("T.uint64(")
+
+
+def test_default_tiles():
+    assert rule.default_config(4, 56) == rule.Config(2, 28)
+    assert rule.default_config(3, 7) == rule.Config(1, 7)
+    assert rule.default_config(2, 13) == rule.Config(2, 13)
+    assert rule.default_config(2, 17) == rule.Config(2, 1)  # a prime row over 16: one pixel a tile
+
+
+def _amx_assembly(case: Conv) -> str:
+    func, _ = _conv(case)
+    sched = rule.with_tile_permission(rule.apply(func))
+    lib = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}),
+                      target=tvm.target.Target(SAPPHIRE))
+    return lib.mod.inspect_source("asm")
+
+
+def test_amx_build_instructions():
+    """2 chunks x 9 taps x (2 runs x 2 blocks): per tap 4 tdpbusd, 2 data and 2 weight loads; the accumulators
+    loaded and stored once; the tiles configured once per call, the tile state asked for once per kernel."""
+    asm = _amx_assembly(Conv(70, 32, 28, 3, pad=1))
+    found = collections.Counter(re.findall(r"\b(ldtilecfg|tileloadd|tdpbusd|tilestored|vpdpbusd)\b", asm))
+    assert found == {"tdpbusd": 72, "tileloadd": 4 + 18 * 4, "tilestored": 4, "ldtilecfg": 1}, found
+    assert re.search(r"call\w*\s+syscall", asm)
+
+
+def test_quantize_for_an_amx_cpu_puts_convs_on_tiles(tmp_path):
+    """The passes pack conv weights into tiles for a target with amx-int8 (dense stays on VNNI), not for
+    x86-avx512, which turns AMX off."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1, "W")
+    d = numpy_helper.from_array(rng.standard_normal((10, 32 * 8 * 8)).astype(np.float32) * 0.1, "D")
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "D"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], [w, d])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    calib = [{"x": rng.random((1, 16, 8, 8)).astype(np.float32)}]
+    assert targets.resolve(SAPPHIRE).backend().int8_weights == "amx"
+    assert targets.resolve("x86-avx512").backend().int8_weights == "vnni"
+    with pytest.warns(UserWarning, match="lacks"):
+        tiles = tvmfuse.quantize(model, calib=calib, target=SAPPHIRE)
+    asm = tiles.kernel_source("asm")
+    assert "tdpbusd" in asm and "vpdpbusd" in asm  # the conv on tiles, the dense on VNNI
+    plain = tvmfuse.quantize(model, calib=calib, target="x86-avx512").kernel_source("asm")
+    assert "tdpbusd" not in plain and "ldtilecfg" not in plain
+
+
+def test_unmarked_kernels_are_left_alone():
+    func, _ = _conv(Conv(16, 16, 7, 1))
+    emulated = rule.apply(func, rule.Config(1, 7, "emulated"))
+    assert rule.with_tile_permission(emulated).same_as(emulated)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX (amx_int8); the emulated tiles are checked above")
+@pytest.mark.parametrize("case,config", CASES[:4] + CASES[8:], ids=lambda v: str(v) if isinstance(v, Conv) else "")
+def test_amx_tiles_bit_exact(case, config):
+    _check(case, config and rule.Config(config.oc_blocks, config.pixels), target=SAPPHIRE, kind="amx")
