@@ -155,6 +155,17 @@ def machine() -> str:
     return cpu_name()
 
 
+def openvino_isas(request) -> set[str]:
+    """The kinds of the conv and matmul primitives an OpenVINO request runs (``brgconv_avx2_1x1_I8``,
+    ``jit_avx512_core_vnni_1x1_I8``, ...): which ISA oneDNN took."""
+    kinds = set()
+    for op in request.get_compiled_model().get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) in ("Convolution", "FullyConnected", "MatMul"):
+            kinds.add(info["primitiveType"].astype(str))
+    return kinds
+
+
 def openvino_runner(model, shapes: dict, calib: list | None = None):
     """An OpenVINO CPU request for ``model`` at ``shapes``, float32, THREADS threads; None if not installed.
 

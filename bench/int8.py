@@ -5,6 +5,7 @@
     python bench/int8.py --models ppocrv5_det,layout_cdla   # corpus models (fetched), at their table shape
     python bench/int8.py --models all --no-peers            # every zoo and corpus model, tvmfuse FP32 vs INT8
     python bench/int8.py --no-peers --other-bits            # 7- and 8-bit weights (a CPU without VNNI)
+    python bench/int8.py --avx2                             # AVX2 code of tvmfuse and OpenVINO, on an AVX-512 host
 
 Up to seven contenders per model, same thread count (TVM_NUM_THREADS, default 2), timed in alternating blocks
 (common.interleaved_medians) on the same seeded input:
@@ -19,6 +20,11 @@ Up to seven contenders per model, same thread count (TVM_NUM_THREADS, default 2)
 - with the ``bench`` extra: OpenVINO FP32, and OpenVINO INT8, the model quantized by NNCF (``nncf.quantize``,
   OpenVINO's own post-training quantizer) on the same calibration batches.
 
+``--avx2`` measures what an AVX2-only CPU (a Zen 3) runs, on any newer x86 host: tvmfuse builds for ``znver3``
+(``TVMFUSE_HOST_CPU``) and OpenVINO's oneDNN kernels are capped at AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``; the header
+lists the ISAs of OpenVINO's conv and matmul primitives, to show the cap took). onnxruntime has no such cap (MLAS
+picks its kernels from CPUID), so its timings are left out; tvmfuse on onnxruntime's QDQ model stays.
+
 Prints a Markdown table: median ms per contender and the ratios tvmfuse INT8 / tvmfuse FP32, tvmfuse INT8 /
 onnxruntime INT8 and tvmfuse(ORT QDQ) / onnxruntime INT8 (lower is better). The header names the SIMD the
 INT8 kernels used: on a CPU without AVX512-VNNI they run the AVX2 step, not ``vpdpbusd``.
@@ -27,6 +33,7 @@ INT8 kernels used: on a CPU without AVX512-VNNI they run the AVX2 step, not ``vp
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -34,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (THREADS, inputs_for, interleaved_medians, named_model, openvino_runner,  # noqa: E402
+from common import (THREADS, inputs_for, interleaved_medians, named_model, openvino_isas, openvino_runner,  # noqa: E402
                     ort_session, table)
 
 import onnx  # noqa: E402
@@ -83,8 +90,11 @@ def _timed(fn):
     return result, time.perf_counter() - start
 
 
+OPENVINO_ISAS: set[str] = set()  # the kinds of OpenVINO's INT8 conv and matmul primitives seen
+
+
 def measure(name: str, target: str, repeat: int, calib_batches: int, method: str, peers: bool = True,
-            other_bits: bool = False) -> dict:
+            other_bits: bool = False, ort: bool = True) -> dict:
     """Build the contenders of one model (only tvmfuse FP32 and INT8 when not ``peers``), time them alternately;
     with ``other_bits`` also tvmfuse INT8 with the other weight width than the target's default (8 bits where
     it quantizes to 7: a CPU without VNNI)."""
@@ -100,7 +110,7 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
         fns[f"tvmfuse INT8 {bits}-bit"] = lambda: other.run(x)
     imported, imported_s, qdq_kernels = None, float("nan"), "-"
     if peers:
-        imported, imported_s = _add_peers(fns, name, model, shapes, batches, target, x)
+        imported, imported_s = _add_peers(fns, name, model, shapes, batches, target, x, ort)
         qdq_report = imported.record.qdq if imported is not None else {}
         on_int8 = qdq_report.get("int8_kernels", 0)
         qdq_kernels = f"{on_int8}/{on_int8 + len(qdq_report.get('kept_float', []))}"
@@ -111,7 +121,7 @@ def measure(name: str, target: str, repeat: int, calib_batches: int, method: str
             "qdq kernels": qdq_kernels}
 
 
-def _add_peers(fns: dict, name: str, model, shapes, batches: list, target: str, x: dict):
+def _add_peers(fns: dict, name: str, model, shapes, batches: list, target: str, x: dict, ort: bool = True):
     """Add onnxruntime FP32 / QDQ INT8, tvmfuse on that QDQ model and OpenVINO FP32 / NNCF INT8 to ``fns``;
     returns tvmfuse's compile of the QDQ model (None when it does not compile) and its seconds."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,15 +131,18 @@ def _add_peers(fns: dict, name: str, model, shapes, batches: list, target: str, 
     except TvmfuseError as e:  # e.g. onnxruntime wrote a per-channel DequantizeLinear into an opset-11 model
         print(f"{name}: tvmfuse does not compile onnxruntime's QDQ model: {e}", file=sys.stderr)
         imported, imported_s = None, float("nan")
-    ort_fp32, ort_int8 = ort_session(model), ort_session(qdq)
-    fns.update({"ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x),
-                **({"tvmfuse(ORT QDQ)": lambda: imported.run(x)} if imported is not None else {})})
+    if ort:
+        ort_fp32, ort_int8 = ort_session(model), ort_session(qdq)
+        fns.update({"ORT FP32": lambda: ort_fp32.run(None, x), "ORT INT8": lambda: ort_int8.run(None, x)})
+    if imported is not None:
+        fns["tvmfuse(ORT QDQ)"] = lambda: imported.run(x)
     shapes = {k: v.shape for k, v in x.items()}
     ov_fp32, ov_int8 = openvino_runner(model, shapes), openvino_runner(model, shapes, calib=batches)
     if ov_fp32 is not None:
         fns["OV FP32"] = lambda: ov_fp32.infer(x)
     if ov_int8 is not None:
         fns["OV INT8"] = lambda: ov_int8.infer(x)
+        OPENVINO_ISAS.update(openvino_isas(ov_int8))
     return imported, imported_s
 
 
@@ -170,10 +183,15 @@ def main(argv=None) -> int:
     p.add_argument("--no-peers", action="store_true",
                    help="time tvmfuse FP32 and INT8 only (no onnxruntime or OpenVINO quantization): a sweep over "
                         "many models")
+    p.add_argument("--avx2", action="store_true",
+                   help="AVX2 code on this (newer) host: tvmfuse for znver3, OpenVINO capped at AVX2, no onnxruntime")
     p.add_argument("--other-bits", action="store_true",
                    help="also tvmfuse INT8 with the other weight width (8 bits where the target's default is 7: "
                         "a CPU without VNNI; 7 elsewhere)")
     args = p.parse_args(argv)
+    if args.avx2:  # before any target resolves or OpenVINO loads its plugin
+        os.environ[targets.HOST_CPU_ENV] = "znver3"
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
     spec = targets.resolve(args.target)
     if args.models == "all":
         from tvmfuse import corpus, zoo
@@ -184,16 +202,18 @@ def main(argv=None) -> int:
         print(f"{m} ...", file=sys.stderr, flush=True)
         try:
             rows.append(_row(measure(m, args.target, args.repeat, args.calib_batches, args.method, not args.no_peers,
-                                     args.other_bits)))
+                                     args.other_bits, ort=not args.avx2)))
         except Exception as e:  # noqa: BLE001 - one model's failure is reported, the sweep goes on
             failed.append(f"{m}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             print(f"{m} FAILED: {failed[-1]}", file=sys.stderr, flush=True)
-    if args.no_peers:
-        peer = lambda k: "ORT" in k or "OV " in k or k.startswith("QDQ")  # noqa: E731 - the peers' columns
-        rows = [{k: v for k, v in r.items() if not peer(k)} for r in rows]
+    if args.no_peers or args.avx2:
+        dropped = (lambda k: "ORT" in k or "OV " in k or k.startswith("QDQ")) if args.no_peers else (  # noqa: E731
+            lambda k: k.startswith("ORT") or "/ ORT" in k)  # --avx2: onnxruntime ran uncapped, so not at all
+        rows = [{k: v for k, v in r.items() if not dropped(k)} for r in rows]
     print(f"# INT8 bench: batch 1, {THREADS} threads, target {args.target} ({spec.config.get('mcpu')}), "
           f"INT8 on {_simd(spec)}; {platform.processor() or platform.machine()}, tvmfuse {tvmfuse.__version__}, "
-          f"TVM {tvm.__version__}, onnxruntime {_ort_version()}")
+          f"TVM {tvm.__version__}, onnxruntime {_ort_version()}"
+          + (f"; OpenVINO INT8 primitives: {', '.join(sorted(OPENVINO_ISAS))}" if OPENVINO_ISAS else ""))
     if rows:
         print(table(rows, list(rows[0])))
     for f in failed:
