@@ -213,7 +213,7 @@ def test_unrolled_taps_are_left_alone():
 
 def test_compile_and_the_tuners_builder_run_it(monkeypatch):
     names = [p.info.name for p in x86.Backend.kernel_passes()]
-    assert names == ["tvmfuse.SkipPaddingTaps", "tvmfuse.VectorTableLookups"]
+    assert names == ["tvmfuse.SkipPaddingTaps", "tvmfuse.VectorTableLookups", "tvmfuse.GrantTileState"]
     seen = []
     real = padding_taps.skip_padding_taps
     monkeypatch.setattr(padding_taps, "skip_padding_taps", lambda f: seen.append(f) or real(f))
