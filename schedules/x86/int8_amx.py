@@ -118,14 +118,21 @@ def _geometry(sch: s_tir.Schedule, anchor) -> tuple[int, int, int]:
 
 
 def _schedule_pack(sch: s_tir.Schedule, serial: bool) -> None:
-    """NCHW(16c) -> 64-channel pixels with the zero-point border: parallel over (batch, chunk, row), each
-    pixel's 64 bytes one vector."""
+    """NCHW(16c) -> 64-channel pixels with the zero-point border: parallel over (batch, chunk, row). From
+    NCHW16c each 16 channels of a pixel are one 16-byte vector (4 per 64-channel pixel; vectorized over all 64
+    they were gathers, 63 ``vpgatherdd`` per kernel); from NCHW a pixel's channels lie a plane apart anyway."""
     pack = sch.get_sblock(PAD)
     b, cb, y, x, k, q = sch.get_loops(pack)
     rows = sch.fuse(b, cb, y)
     if not serial:
         sch.parallel(rows)
-    sch.vectorize(sch.fuse(k, q))
+    source = sch.get(pack).reads[0].source
+    if len(source.shape) == 5 and int(source.shape[4]) == 16:
+        kb, kl = sch.split(k, [None, 4])  # channels 16 kb .. 16 kb + 15: one NCHW16c block
+        sch.unroll(kb)
+        sch.vectorize(sch.fuse(kl, q))
+    else:
+        sch.vectorize(sch.fuse(k, q))
 
 
 def uses_tiles(func: tirx.PrimFunc) -> bool:

@@ -149,8 +149,8 @@ def test_default_tiles():
     assert rule.default_config(2, 17) == rule.Config(2, 1)  # a prime row over 16: one pixel a tile
 
 
-def _amx_assembly(case: Conv) -> str:
-    func, _ = _conv(case)
+def _amx_assembly(case: Conv, blocked: bool = False) -> str:
+    func, _ = _conv(case, blocked, "NCHW16c" if blocked else "NCHW")
     sched = rule.with_tile_permission(rule.apply(func))
     lib = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}),
                       target=tvm.target.Target(SAPPHIRE))
@@ -164,6 +164,15 @@ def test_amx_build_instructions():
     found = collections.Counter(re.findall(r"\b(ldtilecfg|tileloadd|tdpbusd|tilestored|vpdpbusd)\b", asm))
     assert found == {"tdpbusd": 72, "tileloadd": 4 + 18 * 4, "tilestored": 4, "ldtilecfg": 1}, found
     assert re.search(r"call\w*\s+syscall", asm)
+
+
+def test_blocked_codes_are_packed_with_plain_moves():
+    """From NCHW16c codes (what INT8 kernels pass each other) each 16 channels of a pixel are one 16-byte move
+    into the 64-channel pixel, and the NCHW16c output is stored from the accumulators as they lie: no gathers,
+    no byte inserts."""
+    asm = _amx_assembly(Conv(64, 32, 14, 3, pad=1), blocked=True)
+    assert "tdpbusd" in asm
+    assert not re.search(r"\b(vpgather\w+|vpinsrb|vpextrb)\b", asm)
 
 
 def test_quantize_for_an_amx_cpu_puts_convs_on_tiles(tmp_path):
