@@ -1,15 +1,15 @@
 """INT8 conv2d on AMX tiles (:func:`tvmfuse.schedules.computes.int8_amx.conv2d_compute`), x86 with ``amx-int8``.
 
-An output tile is ``oc_blocks`` blocks of 16 channels by ``pixels`` pixels of one output row; the whole
+An output tile is ``oc_blocks`` blocks of 16 channels by ``pixels`` pixels of one or two output rows; the whole
 reduction (64-channel chunks, kernel rows, kernel columns) is one call of the tile kernel of
 :mod:`.intrin.amx`, which keeps the tile's accumulators in AMX tiles throughout and stores them to a local
 int32 buffer, from which the requantize epilogue writes the output (vectorized, as the VNNI rule does). The
 input is repacked into 64-channel pixels with the zero point around (``data_pack``, one parallel pass); the
-parallel axis is (batch, channel tile, output row).
+parallel axis is (batch, channel tile, output rows).
 
 Tiles: the row is cut into the widest tile of at most 2 runs of 16 pixels that divides it (28 -> 2 x 14, 56 ->
-2 x 14, 7 -> 7), with 2 channel blocks where the outputs allow (4 accumulators at most, AMX has 8 tiles: 2 for
-pixel runs, 2 for weights). The process asks Linux for the tile state once per kernel call
+2 x 14, 7 -> 7); a tile of one run per row takes two rows (14 -> 2 rows of 14); 2 channel blocks where the outputs
+allow (4 accumulators at most, AMX has 8 tiles: 2 for pixel runs, 2 for weights). The process asks Linux for the tile state once per kernel call
 (:data:`.intrin.amx.PERMISSION_SYSCALL`, a syscall of well under a microsecond).
 """
 
@@ -31,21 +31,25 @@ TILES_MARK = "tvmfuse.amx_tiles"  # on the root block of a kernel that runs AMX 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """``oc_blocks`` x 16 output channels by ``pixels`` output pixels of a row per tile; ``kind`` the tile
-    kernel's implementation (:data:`.intrin.amx.KINDS`)."""
+    """``oc_blocks`` x 16 output channels by ``out_rows`` rows of ``pixels`` output pixels per tile; ``kind``
+    the tile kernel's implementation (:data:`.intrin.amx.KINDS`)."""
 
     oc_blocks: int
     pixels: int
     kind: str = KIND
+    out_rows: int = 1
 
 
-def default_config(out_channel_blocks: int, out_width: int, kind: str = KIND) -> Config:
-    """The widest pixel count (2 runs of at most 16, or one) that divides the row, 2 channel blocks when they
-    divide the outputs and the pixels are one run, else 1."""
+def default_config(out_channel_blocks: int, out_width: int, kind: str = KIND, out_height: int = 1) -> Config:
+    """The widest pixel count of a row (2 runs of at most 16, or one) that divides it; a row of one run takes
+    a second output row when the height allows (2 A tiles then, as 2 runs of one row); 2 channel blocks when they
+    divide the outputs. With 2 runs and 2 blocks each loaded tile serves two ``tdpbusd``, against 1.5 loads
+    per ``tdpbusd`` with one run (ResNet-50's 14- and 7-wide rows)."""
     pixels = max((p for p in range(1, 2 * amx.MAX_ROWS + 1) if out_width % p == 0 and _fits(p)), default=1)
     groups, _ = amx.groups_of(pixels)
-    oc_blocks = 2 if out_channel_blocks % 2 == 0 and groups * 2 <= len(amx.ACC_TILES) else 1
-    return Config(oc_blocks, pixels, kind)
+    out_rows = 2 if groups == 1 and out_height % 2 == 0 else 1
+    oc_blocks = 2 if out_channel_blocks % 2 == 0 else 1
+    return Config(oc_blocks, pixels, kind, out_rows)
 
 
 def _fits(pixels: int) -> bool:
@@ -77,17 +81,16 @@ def schedule(sch: s_tir.Schedule, config: Config | None = None) -> bool:
         return False
     anchor = sch.get_sblock(ANCHOR)
     n, ob, oh, ow, oi, rc, ry, rx, rk, rq = sch.get_loops(anchor)
-    extents = [int(sch.get(loop).extent) for loop in (ob, ow, rc, ry, rx)]
-    o_blocks, out_width, chunks, kh, kw = extents
-    cfg = config or default_config(o_blocks, out_width)
-    if o_blocks % cfg.oc_blocks or out_width % cfg.pixels:
+    o_blocks, out_height, out_width, chunks, kh, kw = (int(sch.get(loop).extent) for loop in (ob, oh, ow, rc, ry, rx))
+    cfg = config or default_config(o_blocks, out_width, out_height=out_height)
+    if o_blocks % cfg.oc_blocks or out_width % cfg.pixels or out_height % cfg.out_rows:
         return False
-    amx.check_shape(cfg.oc_blocks, cfg.pixels)
-    sw, dh, dw = _geometry(sch, anchor)
+    shape = amx.Shape(cfg.oc_blocks, cfg.out_rows, cfg.pixels, chunks, kh, kw, *_geometry(sch, anchor))
     epilogue = inline_epilogue(sch, ANCHOR)
     ob_o, ob_i = sch.split(ob, [None, cfg.oc_blocks])
+    oh_o, oh_i = sch.split(oh, [None, cfg.out_rows])
     ow_o, ow_i = sch.split(ow, [None, cfg.pixels])
-    sch.reorder(n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i, oi, rk, rq)
+    sch.reorder(n, ob_o, oh_o, ow_o, rc, ry, rx, ob_i, oh_i, ow_i, oi, rk, rq)
     local = sch.cache_write(anchor, 0, "local")
     consumer = local if epilogue is None else epilogue
     if epilogue is not None:
@@ -95,26 +98,24 @@ def schedule(sch: s_tir.Schedule, config: Config | None = None) -> bool:
     sch.reverse_compute_at(consumer, ow_o, preserve_unit_loops=True)
     vectorize_tile(sch, consumer, ow_o)
     serial = iterations(sch, anchor) < (1 << 16)
-    rows = sch.fuse(n, ob_o, oh)
+    rows = sch.fuse(n, ob_o, oh_o)
     if not serial:
         sch.parallel(rows)
     init = sch.decompose_reduction(anchor, rc)
     vectorize_tile(sch, init, ow_o)
-    sch.tensorize(rc, amx.ensure(cfg.kind, cfg.oc_blocks, cfg.pixels, chunks, kh, kw, sw, dh, dw))
+    sch.tensorize(rc, amx.ensure(cfg.kind, shape))
     if cfg.kind == "amx":
         sch.annotate(sch.get_sblock("root"), TILES_MARK, 1)
     _schedule_pack(sch, serial)
     return True
 
 
-def _geometry(sch: s_tir.Schedule, anchor) -> tuple[int, int, int]:
-    """(stride along the row, dilation of rows, dilation along the row), read off the packed input's indices."""
+def _geometry(sch: s_tir.Schedule, anchor) -> tuple[int, int, int, int]:
+    """(sh, sw, dh, dw): strides and dilations, read off the packed input's indices."""
     block = sch.get(anchor)
-    x_var, ry_var, rx_var = (block.iter_vars[i].var for i in (3, 6, 7))
-    sw = read_coefficients(block, PAD, 3, [x_var])
-    dh = read_coefficients(block, PAD, 2, [ry_var])
-    dw = read_coefficients(block, PAD, 3, [rx_var])
-    return (sw[0] if sw else 1), (dh[0] if dh else 1), (dw[0] if dw else 1)
+    y, x, ry, rx = (block.iter_vars[i].var for i in (2, 3, 6, 7))
+    found = [read_coefficients(block, PAD, axis, [var]) for axis, var in ((2, y), (3, x), (2, ry), (3, rx))]
+    return tuple(f[0] if f else 1 for f in found)
 
 
 def _schedule_pack(sch: s_tir.Schedule, serial: bool) -> None:

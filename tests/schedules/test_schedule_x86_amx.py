@@ -38,6 +38,9 @@ CASES = [
     (Conv(24, 40, 7, 1, act="hardswish"), None),
     (Conv(130, 64, 28, 1), rule.Config(2, 28, "emulated")),  # 3 chunks, 2 runs x 2 blocks: 4 accumulators
     (Conv(70, 32, 28, 3, pad=1, za=0), rule.Config(1, 4, "emulated")),
+    (Conv(40, 32, 14, 3, pad=1), rule.Config(2, 14, "emulated", 2)),  # 2 rows x 2 blocks
+    (Conv(24, 16, (10, 7), 3, stride=2, pad=1), rule.Config(1, 4, "emulated", 1)),  # rows 5 x 4 (odd height)
+    (Conv(20, 48, (13, 9), 3, stride=2, pad=1, dilation=2), rule.Config(1, 4, "emulated", 2)),  # 2 rows, stride 2
 ]
 
 
@@ -123,29 +126,36 @@ def test_weight_packing_round_trip_and_tile_rows():
 
 
 def test_tile_config_record():
-    record = amx.tile_config(2, 28)  # 2 blocks x 2 runs of 14: accumulators 0-3, A 4-5, B 6-7
+    record = amx.tile_config(amx.Shape(2, 1, 28, 1, 3, 3))  # 2 blocks x 2 runs of 14: accumulators 0-3, A 4-5, B 6-7
     assert record[0] == 1 and len(record) == 64
     assert [record[48 + t] for t in range(8)] == [14, 14, 14, 14, 14, 14, 16, 16]
     assert all(record[16 + 2 * t] == 64 and record[17 + 2 * t] == 0 for t in range(8))
     assert not any(record[1:16]) and not any(record[32:48]) and not any(record[56:])
+    two_rows = amx.tile_config(amx.Shape(1, 2, 7, 1, 1, 1))  # 1 block x 2 rows of 7: accumulators 0-1, A 4-5, B 6
+    assert two_rows[48:56] == [7, 7, 0, 0, 7, 7, 16, 0]
+    assert [two_rows[16 + 2 * t] for t in range(8)] == [64, 64, 0, 0, 64, 64, 64, 0]
     with pytest.raises(ValueError):
-        amx.check_shape(3, 8)  # 3 weight tiles
+        amx.Shape(3, 1, 8, 1, 1, 1)  # 3 weight tiles
+    with pytest.raises(ValueError):
+        amx.Shape(1, 2, 28, 1, 1, 1)  # 4 runs of pixels
     with pytest.raises(ValueError):
         amx.groups_of(33)
 
 
 def test_the_tile_kernel_configures_the_record():
     """The AMX program stores tile_config's 64 bytes as 8 little-endian words, then ldtilecfg reads them."""
-    text = amx.impl("amx", 2, 28, 1, 3, 3, 1, 1, 1).script()
+    shape = amx.Shape(2, 1, 28, 1, 3, 3)
+    text = amx.impl("amx", shape).script()
     words = [int(v) for v in re.findall(r"T.uint64\((\d+)\)", text)]
-    assert b"".join(w.to_bytes(8, "little") for w in words) == bytes(amx.tile_config(2, 28))
+    assert b"".join(w.to_bytes(8, "little") for w in words) == bytes(amx.tile_config(shape))
     assert text.index("llvm.x86.ldtilecfg") > text.rindex("T.uint64(")
 
 
 def test_default_tiles():
-    assert rule.default_config(4, 56) == rule.Config(2, 28)
-    assert rule.default_config(3, 7) == rule.Config(1, 7)
-    assert rule.default_config(2, 13) == rule.Config(2, 13)
+    assert rule.default_config(4, 56, out_height=56) == rule.Config(2, 28)  # 2 runs of a row
+    assert rule.default_config(4, 14, out_height=14) == rule.Config(2, 14, out_rows=2)  # 2 rows of one run
+    assert rule.default_config(3, 7, out_height=7) == rule.Config(1, 7)  # an odd height: one row
+    assert rule.default_config(2, 13, out_height=2) == rule.Config(2, 13, out_rows=2)
     assert rule.default_config(2, 17) == rule.Config(2, 1)  # a prime row over 16: one pixel a tile
 
 
@@ -171,7 +181,8 @@ def test_blocked_codes_are_packed_with_plain_moves():
     into the 64-channel pixel, and the NCHW16c output is stored from the accumulators as they lie: no gathers,
     no byte inserts."""
     asm = _amx_assembly(Conv(64, 32, 14, 3, pad=1), blocked=True)
-    assert "tdpbusd" in asm
+    # 14-wide rows: 2 rows x 2 blocks, 4 accumulators; per tap 4 tdpbusd on 2 data and 2 weight loads
+    assert asm.count("tdpbusd") == 9 * 4 and asm.count("tileloadd") == 4 + 9 * 4
     assert not re.search(r"\b(vpgather\w+|vpinsrb|vpextrb)\b", asm)
 
 
