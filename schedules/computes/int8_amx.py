@@ -51,6 +51,17 @@ def unpack_weight(packed: np.ndarray, out_channels: int, in_channels: int) -> np
     return np.ascontiguousarray(full[:out_channels, :in_channels])
 
 
+# Input channels below which a conv keeps VNNI's 16x4 step on an AMX target: a tile row always sums 64 channels,
+# so C channels use C/64 of each tdpbusd, while AMX's peak is 8x VNNI's (1024 against 128 multiply-adds a cycle
+# on Sapphire Rapids): from 16 channels the tiles win on paper; an RGB stem (3 channels) would do 21x the work.
+MIN_CHANNELS = 16
+
+
+def takes_tiles(in_channels: int) -> bool:
+    """Whether a conv reading ``in_channels`` runs on tiles on an AMX target (:data:`MIN_CHANNELS`)."""
+    return in_channels >= MIN_CHANNELS
+
+
 def is_amx_weight(weight) -> bool:
     """Whether a weight tensor has :func:`pack_weight`'s layout (rank 7, int8)."""
     return len(weight.shape) == 7 and str(weight.dtype) == "int8"

@@ -203,9 +203,26 @@ def test_quantize_for_an_amx_cpu_puts_convs_on_tiles(tmp_path):
     with pytest.warns(UserWarning, match="lacks"):
         tiles = tvmfuse.quantize(model, calib=calib, target=SAPPHIRE)
     asm = tiles.kernel_source("asm")
-    assert "tdpbusd" in asm and "vpdpbusd" in asm  # the conv on tiles, the dense on VNNI
+    assert asm.count("ldtilecfg") == 1 and "vpdpbusd" in asm  # the conv on tiles, the dense on VNNI
     plain = tvmfuse.quantize(model, calib=calib, target="x86-avx512").kernel_source("asm")
     assert "tdpbusd" not in plain and "ldtilecfg" not in plain
+
+
+def test_a_conv_of_few_input_channels_keeps_vnni():
+    """An RGB stem would use 3 of a tile row's 64 channels: below int8_amx.MIN_CHANNELS a conv stays on VNNI."""
+    rng = np.random.default_rng(0)
+    stem = numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3, "S")
+    body = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1, "W")
+    nodes = [helper.make_node("Conv", ["x", "S"], ["s"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Conv", ["r", "W"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [stem, body])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    with pytest.warns(UserWarning, match="lacks"):
+        built = tvmfuse.quantize(model, calib=[{"x": rng.random((1, 3, 8, 8)).astype(np.float32)}], target=SAPPHIRE)
+    asm = built.kernel_source("asm")
+    assert int8_amx.takes_tiles(16) and not int8_amx.takes_tiles(3)
+    assert asm.count("ldtilecfg") == 1 and "vpdpbusd" in asm  # the 16-channel conv on tiles, the stem on VNNI
 
 
 def test_unmarked_kernels_are_left_alone():

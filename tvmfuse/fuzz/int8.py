@@ -24,7 +24,7 @@ import numpy as np
 
 from tvmfuse import targets
 from tvmfuse.schedules import families
-from tvmfuse.schedules.computes import int8, int8_ref
+from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
 
 from .check import HOST, OutputCheck, Result, one_line
 
@@ -170,7 +170,8 @@ def _operands(case: KernelCase, spec) -> tuple[dict, np.ndarray, bool]:
 
     family, weights = families.FAMILIES[case.family].int8, spec.backend().int8_weights
     data = case_data(case, weight_limit(family, weights))
-    pack = family.amx_pack if weights == "amx" and family.amx_pack else family.pack  # AMX targets: conv2d tiles
+    tiles = weights == "amx" and family.amx_pack and int8_amx.takes_tiles(int(data["weight"].shape[1]))
+    pack = family.amx_pack if tiles else family.pack  # AMX targets: conv2d on tiles, as compile packs it
     packed = packed_weight(family, data["weight"], pack, weights)
     return data, packed, exact_pairs(family, packed, weights)
 

@@ -19,7 +19,7 @@ import tvm
 from tvm import relax, te
 
 from tvmfuse.schedules import families
-from tvmfuse.schedules.computes import int8, int8_ref
+from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
 from tvmfuse.schedules.computes.blocked import to_blocked, to_plain
 
 from ...quant.params import QuantParams, bias_params, weight_params
@@ -249,7 +249,7 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     width, taps = None, taps_pack(part, blocked, weights)
     if taps:
         pack, width = taps, int(wq.shape[-1])
-    elif weights == "amx" and spec.amx_pack:
+    elif weights == "amx" and spec.amx_pack and int8_amx.takes_tiles(int(wq.shape[1])):
         pack = spec.amx_pack
     packed = packed_weight(spec, wq, pack, weights)
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width,
