@@ -31,11 +31,6 @@ step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 #     INT8 kernels (its own step: a slow build loses only itself)
 step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
     tests/schedules/test_cuda_int8.py tests/schedules/test_cuda_int8_models.py
-# 1b'. AMX on the host CPU (a Xeon with amx-int8; #52): the tile kernels bit-exact against int8_ref, then ResNet-50
-#      INT8 on tiles (x86-host) against VNNI (x86-avx512) on two pinned cores, every output compared exactly
-step amx_tests 60 python3 -m pytest -q -p no:cacheprovider tests/schedules/test_schedule_x86_amx.py
-step amx_check 150 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/amx_check.py --models resnet50,mobilenet_v2 \
-    --repeat 30
 # 1c. INT8 kernel by kernel: YOLOv8n's INT8 library differed from the x86 one on the H200 (2026-11-28) while
 #     every unit case was bit-exact; each of its kernels against the same compute on the CPU names the one
 step int8_kernels 90 python3 bench/cuda_check_kernels.py zoo:yolov8n --int8
@@ -59,6 +54,11 @@ step depthwise_bw_fp16 50 python3 bench/cuda_kernels.py --bandwidth --precision 
 #     GPU-synchronized medians (measured whole on 2026-11-28, so after the steps above)
 step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite0,resnet50,resnet18 \
     --precisions fp32,fp16 --repeat 30 --torch --json "$W/gpu_models.json"
+# 2d'. AMX on the host CPU (a Xeon with amx-int8; #52): the tile kernels bit-exact against int8_ref, then ResNet-50
+#       INT8 on tiles (x86-host) against VNNI (x86-avx512) on two pinned cores, every output compared exactly
+step amx_tests 60 python3 -m pytest -q -p no:cacheprovider tests/schedules/test_schedule_x86_amx.py
+step amx_check 150 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/amx_check.py --models resnet50,mobilenet_v2 \
+    --repeat 30
 # 2e. the fuzz slice: random CNNs built here in FP32 and fp16 (bench/device/fuzz_slice.py prepare .fuzz, carried by
 #     stage 1) against onnxruntime outputs computed here
 if [ -d /root/stash/fuzz ]; then
