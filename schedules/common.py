@@ -155,6 +155,13 @@ def vectorize_steps(sch: s_tir.Schedule, loop, lanes: int, kept: int | None = No
         sch.vectorize(sch.get_loops(sch.get_child_blocks(whole)[0])[-1])
 
 
+# Multiply-adds below which an INT8 conv kernel runs serial (the x86 rules: int8_conv2d, int8_amx). Zen 4,
+# x86-avx512, 2 threads, 1x1 map with NCHW input (us, parallel -> serial): 88 -> 22 channels 0.92 -> 0.17,
+# 8 -> 2 0.87 -> 0.14; each parallel loop costs about 0.7 us of thread wake-up. 8 -> 8 channels at 24x96
+# (147k) stays parallel.
+SERIAL_MACS = 1 << 16
+
+
 def iterations(sch: s_tir.Schedule, block) -> int:
     """Iterations of ``block``'s loop nest: the product of its loop extents."""
     return math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))

@@ -20,7 +20,8 @@ import dataclasses
 import tvm
 from tvm import s_tir, tirx
 
-from ..common import inline_epilogue, iterations, read_coefficients, vectorize_tile
+from ..common import (SERIAL_MACS, accumulate_in_registers, anchor_loops, inline_epilogue, iterations,
+                      read_coefficients, vectorize_tile)
 from ..computes import int8_amx
 from .intrin import amx
 
@@ -62,11 +63,7 @@ def _fits(pixels: int) -> bool:
 
 def matches(sch: s_tir.Schedule) -> bool:
     """Whether ``sch`` holds the AMX compute's anchor (10 loops: n, ob, oh, ow, oi, rc, ry, rx, rk, rq)."""
-    try:
-        anchor = sch.get_sblock(ANCHOR)
-    except Exception:  # noqa: BLE001 - tvm raises its own error type for a missing block
-        return False
-    return len(sch.get_loops(anchor)) == 10
+    return anchor_loops(sch, ANCHOR, 10, needs=(PAD,)) is not None
 
 
 def apply(func: tirx.PrimFunc, config: Config | None = None) -> tirx.PrimFunc | None:
@@ -77,10 +74,10 @@ def apply(func: tirx.PrimFunc, config: Config | None = None) -> tirx.PrimFunc | 
 
 def schedule(sch: s_tir.Schedule, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match."""
-    if not matches(sch):
+    match = anchor_loops(sch, ANCHOR, 10, needs=(PAD,))
+    if match is None:
         return False
-    anchor = sch.get_sblock(ANCHOR)
-    n, ob, oh, ow, oi, rc, ry, rx, rk, rq = sch.get_loops(anchor)
+    anchor, (n, ob, oh, ow, oi, rc, ry, rx, rk, rq) = match
     o_blocks, out_height, out_width, chunks, kh, kw = (int(sch.get(loop).extent) for loop in (ob, oh, ow, rc, ry, rx))
     cfg = config or default_config(o_blocks, out_width, out_height=out_height)
     if o_blocks % cfg.oc_blocks or out_width % cfg.pixels or out_height % cfg.out_rows:
@@ -91,13 +88,8 @@ def schedule(sch: s_tir.Schedule, config: Config | None = None) -> bool:
     oh_o, oh_i = sch.split(oh, [None, cfg.out_rows])
     ow_o, ow_i = sch.split(ow, [None, cfg.pixels])
     sch.reorder(n, ob_o, oh_o, ow_o, rc, ry, rx, ob_i, oh_i, ow_i, oi, rk, rq)
-    local = sch.cache_write(anchor, 0, "local")
-    consumer = local if epilogue is None else epilogue
-    if epilogue is not None:
-        sch.compute_inline(local)
-    sch.reverse_compute_at(consumer, ow_o, preserve_unit_loops=True)
-    vectorize_tile(sch, consumer, ow_o)
-    serial = iterations(sch, anchor) < (1 << 16)
+    vectorize_tile(sch, accumulate_in_registers(sch, anchor, epilogue, ow_o), ow_o)
+    serial = iterations(sch, anchor) < SERIAL_MACS
     rows = sch.fuse(n, ob_o, oh_o)
     if not serial:
         sch.parallel(rows)

@@ -32,16 +32,12 @@ from tvm import s_tir, tirx
 
 from .. import families
 from ..computes import int8
-from ..common import (accumulate_in_registers, block_names, inline_epilogue, iterations, largest_divisor,
-                      read_coefficients, vectorize_tile)
+from ..common import (SERIAL_MACS, accumulate_in_registers, block_names, inline_epilogue, iterations,
+                      largest_divisor, read_coefficients, vectorize_tile)
 from . import int8_amx
 from .intrin import madd_pairs, maddubs, vnni
 
 ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
-# Multiply-adds below which the kernel runs serial. Zen 4, x86-avx512, 2 threads, 1x1 map with NCHW input
-# (us, parallel -> serial): 88 -> 22 channels 0.92 -> 0.17, 8 -> 2 0.87 -> 0.14; each parallel loop costs
-# about 0.7 us of thread wake-up. 8 -> 8 channels at 24x96 (147k) stays parallel.
-SERIAL_MACS = 1 << 16
 # The AVX2 pair step's tiles (channel blocks, pixels) for stride-1 convs, in order of preference: each pixel's
 # broadcast and two shuffles then serve 2-3 blocks (12 or 8 of the 16 ymm). AVX2 code on Zen 4, 2 threads,
 # NCHW16c, kernel alone (us, the width-first tile -> this): 1x1 24->144 at 56x56 152 -> 130, 96->576 at 14x14
