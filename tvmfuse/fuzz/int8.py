@@ -24,7 +24,7 @@ import numpy as np
 
 from tvmfuse import targets
 from tvmfuse.schedules import families
-from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
+from tvmfuse.schedules.computes import int8, int8_ref
 
 from .check import HOST, OutputCheck, Result, one_line
 
@@ -166,12 +166,11 @@ def _operands(case: KernelCase, spec) -> tuple[dict, np.ndarray, bool]:
     """The case's operands (:func:`case_data`) with the weight codes in the range compile quantizes to for
     ``spec``, the weight as compile packs it for the family's NCHW INT8 kernel there, and whether the kernel
     is marked to add product pairs in int16 (``int8.EXACT_PAIRS_ATTR``)."""
-    from tvmfuse.passes.int8.kernels import exact_pairs, packed_weight, weight_limit
+    from tvmfuse.passes.int8.kernels import exact_pairs, packed_weight, tiles_pack, weight_limit
 
     family, weights = families.FAMILIES[case.family].int8, spec.backend().int8_weights
     data = case_data(case, weight_limit(family, weights))
-    tiles = weights == "amx" and family.amx_pack and int8_amx.takes_tiles(int(data["weight"].shape[1]))
-    pack = family.amx_pack if tiles else family.pack  # AMX targets: conv2d on tiles, as compile packs it
+    pack = tiles_pack(family, data["weight"], weights) or family.pack  # AMX targets: conv2d on tiles, as compile
     packed = packed_weight(family, data["weight"], pack, weights)
     return data, packed, exact_pairs(family, packed, weights)
 

@@ -218,6 +218,14 @@ def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
     return pack if blocked and pack is not None and part.conv.get("dilation", [1, 1])[-1] == 1 else None
 
 
+def tiles_pack(family: families.Int8, weight: np.ndarray, weights: str) -> str | None:
+    """The family's ``amx_pack`` when a target with AMX tiles (``weights == "amx"``) runs this int8 weight
+    (OIHW: its input channels, :func:`int8_amx.takes_tiles`) on them; None otherwise."""
+    if weights == "amx" and family.amx_pack and int8_amx.takes_tiles(int(weight.shape[1])):
+        return family.amx_pack
+    return None
+
+
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
                    residual: QuantParams | None = None, blocked: bool = False, weights: str = "",
                    weight_bits: int | None = None) -> Int8Constants:
@@ -249,8 +257,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     width, taps = None, taps_pack(part, blocked, weights)
     if taps:
         pack, width = taps, int(wq.shape[-1])
-    elif weights == "amx" and spec.amx_pack and int8_amx.takes_tiles(int(wq.shape[1])):
-        pack = spec.amx_pack
+    else:
+        pack = tiles_pack(spec, wq, weights) or pack
     packed = packed_weight(spec, wq, pack, weights)
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width,
                          exact_pairs(spec, packed, weights))
