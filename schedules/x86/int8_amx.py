@@ -46,19 +46,11 @@ def default_config(out_channel_blocks: int, out_width: int, kind: str = KIND, ou
     a second output row when the height allows (2 A tiles then, as 2 runs of one row); 2 channel blocks when they
     divide the outputs. With 2 runs and 2 blocks each loaded tile serves two ``tdpbusd``, against 1.5 loads
     per ``tdpbusd`` with one run (ResNet-50's 14- and 7-wide rows)."""
-    pixels = max((p for p in range(1, 2 * amx.MAX_ROWS + 1) if out_width % p == 0 and _fits(p)), default=1)
+    pixels = max((p for p in range(1, 2 * amx.MAX_ROWS + 1) if out_width % p == 0 and amx.fits(p)), default=1)
     runs, _ = amx.groups_of(pixels)
     out_rows = 2 if runs == 1 and out_height % 2 == 0 else 1
     oc_blocks = 2 if out_channel_blocks % 2 == 0 else 1
     return Config(oc_blocks, pixels, kind, out_rows)
-
-
-def _fits(pixels: int) -> bool:
-    try:
-        amx.groups_of(pixels)
-    except ValueError:
-        return False
-    return True
 
 
 def matches(sch: s_tir.Schedule) -> bool:

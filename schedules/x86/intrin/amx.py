@@ -43,11 +43,16 @@ PERMISSION_SYSCALL = (158, 0x1023, 18)
 ACC_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)
 
 
+def fits(pixels: int) -> bool:
+    """Whether ``pixels`` of a row make at most 2 equal runs of at most 16 rows (:func:`groups_of`)."""
+    return 0 < pixels <= MAX_ROWS or (pixels % 2 == 0 and pixels // 2 <= MAX_ROWS)
+
+
 def groups_of(pixels: int) -> tuple[int, int]:
     """``(groups, rows)``: the pixels of a row as at most 2 equal runs of at most 16 rows."""
-    for groups in (1, 2):
-        if pixels % groups == 0 and pixels // groups <= MAX_ROWS:
-            return groups, pixels // groups
+    if fits(pixels):
+        groups = 1 if pixels <= MAX_ROWS else 2
+        return groups, pixels // groups
     raise ValueError(f"an AMX output tile takes at most 2 x {MAX_ROWS} pixels of a row in equal runs, got {pixels}")
 
 
@@ -282,10 +287,3 @@ def ensure(kind: str, shape: Shape) -> str:
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, desc(shape), impl(kind, shape))
     return name
-
-
-def target_has_amx(target) -> bool:
-    """True when the LLVM target (``tvm.target.Target``) has AMX with int8 tiles."""
-    from tvm.target import codegen
-
-    return target.kind.name == "llvm" and bool(codegen.llvm_cpu_has_features(["amx-int8", "amx-tile"], target))
