@@ -22,7 +22,8 @@ from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
 from tvmfuse.schedules.x86 import int8_amx as rule
 from tvmfuse.schedules.x86.intrin import amx
 
-from helpers.int8_kernels import Conv, codes, epilogue, kernel_data
+from helpers import HOST
+from helpers.int8_kernels import Conv, build, codes, epilogue, kernel_data
 
 SAPPHIRE = {"kind": "llvm", "mcpu": "sapphirerapids"}
 HAS_AMX = "amx_int8" in targets._cpuinfo_flags()
@@ -84,9 +85,7 @@ def _check(case: Conv, config, blocked=False, out_layout="NCHW", target=None, ki
     args[2] = _padded(args[2], out) if blocked_out else args[2]
     if res is not None:
         args.append(_to_blocked(res) if blocked_out else res)
-    spec = targets.resolve(target or "x86-host")
-    lib = tvm.compile(tvm.IRModule({"main": rule.with_tile_permission(sched).with_attr("global_symbol", "main")}),
-                      target=spec.tvm_target())
+    lib = build(rule.with_tile_permission(sched), target or HOST)
     got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
     lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], got)
     got = got.numpy()
@@ -162,9 +161,7 @@ def test_default_tiles():
 def _amx_assembly(case: Conv, blocked: bool = False) -> str:
     func, _ = _conv(case, blocked, "NCHW16c" if blocked else "NCHW")
     sched = rule.with_tile_permission(rule.apply(func))
-    lib = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}),
-                      target=tvm.target.Target(SAPPHIRE))
-    return lib.mod.inspect_source("asm")
+    return build(sched, SAPPHIRE).mod.inspect_source("asm")
 
 
 def test_amx_build_instructions():
