@@ -365,3 +365,26 @@ def test_vnni_tiles_avoid_the_spilling_row_tiles():
     assert config(1, 96, 512, True, taps=9, in_channels=8) == cfg(1, 6)
     asm = build(int8_conv2d.apply(_conv(Conv(64, 64, 16, 1), "generic")[0], 512, True), AVX512).mod.inspect_source("asm")
     assert "vpdpbusd" in asm and asm.count("(%rsp)") < 100  # the accumulators stay in registers
+
+
+@pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
+def test_the_requantize_epilogue_stays_a_vector_loop(out_dtype):
+    """``nearbyint`` (the epilogue's rounding) is marked vectorizable: TVM's VectorizeLoop would otherwise turn
+    the vector loop into a serial loop over its lanes (the loop variable's ``_s`` form) and leave LLVM to gather
+    the lanes back, which it did code by code."""
+    from tvm import s_tir, tirx
+
+    from tvmfuse.schedules.computes.int8_epilogue import EPILOGUE, _epilogue_stage
+
+    shape = [1, 2, 4, 4, 16]
+    acc = te.placeholder(shape, "int32", name="acc")
+    bias, scale = te.placeholder((32,), "int32", name="bias"), te.placeholder((32,), "float32", name="scale")
+    ep = int8.Epilogue.make(out_dtype, 3, 0.05, "relu6")
+    sch = s_tir.Schedule(te.create_prim_func([acc, bias, scale, _epilogue_stage(lambda *i: acc[i], bias, scale,
+                                                                                 None, ep, shape)]))
+    sch.vectorize(sch.get_loops(sch.get_sblock(EPILOGUE))[-1])
+    mod = tvm.IRModule({"main": sch.mod["main"]})
+    lowered = tvm.transform.Sequential([s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
+                                        s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+                                        tirx.transform.VectorizeLoop(True)])(mod)["main"].script()
+    assert "nearbyint" in lowered and "_s in" not in lowered and "float32x16" in lowered
