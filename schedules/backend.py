@@ -164,6 +164,12 @@ class Backend:
         candidate is timed as compile will build it)."""
         return []
 
+    @staticmethod
+    def tir_pipeline() -> str:
+        """The name of the TIR pipeline its kernels build with (``tvm.tirx.build``'s ``pipeline``), by compile,
+        the kernel cache, tuning and the fuzzer alike."""
+        return "default"
+
     def relax_pipeline(self, target, scheduling: list):
         """The pipeline for ``tvm.compile``; ``scheduling`` (tuning logs, then :meth:`schedule` for every
         kernel, then :meth:`kernel_passes`) runs where the backend schedules kernels."""

@@ -50,9 +50,10 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
     with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(graph)):
         lowered = relax_pipeline(spec, target, database, applied, reuse)(mod)
         if kernels.cacheable(target):
-            executable, stats = kernels.build_executable(lowered, target, store, known)
+            executable, stats = kernels.build_executable(lowered, target, store, known, spec.backend().tir_pipeline())
             return executable, lowered, stats
-        return (tvm.compile(lowered, target=target, relax_pipeline=None), lowered,
+        return (tvm.compile(lowered, target=target, relax_pipeline=None, tir_pipeline=spec.backend().tir_pipeline()),
+                lowered,
                 kernels.KernelStats(len(kernel_names(lowered))))
 
 
@@ -65,7 +66,7 @@ def kernel_source(lowered, spec: TargetSpec, fmt: str = "asm") -> str:
     kernels = {gv: f for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     target = spec.tvm_target()
     with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(False)):
-        lib = tvm.tirx.build(tvm.IRModule(kernels), target=target)
+        lib = tvm.tirx.build(tvm.IRModule(kernels), target=target, pipeline=spec.backend().tir_pipeline())
     if spec.backend().device == "cuda":
         return lib.imports[0].inspect_source()
     return lib.inspect_source(fmt)

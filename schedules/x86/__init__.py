@@ -230,6 +230,14 @@ class Backend(_Base):
 
         return [SkipPaddingTaps(), VectorTableLookups(), GrantTileState()]
 
+    @staticmethod
+    def tir_pipeline() -> str:
+        """TVM's default with the register tiles on the stack, not in the runtime's workspace
+        (:mod:`.stack_tiles`)."""
+        from . import stack_tiles
+
+        return stack_tiles.register()
+
     def relax_pipeline(self, target, scheduling: list):
         """TVM's generic CPU pipeline (legalize, fuse elementwise ops into producers, lower to VM code) with
         ``scheduling`` (its :meth:`kernel_passes` included) inserted after fusion."""

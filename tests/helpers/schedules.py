@@ -86,7 +86,8 @@ def _host_lanes() -> int:
 
 def _build(func, target=HOST):
     spec = targets.resolve(target)
-    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target(),
+                       tir_pipeline=spec.backend().tir_pipeline())
 
 
 def _run(func, *arrays):

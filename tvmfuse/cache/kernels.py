@@ -147,12 +147,13 @@ def _object_path(index: int, workdir: Path) -> Path:
     return workdir / f"kernel{index}.o"
 
 
-def _build_one(gv, func, target, workdir: Path, index: int = 0) -> bytes:
-    """Build one kernel to its object file in ``workdir`` (:func:`_object_path`); return the file's bytes."""
+def _build_one(gv, func, target, workdir: Path, index: int = 0, pipeline: str = "default") -> bytes:
+    """Build one kernel to its object file in ``workdir`` (:func:`_object_path`) with the TIR ``pipeline``
+    (the backend's ``tir_pipeline``); return the file's bytes."""
     import tvm
 
     with target:
-        lib = tvm.tirx.build(tvm.IRModule({gv: func}), target=target)
+        lib = tvm.tirx.build(tvm.IRModule({gv: func}), target=target, pipeline=pipeline)
     path = _object_path(index, workdir)
     lib.write_to_file(str(path))
     return path.read_bytes()
@@ -162,10 +163,11 @@ def _threads() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
-def build_executable(lowered, target, store: Store | None, known: dict | None = None):
+def build_executable(lowered, target, store: Store | None, known: dict | None = None, pipeline: str = "default"):
     """The VM executable of ``lowered`` (after the Relax pipeline) and its :class:`KernelStats`; must run
     inside the target and pass context of the build. ``store`` None builds every kernel (nothing stored).
-    ``known``: scheduled kernel -> its schedule key (:func:`derived_key`)."""
+    ``known``: scheduled kernel -> its schedule key (:func:`derived_key`). ``pipeline``: the TIR pipeline's
+    name (the backend's ``tir_pipeline``), part of every object's key."""
     import tvm
     from tvm import relax
     from tvm.relax import vm_build
@@ -174,7 +176,7 @@ def build_executable(lowered, target, store: Store | None, known: dict | None = 
     ext_libs = list(attrs.get("external_mods", []))
     params = dict(attrs.get("const_name_to_constant", {}))
     kernels = [(gv, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    context = pass_options()
+    context = pass_options() + pipeline
     keys: list[str] = []  # no store: nothing to look up or keep
     objects: list[bytes | None] = [None] * len(kernels)
     if store is not None:
@@ -190,7 +192,7 @@ def build_executable(lowered, target, store: Store | None, known: dict | None = 
 
         def build(i):
             with ctx:  # a worker thread starts outside the caller's pass context
-                return _build_one(kernels[i][0], kernels[i][1], target, workdir, i)
+                return _build_one(kernels[i][0], kernels[i][1], target, workdir, i, pipeline)
 
         with ThreadPoolExecutor(min(_threads(), max(1, len(todo)))) as pool:
             # the kernels build (TVM releases the GIL) while this thread writes the cached objects and makes the
@@ -214,20 +216,20 @@ def build_executable(lowered, target, store: Store | None, known: dict | None = 
     return executable, stats
 
 
-def runnable(mod, target, store: Store | None):
+def runnable(mod, target, store: Store | None, pipeline: str = "default"):
     """``mod`` (one scheduled PrimFunc) built into a runnable module in this process, its object reused from
     ``store`` or stored there (tuning's validation builds each task's default schedule again every round)."""
     import tvm
     from tvm.support import cc
 
     (gv, func), = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    key = kernel_key(func, target, pass_options())
+    key = kernel_key(func, target, pass_options() + pipeline)
     data = store.get(key) if store is not None else None
     with tempfile.TemporaryDirectory(prefix="tvmfuse-kernel-") as tmp:
         workdir = Path(tmp)
         obj, lib = _object_path(0, workdir), workdir / "kernel.so"
         if data is None:
-            data = _build_one(gv, func, target, workdir)
+            data = _build_one(gv, func, target, workdir, pipeline=pipeline)
             if store is not None:
                 store.put(key, data)
         else:

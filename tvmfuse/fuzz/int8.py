@@ -196,7 +196,8 @@ def build(case: KernelCase, target=HOST):
     func = int8.prim_func(tensors + ([res] if res is not None else []) + [out])
     func = func.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else func
     func = spec.backend().schedule(func.with_attr("tvmfuse.family", families.int8_kernel_name(family)))
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target())
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target(),
+                      tir_pipeline=spec.backend().tir_pipeline())
     return lib, out
 
 

@@ -46,7 +46,7 @@ def build_candidate(mod, target, _params, backend: str | None = None):
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # The backend's passes on scheduled kernels, as compile runs them: the candidate is timed as it will run.
     mod = tvm.transform.Sequential(backend_class(backend).kernel_passes())(mod)
-    return tvm_build(mod, target=target)
+    return tvm_build(mod, target=target, pipeline=backend_class(backend).tir_pipeline())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -99,7 +99,7 @@ def export_candidates(model, target, directory, shapes=None, precision: str = "f
         stem = f"{index:03d}_{task.name}"
         library = directory / f"{stem}.so"
         with tvm_target:  # nvcc reads the architecture from the current target
-            tvm_build(module, target=tvm_target).export_library(str(library))
+            tvm_build(module, target=tvm_target, pipeline=backend.tir_pipeline()).export_library(str(library))
         info = {"format": CANDIDATES, "kernel": task.name, "key": task.key, "weight": task.weight,
                 "target": spec.to_json(), "precision": precision, "library": library.name,
                 "args": _args(task.mod["main"]), "workload": workload.as_json(), "ranked_by_cost_model": ranked,

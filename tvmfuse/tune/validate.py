@@ -124,13 +124,14 @@ def check(tuned_mod, task_mod, spec: TargetSpec, time_it: bool = True, seed: int
     device = device if device is not None else LocalDevice()
     target = spec.tvm_target()
     arrays = _random_args(task_mod["main"], np.random.default_rng(seed))
+    pipeline = spec.backend().tir_pipeline()
     with target:
-        tuned = tvm.compile(tuned_mod, target=target)
+        tuned = tvm.compile(tuned_mod, target=target, tir_pipeline=pipeline)
         default = default_schedule(task_mod, spec)
         if isinstance(device, LocalDevice) and kernels.cacheable(target):  # the same every round: cached
-            reference = kernels.runnable(default, target, kernel_cache.resolve(None))
+            reference = kernels.runnable(default, target, kernel_cache.resolve(None), pipeline)
         else:
-            reference = tvm.compile(default, target=target)
+            reference = tvm.compile(default, target=target, tir_pipeline=pipeline)
     got, tuned_timer = _run(tuned, arrays, device)
     want, default_timer = _run(reference, arrays, device)
     tuned_us, default_us = _race(tuned_timer, default_timer) if time_it else (None, None)
