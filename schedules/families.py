@@ -305,7 +305,8 @@ POOL_NCHWC = Kernel("pool2d_nchwc", {"x86": "pool"})
 RECURRENCE = Kernel("recurrence")
 # squeeze-and-excitation's gate and mean on uint8 codes in an INT8 network (:mod:`.int8_se`)
 CODES_GATE, CODES_MEAN = Kernel("codes_gate", {"x86": "codes"}), Kernel("codes_mean", {"x86": "codes"})
-FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC, RECURRENCE, CODES_GATE, CODES_MEAN)}
+CODES_CONCAT = Kernel("codes_concat", {"x86": "codes"})  # a channel concat of codes (:mod:`.int8_concat`)
+FIXED_KERNELS = {k.name: k for k in (LAYOUT_TRANSFORM, POOL_NCHWC, RECURRENCE, CODES_GATE, CODES_MEAN, CODES_CONCAT)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tvmfuse.schedules.computes import int8, int8_ref
 from helpers import HOST
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
                               inverted_residual, random_batches, residual_block, spelt_hardswish, squeeze_excite,
-                              two_outputs)
+                              stem_concat, two_outputs)
 
 TOLERANCE = 0.03  # of the FP32 output range
 
@@ -134,6 +134,7 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
     ("inverted_residual", inverted_residual(), (1, 8, 10, 10)),
     ("depthwise_s2_40ch", depthwise_s2(channels=40, size=14), (1, 8, 14, 14)),
     ("two_outputs", two_outputs(), (1, 3, 8, 8)),
+    ("stem_concat", stem_concat(16), (1, 3, 12, 12)),
 ])
 def test_nchw16c_codes_give_the_same_integers_as_nchw(name, model, shape, tmp_path):
     """The blocked layout moves the codes, not the arithmetic: every output equals the NCHW build's, bit for
@@ -185,6 +186,20 @@ def test_squeeze_and_excitation_on_codes_stays_close_to_fp32(gate_output):
         for got, want in zip(cm.run(batch), fp32.run(batch)):
             assert np.abs(got - want).max() <= TOLERANCE * (want.max() - want.min())
 
+
+
+@pytest.mark.parametrize("channels", [16, 12])
+def test_a_concat_on_codes_stays_close_to_fp32(channels):
+    """PP-HGNet's stem block: its max-pool and concat run on codes (the conv branch's codes requantized to the
+    concat's parameters in the concat kernel): end to end within the INT8 tolerance of the FP32 build."""
+    model = stem_concat(channels)
+    batches = random_batches((1, 3, 12, 12), 4, 13)
+    cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
+    assert (cm.quantization["uint8_concats"], cm.quantization["uint8_pools"]) == (1, 1)
+    fp32 = tvmfuse.compile(model, target=HOST)
+    for batch in batches[:2]:
+        for got, want in zip(cm.run(batch), fp32.run(batch)):
+            assert np.abs(got - want).max() <= TOLERANCE * (want.max() - want.min())
 
 # ---- the command line ----
 

@@ -1,5 +1,5 @@
-"""Squeeze-and-excitation on uint8 codes on x86 (the computes are :mod:`..int8_se`): the channel gate and the
-spatial mean of NCHW16c codes, 16 channels of a pixel per vector.
+"""Ops on uint8 codes on x86 (the computes are :mod:`..int8_se` and :mod:`..int8_concat`): the channel gate and
+the spatial mean of NCHW16c codes, 16 channels of a pixel per vector, and the channel concat.
 
 - ``codes_gate``: channel blocks in parallel (a single block: its rows), each pixel's 16 codes widened to
   float32 in one vector, scaled by the block's 16 gates (computed once per block, one vector load per
@@ -7,7 +7,10 @@ spatial mean of NCHW16c codes, 16 channels of a pixel per vector.
 - ``codes_mean``: channel blocks in parallel, the int32 sums of a block's 16 channels in one vector over the
   pixels (the reduction outside the lanes), then one requantized vector per block.
 
-NCHW codes (no INT8 kernel upstream writes them blocked) are left to :mod:`.generic`.
+- ``codes_concat``: the channel loop split at the inputs' borders, so each part reads one input (its select
+  of inputs resolved by the part's bounds); rows in parallel, the innermost loop a vector.
+
+NCHW codes of the gate and mean (no INT8 kernel upstream writes them blocked) are left to :mod:`.generic`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from ..common import block_names, iterations
+from ..computes.int8_concat import CONCAT_STAGE, STARTS
 from ..computes.int8_se import GATE_LANES, GATE_STAGE, MEAN_STAGES
 from .generic import PARALLEL_MIN
 
@@ -52,11 +56,33 @@ def _mean(sch: s_tir.Schedule) -> bool:
     return True
 
 
+def _concat(sch: s_tir.Schedule, vector_lanes: int) -> bool:
+    block = sch.get_sblock(CONCAT_STAGE)
+    starts = [int(v) for v in sch.get(block).annotations[STARTS]]
+    channels = sch.get_loops(block)[1]
+    sizes = [b - a for a, b in zip(starts, starts[1:])]
+    parts = sch.loop_partition(channels, sizes[:-1] + [None]) if len(sizes) > 1 else [channels]
+    for part in parts:
+        inner = sch.get_child_blocks(part)
+        leaf = inner[0] if inner else block
+        loops = sch.get_loops(leaf)
+        c = next(i for i, lp in enumerate(loops) if sch.get_sref(lp).same_as(sch.get_sref(part)))
+        rest = loops[c:]  # channels, rows, columns (, lanes)
+        sch.reorder(rest[1], rest[0])  # rows outermost, in parallel: a part's loop does not start at 0, so no fuse
+        if iterations(sch, leaf) >= PARALLEL_MIN:
+            sch.parallel(rest[1])
+        width = int(sch.get(rest[-1]).extent)
+        if width % vector_lanes == 0 or len(rest) == 4:
+            sch.vectorize(rest[-1])
+    return True
+
+
 def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
     """Apply the rule to ``sch`` in place; False when the kernel is not one of NCHW16c codes (``sch`` may
     then be partly changed: the backend starts afresh)."""
-    del vector_lanes  # 16 lanes: the codes' block
     names = block_names(sch)
+    if names == [CONCAT_STAGE]:
+        return _concat(sch, vector_lanes)
     if names == [GATE_LANES, GATE_STAGE]:
         return _gate(sch)
     if names == list(MEAN_STAGES):

@@ -165,3 +165,18 @@ def squeeze_excite(channels=24, size=8, gate_output=False):
               (helper.make_node("Mul", ["h2", "g"], ["s"]), []), pointwise("s", "y", channels, 8, "project")]
     outputs = [("y", [1, 8, size, size])] + ([("g", [1, channels, 1, 1])] if gate_output else [])
     return model(layers, [("x", [1, 8, size, size])], outputs)
+
+
+def stem_concat(channels=16, size=12):
+    """PP-HGNet's stem block: conv+relu (3 -> ``channels``), then a conv branch (conv+relu to ``channels`` / 2,
+    conv+relu back to ``channels``) and a MaxPool 2x2 stride 1 (padded right and bottom) of the first conv,
+    concatenated along the channels -> conv (8). 16 channels: whole NCHW16c blocks; 12: not."""
+    rng = np.random.default_rng(11)
+    half = max(channels // 2, 4)
+    pool = helper.make_node("MaxPool", ["h"], ["p"], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1])
+    layers = [conv(rng, "x", "c1", 3, channels, "stem"), (helper.make_node("Relu", ["c1"], ["h"]), []),
+              conv(rng, "h", "c2", channels, half, "branch1"), (helper.make_node("Relu", ["c2"], ["h2"]), []),
+              conv(rng, "h2", "c3", half, channels, "branch2"), (helper.make_node("Relu", ["c3"], ["h3"]), []),
+              (pool, []), (helper.make_node("Concat", ["p", "h3"], ["cat"], axis=1), []),
+              conv(rng, "cat", "y", 2 * channels, 8, "fuse")]
+    return model(layers, [("x", [1, 3, size, size])], [("y", [1, 8, size, size])])

@@ -10,7 +10,7 @@ from onnx import helper
 
 from helpers import make_model
 from helpers.quantize import (conv_pool_conv, conv_relu_conv, depthwise_s2, residual_block, squeeze_excite,
-                              two_outputs)
+                              stem_concat, two_outputs)
 from helpers.quantize_graph import AVX2, AVX512, call_kinds, kernel_args, main_calls, quantized, shape_of
 from tvmfuse import zoo
 
@@ -140,3 +140,26 @@ def test_every_zoo_model_quantizes_to_blocked_int8_kernels(name):
     stem pool of 24 channels once gave the next depthwise one NCHW16c block for two)."""
     mod, report = quantized("zoo:" + name, blocked=True, spec=AVX512)
     assert report["int8_partitions"] > 0 and report["blocked_outputs"] > 0
+
+
+@pytest.mark.parametrize("channels,blocked", [(16, True), (12, True), (16, False)],
+                         ids=["whole-blocks", "part-blocks", "nchw"])
+def test_a_channel_concat_of_codes_joins_the_int8_region(channels, blocked):
+    """PP-HGNet's stem: the max-pool and the conv branch write codes and one kernel concatenates them into the
+    last conv's parameters; no float tensor, quantize or dequantize after the input's. NCHW16c codes where
+    every input fills whole blocks, NCHW otherwise."""
+    mod, report = quantized(stem_concat(channels), blocked=blocked)
+    kinds = call_kinds(mod)
+    assert "codes_concat" in kinds and "relax.concat" not in kinds and "relax.dequantize" not in kinds, kinds
+    assert (report["uint8_concats"], report["uint8_pools"], report["quantize_ops"], report["dequantize_ops"]) \
+        == (1, 1, 1, 0)
+    (concat,) = [c for c in main_calls(mod) if c[0] == "codes_concat"]
+    assert str(concat[2].ty.dtype) == "uint8" and len(concat[2].ty.shape) == (5 if channels % 16 == 0 and blocked
+                                                                              else 4)
+
+
+def test_a_concat_read_by_an_fp32_op_stays_float():
+    model = stem_concat(16)
+    model.graph.output.append(helper.make_tensor_value_info("cat", 1, None))  # the concat is an output too
+    mod, report = quantized(model)
+    assert report["uint8_concats"] == 0 and "relax.concat" in call_kinds(mod)

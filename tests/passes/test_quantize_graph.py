@@ -35,8 +35,8 @@ def test_conv_relu_conv_quantizes_once_and_passes_uint8_between():
     assert mod["main"].body.body.same_as(last_var)  # the float output of the last kernel is the model output
     assert report == {"int8_partitions": 2, "fp32_partitions": 0, "fp32_reasons": [], "uint8_outputs": 1,
                       "float32_outputs": 1, "quantize_ops": 1, "dequantize_ops": 0, "uint8_pools": 0,
-                      "uint8_means": 0, "uint8_gates": 0, "blocked_outputs": 0, "layout_transforms": 0,
-                      "table_outputs": 0}
+                      "uint8_means": 0, "uint8_gates": 0, "uint8_concats": 0, "blocked_outputs": 0,
+                      "layout_transforms": 0, "table_outputs": 0}
     # The kernels carry what the scheduler and reports read; weights are packed int8 constants.
     kernel = mod[first.args[0]]
     assert str(kernel.attrs["tvmfuse.family"]) == "int8_conv2d"

@@ -10,6 +10,7 @@ blocked pool kernel, or the Relax op on NCHW codes; the mean and the gate by the
 from __future__ import annotations
 
 import tvm
+from tvm import relax
 
 from ..utils import bindings_of, op_name
 
@@ -19,7 +20,7 @@ def _int8_vars(sites) -> tuple[set, list]:
     return {s.var for s in sites if s.part is not None}, [s.out_var for s in sites if s.part is not None]
 
 
-def uint8_pools(mod: tvm.IRModule, sites: list, users: dict) -> dict:
+def uint8_pools(mod: tvm.IRModule, sites: list, users: dict, codes_readers: frozenset = frozenset()) -> dict:
     """Max-pools that pool uint8 codes instead: pool var -> the INT8 site it reads.
 
     Eligible when the pool reads an INT8 partition's output and either only INT8 partitions read the pool, or
@@ -28,9 +29,11 @@ def uint8_pools(mod: tvm.IRModule, sites: list, users: dict) -> dict:
     every real code, so pooling the codes is exact. It saves the float pass: the producer writes uint8
     instead of float32 and the pool reads a quarter of the bytes, with no quantize after it (or a dequantize
     of the smaller pooled map: a classifier's last conv, 2x2 max-pool and global mean). The pooled codes
-    keep their input's quantization parameters.
+    keep their input's quantization parameters. ``codes_readers``: ops on codes that count as INT8 readers
+    (the concats of :func:`uint8_concats`).
     """
     int8, _ = _int8_vars(sites)
+    int8 = int8 | set(codes_readers)
     pools = {}
     for binding in bindings_of(mod["main"]):
         value = binding.value
@@ -105,3 +108,46 @@ def uint8_gates(mod: tvm.IRModule, sites: list, users: dict) -> dict:
                 gates[product] = (x, gate)
                 break
     return gates
+
+
+def _pool_candidates(mod: tvm.IRModule, int8: set) -> set:
+    """Max-pools that read an INT8 site's output (what :func:`uint8_pools` may put on codes)."""
+    return {b.var for b in bindings_of(mod["main"]) if op_name(b.value) == "relax.nn.max_pool2d"
+            and b.value.args[0] in int8}
+
+
+def uint8_concats(mod: tvm.IRModule, sites: list, users: dict) -> dict:
+    """Channel concats of codes: concat var -> its inputs (vars).
+
+    Eligible when the concat joins 4-D tensors along axis 1, each an INT8 site's output or a max-pool of one
+    (which then pools codes: the concat reads it as an INT8 reader would), and only INT8 sites read it. One
+    kernel requantizes each input's codes to the concat's parameters and writes the concat's codes
+    (``schedules.int8_concat``): the producers write uint8 instead of float32, and no dequantize, float concat
+    and quantize run (PP-HGNet's stem block, CSP and FPN concats of conv outputs).
+    """
+    int8, outputs = _int8_vars(sites)
+    pooled = _pool_candidates(mod, int8)
+    concats = {}
+    for binding in bindings_of(mod["main"]):
+        value = binding.value
+        if op_name(value) != "relax.concat" or not isinstance(value.args[0], relax.Tuple):
+            continue
+        parts = list(value.args[0].fields)
+        shape = getattr(binding.var.ty, "shape", None)
+        if shape is None or len(shape) != 4 or int(value.attrs.axis) % 4 != 1:
+            continue
+        readers = users.get(binding.var, [])
+        codes = all(isinstance(p, relax.Var) and (p in pooled or any(p.same_as(o) for o in outputs)) for p in parts)
+        if codes and readers and all(r in int8 for r in readers):
+            concats[binding.var] = parts
+    return concats
+
+
+def ops_on_codes(mod: tvm.IRModule, sites: list, users: dict) -> tuple[dict, dict, dict, dict]:
+    """The max-pools, means, gates and concats ``QuantizeGraph`` computes on codes (the finders above); a concat
+    keeps its place only where the pools it reads do."""
+    concats = uint8_concats(mod, sites, users)
+    pools = uint8_pools(mod, sites, users, frozenset(concats))
+    produced = {s.out_var for s in sites if s.part is not None} | set(pools)
+    concats = {v: parts for v, parts in concats.items() if all(p in produced for p in parts)}
+    return pools, uint8_means(mod, sites, users), uint8_gates(mod, sites, users), concats

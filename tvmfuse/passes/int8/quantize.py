@@ -18,7 +18,7 @@ Borders, with every activation uint8 and quantized per tensor:
   (dequantize fused) when none is; uint8 plus one ``relax.dequantize`` for the FP32 consumers when mixed.
   A model output counts as an FP32 consumer.
 - A max-pool between INT8 partitions pools the uint8 codes (exact); squeeze-and-excitation's spatial mean
-  and channel gate inside an INT8 region run on codes too (``codes``: no float tensor, no quantize).
+  and channel gate, and channel concats, inside an INT8 region run on codes too (``codes``: no float tensor).
 
 Layout (``blocked``, the default): an INT8 kernel with an NCHW16c form writes its uint8 codes NCHW16c when
 another such kernel, or an op on codes that keeps their layout (max-pool, mean, gate), reads them
@@ -36,9 +36,9 @@ import warnings
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.computes import int8_se
+from tvmfuse.schedules.computes import int8_concat, int8_se
 from tvmfuse.schedules.computes.blocked import pool2d
-from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT, Int8KernelError
+from tvmfuse.schedules.computes.int8 import BLOCK_O, BLOCKED_LAYOUT, Int8KernelError
 
 from ...quant.keys import observed_tensors
 from ...quant.params import QuantParams, activation_params
@@ -46,7 +46,7 @@ from ...targets import TargetSpec
 from .kernels import (OutputTable, blocked_kernel, check_weight_bits, codes_blocked, data_layout, int8_constants,
                       kernel_out_shape, make_int8_kernel, relayout, weight_packing)
 from .match import Int8Partition, analyze
-from .codes import float_read, uint8_gates, uint8_means, uint8_pools
+from .codes import float_read, ops_on_codes
 from ..layout import POOL_FAMILY, transform_call
 from .tables import Chain, find_chains, output_table
 from ..partition import is_partition
@@ -151,12 +151,12 @@ class _Rewrite(relax.PyExprMutator):
 
     def __init__(self, mod: tvm.IRModule, sites: list[_Site], table, keys: dict, pools: dict, blocked: bool,
                  weights: str = "", means: dict | None = None, gates: dict | None = None,
-                 dequantized: set | None = None, weight_bits: int | None = None):
+                 dequantized: set | None = None, weight_bits: int | None = None, concats: dict | None = None):
         super().__init__(mod)
         self.weights, self.weight_bits = weights, weight_bits
         self.sites = {s.var: s for s in sites if s.part is not None}
         self.pools, self.dequantized = pools, dequantized or set()  # pools FP32 ops also read
-        self.means, self.gates = means or {}, gates or {}
+        self.means, self.gates, self.concats = means or {}, gates or {}, concats or {}
         self.table, self.keys = table, keys
         self.inputs = set(mod["main"].params)
         self.codes: dict = {}  # original var -> {layout: its uint8 codes in that layout}
@@ -249,7 +249,20 @@ class _Rewrite(relax.PyExprMutator):
                                      float(px.scale) / float(pp.scale), int(pp.zero_point))
         self._codes_kernel(var, kernel, "gate_codes", [codes, self.visit_expr(gate)], shape)
 
+    def _concat_codes(self, var) -> None:
+        """A channel concat's codes (:func:`.codes.uint8_concats`), NCHW16c where its inputs fill whole blocks."""
+        parts, out = self.concats[var], self.qparams(var)
+        whole = self.blocked and all(int(p.ty.shape[1]) % BLOCK_O == 0 for p in parts)
+        codes = [self._codes_of(p, BLOCKED_LAYOUT if whole else "NCHW") for p in parts]
+        params = [(int(self.qparams(p).zero_point), float(self.qparams(p).scale) / float(out.scale)) for p in parts]
+        shapes = [[int(d) for d in c.ty.shape] for c in codes]
+        kernel, channels = int8_concat.concat_kernel(shapes, params, int(out.zero_point)), sum(s[1] for s in shapes)
+        self._codes_kernel(var, kernel, "concat_codes", codes, [shapes[0][0], channels] + shapes[0][2:])
+
     def visit_var_binding_(self, binding):
+        if binding.var in self.concats:
+            self._concat_codes(binding.var)
+            return
         if binding.var in self.pools:
             self._pool_codes(binding)
             return
@@ -332,8 +345,8 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
     report : dict, optional
         Receives ``int8_partitions``, ``fp32_partitions``, ``fp32_reasons`` (partition, tensor, reason),
         ``uint8_outputs`` / ``float32_outputs`` (INT8 partitions by output dtype), ``quantize_ops`` and
-        ``dequantize_ops`` (inserted), ``uint8_pools`` / ``uint8_means`` / ``uint8_gates`` (max-pools, spatial
-        means and channel gates computed on codes), ``blocked_outputs``
+        ``dequantize_ops`` (inserted), ``uint8_pools`` / ``uint8_means`` / ``uint8_gates`` / ``uint8_concats``
+        (max-pools, spatial means, channel gates and channel concats computed on codes), ``blocked_outputs``
         (INT8 partitions writing NCHW16c codes) and ``layout_transforms`` (uint8 NCHW <-> NCHW16c inserted).
     blocked : bool
         Keep uint8 activations NCHW16c between the INT8 kernels that have that form (default); False: every
@@ -361,8 +374,8 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
         _check_constants(sites, table, keys)
         users = users_of(mod["main"])
         _attach_tables(mod, sites, users, table, keys)
-        pools, means, gates = (f(mod, sites, users) for f in (uint8_pools, uint8_means, uint8_gates))
-        codes_ops = pools | means | gates
+        pools, means, gates, concats = ops_on_codes(mod, sites, users)
+        codes_ops = pools | means | gates | concats
         int8_vars = {s.var for s in sites if s.part is not None} | set(codes_ops)  # what reads codes
         _choose_outputs(sites, users, int8_vars, gates)
         if blocked_codes:
@@ -375,12 +388,13 @@ def QuantizeGraph(table, spec: TargetSpec | None, report: dict | None = None,  #
             return mod
         dequantized = {p for p in pools if float_read(p, users, int8_vars)}
         rewrite = _Rewrite(mod, sites, table, keys, pools, blocked_codes, weight_packing(spec), means, gates, dequantized,
-                           weight_bits)
+                           weight_bits, concats)
         gv = mod.get_global_var("main")
         rewrite.builder_.update_func(gv, rewrite.visit_expr(mod["main"]))
         if report is not None:
             report.update(_summary(sites, rewrite.quantize_ops, rewrite.dequantize_ops, rewrite.layout_transforms),
-                          uint8_pools=len(pools), uint8_means=len(means), uint8_gates=len(gates))
+                          uint8_pools=len(pools), uint8_means=len(means), uint8_gates=len(gates),
+                          uint8_concats=len(concats))
         return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
 
     return _quantize
