@@ -330,7 +330,10 @@ def test_avx512_plain_stem_keeps_its_accumulators_in_registers():
     assert update and "p0" in [p.name for p in sched.params] and int(sched.params[0].ty.shape[1]) == 3
     asm = _build(sched, "x86-avx512").mod.inspect_source("asm")
     spills = [line for line in asm.splitlines() if re.search(r"zmm.*\(%rsp\)|\(%rsp\).*zmm", line)]
-    assert "vfmadd" in asm and not spills, spills[:5]
+    # (zmm moves: its 16 accumulators stored to the runtime's workspace and loaded back, before the tile was
+    # put on the stack, schedules/x86/stack_tiles.py; now one register spilled and reloaded)
+    moves = [line for line in asm.splitlines() if re.search(r"vmovup[sd].*zmm", line)]
+    assert "vfmadd" in asm and len(spills) <= 2 and len(moves) <= 4, (spills[:5], moves[:5])
 
 
 def test_avx512_dense_asm():

@@ -209,7 +209,8 @@ def test_dispatcher_uses_the_family_rule(conv_fn, dense_fn, dw_fn):
         tvm.ir.assert_structural_equal(x86.schedule(func, family, 256), rule(func, AVX2))
     assert set(x86.RULES) == {"conv2d", "depthwise_conv2d", "dense", "batch_matmul", "conv2d_nchwc", "conv2d_winograd",
                               "int8_conv2d", "int8_depthwise_conv2d", "int8_dense", "depthwise_conv2d_nchwc", "group_conv2d_nchwc", "layout_transform", "pool2d_nchwc",
-                              "softmax", "layer_norm", "layer_norm_channels", "codes_gate", "codes_mean"}
+                              "softmax", "layer_norm", "layer_norm_channels", "codes_gate", "codes_mean",
+                              "codes_concat"}
 
 
 # ----------------------------------------------------------------------------------------------- 6. generic fallback
