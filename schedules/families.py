@@ -64,6 +64,9 @@ class Int8:
     # "module.function" packing the weight for the NCHW16c kernel on targets without VNNI (backend
     # ``int8_weights == "pairs"``) where ``vnni_pack``'s layout would apply, as int16 pairs; None: none.
     pairs_pack: str | None = None
+    # "module.function" packing the weight as exact float32 codes for the NCHW16c kernel that sums in float on
+    # targets without VNNI where a kernel row is wide (``passes.int8.kernels.float_pack``); None: none.
+    float_pack: str | None = None
     # "module.function" packing the weight into AMX tiles for targets with ``amx-int8`` (backend
     # ``int8_weights == "amx"``); the family's compute then builds the tile kernel's form. None: the family
     # takes VNNI's packing there.
@@ -251,6 +254,7 @@ DEPTHWISE_CONV2D = Family(
               check=_depthwise_multiplier_one, blocked_pack="computes.int8_depthwise.pack_weight",
               vnni_pack="computes.int8_depthwise.pack_weight_vnni",
               pairs_pack="computes.int8_depthwise.pack_weight_pairs",
+              float_pack="computes.int8_depthwise.pack_weight_float",
               anchor_block="depthwise_int8", pad_block="data_pad",
               reference="computes.int8_ref.depthwise_conv2d_ref"),
     kernels=(Kernel("depthwise_conv2d", {"x86": "depthwise_conv2d", "cuda": "depthwise_conv2d"}),

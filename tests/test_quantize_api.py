@@ -23,7 +23,8 @@ from tvmfuse.quant.table import CalibrationError
 from tvmfuse.schedules.computes import int8, int8_ref
 
 from helpers import HOST
-from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_s2, grouped_conv_sigmoid,
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, conv_silu_conv, depthwise_5x5, depthwise_s2,
+                              grouped_conv_sigmoid,
                               inverted_residual, random_batches, residual_block, spelt_hardswish, squeeze_excite,
                               stem_concat, two_outputs)
 
@@ -135,6 +136,7 @@ def test_residual_block_is_bit_exact_against_the_numpy_int8_reference(tmp_path):
     ("depthwise_s2_40ch", depthwise_s2(channels=40, size=14), (1, 8, 14, 14)),
     ("two_outputs", two_outputs(), (1, 3, 8, 8)),
     ("stem_concat", stem_concat(16), (1, 3, 12, 12)),
+    ("depthwise_5x5", depthwise_5x5(), (1, 8, 3, 20)),  # without VNNI: the float form, padding rows skipped
 ])
 def test_nchw16c_codes_give_the_same_integers_as_nchw(name, model, shape, tmp_path):
     """The blocked layout moves the codes, not the arithmetic: every output equals the NCHW build's, bit for

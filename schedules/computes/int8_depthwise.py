@@ -16,6 +16,14 @@ a kernel row instead.
   input has the columns they read. The same weight as int16 pairs (``[ceil(C/16), kh, ceil(kw/4), 2, 16, 2]``,
   :func:`pack_weight_pairs`: taps 2p and 2p+1 of each channel side by side) is the layout of the 16-bit
   multiply-add step of CPUs without VNNI (``intrin/depthwise_pairs.py``); the dtype tells them apart.
+- NCHW16c in float (``weight`` float32 ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight_float`): the codes
+  less the zero point are converted to float32 once, in the padding stage (the padding 0), and every tap is
+  one float multiply-add, exact: each product is an integer of at most 255 x 128 in magnitude and every
+  partial sum of up to :data:`FLOAT_TAPS` of them stays below 2^24, where float32 holds every integer. The
+  sum is ``sum((q - za) * w)``: the bias takes no folded zero point (``input_zero_point`` is subtracted
+  here), and a kernel row that reads only padding adds 0, which a backend may skip. A CPU without VNNI has no
+  integer step that beats its two FMAs a cycle on a sum over taps (the taps-in-fours pair step takes 4 uops
+  per 32 products, and wastes 3 of 8 taps of a 5-wide row).
 """
 
 from __future__ import annotations
@@ -30,7 +38,10 @@ from .int8 import (BLOCK_O, Epilogue, _check, _check_data, _check_epilogue, _epi
 
 NAME = "INT8 depthwise conv2d"
 TAPS = 4  # taps of a row summed per 32-bit word (pack_weight_vnni)
+FLOAT_TAPS = 2**24 // (255 * 128)  # kernel taps whose float32 sum of u8 x s8 products is exact (514)
 ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CONV2D.int8.pad_block
+FLOAT_SUMS = "float_sums"  # the float form's conversion of its sums to int32 (:func:`_float_sums`)
+PADDING_ROWS = "tvmfuse.padding_rows"  # the float form's anchor: the share of its row steps on padding rows
 BORDER = "tvmfuse.border"  # the padding stage's annotation: [top, left, height, width] of the data inside it
 
 
@@ -69,6 +80,12 @@ def pack_weight_pairs(weight: np.ndarray) -> np.ndarray:
     return int8_ref.to_pairs(pack_weight_vnni(weight))
 
 
+def pack_weight_float(weight: np.ndarray) -> np.ndarray:
+    """``[C, 1, kh, kw]`` int8 -> ``[ceil(C/16), kh, kw, 16]`` float32: :func:`pack_weight`'s layout, each
+    code an exact float."""
+    return pack_weight(weight).astype(np.float32)
+
+
 def unpack_weight_vnni(packed: np.ndarray, channels: int, kw: int) -> np.ndarray:
     """Inverse of :func:`pack_weight_vnni` (``kw``: the kernel's width, which the packing rounds up)."""
     blocks, kh, groups, block, taps = packed.shape
@@ -94,6 +111,7 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     _check_data(NAME, data)
     wshape = _shape(weight)
     blocked = len(data.shape) == 5
+    floats = str(weight.dtype) == "float32"  # pack_weight_float
     pairs = str(weight.dtype) == "int16"  # pack_weight_pairs: [blocks, kh, groups, 2, 16, 2]
     # pack_weight_vnni: taps in fours, [blocks, kh, groups, 16, 4]
     taps = blocked and len(wshape) == (6 if pairs else 5)
@@ -113,8 +131,12 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         _check(dw == 1, NAME, f"taps in fours read neighbouring pixels: dilation {dw} along the row needs "
                "pack_weight's layout")
     elif blocked:
-        _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[0] == c // BLOCK_O and wshape[3] == BLOCK_O,
-               NAME, f"weight must be int8 [{c // BLOCK_O}, kh, kw, {BLOCK_O}] for NCHW16c data, got {wshape}")
+        _check(str(weight.dtype) in ("int8", "float32") and len(wshape) == 4 and wshape[0] == c // BLOCK_O
+               and wshape[3] == BLOCK_O, NAME,
+               f"weight must be int8 or float32 [{c // BLOCK_O}, kh, kw, {BLOCK_O}] for NCHW16c data, got {wshape} "
+               f"{weight.dtype}")
+        _check(not floats or kh * kw <= FLOAT_TAPS, NAME,
+               f"a float32 weight sums exactly up to {FLOAT_TAPS} taps, got {kh}x{kw}")
     else:
         _check(str(weight.dtype) == "int8" and len(wshape) == 4 and wshape[1] == 1 and wshape[0] == c, NAME,
                f"weight must be int8 [C, 1, kh, kw] with C = {c} for NCHW data, got {wshape} {weight.dtype}")
@@ -155,17 +177,47 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
             tap_weight = lambda cb, ci: weight[cb, ry, rg, ci, rk]  # noqa: E731
     else:
         axes, column, tap_weight = [ry, rx], rx * dw, lambda cb, ci: weight[cb, ry, rx, ci]
-    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD,
-                     attrs)
-    acc = te.compute(
-        (n, blocks, out_h, out_w, BLOCK_O),
-        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype("int32")
-                                       * tap_weight(cb, ci).astype("int32"), axis=axes),
-        name=ANCHOR)
+    if floats:
+        acc = _float_sums(data, weight, input_zero_point, [n, blocks, rows, cols, BLOCK_O], pad_index,
+                          (out_h, out_w), (sh, sw), (dh, dw), [top, left, h, w])
+    else:
+        padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD, attrs)
+        acc = te.compute(
+            (n, blocks, out_h, out_w, BLOCK_O),
+            lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype("int32")
+                                           * tap_weight(cb, ci).astype("int32"), axis=axes),
+            name=ANCHOR)
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
                                residual, epilogue, out_shape, table)
     return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
+
+
+def _float_sums(data, weight, zero_point, padded_shape, pad_index, out_hw, strides, dilation, border):
+    """The int32 sums of the float form (NCHW16c, ``weight`` ``[blocks, kh, kw, 16]`` float32): each tap adds
+    ``(q - za) * w`` and the padding 0 (so the bias has no zero point folded in), a kernel row that reads only
+    padding adds nothing and a backend may skip it (``padding_taps``: a 5x5 kernel on a 2-row map reads 2 of its
+    5 rows)."""
+    (sh, sw), (dh, dw) = strides, dilation
+    kh, kw = (int(d) for d in weight.shape[1:3])
+    za = (zero_point[0].astype("float32") if isinstance(zero_point, te.Tensor)
+          else tirx.const(float(zero_point), "float32"))
+
+    def body(*i):
+        valid, src = pad_index(*i)
+        safe = tuple(tirx.max(tirx.min(s, d - 1), 0) for s, d in zip(src, _shape(data)))
+        return tirx.Select(valid, data[safe].astype("float32") - za, tirx.const(0.0, "float32"))
+
+    padded = te.compute(padded_shape, body, name=PAD, attrs={BORDER: border})
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    top, height = border[0], border[2]
+    outside = sum(not top <= y * sh + r * dh < top + height for y in range(out_hw[0]) for r in range(kh))
+    acc = te.compute(
+        (padded_shape[0], padded_shape[1]) + tuple(out_hw) + (padded_shape[4],),
+        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rx * dw, ci] * weight[cb, ry, rx, ci],
+                                       axis=[ry, rx]),
+        name=ANCHOR, attrs={PADDING_ROWS: outside / (out_hw[0] * kh)})
+    return te.compute(acc.shape, lambda *i: acc[i].astype("int32"), name=FLOAT_SUMS)
 
 
 def depthwise_conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int,

@@ -180,3 +180,15 @@ def stem_concat(channels=16, size=12):
               (pool, []), (helper.make_node("Concat", ["p", "h3"], ["cat"], axis=1), []),
               conv(rng, "cat", "y", 2 * channels, 8, "fuse")]
     return model(layers, [("x", [1, 3, size, size])], [("y", [1, 8, size, size])])
+
+
+def depthwise_5x5(channels=24, size=(3, 20)):
+    """conv+relu (8 -> ``channels``) -> depthwise 5x5 (padding 2) + relu -> conv (8), on a map of 3 rows: the
+    PP-OCR classifiers' rows, where 2 of a kernel's 5 rows read padding for most output rows."""
+    rng = np.random.default_rng(12)
+    w = numpy_helper.from_array((rng.standard_normal((channels, 1, 5, 5)) * 0.3).astype(np.float32), "dw.w")
+    dw = helper.make_node("Conv", ["h", "dw.w"], ["c2"], group=channels, pads=[2] * 4, kernel_shape=[5, 5])
+    h, w_ = size
+    return model([conv(rng, "x", "c1", 8, channels, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []),
+                  (dw, [w]), (helper.make_node("Relu", ["c2"], ["h2"]), []), conv(rng, "h2", "y", channels, 8, "conv2")],
+                 [("x", [1, 8, h, w_])], [("y", [1, 8, h, w_])])

@@ -9,8 +9,8 @@ import pytest
 from onnx import helper
 
 from helpers import make_model
-from helpers.quantize import (conv_pool_conv, conv_relu_conv, depthwise_s2, residual_block, squeeze_excite,
-                              stem_concat, two_outputs)
+from helpers.quantize import (conv_pool_conv, conv_relu_conv, depthwise_5x5, depthwise_s2, residual_block,
+                              squeeze_excite, stem_concat, two_outputs)
 from helpers.quantize_graph import AVX2, AVX512, call_kinds, kernel_args, main_calls, quantized, shape_of
 from tvmfuse import zoo
 
@@ -80,11 +80,24 @@ def test_depthwise_weight_has_taps_in_fours_with_row_dilation_1(dilation):
         mod, _ = quantized(model, blocked=True, spec=spec)
         calls = [call for kind, call, _ in main_calls(mod) if kind == "int8_depthwise_conv2d"]
         shapes[spec.name] = [kernel_args(call)[1].value.numpy().shape for call in calls]
-    # The dilated conv's taps are 2 pixels apart: no 4 of them lie in one 64-byte load. AVX2 (no VNNI) takes
-    # the same groups of taps as int16 pairs.
+    # The dilated conv's taps are 2 pixels apart: no 4 of them lie in one 64-byte load. AVX2 (no VNNI) sums
+    # 5-wide rows in float (pack_weight_float: exact float32 codes), dilated or not.
     plain = (2, 5, 5, 16)
     assert shapes == {"x86-avx512": [(2, 5, 2, 16, 4) if dilation == 1 else plain, (2, 5, 2, 16, 4)],
-                      "custom": [(2, 5, 2, 2, 16, 2) if dilation == 1 else plain, (2, 5, 2, 2, 16, 2)]}
+                      "custom": [plain, plain]}
+
+
+def test_without_vnni_wide_kernel_rows_sum_in_float():
+    """A 5x5 depthwise on AVX2 takes exact float32 weights (7-bit codes) and its bias without the input zero
+    point folded in (the kernel sums q - za: tests/test_quantize_api.py checks the integers against the NCHW
+    kernel's); a 3x3 one keeps the int16 pairs."""
+    for model, dtype in ((depthwise_5x5(), np.float32), (depthwise_s2(channels=24, size=8), np.int16)):
+        mod, _ = quantized(model, blocked=True, spec=AVX2)
+        (call,) = [c for kind, c, _ in main_calls(mod) if kind == "int8_depthwise_conv2d"]
+        weight = kernel_args(call)[1].value.numpy()
+        assert weight.dtype == dtype
+        if dtype == np.float32:
+            assert np.array_equal(weight, np.round(weight)) and np.abs(weight).max() <= 127
 
 
 @pytest.mark.parametrize("channels", [16, 24])
@@ -163,3 +176,16 @@ def test_a_concat_read_by_an_fp32_op_stays_float():
     model.graph.output.append(helper.make_tensor_value_info("cat", 1, None))  # the concat is an output too
     mod, report = quantized(model)
     assert report["uint8_concats"] == 0 and "relax.concat" in call_kinds(mod)
+
+
+def test_float_packing_keeps_weights_at_minus_128():
+    """A quantized model's own weights may hold -128, which the packers refuse: packed by parts as the integer
+    forms are, the float form's weight stays float32 and holds every code."""
+    from tvmfuse.passes.int8.kernels import _pack
+    from tvmfuse.schedules.computes import int8_depthwise as int8_dw
+
+    w = np.random.default_rng(3).integers(-128, 128, (24, 1, 5, 5)).astype(np.int8)
+    w[0, 0, 0, :] = -128
+    packed = _pack(int8_dw.pack_weight_float, w)
+    assert packed.dtype == np.float32 and packed.min() == -128
+    np.testing.assert_array_equal(int8_dw.unpack_weight(packed, 24), w.astype(np.float32))

@@ -128,7 +128,8 @@ def _depthwise(case, extreme, pack):
                                            dilation=case.dilation, input_zero_point=case.za, epilogue=ep,
                                            out_layout=out_layout, channels=c, **width)
     func = int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out])
-    folded = int8_ref.fold_zero_point(bias, wv, case.za)
+    # the float form subtracts the zero point itself: its bias has none folded in
+    folded = int8_ref.fold_zero_point(bias, wv, 0 if pack is int8_dw.pack_weight_float else case.za)
     args = [to_blocked(xv, fill=77), packed, _padded(folded, channels), _padded(mult, channels)]
     if res is not None:
         args.append(to_blocked(res))
@@ -192,6 +193,39 @@ def _check_pair_taps(case, extreme, step):
     func = int8_depthwise.apply(func, bits, False, config)
     assert ("pmadd" in func.script()) == (step != "pairs-generic")
     _check_depthwise(case, func, out, args, ref)
+
+
+FLOAT_CASES = DW_CASES + [
+    Conv(48, 48, (3, 96), 5, pad=2, act="hardswish", residual="uint8"),  # the PP-OCR classifiers' rows
+    Conv(40, 40, (2, 24), 5, pad=2, act="relu6"),  # 3 of 5 kernel rows on padding for every output row
+    Conv(24, 24, (2, 20), 5, stride=2, pad=2, out="float32"),
+]
+
+
+@pytest.mark.parametrize("bits", [HOST_BITS, 256], ids=["host", "avx2"])
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("case", FLOAT_CASES, ids=str)
+def test_depthwise_float_sums_bit_exact(case, extreme, bits):
+    """The form CPUs without VNNI run wide kernel rows on: (q - za) * w summed in float32, exact, with the
+    kernel rows that read only padding skipped where enough do (``padding_taps``, as compile runs it)."""
+    from tvmfuse.schedules import padding_taps
+
+    func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight_float)
+    func = int8_depthwise.apply(func, bits, False)
+    assert func is not None and "T.parallel" in func.script()
+    guarded = padding_taps.skip_padding_taps(func)
+    top, h, out_h = (case.pad if isinstance(case.pad, int) else case.pad[0]), case.in_shape()[2], case.out_shape()[2]
+    on_padding = [not 0 <= y * case.stride + r * case.dilation - top < h for y in range(out_h) for r in range(case.k)]
+    assert (not guarded.same_as(func)) == (sum(on_padding) / len(on_padding) >= padding_taps.MIN_SKIPPED), case
+    _check_depthwise(case, guarded, out, args, ref)
+
+
+def test_depthwise_float_sums_refuse_what_float32_cannot_sum_exactly():
+    x = te.placeholder((1, 1, 40, 40, BLOCK), "uint8", name="x")
+    w = te.placeholder((1, 23, 23, BLOCK), "float32", name="w")  # 529 taps > FLOAT_TAPS
+    b, m = te.placeholder((BLOCK,), "int32", name="b"), te.placeholder((BLOCK,), "float32", name="m")
+    with pytest.raises(int8.Int8KernelError, match=r"a float32 weight sums exactly up to 514 taps, got 23x23"):
+        int8_dw.depthwise_conv2d_compute(x, w, b, m, padding=11, channels=BLOCK)
 
 
 def test_depthwise_pair_taps_compile_to_vpmaddwd_without_int32_multiplies():

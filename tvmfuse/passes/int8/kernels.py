@@ -108,8 +108,8 @@ def _pack(pack, weight: np.ndarray) -> np.ndarray:
     low = weight == -128
     if not low.any():
         return pack(weight)
-    packed = pack(np.maximum(weight, -127).astype(np.int8)).astype(np.int16) - pack(low.astype(np.int8))
-    return packed.astype(np.int8)
+    kept = pack(np.maximum(weight, -127).astype(np.int8))
+    return (kept.astype(np.int16) - pack(low.astype(np.int8))).astype(kept.dtype)  # int8, or exact float32
 
 
 def packed_weight(family: families.Int8, weight: np.ndarray, pack: str | None, weights: str) -> np.ndarray:
@@ -218,6 +218,19 @@ def taps_pack(part: Int8Partition, blocked: bool, weights: str) -> str | None:
     return pack if blocked and pack is not None and part.conv.get("dilation", [1, 1])[-1] == 1 else None
 
 
+# Kernel rows at least this wide sum in float on targets without VNNI: the taps-in-fours pair step would
+# waste 3 of 8 taps of a 5-wide row (AVX2 code, kernel alone: 240x28x28 5x5 168 -> 158 us, 672x14x14 122 ->
+# 115; 3x3 rows keep the pair step, 203 against 216 us at 144x56x56).
+FLOAT_ROW = 5
+
+
+def float_pack(part: Int8Partition, blocked: bool, weights: str, weight: np.ndarray) -> str | None:
+    """The family's ``float_pack`` where a target without VNNI (``weights == "pairs"``) runs this NCHW16c kernel
+    summing in float (a kernel row of :data:`FLOAT_ROW` taps or more); None otherwise."""
+    pack = families.FAMILIES[part.family].int8.float_pack
+    return pack if weights == "pairs" and blocked and pack and int(weight.shape[-1]) >= FLOAT_ROW else None
+
+
 def tiles_pack(family: families.Int8, weight: np.ndarray, weights: str) -> str | None:
     """The family's ``amx_pack`` when a target with AMX tiles (``weights == "amx"``) runs this int8 weight
     (OIHW: its input channels, :func:`int8_amx.takes_tiles`) on them; None otherwise."""
@@ -246,7 +259,9 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     s_x, za = float(x.scale), int(x.zero_point)
     spec = families.FAMILIES[part.family].int8
     wq, wparams = _quantized_weight(part, weight_limit(spec, weights, weight_bits), s_x)
-    shift = int8.SIGNED_SHIFT if signed_data(part, weights) else 0  # the kernel sums x - shift
+    floats = float_pack(part, blocked, weights, wq)
+    # the kernel sums x - shift: the float form subtracts the zero point itself
+    shift = za if floats else int8.SIGNED_SHIFT if signed_data(part, weights) else 0
     folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za - shift)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
     if part.quantized is not None:
@@ -254,8 +269,10 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
     pack = spec.blocked_pack if blocked else spec.pack
-    width, taps = None, taps_pack(part, blocked, weights)
-    if taps:
+    width, taps = None, None if floats else taps_pack(part, blocked, weights)
+    if floats:
+        pack = floats
+    elif taps:
         pack, width = taps, int(wq.shape[-1])
     else:
         pack = tiles_pack(spec, wq, weights) or pack
