@@ -190,5 +190,6 @@ def depthwise_5x5(channels=24, size=(3, 20)):
     dw = helper.make_node("Conv", ["h", "dw.w"], ["c2"], group=channels, pads=[2] * 4, kernel_shape=[5, 5])
     h, w_ = size
     return model([conv(rng, "x", "c1", 8, channels, "conv1"), (helper.make_node("Relu", ["c1"], ["h"]), []),
-                  (dw, [w]), (helper.make_node("Relu", ["c2"], ["h2"]), []), conv(rng, "h2", "y", channels, 8, "conv2")],
+                  (dw, [w]), (helper.make_node("Relu", ["c2"], ["h2"]), []),
+                  conv(rng, "h2", "y", channels, 8, "conv2")],
                  [("x", [1, 8, h, w_])], [("y", [1, 8, h, w_])])
