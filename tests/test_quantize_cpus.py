@@ -12,7 +12,7 @@ from tvmfuse import cli
 from tvmfuse.schedules.computes import int8
 
 from helpers import HOST
-from helpers.quantize import conv_relu_conv, inverted_residual, random_batches
+from helpers.quantize import conv_relu_conv, depthwise_5x5, inverted_residual, random_batches
 
 
 def test_x86_avx512_build_calibrates_here_and_uses_vnni():
@@ -105,6 +105,11 @@ def test_avx_vnni_cpus_take_vnni_blocks_for_convs_and_pairs_for_the_depthwise_ta
                           target=spec)
     asm = cm.kernel_source("asm")
     assert "{vex}\tvpdpbusd\t%ymm" in asm and "vpunpcklbw" in asm and "zmm" not in asm
+    # 5-wide kernel rows sum in float, as without VNNI (the pair step would waste 3 of 8 taps)
+    wide = tvmfuse.quantize(depthwise_5x5(), calib=random_batches((1, 8, 3, 20), 2, 2), method="minmax",
+                            target=spec)
+    (kernel,) = [f for gv, f in wide.lowered.functions_items() if gv.name_hint.startswith("tvmfuse_int8_depthwise")]
+    assert str(kernel.params[1].ty.dtype) == "float32" and "vfmadd231ps\t" in wide.kernel_source("asm")
 
 
 def test_quantizing_for_a_cpu_without_vnni_says_its_weights_are_7_bit(monkeypatch):
