@@ -175,33 +175,24 @@ def test_conv_silu_quantizes_the_conv_and_stays_near_fp32(silu_output):
             assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("gate_output", [False, True])
-def test_squeeze_and_excitation_on_codes_stays_close_to_fp32(gate_output):
-    """The SE block's mean and gate run on uint8 codes (no float tensor between the INT8 kernels): end to end
-    within the INT8 tolerance of the FP32 build."""
-    model = squeeze_excite(gate_output=gate_output)
-    batches = random_batches((1, 8, 8, 8), 4, 11)
+@pytest.mark.parametrize("model, shape, seed, counts", [
+    (squeeze_excite(), (1, 8, 8, 8), 11, {"uint8_means": 1, "uint8_gates": 1}),
+    (squeeze_excite(gate_output=True), (1, 8, 8, 8), 11, {"uint8_means": 1, "uint8_gates": 1}),
+    (stem_concat(16), (1, 3, 12, 12), 13, {"uint8_concats": 1, "uint8_pools": 1}),
+    (stem_concat(12), (1, 3, 12, 12), 13, {"uint8_concats": 1, "uint8_pools": 1}),
+], ids=["se", "se-gate-output", "concat-blocks", "concat-nchw"])
+def test_ops_on_codes_stay_close_to_fp32(model, shape, seed, counts):
+    """The SE block's mean and gate, and PP-HGNet's stem max-pool and concat (the conv branch's codes
+    requantized to the concat's parameters in its kernel), run on uint8 codes (no float tensor between the
+    INT8 kernels): end to end within the INT8 tolerance of the FP32 build."""
+    batches = random_batches(shape, 4, seed)
     cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
-    assert (cm.quantization["uint8_means"], cm.quantization["uint8_gates"]) == (1, 1)
+    assert {k: cm.quantization[k] for k in counts} == counts
     fp32 = tvmfuse.compile(model, target=HOST)
     for batch in batches[:2]:
         for got, want in zip(cm.run(batch), fp32.run(batch)):
             assert np.abs(got - want).max() <= TOLERANCE * (want.max() - want.min())
 
-
-
-@pytest.mark.parametrize("channels", [16, 12])
-def test_a_concat_on_codes_stays_close_to_fp32(channels):
-    """PP-HGNet's stem block: its max-pool and concat run on codes (the conv branch's codes requantized to the
-    concat's parameters in the concat kernel): end to end within the INT8 tolerance of the FP32 build."""
-    model = stem_concat(channels)
-    batches = random_batches((1, 3, 12, 12), 4, 13)
-    cm = tvmfuse.quantize(model, calib=batches, method="minmax", target=HOST)
-    assert (cm.quantization["uint8_concats"], cm.quantization["uint8_pools"]) == (1, 1)
-    fp32 = tvmfuse.compile(model, target=HOST)
-    for batch in batches[:2]:
-        for got, want in zip(cm.run(batch), fp32.run(batch)):
-            assert np.abs(got - want).max() <= TOLERANCE * (want.max() - want.min())
 
 # ---- the command line ----
 
