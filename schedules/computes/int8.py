@@ -119,22 +119,26 @@ def _out_size(size: int, before: int, after: int, kernel: int, stride: int, dila
 
 
 def _padded(data, shape, index, zero_point, name: str, attrs: dict | None = None, dtype: str | None = None,
-            shift: int = 0):
+            shift: int = 0, centred: bool = False):
     """A stage of ``shape`` whose element ``index(*i) -> (valid, data index)`` reads ``data`` or ``za``, both
     less ``shift`` and in ``dtype`` (None: the data's). ``zero_point``: ``za``, an int, or a ``[1]`` tensor of
-    the data's dtype holding it (known at run time only).
+    the data's dtype holding it (known at run time only). ``centred``: both less ``za`` instead (``shift``
+    unused), so the padding is the constant 0.
 
     The read is clamped into ``data`` and chosen with a select rather than guarded by ``if_then_else``:
     branch-free rows vectorize (a 144x58x58 padded plane: 0.03 ms instead of 0.24 ms on AVX2).
     """
-    if isinstance(zero_point, te.Tensor):
+    tensor = isinstance(zero_point, te.Tensor)
+    if centred:
+        shift, za = (zero_point[0].astype("int32") if tensor else zero_point), tirx.const(0, dtype or data.dtype)
+    elif tensor:
         za = (zero_point[0].astype("int32") - shift).astype(dtype or data.dtype)
     else:
         za = tirx.const(zero_point - shift, dtype or data.dtype)
     dims = _shape(data)
 
     def read(i):
-        if shift:
+        if centred or shift:
             return (data[i].astype("int32") - shift).astype(dtype)
         return data[i] if dtype is None else data[i].astype(dtype)
 

@@ -40,7 +40,7 @@ NAME = "INT8 depthwise conv2d"
 TAPS = 4  # taps of a row summed per 32-bit word (pack_weight_vnni)
 FLOAT_TAPS = 2**24 // (255 * 128)  # kernel taps whose float32 sum of u8 x s8 products is exact (514)
 ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CONV2D.int8.pad_block
-FLOAT_SUMS = "float_sums"  # the float form's conversion of its sums to int32 (:func:`_float_sums`)
+FLOAT_SUMS = "float_sums"  # the float form's conversion of its sums to int32
 PADDING_ROWS = "tvmfuse.padding_rows"  # the float form's anchor: the share of its row steps on padding rows
 BORDER = "tvmfuse.border"  # the padding stage's annotation: [top, left, height, width] of the data inside it
 
@@ -177,47 +177,24 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
             tap_weight = lambda cb, ci: weight[cb, ry, rg, ci, rk]  # noqa: E731
     else:
         axes, column, tap_weight = [ry, rx], rx * dw, lambda cb, ci: weight[cb, ry, rx, ci]
+    sum_type, anchor_attrs = "int32", None
+    if floats:  # the codes less the zero point, the padding 0: a kernel row on padding rows only adds nothing
+        sum_type, attrs = "float32", {BORDER: [top, left, h, w]}
+        outside = sum(not top <= y * sh + r * dh < top + h for y in range(out_h) for r in range(kh))
+        anchor_attrs = {PADDING_ROWS: outside / (out_h * kh)}  # the share of row steps a backend may skip
+    padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD, attrs,
+                     dtype=sum_type if floats else None, centred=floats)
+    acc = te.compute(
+        (n, blocks, out_h, out_w, BLOCK_O),
+        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype(sum_type)
+                                       * tap_weight(cb, ci).astype(sum_type), axis=axes),
+        name=ANCHOR, attrs=anchor_attrs)
     if floats:
-        acc = _float_sums(data, weight, input_zero_point, [n, blocks, rows, cols, BLOCK_O], pad_index,
-                          (out_h, out_w), (sh, sw), (dh, dw), [top, left, h, w])
-    else:
-        padded = _padded(data, [n, blocks, rows, cols, BLOCK_O], pad_index, input_zero_point, PAD, attrs)
-        acc = te.compute(
-            (n, blocks, out_h, out_w, BLOCK_O),
-            lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype("int32")
-                                           * tap_weight(cb, ci).astype("int32"), axis=axes),
-            name=ANCHOR)
+        acc = te.compute(acc.shape, lambda *i: acc[i].astype("int32"), name=FLOAT_SUMS)
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,
                                residual, epilogue, out_shape, table)
     return _epilogue_stage(lambda *i: acc[i], bias, multiplier, residual, epilogue, out_shape, table)
-
-
-def _float_sums(data, weight, zero_point, padded_shape, pad_index, out_hw, strides, dilation, border):
-    """The int32 sums of the float form (NCHW16c, ``weight`` ``[blocks, kh, kw, 16]`` float32): each tap adds
-    ``(q - za) * w`` and the padding 0 (so the bias has no zero point folded in), a kernel row that reads only
-    padding adds nothing and a backend may skip it (``padding_taps``: a 5x5 kernel on a 2-row map reads 2 of its
-    5 rows)."""
-    (sh, sw), (dh, dw) = strides, dilation
-    kh, kw = (int(d) for d in weight.shape[1:3])
-    za = (zero_point[0].astype("float32") if isinstance(zero_point, te.Tensor)
-          else tirx.const(float(zero_point), "float32"))
-
-    def body(*i):
-        valid, src = pad_index(*i)
-        safe = tuple(tirx.max(tirx.min(s, d - 1), 0) for s, d in zip(src, _shape(data)))
-        return tirx.Select(valid, data[safe].astype("float32") - za, tirx.const(0.0, "float32"))
-
-    padded = te.compute(padded_shape, body, name=PAD, attrs={BORDER: border})
-    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
-    top, height = border[0], border[2]
-    outside = sum(not top <= y * sh + r * dh < top + height for y in range(out_hw[0]) for r in range(kh))
-    acc = te.compute(
-        (padded_shape[0], padded_shape[1]) + tuple(out_hw) + (padded_shape[4],),
-        lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + rx * dw, ci] * weight[cb, ry, rx, ci],
-                                       axis=[ry, rx]),
-        name=ANCHOR, attrs={PADDING_ROWS: outside / (out_hw[0] * kh)})
-    return te.compute(acc.shape, lambda *i: acc[i].astype("int32"), name=FLOAT_SUMS)
 
 
 def depthwise_conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int,

@@ -271,14 +271,13 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
-    pack = spec.blocked_pack if blocked else spec.pack
-    width, taps = None, None if floats else taps_pack(part, blocked, weights)
+    width = None
     if floats:
         pack = floats
-    elif taps:
+    elif taps := taps_pack(part, blocked, weights):
         pack, width = taps, int(wq.shape[-1])
     else:
-        pack = tiles_pack(spec, wq, weights) or pack
+        pack = tiles_pack(spec, wq, weights) or (spec.blocked_pack if blocked else spec.pack)
     packed = packed_weight(spec, wq, pack, weights)
     return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width,
                          exact_pairs(spec, packed, weights))

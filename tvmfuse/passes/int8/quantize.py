@@ -254,7 +254,7 @@ class _Rewrite(relax.PyExprMutator):
         parts, out = self.concats[var], self.qparams(var)
         whole = self.blocked and all(int(p.ty.shape[1]) % BLOCK_O == 0 for p in parts)
         codes = [self._codes_of(p, BLOCKED_LAYOUT if whole else "NCHW") for p in parts]
-        params = [(int(self.qparams(p).zero_point), float(self.qparams(p).scale) / float(out.scale)) for p in parts]
+        params = [(int(q.zero_point), float(q.scale) / float(out.scale)) for q in map(self.qparams, parts)]
         shapes = [[int(d) for d in c.ty.shape] for c in codes]
         kernel, channels = int8_concat.concat_kernel(shapes, params, int(out.zero_point)), sum(s[1] for s in shapes)
         self._codes_kernel(var, kernel, "concat_codes", codes, [shapes[0][0], channels] + shapes[0][2:])
