@@ -98,6 +98,21 @@ class Backend(_Base):
         cuda_driver.preload()  # before the first build: kernels compile to cubins only with TVM's CUDA runtime
         lower_llvm_fma()
 
+    def register_record_intrinsics(self, names) -> list[str]:
+        """TVM's CUDA intrinsics (the tensor-core conv/dense records tensorize with ``wmma_*``), registered by
+        importing their module, when any of ``names`` is one of them: decoding a record looks its intrinsic up
+        by name, and without this every such record was refused."""
+        if not names:
+            return []
+        from tvm.s_tir import TensorIntrin
+
+        from tvmfuse.tvmscript import light_tensor_intrin
+
+        light_tensor_intrin(self.name)
+        import tvm.s_tir.tensor_intrin.cuda  # noqa: F401 - registers the intrinsics on import
+
+        return [n for n in names if TensorIntrin.get(n, allow_missing=True) is not None]
+
     def why_not_runnable(self) -> str:
         return "" if cuda_driver.cuda_available() else "no CUDA device on this machine"
 

@@ -245,3 +245,28 @@ def test_int8_candidates_are_the_s8_tensor_core_tiles_and_apply_to_quantize(tmp_
         offline.export_candidates(model, "cuda-sm90", tmp_path / "d", precision="int8")
     assert cli.main(["tune", "zoo:tiny_convnet", "--target", "cuda-sm90", "--table", str(table)]) == 2
     assert "go with --export-candidates" in capsys.readouterr().err
+
+
+def test_shipped_cuda_records_apply_to_every_resnet50_fp16_conv():
+    """tuning_logs/cuda-sm90/ (ResNet-50's fp16 convs, timed on an H200): a compute change would orphan them."""
+    cm = tvmfuse.compile("zoo:resnet50", target="cuda-sm90", precision="fp16")
+    assert cm.tuning_logs["path"] == str(ROOT / "tuning_logs" / "cuda-sm90")
+    assert cm.tuning_logs["skipped_lines"] == 0
+    convs = [n for n in tvmfuse.export.kernel_names(cm.lowered) if n.startswith("tvmfuse_conv2d")]
+    assert len(convs) == 24 and set(convs) <= set(cm.tuning_logs["applied"])
+
+
+def test_a_fresh_process_decodes_tensor_core_records():
+    """A record tensorized with ``wmma_*`` decodes only once TVM's CUDA intrinsics are registered; a process
+    that has not scheduled anything for CUDA yet (compile reads the logs before the rules run) registers them
+    from the record's names."""
+    import subprocess
+    import sys
+
+    code = ("from tvmfuse import targets; import tvm.s_tir as s\n"
+            "names = {'wmma_load_16x16x16_f16_a_shared_dyn', 'no_such_intrin'}\n"
+            "assert s.TensorIntrin.get('wmma_load_16x16x16_f16_a_shared_dyn', allow_missing=True) is None\n"
+            "print(targets.resolve('cuda-sm90').backend().register_record_intrinsics(names))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['wmma_load_16x16x16_f16_a_shared_dyn']"
