@@ -22,7 +22,7 @@ step() {  # step NAME SECONDS COMMAND...: one line of outcome per step in steps.
 }
 # 1. INT8 on CUDA (the 2026-11-28 round's failures first, the steps never run next): every INT8 rule bit-exact against int8_ref, quantized ONNX chains and zoo models against the x86
 #     INT8 kernels (its own step: a slow build loses only itself)
-step int8_tests 150 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
+step int8_tests 200 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
     tests/schedules/test_cuda_int8.py tests/schedules/test_cuda_int8_models.py
 # 1c. INT8 kernel by kernel: YOLOv8n's INT8 library differed from the x86 one on the H200 (2026-11-28) while
 #     every unit case was bit-exact; each of its kernels against the same compute on the CPU names the one

@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 import tvmfuse
@@ -92,15 +93,74 @@ def test_quantize_for_sm90_builds_with_nvcc_on_the_int8_rule(name):
     assert int8 and any("wmma::matrix_a, 16, 16, 16, signed char" in b for b in int8.values()) or name == "crnn"
 
 
+def _with_float64_sigmoid(mod):
+    """``mod`` with every ``sigmoid`` computed in float64 and rounded once to float32."""
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class Exact(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.sigmoid":
+                return relax.op.astype(relax.op.sigmoid(relax.op.astype(call.args[0], "float64")), "float32")
+            return call
+
+    out = tvm.IRModule(mod.functions, attrs=mod.attrs)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            out[gv] = Exact().visit_expr(func)
+    return out
+
+
+def _cpu_reference(cm, x: dict) -> list:
+    """The quantized graph of ``cm`` (its kernels unscheduled) run on the CPU, its sigmoids in float64.
+
+    YOLOv8n's SiLUs quantize ``x * sigmoid(x)`` after every conv, so one float32 ulp of sigmoid moves codes that
+    sit on a rounding boundary, and the moves add up over its 57 layers: TVM's CPU sigmoid and the GPU's differ
+    by about an ulp, and the x86 library's boxes were 1.8% (relative L2) from the CUDA library's on the H200
+    (2026-11-28 and -29) while every kernel checked was bit-exact. This graph with float64 sigmoids on the CPU
+    gave the GPU's first box coordinate to six digits (6.63826) and the same 1.8% from the x86 library."""
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.compile(_with_float64_sigmoid(cm.mod), target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x[i.name]) for i in cm.inputs])
+    return [o.numpy() for o in (out if isinstance(out, (list, tuple, tvm_ffi.Array)) else [out])]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0", "yolov8n"])
 def test_cuda_int8_agrees_with_the_x86_int8_library(name):
     # Kernel for kernel the codes are identical (tests/schedules/test_cuda_int8.py); here the float ops between
     # the kernels (pools, means, resizes) sum in another order on each device, which can move a code by one.
+    # YOLOv8n's sigmoids move many (_cpu_reference): it is compared with its own graph, sigmoids in float64.
     table, shapes = _table(name), zoo.default_shapes(name)
     gpu = tvmfuse.quantize(zoo.get(name), table=table, target="cuda-sm90", shapes=shapes)
-    cpu = tvmfuse.quantize(zoo.get(name), table=table, target=HOST, shapes=shapes, layout="nchw")
     rng = np.random.default_rng(0)
     x = {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in gpu.inputs}
-    for a, b in zip(gpu.run(x), cpu.run(x)):
+    if name == "yolov8n":
+        ref = _cpu_reference(gpu, x)
+    else:
+        ref = tvmfuse.quantize(zoo.get(name), table=table, target=HOST, shapes=shapes, layout="nchw").run(x)
+    for a, b in zip(gpu.run(x), ref):
         assert np.linalg.norm(a.astype(np.float64) - b) <= 1e-3 * np.linalg.norm(b), name
+
+
+@pytest.mark.slow
+def test_the_reference_graph_is_the_x86_library_but_for_sigmoid_rounding():
+    """On the CPU: the CUDA-quantized graph with float32 sigmoids gives the x86 INT8 library's outputs (the
+    graphs are the same); with float64 sigmoids, a little off them (the codes the rounding moves)."""
+    from tvm import relax
+
+    name = "yolov8n"
+    table, shapes = _table(name), zoo.default_shapes(name)
+    gpu = tvmfuse.quantize(zoo.get(name), table=table, target="cuda-sm90", shapes=shapes)
+    x = {i.name: np.random.default_rng(0).standard_normal(i.shape).astype(i.dtype) for i in gpu.inputs}
+    cpu = tvmfuse.quantize(zoo.get(name), table=table, target=HOST, shapes=shapes, layout="nchw").run(x)
+    vm = relax.VirtualMachine(tvm.compile(gpu.mod, target="llvm"), tvm.cpu())
+    same = vm["main"](*[tvm.runtime.tensor(x[i.name]) for i in gpu.inputs])
+    same = [o.numpy() for o in (same if isinstance(same, (list, tuple, tvm_ffi.Array)) else [same])]
+    exact = _cpu_reference(gpu, x)
+    for a, b, c in zip(same, exact, cpu):
+        assert np.linalg.norm(a.astype(np.float64) - c) <= 1e-6 * np.linalg.norm(c)
+        assert 1e-3 * np.linalg.norm(c) < np.linalg.norm(b.astype(np.float64) - c) < 0.05 * np.linalg.norm(c)
