@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import THREADS, inputs_for, named_model, table  # noqa: E402
 
 import tvmfuse  # noqa: E402
+from tvmfuse import model_info  # noqa: E402
 from tvmfuse.comparison.contenders import kernel_times as instrumented  # noqa: E402
 from tvmfuse.passes.kernel_names import kind as kernel_kind  # noqa: E402
 from tvmfuse.schedules.computes.partition import anchor_call  # noqa: E402
@@ -87,12 +88,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     source, shapes = _source(args.model, args.shape)
     logs = False if args.no_logs else None
-    cm = tvmfuse.compile(source, target=args.target, logs=logs, shapes=shapes, precision=args.precision,
-                         cuda_graph=False)
     if args.int8:
-        batches = [inputs_for(cm.inputs, seed=100 + i) for i in range(2)]
+        inputs = model_info.info(source, shapes).inputs  # the inputs' shapes without a build
+        batches = [inputs_for(inputs, seed=100 + i) for i in range(2)]
         cm = tvmfuse.quantize(source, calib=batches, method=args.int8, target=args.target, logs=logs,
-                              shapes=shapes)
+                              shapes=shapes, cuda_graph=False)
+    else:
+        cm = tvmfuse.compile(source, target=args.target, logs=logs, shapes=shapes, precision=args.precision,
+                             cuda_graph=False)
     times = kernel_times(cm, args.runs)
     per_run = {name: sum(t) / args.runs for name, t in times.items()}
     total = sum(per_run.values())

@@ -307,7 +307,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
 def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
              logs=None, layout: str = "blocked", preprocess=None, consts: Mapping[str, object] | None = None,
-             cache=None, whole: bool = True, weight_bits: int | None = None) -> CompiledModel:
+             cache=None, whole: bool = True, weight_bits: int | None = None, cuda_graph: bool = True) -> CompiledModel:
     """Quantize an FP32 ONNX model to INT8 and compile it for a target.
 
     Calibration runs the FP32 model on this CPU (target ``x86-host``, whatever ``target`` is) and records
@@ -355,6 +355,8 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
         7 or 8: conv and dense weights quantized to [-64, 64] or [-127, 127] per output channel. None: 7 on
         a target without VNNI (whose INT8 kernels then add product pairs in int16, 1.2-1.6x faster than with
         8 bits there, at some cost in accuracy; onnxruntime's ``reduce_range``), 8 elsewhere.
+    cuda_graph : bool
+        As for :func:`compile`.
 
     Returns
     -------
@@ -375,21 +377,22 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     quantizer = Quantizer(spec, calib, method, table, percentile, layout == "blocked", preprocess, weight_bits)
-    store = kernel_cache.resolve(cache)
+    store, graph = kernel_cache.resolve(cache), _graph_capture(spec, cuda_graph)
     source = cached_build.quantize_digest(calib, table, preprocess) if whole else None
     key = cached_build.whole_key(store if source else None, model, spec, logs, {
         "calibration": source, "method": method, "percentile": percentile, "shapes": shapes,
-        "consts": cached_build.consts_digest(consts), "layout": layout, "weight_bits": quantizer.weight_bits})
+        "consts": cached_build.consts_digest(consts), "layout": layout, "weight_bits": quantizer.weight_bits,
+        "graph": graph})
     found = cached_build.lookup(store, key, progress) if key else None
     if found:
         return CompiledModel.from_cache(*found, spec, lambda: quantize(
             model, calib, method, spec, table, shapes, percentile, False, logs, layout, preprocess, consts,
-            cache=store, whole=False, weight_bits=weight_bits))
+            cache=store, whole=False, weight_bits=weight_bits, cuda_graph=cuda_graph))
     steps = Steps(3, enabled=progress)
     with steps.step("import ONNX"):
         imported = frontend.import_model(model, shapes, consts=consts, **frontend.target_options(spec.backend()))
     quantizer.prepare(imported.inputs, imported.source)
-    cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout,
+    cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout, cuda_graph=cuda_graph,
                            cache=store if store is not None else False)
     cm.quantization = quantizer.manifest_entry()
     if key is not None:

@@ -103,7 +103,7 @@ def cmd_quantize(args) -> int:
     cm = api.quantize(args.model, calib=args.calib, method=args.method, target=args.target, table=args.table,
                       shapes=_shapes(args), percentile=99.99 if args.percentile is None else args.percentile,
                       progress=not args.quiet, logs=logs, preprocess=preprocess, consts=_consts(args),
-                      weight_bits=args.weight_bits)
+                      weight_bits=args.weight_bits, cuda_graph=not args.no_cuda_graph)
     path = cm.export(args.output)
     q = cm.quantization
     print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
@@ -275,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs = p.add_mutually_exclusive_group()
     logs.add_argument("--logs", metavar="DIR", help="tuning logs folder to apply (as for compile)")
     logs.add_argument("--no-logs", action="store_true", help="apply no tuning logs")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="CUDA targets: launch every kernel on each run instead of replaying a captured CUDA graph")
     add_cache_flags(p)
     p.set_defaults(func=cmd_quantize)
 

@@ -30,6 +30,8 @@ step int8_kernels 90 python3 bench/cuda_check_kernels.py zoo:yolov8n --int8
 # 2a. INT8 latency (quantized on random batches), the TensorRT INT8 anchor's rows
 step gpu_int8 170 python3 bench/gpu.py --models resnet50,mobilenet_v2 --precisions fp16,int8 --repeat 30 \
     --json "$W/gpu_int8.json"
+# 2a'. where ResNet-50's INT8 time goes on the GPU, kernel by kernel (its INT8 was 0.95x its fp16 on 2026-11-29)
+step profile_int8 80 python3 bench/profile.py resnet50 --target cuda-sm90 --int8 minmax --runs 10 --top 20
 # 2b. offline tuning (the #51 logs): the candidates `tvmfuse tune MODEL --target cuda-sm90 --export-candidates .candidates` built
 #    here, carried with the call; import OUT/candidate_times.json with `tvmfuse tune --import-results ... --candidates
 #    .candidates`

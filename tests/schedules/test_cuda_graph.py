@@ -68,3 +68,14 @@ def test_outputs_are_identical_with_and_without_a_graph(with_graph, without_grap
         a, b = with_graph.run(x), without_graph.run(x)
         for u, v in zip(a, b):
             np.testing.assert_array_equal(u, v)
+
+
+def test_quantize_has_the_opt_out_too(tmp_path):
+    """An INT8 library is profiled kernel by kernel (bench/profile.py --int8) only without a graph."""
+    out = tmp_path / "q.so"
+    assert cli.main(["quantize", "zoo:tiny_convnet", "--target", "cuda-sm90", "--calib", "random:1",
+                     "--method", "minmax", "-o", str(out), "-q", "--no-cuda-graph"]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["cuda_graph"] is False
+    with pytest.warns(UserWarning, match="random batches"):
+        graph = tvmfuse.quantize("zoo:tiny_convnet", calib="random:1", method="minmax", target="cuda-sm90")
+    assert CAPTURE in _main_script(graph) and graph.manifest()["cuda_graph"] is True
