@@ -111,23 +111,37 @@ def torch_ms(name: str, shape, repeat: int, precision: str = "fp32", compiled: b
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
 
 
-def measure(name: str, target: str, repeat: int, with_torch: bool, precision: str = "fp32",
-            with_compile: bool = False) -> dict:
+def _build(model, name: str, target: str, precision: str, logs=None):
     import tvmfuse
+    from tvmfuse import zoo
+
+    if precision == "int8":
+        return tvmfuse.quantize(model, calib="random:4", method="minmax", target=target,
+                                shapes=zoo.default_shapes(name), logs=logs)
+    return tvmfuse.compile(model, target=target, shapes=zoo.default_shapes(name), precision=precision, logs=logs)
+
+
+def measure(name: str, target: str, repeat: int, with_torch: bool, precision: str = "fp32",
+            with_compile: bool = False, untuned: bool = False) -> dict:
     from tvmfuse import targets, zoo
 
     spec = targets.resolve(target)
     model = zoo.get(name)
     start = time.perf_counter()
-    if precision == "int8":
-        cm = tvmfuse.quantize(model, calib="random:4", method="minmax", target=target, shapes=zoo.default_shapes(name))
-    else:
-        cm = tvmfuse.compile(model, target=target, shapes=zoo.default_shapes(name), precision=precision)
+    cm = _build(model, name, target, precision)
     compile_s = time.perf_counter() - start
     x = inputs_for(cm.inputs)
     ref = ort_session(model).run(None, x)[0]
     ours = cm.run(x)[0]
     ours_ms = cm.benchmark(x, repeat=repeat)["median_ms"]
+    tuned = {}
+    if untuned:  # the same build without tuning logs, timed in alternating blocks with the tuned one
+        base = _build(model, name, target, precision, logs=False)
+        blocks = [(cm.benchmark(x, repeat=repeat)["median_ms"], base.benchmark(x, repeat=repeat)["median_ms"])
+                  for _ in range(3)]
+        ours_ms, base_ms = (float(np.median([b[i] for b in blocks])) for i in (0, 1))
+        tuned = {"tuned kernels": len(cm.tuning_logs.get("applied", [])), "untuned ms": f"{base_ms:.3f}",
+                 "tuned / untuned": f"{ours_ms / base_ms:.2f}x"}
     plain_ms, plain_out = plain_tvm_ms(model, spec, x, repeat)
     scale = float(np.abs(ref).max()) or 1.0
     rel = float(np.linalg.norm(ours - ref) / (np.linalg.norm(ref) or 1.0))
@@ -135,7 +149,7 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
            "tvmfuse / plain TVM": f"{ours_ms / plain_ms:.2f}x",
            "max abs diff vs onnxruntime (tvmfuse / plain)":
                f"{np.abs(ours - ref).max() / scale:.1e} / {np.abs(plain_out - ref).max() / scale:.1e} (of max)",
-           "tvmfuse relative L2 error": f"{rel:.1e}", "compile s": f"{compile_s:.1f}"}
+           "tvmfuse relative L2 error": f"{rel:.1e}", "compile s": f"{compile_s:.1f}", **tuned}
     contenders = [("PyTorch", False, False)] + [("PyTorch TF32", False, True)] * (precision == "fp32") \
         + [("torch.compile", True, False)] * with_compile
     for label, compiled, tf32 in contenders if with_torch and precision != "int8" else []:
@@ -162,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--torch", action="store_true", help="also time torchvision's model (needs torch + GPU)")
     p.add_argument("--torch-compile", action="store_true",
                    help="with --torch, also time it under torch.compile(mode='reduce-overhead')")
+    p.add_argument("--untuned", action="store_true",
+                   help="also time each model built without tuning logs (alternating blocks with the tuned build)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON, after each model")
     args = p.parse_args(argv)
     from tvmfuse import cuda_driver
@@ -176,7 +192,8 @@ def main(argv=None) -> int:
     rows = []
     for m in args.models.split(","):
         for precision in args.precisions.split(","):
-            rows.append(measure(m, args.target, args.repeat, args.torch, precision, args.torch_compile))
+            rows.append(measure(m, args.target, args.repeat, args.torch, precision, args.torch_compile,
+                                 args.untuned))
             if args.json:  # written as it comes: a call cut off at its limit keeps the rows done
                 Path(args.json).write_text(json.dumps({"target": args.target, "repeat": args.repeat,
                                                        "device": _gpu_name(), "host cpu": cpu_name(),
