@@ -20,9 +20,17 @@ done
 du -sh .dev1 .dev2
 # The round's fuzz slice: random CNNs built for CUDA here (about 3 minutes), carried by stage 1.
 rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && du -sh .fuzz
-# Offline CUDA tuning (#51): ResNet-50's fp16 kernels with every candidate tile, built here (2.5 minutes, 20 MB),
-# carried by the round's call (`.candidates`) and timed there; NO_CANDIDATES=1 leaves them out.
+# Offline CUDA tuning (#51): the INT8 kernels of ResNet-50 and MobileNetV2 with every candidate tile, built here
+# (about 9 minutes on 2 cores; ResNet-50's fp16 convs are shipped in tuning_logs/cuda-sm90 since 2026-11-29),
+# packed with xz (cubins compress 20x: 52 MB -> 3 MB for ResNet-50), carried by stage 1 and timed in the round;
+# NO_CANDIDATES=1 leaves them out.
 if [ -z "${NO_CANDIDATES:-}" ]; then
-  rm -rf .candidates && tvmfuse tune zoo:resnet50 --target cuda-sm90 --precision fp16 --export-candidates .candidates \
-    | tail -n 1 && du -sh .candidates
+  T=$(mktemp -d) && rm -rf .candidates && mkdir -p .candidates
+  for m in ${CANDIDATE_MODELS:-resnet50 mobilenet_v2}; do
+    tvmfuse quantize zoo:$m --calib random:4 --method minmax --target cuda-sm90 --table "$T/$m.json" \
+      -o "$T/$m.so" -q --no-cache > /dev/null
+    tvmfuse tune zoo:$m --target cuda-sm90 --precision int8 --table "$T/$m.json" --export-candidates "$T/c" \
+      | tail -n 1
+  done
+  tar -C "$T/c" -cf - . | xz -T0 -6 > .candidates/candidates.tar.xz && rm -rf "$T" && du -sh .candidates
 fi

@@ -52,6 +52,9 @@ step gpu_tests 230 python3 -m pytest -q -n 12 -p no:cacheprovider -m gpu \
 #    (2026-11-29: bit-exact, 0.83x)
 step amx_tests 60 python3 -m pytest -q -p no:cacheprovider tests/schedules/test_schedule_x86_amx.py
 step amx_check 200 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/amx_check.py --models resnet50 --repeat 30
+# 7b. where ResNet-50's INT8 time goes on the tiles (x86-host, two pinned cores): the 0.6x bar's next step
+step amx_profile 120 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/profile.py resnet50 --target x86-host \
+    --int8 minmax --runs 10 --top 20
 # 8. INT8 kernel by kernel (any model that fails against its reference: here YOLOv8n, whose 14 first kernels were
 #    bit-exact on 2026-11-29)
 step int8_kernels 90 python3 bench/cuda_check_kernels.py zoo:yolov8n --int8
