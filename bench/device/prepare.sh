@@ -27,9 +27,9 @@ rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && 
 if [ -z "${NO_CANDIDATES:-}" ]; then
   T=$(mktemp -d) && rm -rf .candidates && mkdir -p .candidates
   for m in ${CANDIDATE_MODELS:-resnet50 mobilenet_v2}; do
-    tvmfuse quantize zoo:$m --calib random:4 --method minmax --target cuda-sm90 --table "$T/$m.json" \
+    tvmfuse quantize zoo:$m --calib random:4 --method minmax --target cuda-sm90 --table "$T/$m.table.json" \
       -o "$T/$m.so" -q --no-cache > /dev/null
-    tvmfuse tune zoo:$m --target cuda-sm90 --precision int8 --table "$T/$m.json" --export-candidates "$T/c" \
+    tvmfuse tune zoo:$m --target cuda-sm90 --precision int8 --table "$T/$m.table.json" --export-candidates "$T/c" \
       | tail -n 1
   done
   tar -C "$T/c" -cf - . | xz -T0 -6 > .candidates/candidates.tar.xz && rm -rf "$T" && du -sh .candidates
