@@ -23,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import THREADS, inputs_for, named_model, table  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 import tvmfuse  # noqa: E402
 from tvmfuse import model_info  # noqa: E402
 from tvmfuse.comparison.contenders import kernel_times as instrumented  # noqa: E402
@@ -57,6 +59,41 @@ def _anchor_row(name: str, seconds: float, calls: int, cm) -> dict | None:
     per_call = seconds / calls
     return {"kernel": name, "op": what, "calls": calls, "us per call": f"{per_call * 1e6:.0f}",
             "GFLOP/s": f"{flops / per_call / 1e9:.0f}", "layout": layout.describe()}
+
+
+def _reduction(func) -> tuple[str, int] | None:
+    """The name and multiply-adds of a kernel's main reduction block (the one with the most iterations that
+    reduces): padded channels and the packed layouts' split loops included, so every target's INT8 kernel
+    reads the same."""
+    import tvm
+    from tvm import s_tir
+
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        return None
+    sch = s_tir.Schedule(func)
+    found = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        iters = sch.get(block).iter_vars
+        if any(int(iv.iter_type) == 2 for iv in iters):  # CommReduce
+            found.append((int(np.prod([int(iv.dom.extent) for iv in iters])), sch.get(block).name_hint))
+    return (max(found)[1], max(found)[0]) if found else None
+
+
+def _int8_row(name: str, seconds: float, calls: int, cm) -> dict | None:
+    """A quantized kernel's row (it has no FP32 partition record): its reduction's size, the input's shape and
+    dtype (the layout), GOP/s."""
+    if not name.startswith("tvmfuse_int8_") or name not in [gv.name_hint for gv in cm.mod.functions]:
+        return None
+    func = cm.mod[name]
+    found = _reduction(func)
+    if found is None:
+        return None
+    block, macs = found
+    data = func.params[0].ty
+    per_call = seconds / calls
+    return {"kernel": name, "op": f"{block}: {macs / 1e6:.1f} M multiply-adds", "calls": calls,
+            "us per call": f"{per_call * 1e6:.0f}", "GFLOP/s": f"{2 * macs / per_call / 1e9:.0f}",
+            "layout": f"{'x'.join(str(int(d)) for d in data.shape)} {data.dtype}"}
 
 
 def _source(model: str, shape_args: list[str]):
@@ -107,7 +144,8 @@ def main(argv=None) -> int:
           f"{', INT8' if args.int8 else ''}")
     print(table([{"kind": k, "us": f"{s * 1e6:.0f}", "share": f"{100 * s / total:.1f}%"}
                  for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])], ["kind", "us", "share"]))
-    rows = [_anchor_row(n, sum(t), len(t), cm) for n, t in times.items()]
+    rows = [_anchor_row(n, sum(t), len(t), cm) or (args.int8 and _int8_row(n, sum(t), len(t), cm))
+            for n, t in times.items()]
     rows = sorted((r for r in rows if r), key=lambda r: -float(r["us per call"]) * r["calls"])[:args.top]
     if rows:
         print(f"\n# the {len(rows)} conv and dense kernels with the most time per inference ({args.runs} runs)")

@@ -92,3 +92,20 @@ def test_the_profile_waits_for_a_gpu_around_every_call():
     assert {k: len(v) for k, v in times.items()} == {"k1": 3, "k2": 3}
     assert events[:6] == ["sync", "k1", "sync", "sync", "k2", "sync"]
     assert VM.hook(None, "k1", True, None) == 0 and len(events) == 18  # the hook removed after
+
+
+def test_the_profile_rows_a_quantized_kernel_by_its_reduction():
+    """bench/profile.py --int8: a quantized kernel has no FP32 partition record; its row counts the multiply-adds
+    of its reduction block (3x3, 16 -> 32 channels on 12x12: 663,552, the packed layout's split loops
+    multiplied back)."""
+    import tvmfuse
+
+    with pytest.warns(UserWarning):
+        cm = tvmfuse.quantize(map_sizes.conv_model(16, 32, 3, 1, 1, 12), calib="random:1", method="minmax",
+                              target="x86-avx512", logs=False)
+    prof = map_sizes.bench_profile()
+    names = [gv.name_hint for gv in cm.mod.functions if gv.name_hint.startswith("tvmfuse_int8_conv2d")]
+    rows = [prof._int8_row(n, 1e-6, 1, cm) for n in names]  # a microsecond a call
+    big = next(r for r in rows if r["op"] == "conv2d_int8: 0.7 M multiply-adds")
+    assert big["GFLOP/s"] == "1327" and big["layout"].endswith("uint8")  # 2 * 663,552 per microsecond
+    assert prof._int8_row("tvmfuse_conv2d_x", 1.0, 1, cm) is None  # an FP32 kernel's row is _anchor_row's
