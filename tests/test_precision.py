@@ -119,7 +119,7 @@ def test_fp16_partition_kernels_read_float16_and_accumulate_in_float32():
 
 @needs_nvcc
 def test_an_fp16_cuda_build_puts_every_partition_on_a_tvmfuse_rule(tmp_path):
-    cm = tvmfuse.compile("zoo:mobilenet_v2", target="cuda-sm90", precision="fp16")
+    cm = tvmfuse.compile("zoo:mobilenet_v2", target="cuda-sm90", precision="fp16", logs=False)
     manifest = cm.manifest()
     assert manifest["precision"] == "fp16" and manifest["cuda_code"] == "binary"
     partitions = {k: v for k, v in manifest["scheduled_by"].items() if k.startswith("tvmfuse_")}

@@ -181,9 +181,11 @@ def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
     return infos
 
 
-def _build_target(target) -> targets.TargetSpec:
+def _build_target(target, layout: str) -> targets.TargetSpec:
     """Resolve ``target``; a CPU target this machine cannot run says so now, not only when the library is run."""
     spec = targets.resolve(target)
+    if layout not in LAYOUTS:
+        raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     warning = spec.backend().build_warning()
     if warning:
         warnings.warn(warning, stacklevel=4)  # the caller of compile / quantize (past quiet_tvm_warnings' frame)
@@ -237,9 +239,7 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     -------
     CompiledModel
     """
-    spec = _build_target(target)
-    if layout not in LAYOUTS:
-        raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    spec = _build_target(target, layout)
     _check_precision(spec, precision)
     graph = _graph_capture(spec, cuda_graph)
     store = kernel_cache.resolve(cache)
@@ -373,16 +373,13 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     """
     from .calibration import Quantizer
 
-    spec = _build_target(target)
-    if layout not in LAYOUTS:
-        raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    spec = _build_target(target, layout)
     quantizer = Quantizer(spec, calib, method, table, percentile, layout == "blocked", preprocess, weight_bits)
     store, graph = kernel_cache.resolve(cache), _graph_capture(spec, cuda_graph)
     source = cached_build.quantize_digest(calib, table, preprocess) if whole else None
     key = cached_build.whole_key(store if source else None, model, spec, logs, {
-        "calibration": source, "method": method, "percentile": percentile, "shapes": shapes,
-        "consts": cached_build.consts_digest(consts), "layout": layout, "weight_bits": quantizer.weight_bits,
-        "graph": graph})
+        "calibration": source, "method": method, "percentile": percentile, "shapes": shapes, "graph": graph,
+        "consts": cached_build.consts_digest(consts), "layout": layout, "weight_bits": quantizer.weight_bits})
     found = cached_build.lookup(store, key, progress) if key else None
     if found:
         return CompiledModel.from_cache(*found, spec, lambda: quantize(

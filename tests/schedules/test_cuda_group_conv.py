@@ -62,7 +62,8 @@ def compiled():
 
     def get(case, precision):
         if (case, precision) not in cache:
-            cache[case, precision] = tvmfuse.compile(_model(case), target="cuda-sm90", precision=precision)
+            cache[case, precision] = tvmfuse.compile(_model(case), target="cuda-sm90", precision=precision,
+                                                           logs=False)
         return cache[case, precision]
 
     return get

@@ -320,7 +320,7 @@ QDQ_CHAINS = [Spec(activation="Relu", weight_low=-128), Spec(group=8, activation
 def test_a_quantized_onnx_chain_runs_on_the_cuda_int8_rule(spec):
     # An already-quantized model's chains (FuseQDQ) take the CUDA kernels with the shifted input too.
     model = qdq_model(spec)
-    cm = tvmfuse.compile(model, target=TARGET)
+    cm = tvmfuse.compile(model, target=TARGET, logs=False)
     assert cm.record.qdq["int8_kernels"] == 1
     partitions = {k: v for k, v in cm.manifest()["scheduled_by"].items() if k.startswith("tvmfuse_int8_")}
     assert list(partitions.values()) == ["tvmfuse.cuda.int8"], cm.manifest()["scheduled_by"]

@@ -84,7 +84,8 @@ def test_int8_partitions_take_the_cuda_int8_rule_within_the_limits_on_sm80(name)
 
 @pytest.mark.parametrize("name", zoo.names())
 def test_quantize_for_sm90_builds_with_nvcc_on_the_int8_rule(name):
-    cm = tvmfuse.quantize(zoo.get(name), table=_table(name), target="cuda-sm90", shapes=zoo.default_shapes(name))
+    cm = tvmfuse.quantize(zoo.get(name), table=_table(name), target="cuda-sm90", shapes=zoo.default_shapes(name),
+                          logs=False)  # the rules themselves: a shipped record would schedule its kernel
     manifest = cm.manifest()
     assert manifest["cuda_code"] == "binary" and manifest["quantization"]["int8_partitions"] >= 1
     _check_int8_kernels(name, cm.lowered, manifest["quantization"], cm.target.tvm_target())

@@ -184,7 +184,7 @@ def compiled():
     def get(kind, case):
         if (kind, case) not in cache:
             model = conv_model(*case[:6], epilogue=case[6]) if kind == "conv" else dense_model(*case)
-            cache[kind, case] = (model, tvmfuse.compile(model, target=TARGET, precision="fp16"))
+            cache[kind, case] = (model, tvmfuse.compile(model, target=TARGET, precision="fp16", logs=False))
         return cache[kind, case]
 
     return get
