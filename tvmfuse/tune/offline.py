@@ -25,7 +25,7 @@ from .. import targets
 from ..errors import InputError
 from . import cost_model
 from .database import LogStore, default_root
-from .records import decoded_record, record_json, tensorized_with
+from .records import decoded_record, record_json, register_intrinsics
 
 CANDIDATES = "tvmfuse-candidates"  # format of a kernel's candidate file
 TIMES = "tvmfuse-candidate-times"  # format of the device's results file
@@ -147,8 +147,7 @@ def import_results(results, directory, logs=None) -> dict:
         spec = targets.resolve(dict(info["target"]["config"], host=info["target"]["host"],
                                     backend=info["target"].get("backend", "")) if info["target"]["name"] == "custom"
                                else info["target"]["name"])
-        spec.backend().register_record_intrinsics(set().union(*(tensorized_with(e["record"])
-                                                                for e in info["candidates"])))
+        register_intrinsics(spec, (e["record"] for e in info["candidates"]))
         workload = ms.database.Workload.from_json(info["workload"])
         record = decoded_record(entry["record"], workload)
         timed = ms.database.TuningRecord(record.trace, workload, [best["us"] * 1e-6], spec.tvm_target(),

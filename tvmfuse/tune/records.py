@@ -55,12 +55,18 @@ def record_json(record) -> list:
     return plain(_ffi_api.TuningRecordAsJSON(record))
 
 
+def register_intrinsics(spec: TargetSpec, records) -> list[str]:
+    """Register the tensor intrinsics that the record JSONs ``records`` tensorize with (decoding a record looks
+    each up by name); the names the backend registered."""
+    return spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for r in records)))
+
+
 def commit_records(db, workloads: dict, records: list, spec: TargetSpec) -> list[str]:
     """Decode ``records`` (``(workload index, record JSON)``) and their workloads into MetaSchedule database
     ``db``, the intrinsics they tensorize with registered first; the first line of each decode error."""
     from tvm.s_tir import meta_schedule as ms
 
-    spec.backend().register_record_intrinsics(set().union(*(tensorized_with(r) for _, r in records)))
+    register_intrinsics(spec, (r for _, r in records))
     decoded, errors = {}, []
     for index, record in records:
         try:
