@@ -133,7 +133,6 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
     x = inputs_for(cm.inputs)
     ref = ort_session(model).run(None, x)[0]
     ours = cm.run(x)[0]
-    ours_ms = cm.benchmark(x, repeat=repeat)["median_ms"]
     tuned = {}
     if untuned:  # the same build without tuning logs, timed in alternating blocks with the tuned one
         base = _build(model, name, target, precision, logs=False)
@@ -142,6 +141,8 @@ def measure(name: str, target: str, repeat: int, with_torch: bool, precision: st
         ours_ms, base_ms = (float(np.median([b[i] for b in blocks])) for i in (0, 1))
         tuned = {"tuned kernels": len(cm.tuning_logs.get("applied", [])), "untuned ms": f"{base_ms:.3f}",
                  "tuned / untuned": f"{ours_ms / base_ms:.2f}x"}
+    else:
+        ours_ms = cm.benchmark(x, repeat=repeat)["median_ms"]
     plain_ms, plain_out = plain_tvm_ms(model, spec, x, repeat)
     scale = float(np.abs(ref).max()) or 1.0
     rel = float(np.linalg.norm(ours - ref) / (np.linalg.norm(ref) or 1.0))

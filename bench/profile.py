@@ -76,15 +76,18 @@ def _reduction(func) -> tuple[str, int] | None:
         iters = sch.get(block).iter_vars
         if any(int(iv.iter_type) == 2 for iv in iters):  # CommReduce
             found.append((int(np.prod([int(iv.dom.extent) for iv in iters])), sch.get(block).name_hint))
-    return (max(found)[1], max(found)[0]) if found else None
+    if not found:
+        return None
+    macs, block = max(found)
+    return block, macs
 
 
 def _int8_row(name: str, seconds: float, calls: int, cm) -> dict | None:
     """A quantized kernel's row (it has no FP32 partition record): its reduction's size, the input's shape and
     dtype (the layout), GOP/s."""
-    if not name.startswith("tvmfuse_int8_") or name not in [gv.name_hint for gv in cm.mod.functions]:
+    func = next((f for gv, f in cm.mod.functions_items() if gv.name_hint == name), None)
+    if not name.startswith("tvmfuse_int8_") or func is None:
         return None
-    func = cm.mod[name]
     found = _reduction(func)
     if found is None:
         return None
