@@ -46,18 +46,21 @@ class Residual:
 
 @dataclasses.dataclass(frozen=True)
 class HardSwish:
-    """``v * clip(v + shift, lo, hi) * scale`` on the real value ``v``: ONNX HardSwish is shift 3, lo 0, hi 6
-    and ``scale = 1/6``; a quantized output folds ``1 / s_y`` into ``scale``. The kernel uses the constants
-    rounded to its float type (:meth:`constants`)."""
+    """``v * clip(v + shift, lo, hi) * scale + offset`` on the real value ``v``: ONNX HardSwish is shift 3, lo 0,
+    hi 6, ``scale = 1/6`` and offset 0; a quantized output folds ``1 / s_y`` into ``scale`` and ``offset``, and
+    a constant scale ``a`` and shift ``b`` after the activation (Paddle's learnable affine block) make them
+    ``a / 6`` and ``b``. With an offset the last multiply and the add are one fused multiply-add (one rounding,
+    as ``int8_ref.fma32``). The kernel uses the constants rounded to its float type (:meth:`constants`)."""
 
     shift: float = 3.0
     lo: float = 0.0
     hi: float = 6.0
     scale: float = 1.0 / 6.0
+    offset: float = 0.0
 
     def __post_init__(self):
-        if not (np.isfinite(self.scale) and self.scale > 0 and self.lo <= self.hi):
-            raise Int8KernelError(f"INT8 epilogue: hardswish needs lo <= hi and a positive scale, got {self}")
+        if not (np.isfinite(self.scale) and np.isfinite(self.offset) and self.lo <= self.hi):
+            raise Int8KernelError(f"INT8 epilogue: hardswish needs lo <= hi and a finite scale and offset, got {self}")
 
     def constants(self, dtype: str) -> tuple[float, float, float, float]:
         """``(lo - shift, hi - shift, shift, scale)`` rounded to ``dtype``: the kernel computes the gate as
@@ -156,7 +159,11 @@ def _requantize(acc, scale, res, ep: Epilogue):
         # The gate clips before it adds: no multiply feeds an add, so nothing can fuse into an FMA.
         lo, hi, shift, factor = ep.hardswish.constants(dtype)
         gate = tirx.Min(tirx.Max(value, tirx.const(lo, dtype)), tirx.const(hi, dtype)) + tirx.const(shift, dtype)
-        value = value * gate * tirx.const(factor, dtype)
+        if ep.hardswish.offset:
+            value = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", value * gate, tirx.const(factor, dtype),
+                                               tirx.const(ep.hardswish.offset, dtype))
+        else:
+            value = value * gate * tirx.const(factor, dtype)
     if ep.quantized:
         value = tirx.nearbyint(value) + tirx.const(float(ep.zero_point), dtype)
     elif dtype != "float32":

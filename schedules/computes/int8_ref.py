@@ -162,7 +162,9 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, resi
     if epilogue.hardswish is not None:
         t = value.dtype.type
         lo, hi, shift, factor = epilogue.hardswish.constants(value.dtype.name)
-        value = value * (np.minimum(np.maximum(value, t(lo)), t(hi)) + t(shift)) * t(factor)
+        value = value * (np.minimum(np.maximum(value, t(lo)), t(hi)) + t(shift))
+        offset = epilogue.hardswish.offset
+        value = fma32(value, t(factor), t(offset)) if offset else value * t(factor)
     if epilogue.quantized:
         value = np.rint(value) + value.dtype.type(epilogue.zero_point)
     else:

@@ -33,14 +33,23 @@ def run(func, args, out):
 OUT_SCALE = 0.043  # s_y of the epilogues below
 
 
+AFFINE = (-0.83, 0.37)  # the scale and shift after a "hardswish_affine" (negative: the gate's sign flips)
+
+
 def epilogue(out_dtype, act, residual):
     """An epilogue with ``act`` (None, relu, relu6 or hardswish: ``v * clip(v + 3, 0, 6) / 6`` on the real
-    value, whose multipliers and residual scale are then real units, see :func:`kernel_data`)."""
-    hardswish = act == "hardswish"
+    value, whose multipliers and residual scale are then real units, see :func:`kernel_data`; hardswish_affine:
+    the hardswish times ``AFFINE[0]`` plus ``AFFINE[1]``, a learnable affine block)."""
+    hardswish = act in ("hardswish", "hardswish_affine")
     res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=0.013 if hardswish else 0.61) \
         if residual else None
     zero_point = {"uint8": 9, "int8": -4, "float32": 0}[out_dtype]
-    return int8.Epilogue.make(out_dtype, zero_point, OUT_SCALE, act, res)
+    ep = int8.Epilogue.make(out_dtype, zero_point, OUT_SCALE, "hardswish" if hardswish else act, res)
+    if act == "hardswish_affine":
+        s_y = 1.0 if out_dtype == "float32" else OUT_SCALE
+        hs = dataclasses.replace(ep.hardswish, scale=ep.hardswish.scale * AFFINE[0], offset=AFFINE[1] / s_y)
+        ep = dataclasses.replace(ep, hardswish=hs)
+    return ep
 
 
 def codes(rng, shape, dtype, extreme, limit=127):
@@ -56,7 +65,7 @@ def kernel_data(rng, out_shape, channels, residual, extreme, act=None):
     of a few units, so the kernels are checked where its gate is neither 0 nor 6 as well."""
     bias = rng.integers(-20000, 20000, channels).astype("int32")
     scale = 0.002 if extreme else 0.01
-    if act == "hardswish":
+    if act in ("hardswish", "hardswish_affine"):
         scale /= 1000
     multiplier = (rng.random(channels) * scale + scale / 10).astype("float32")
     res = codes(rng, out_shape, residual, extreme) if residual else None

@@ -1,6 +1,6 @@
 """Paddle's learnable affine blocks (``x * s + t`` before and after an activation, PP-LCNetV3): the scale and
 shift before the activation fold into the conv (FoldScaleShift), the one after it is an epilogue of the
-conv's kernel (``*_affine`` pattern entries, FP32 only)."""
+conv's kernel (``*_affine`` pattern entries; INT8 kernels take a single scale and shift after a hardswish)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,11 @@ def test_intermediate_read_elsewhere_is_not_folded_twice():
 
 def test_table_puts_each_affine_entry_before_its_activation():
     names, int8_names = patterns.names(), patterns.names(int8=True)
-    assert not any(n.endswith("_" + AFFINE) for n in int8_names) and set(int8_names) < set(names)
+    int8_affine = [n for n in int8_names if n.endswith("_" + AFFINE)]
+    assert int8_affine and all(n.endswith("_hardswish_" + AFFINE) for n in int8_affine)
+    assert set(int8_names) < set(names)
+    for name in int8_affine:  # before the hardswish alone, as in the FP32 table
+        assert int8_names.index(name) + 1 == int8_names.index(name.removesuffix("_" + AFFINE))
     for family in ("depthwise_conv2d", "conv2d", "dense"):
         for act in ACTIVATIONS:
             plain = patterns.entry_name(family, False, act)
@@ -135,10 +139,24 @@ def test_learnable_affine_block_is_one_kernel(group, act, composite, scale_first
     assert kernels - {"to_blocked", "to_plain"} == {"tvmfuse_" + composite.removeprefix("tvmfuse.")}
 
 
-def test_int8_table_leaves_the_affine_outside():
-    part = Partition(int8=True)(_canonical(lab_block()))
-    assert dict(composite_calls(part)) == {"tvmfuse.conv2d_hardswish": 1}
+@pytest.mark.parametrize("group", [1, 8])
+def test_int8_table_takes_a_scalar_affine_after_a_hardswish(group):
+    part = Partition(int8=True)(_canonical(lab_block(cout=8 if group > 1 else 16, group=group)))
+    name = "tvmfuse.depthwise_conv2d_hardswish_affine" if group > 1 else "tvmfuse.conv2d_hardswish_affine"
+    assert dict(composite_calls(part)) == {name: 1}
+    assert outside_ops(part) == []
+
+
+@pytest.mark.parametrize("act,shapes,why", [
+    ("HardSwish", ((1, 16, 1, 1), (1,)), "is not one value"),  # per-channel: no INT8 epilogue takes it
+    ("Relu", ((1,), (1,)), None),  # only a hardswish's epilogue takes one
+])
+def test_int8_table_leaves_other_affines_outside(act, shapes, why):
+    rejections: dict = {}
+    part = Partition(rejections, int8=True)(_canonical(lab_block(act=act, shapes=shapes, pre=False)))
+    assert dict(composite_calls(part)) == {f"tvmfuse.conv2d_{act.lower()}": 1}
     assert outside_ops(part) == ["relax.multiply", "relax.add"]
+    assert why is None or any(why in reason for reason in rejections.values()), rejections
 
 
 def test_widening_broadcast_is_refused():
@@ -154,13 +172,23 @@ def test_widening_broadcast_is_refused():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_quantized_learnable_affine_blocks_compile_and_agree():
-    """INT8 partitions with the table without affine entries: the conv + hardswish is an INT8 kernel, the
-    scale and shift after it FP32; the result stays near FP32."""
-    model = lab_block(cin=8, cout=16)
+@pytest.mark.parametrize("group,scale_first", [(1, True), (8, False)])
+def test_quantized_learnable_affine_blocks_compile_and_agree(group, scale_first):
+    """The conv + hardswish + scale and shift is one INT8 kernel writing the codes its INT8 reader (a 1x1 conv)
+    takes: no table of output codes and no float op after it; the result stays near FP32."""
+    model = lab_block(cin=8, cout=8 if group > 1 else 16, group=group, scale_first=scale_first)
+    channels = 8 if group > 1 else 16
+    identity = next(n for n in model.graph.node if n.op_type == "Identity")
+    identity.CopyFrom(helper.make_node("Conv", [identity.input[0], "W2"], ["y"]))
+    model.graph.initializer.append(_const("W2", RNG.standard_normal((4, channels, 1, 1)) * 0.3))
     x = _inputs(model)
     calib = [{"x": np.random.default_rng(i).standard_normal((1, 8, 9, 9)).astype("float32") * 2} for i in range(4)]
     cm = tvmfuse.quantize(model, calib, method="minmax", target=HOST)
-    assert any("int8" in gv.name_hint for gv in cm.lowered.functions), [gv.name_hint for gv in cm.lowered.functions]
+    funcs = {gv.name_hint: cm.lowered[gv] for gv in cm.lowered.functions
+             if isinstance(cm.lowered[gv], tvm.tirx.PrimFunc)}
+    affine = [f for name, f in funcs.items() if "int8" in name and name.rsplit("_", 1)[0].endswith("hardswish_affine")]
+    assert len(affine) == 1, sorted(funcs)
+    assert str(affine[0].params[-1].ty.dtype) == "uint8"  # codes for the next INT8 kernel
+    assert not any(str(p.name).startswith("table") for p in affine[0].params)
     ref = ort_run(model, x)[0]
     assert np.abs(cm.run(x)[0] - ref).max() < 0.1 * np.abs(ref).max()

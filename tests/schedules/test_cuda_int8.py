@@ -41,6 +41,7 @@ CONV_CASES = [
     Conv(21, 33, 11, 3, stride=2, residual="int8", out="int8"),  # odd channels, stride, int8 residual
     Conv(24, 40, 7, 1, act="hardswish"),
     Conv(16, 20, 9, 3, pad=1, act="hardswish", out="float32"),
+    Conv(24, 40, 7, 1, act="hardswish_affine"),
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),  # O < 16, dilated
     Conv(32, 24, 1, 1, act="relu"),  # a one-pixel conv (squeeze-excite): a GEMV
     Conv(100, 40, 1, 1, act="relu6"),  # a GEMV whose K leaves lanes idle in its last step

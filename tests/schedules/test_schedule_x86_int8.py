@@ -34,6 +34,8 @@ CONV_CASES = [
     Conv(24, 40, 7, 1, act="hardswish"),  # hardswish on the real value, then requantized
     Conv(16, 20, 9, 3, pad=1, act="hardswish", out="float32"),
     Conv(32, 16, 6, 1, act="hardswish", residual="uint8", out="int8"),
+    Conv(24, 40, 7, 1, act="hardswish_affine"),  # a learnable affine block after it: one fused multiply-add
+    Conv(16, 20, 9, 3, pad=1, act="hardswish_affine", out="float32"),
 ]
 
 
@@ -140,6 +142,7 @@ DW_CASES = [
     Conv(8, 8, 2, 1, stride=2, act="relu"),
     Conv(40, 40, 12, 5, pad=2, act="hardswish"),
     Conv(24, 24, 9, 3, stride=2, pad=1, act="hardswish", out="float32"),
+    Conv(24, 24, 9, 3, pad=1, act="hardswish_affine", out="int8"),
 ]
 
 

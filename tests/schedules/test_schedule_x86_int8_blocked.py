@@ -102,6 +102,7 @@ DW_CASES = [
     Conv(7, 7, (10, 17), 3, stride=2, pad=(1, 0, 0, 1), n=2),  # batch 2, non-square, asymmetric pad
     Conv(20, 20, 1, 1, out="float32", za=100),  # 1x1 plane
     Conv(24, 24, 12, 5, pad=2, act="hardswish"),
+    Conv(32, 32, 10, 3, pad=1, act="hardswish_affine"),  # PP-LCNetV3's hardswish + learnable affine block
 ]
 
 

@@ -19,6 +19,10 @@ from .builders import AFFINE, make_fused_pattern
 from .checks import check_fused
 
 PREFIX = "tvmfuse"
+# Activations whose INT8 epilogue also applies a scalar scale and shift after them (``int8_epilogue.HardSwish``'s
+# scale and offset): PP-LCNetV3's hardswish + learnable affine block, whose affine otherwise ran as a table of
+# output codes after the kernel, a byte load per output on CPUs without AVX512-VBMI.
+INT8_AFFINE = ("hardswish",)
 
 
 def _int8_activations() -> set:
@@ -29,7 +33,7 @@ def _int8_activations() -> set:
 def _entries(family: str, int8: bool = False):
     """(residual, activation, affine) variants of one family, longest first: an activation followed by a
     constant scale and shift before the activation alone. ``int8``: only activations an INT8 kernel applies,
-    none followed by a scale and shift."""
+    followed by a scale and shift only where its epilogue takes one (:data:`INT8_AFFINE`)."""
     if FAMILIES[family].residual:
         yield True, "relu", False
         yield True, None, False
@@ -37,7 +41,7 @@ def _entries(family: str, int8: bool = False):
     for act in ACTIVATIONS:
         if act not in allowed or act not in FAMILIES[family].activations:
             continue
-        if not int8:
+        if not int8 or act in INT8_AFFINE:
             yield False, act, True
         yield False, act, False
     yield False, None, False
@@ -51,7 +55,8 @@ def entry_name(family: str, residual: bool, activation: str | None, affine: bool
 def table(rejections: dict | None = None, int8: bool = False, dtype: str = "float32") -> list[FusionPattern]:
     """The ordered pattern table. ``rejections`` (optional) collects why a match was refused. ``int8``: the
     table of a model being quantized, without the entries no INT8 kernel computes (an activation no INT8
-    epilogue applies, such as SiLU, sigmoid or GELU; a scale and shift after the activation): its partitions
+    epilogue applies, such as SiLU, sigmoid or GELU; a scale and shift after any other activation than those
+    of :data:`INT8_AFFINE`, or one that is not a single value): its partitions
     are the units calibration observes and the INT8 kernels replace. Such an activation then follows its
     INT8 conv as an elementwise kernel of its own, which TVM fuses with the quantize of its INT8 readers, so
     the conv is INT8 instead of the whole partition staying FP32 (YOLOv8n: 7 -> 64 INT8 partitions).
@@ -59,7 +64,8 @@ def table(rejections: dict | None = None, int8: bool = False, dtype: str = "floa
     patterns = []
     for family in PATTERN_FAMILIES:
         for residual, act, affine in _entries(family, int8):
-            check = functools.partial(check_fused, family=family, rejections=rejections, dtype=dtype)
+            check = functools.partial(check_fused, family=family, rejections=rejections, dtype=dtype,
+                                      scalar_affine=int8)
             name = entry_name(family, residual, act, affine)
             # A residual entry is two patterns under one name, one per add operand order.
             for residual_first in ((False, True) if residual else (False,)):

@@ -71,9 +71,10 @@ def _check_residual(ctx: PatternCheckContext, rejections) -> bool:
 
 
 def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None = None,
-                dtype: str = "float32") -> bool:
+                dtype: str = "float32", scalar_affine: bool = False) -> bool:
     """The check for every table entry: anchor family, dtype (``dtype``: the build's; float16 only in an fp16
-    build, whose kernels accumulate in float32) and layout support, no leak, legal residual."""
+    build, whose kernels accumulate in float32) and layout support, no leak, legal residual; a scale and shift
+    after the activation that broadcast into the output (``scalar_affine``, the INT8 table's: single values)."""
     root = ctx.annotated_expr["root"]
     found = root.ty.dtype
     if found != dtype or any(a.ty.dtype != found for a in root.args):
@@ -90,18 +91,21 @@ def check_fused(ctx: PatternCheckContext, family: str, rejections: dict | None =
         return _reject(ctx, f"intermediate {leak} is also used outside the group", rejections)
     if "residual" in ctx.annotated_expr and not _check_residual(ctx, rejections):
         return False
-    if "scale" in ctx.annotated_expr and not _check_affine(ctx, rejections):
+    if "scale" in ctx.annotated_expr and not _check_affine(ctx, rejections, scalar_affine):
         return False
     return True
 
 
-def _check_affine(ctx: PatternCheckContext, rejections) -> bool:
+def _check_affine(ctx: PatternCheckContext, rejections, scalar: bool = False) -> bool:
     """A scale and shift after the activation: float constants that broadcast into the anchor's output shape
-    without widening it (the kernel writes the anchor's shape)."""
+    without widening it (the kernel writes the anchor's shape); ``scalar``: one value each."""
     out = static_shape(ctx.annotated_expr["root"])
     for role in ("scale", "shift"):
         const = ctx.annotated_expr[role]
         shape = static_shape(const)
+        if scalar and shape is not None and any(d != 1 for d in shape):
+            return _reject(ctx, f"the {role} after the activation, {shape}, is not one value: an INT8 epilogue "
+                                "takes a single scale and shift", rejections)
         if const.ty.dtype != ctx.matched_expr.ty.dtype or shape is None or out is None or len(shape) > len(out) \
                 or any(d not in (1, o) for d, o in zip(reversed(shape), reversed(out))):
             return _reject(ctx, f"the {role} after the activation, {shape} {const.ty.dtype}, does not broadcast "

@@ -149,12 +149,14 @@ def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParam
     """The kernel's epilogue: requantize to ``out`` (None: float32 output), clip, residual, hardswish.
 
     With a hardswish the kernel works on real values (multiplier ``s_x * s_w``, residual scale ``s_r``) and
-    the output's ``1 / s_y`` joins the hardswish's ``1 / divisor``."""
+    the output's ``1 / s_y`` joins the hardswish's ``1 / divisor``; a scale ``a`` and shift ``b`` after it
+    (``part.affine``) make the factor ``a / (divisor * s_y)`` and the offset ``b / s_y``."""
     s_y = float(out.scale) if out is not None else 1.0
     hardswish = None
     if part.hardswish is not None:
         shift, lo, hi, divisor = part.hardswish
-        hardswish = int8.HardSwish(shift, lo, hi, 1.0 / (divisor * s_y))
+        a, b = part.affine or (1.0, 0.0)
+        hardswish = int8.HardSwish(shift, lo, hi, a / (divisor * s_y), b / s_y)
     res = None
     if residual is not None:  # R = s_r / s_y; with a hardswish, s_r (real units)
         res = int8.Residual(int(residual.zero_point), float(residual.scale) / (1.0 if hardswish else s_y))

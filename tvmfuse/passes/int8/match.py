@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 from tvm import relax
 
+from tvmfuse.patterns import INT8_AFFINE
 from tvmfuse.patterns.builders import AFFINE
 from tvmfuse.schedules import families
 
@@ -68,6 +69,8 @@ class Int8Partition:
     hardswish : tuple of float or None
         ``(shift, lo, hi, divisor)`` of a hardswish activation ``v * clip(v + shift, lo, hi) / divisor``
         (ONNX HardSwish: 3, 0, 6, 6); None for none.
+    affine : tuple of float or None
+        ``(scale, shift)`` of ``y * scale + shift`` after the hardswish (a ``*_affine`` entry); None for none.
     """
 
     composite: str
@@ -82,6 +85,7 @@ class Int8Partition:
     ops: list
     quantized: QuantizedWeight | None = None
     hardswish: tuple | None = None
+    affine: tuple | None = None
 
 
 def _ints(values) -> list[int]:
@@ -164,6 +168,16 @@ def _read_hardswish(bindings: list, index: dict, args) -> tuple[tuple | None, st
     return (shift, lo, hi, divisor), None
 
 
+def _read_affine(bindings: list, index: dict, args) -> tuple[tuple | None, str | None]:
+    """``(scale, shift)`` of the two ops ``y * scale``, ``+ shift`` (either operand order) after the activation."""
+    multiply, add = (b.value for b in bindings)
+    scale = next((s for s in (_scalar(a, index, args) for a in multiply.args) if s is not None), None)
+    shift = next((s for s in (_scalar(a, index, args) for a in add.args) if s is not None), None)
+    if scale is None or shift is None or not (np.isfinite(scale) and np.isfinite(shift)):
+        return None, "a scale and shift after the activation that are not finite scalar constants"
+    return (scale, shift), None
+
+
 def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]:
     """Read partition function ``fn`` called with ``args``.
 
@@ -179,9 +193,10 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     family, why = families.int8_family(anchor)
     if family is None:
         return None, why
-    if composite.endswith("_" + AFFINE):  # only the FP32 table has these (patterns.table)
+    affine = composite.endswith("_" + AFFINE)
+    activation = composite.removesuffix("_" + AFFINE).rsplit("_", 1)[-1]
+    if affine and activation not in INT8_AFFINE:  # only the FP32 table has these (patterns.table)
         return None, "a scale and shift after the activation has no INT8 epilogue"
-    activation = composite.rsplit("_", 1)[-1]
     if activation in families.ACTIVATIONS and activation not in family.int8.activations:
         return None, f"epilogue {activation} has no INT8 kernel"
     index = {param: i for i, param in enumerate(fn.params)}
@@ -190,7 +205,12 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     if weight is None or data not in index:
         return None, "the anchor's weight is not a constant" if weight is None else "the anchor's data is not an input"
     out_shape = tuple(_ints(bindings[-1].var.ty.shape))
-    hardswish = None
+    hardswish = scale_shift = None
+    if affine:
+        scale_shift, why = _read_affine(bindings[-2:], index, args)
+        if scale_shift is None:
+            return None, why
+        bindings = bindings[:-2]
     if activation == "hardswish":
         hardswish, why = _read_hardswish(bindings[-4:], index, args)
         if hardswish is None:
@@ -203,6 +223,6 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
     if not family.matmul:
         a = anchor.attrs
         conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
+    ops = epilogue["ops"] + (["hardswish"] if hardswish else []) + (["multiply", "add"] if affine else [])
     return Int8Partition(composite, family.name, index[data], epilogue["residual"], weight, epilogue["bias"],
-                         epilogue["clip"], conv, out_shape, epilogue["ops"] + (["hardswish"] if hardswish else []),
-                         hardswish=hardswish), None
+                         epilogue["clip"], conv, out_shape, ops, hardswish=hardswish, affine=scale_shift), None
