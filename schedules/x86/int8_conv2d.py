@@ -61,6 +61,13 @@ BYTE_PAIR_WIDTH = 28
 # 96x96 772 -> 157, 128->512 at 28x28 200 -> 168, 96->576 at 14x14 62 -> 42, 256->1024 211 -> 173; 3x3
 # 64->64 at 56x56 386 -> 324. Wider reductions keep 2 blocks of 7 (1024->256 at 14x14: 228, 248 with (4, 2)).
 VNNI_PIXELS = 7
+# Pixels per tile, at most, of a kernel writing NCHW (a float32 output for FP32 readers): each channel's
+# pixels of the tile are one store, gathered from the lanes of the tile's registers, so a wide row of one
+# channel block beats the NCHW16c tiles' 2-3 blocks of 2 pixels (2-pixel stores). 1x1 32->96 at 160x160,
+# float32 NCHW out, kernel alone, 2 threads on Zen 4 (us): AVX2 pair step (3, 2) 5845 -> (1, 4) 1849, (1, 5)
+# 1896, (1, 8) 2143 (spills); AVX512-VNNI (3, 2) 5552 -> (1, 8) 1166, (1, 10) 1208; uint8 NCHW out 2114 ->
+# 1129. The NCHW16c output of the same conv: 995 and 462.
+PLAIN_OUT_PIXELS = 8
 VNNI_POINTWISE_TILES = ((6, 2), (4, 2), (3, 4), (2, 4))
 VNNI_POINTWISE_K = 256
 
@@ -127,14 +134,17 @@ def accumulators(vector_bits: int, dot: str) -> int:
 
 def default_config(out_channel_blocks: int, out_width: int, vector_bits: int, has_vnni: bool,
                    pairs: bool = False, stride: int = 1, exact_pairs: bool = False, taps: int = 1,
-                   in_channels: int = 0) -> Config:
+                   in_channels: int = 0, plain_out: bool = False) -> Config:
     """Two channel blocks when they divide and fit, then the widest row tile (a divisor) that fits (with
     AVX512-VNNI at most :data:`VNNI_PIXELS`). The AVX2 pair step with a stride-1 conv takes 3 (else 2) channel
     blocks of 2 pixels first (:data:`PAIR_TILES`), after :data:`BYTE_PAIR_TILES` (``vpmaddubsw``) or
-    :data:`VNNI_POINTWISE_TILES` (VNNI) for the 1x1 convs those name."""
+    :data:`VNNI_POINTWISE_TILES` (VNNI) for the 1x1 convs those name. An NCHW output (``plain_out``) takes
+    one channel block of up to :data:`PLAIN_OUT_PIXELS` pixels (see there)."""
     dot = dot_kind(vector_bits, has_vnni, pairs, exact_pairs)
     per_block = max(1, int8.BLOCK_O * 32 // vector_bits)  # vector registers per 16 int32 accumulators
     budget = accumulators(vector_bits, dot)
+    if plain_out:
+        return Config(1, largest_divisor(out_width, min(PLAIN_OUT_PIXELS, budget // per_block)))
     preferred = ((BYTE_PAIR_TILES if dot == "maddubs" and taps == 1 and out_width <= BYTE_PAIR_WIDTH else ())
                  + (VNNI_POINTWISE_TILES if dot == "vnni" and taps == 1 and in_channels <= VNNI_POINTWISE_K else ())
                  + (PAIR_TILES if dot in ("avx2", "maddubs") and stride == 1 else ()))
@@ -173,8 +183,9 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     o_blocks, out_width = int(sch.get(ob).extent), int(sch.get(ow).extent)
     pairs, exact = weight_pairs(sch, anchor), exact_pairs_marked(sch)
     taps = int(sch.get(ry).extent) * int(sch.get(rx).extent)
+    plain_out = len(sch.mod["main"].params[-1].ty.shape) == 4  # NCHW, not NCHW16c
     cfg = config or default_config(o_blocks, out_width, vector_bits, has_vnni, pairs, _width_stride(sch, anchor),
-                                   exact, taps, int(sch.get(rcb).extent) * int8.BLOCK_I)
+                                   exact, taps, int(sch.get(rcb).extent) * int8.BLOCK_I, plain_out)
     dot = cfg.dot or dot_kind(vector_bits, has_vnni, pairs, exact)
     if o_blocks % cfg.oc_blocks or out_width % cfg.ow_block:
         return False

@@ -9,6 +9,8 @@ CPUs without VNNI too.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -20,6 +22,7 @@ from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86.intrin import vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 
+from helpers import HOST
 from helpers.int8_kernels import (AVX512, HOST_BITS, MODES, Conv, build, codes, epilogue, kernel_data, packed_for,
                                   run, schedule_with, weight_codes, weight_placeholder)
 
@@ -354,6 +357,22 @@ def test_byte_pair_step_tiles_one_pixel_of_many_blocks_for_narrow_1x1_convs():
     assert config(24, 14, 256, False, exact_pairs=True, taps=9) == int8_conv2d.Config(3, 2)
     assert config(9, 56, 256, False, exact_pairs=True) == int8_conv2d.Config(3, 2)
     assert config(24, 14, 256, False, pairs=True) == int8_conv2d.Config(3, 2)
+
+
+def test_an_nchw_output_takes_one_block_of_a_wide_row():
+    """A kernel writing NCHW (float32 for FP32 readers) tiles one channel block of up to 8 pixels (fewer where
+    the registers do not hold 8), whatever its step: each channel's pixels are one store. Its rule picks it."""
+    config, cfg = int8_conv2d.default_config, int8_conv2d.Config
+    assert config(6, 160, 512, True, plain_out=True) == cfg(1, 8)
+    assert config(6, 160, 256, False, exact_pairs=True, plain_out=True) == cfg(1, 5)  # 12 ymm: 6 pixels at most
+    assert config(6, 14, 512, True, in_channels=32, plain_out=True) == cfg(1, 7)
+    case = Conv(32, 96, 16, 1, out="float32")
+    func, _ = _conv(case, "host")
+    host_vnni = vnni.target_has_vnni(targets.resolve(HOST).tvm_target())
+    script = int8_conv2d.apply(func, HOST_BITS, host_vnni).script()
+    tile = [int(re.search(rf"for {axis}_1_init in T.unroll\((\d+)\)", script).group(1)) for axis in ("ob", "x")]
+    assert tile[0] == 1 and 4 <= tile[1] <= 8, tile  # (channel blocks, pixels) of the register tile
+    _check_conv(case, "host")
 
 
 def test_vnni_tiles_avoid_the_spilling_row_tiles():
