@@ -18,7 +18,7 @@ from .. import families
 from ..backend import Backend as _Base
 from ..backend import kernel_of
 from ..common import block_names, lanes
-from . import conv2d, dense, fused, generic, int8_table
+from . import concat, conv2d, dense, fused, generic, int8_table
 
 NAME = "x86"
 # kernel name (``tvmfuse.family``) -> its rule module, read from the registry.
@@ -88,7 +88,7 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
     kernel's table lookups may use AVX512-VBMI (:mod:`.int8_table`).
     """
     if kernel is None:
-        return generic.scheduled(func, lanes(vector_bits))
+        return concat.scheduled(func, lanes(vector_bits)) or generic.scheduled(func, lanes(vector_bits))
     sch = _ruled(func, kernel, vector_bits, vnni)
     if sch is not None:
         return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))

@@ -29,7 +29,7 @@ HEAVY_PART = 40  # ... stores a part whose value takes at least this many expres
 _CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value")
 
 
-def _walk(expr):
+def walk(expr):
     """Every node of ``expr``, loads' indices included (depth first)."""
     stack = [expr]
     while stack:
@@ -43,10 +43,10 @@ def _walk(expr):
 
 def _nodes(expr, limit: int) -> int:
     """Expression nodes of ``expr`` (loads count their indices), counted up to ``limit``."""
-    return sum(1 for _ in itertools.islice(_walk(expr), limit))
+    return sum(1 for _ in itertools.islice(walk(expr), limit))
 
 
-def _heavy_concat_part(sch: s_tir.Schedule, block) -> bool:
+def heavy_concat_part(sch: s_tir.Schedule, block) -> bool:
     """Whether a concatenate reads ``block`` and computing it takes ``HEAVY_PART`` nodes or more."""
     if not any(sch.get(c).name_hint.startswith(CONCAT) for c in sch.get_consumers(block)):
         return False
@@ -65,7 +65,7 @@ def _inline(sch: s_tir.Schedule) -> None:
     inlined would be recomputed for every output row)."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     for block in list(blocks)[:-1]:
-        if _heavy_concat_part(sch, block) or KEEP in sch.get(block).annotations:
+        if heavy_concat_part(sch, block) or KEEP in sch.get(block).annotations:
             continue
         try:
             sch.compute_inline(block)
@@ -168,7 +168,7 @@ def _accesses(block) -> list | None:
     store = block.body
     if not isinstance(store, tirx.BufferStore):
         return None
-    return [(store.buffer, store.indices)] + [(node.source, node.indices) for node in _walk(store.value)
+    return [(store.buffer, store.indices)] + [(node.source, node.indices) for node in walk(store.value)
                                               if isinstance(node, TensorLoad)]
 
 
