@@ -78,12 +78,13 @@ def _check_vector(kernel: str, name: str, t, length: int, dtype: str) -> None:
 
 
 def _check_epilogue(kernel: str, bias, multiplier, residual, epilogue: Epilogue, out_shape: list[int],
-                    table=None) -> None:
+                    table=None, bias_dtype: str = "int32") -> None:
     """Bias and multiplier hold one value per output channel: ``C`` of NCHW, ``C/16 * 16`` (the padded
-    channels included) of NCHW16c; a residual has the output's shape; a table goes with ``epilogue.table``."""
+    channels included) of NCHW16c; a residual has the output's shape; a table goes with ``epilogue.table``.
+    ``bias_dtype``: what the kernel adds its sums to (a kernel summing in float32 may take a float32 bias)."""
     check_table(kernel, table, epilogue)
     channels = out_shape[1] * (out_shape[4] if len(out_shape) == 5 else 1)
-    _check_vector(kernel, "bias", bias, channels, "int32")
+    _check_vector(kernel, "bias", bias, channels, bias_dtype)
     if epilogue.out_dtype == "int32":
         _check(multiplier is None, kernel, "an int32 output takes no multiplier")
     else:

@@ -21,7 +21,10 @@ a kernel row instead.
   one float multiply-add, exact: each product is an integer of at most 255 x 128 in magnitude and every
   partial sum of up to :data:`FLOAT_TAPS` of them stays below 2^24, where float32 holds every integer. The
   sum is ``sum((q - za) * w)``: the bias takes no folded zero point (``input_zero_point`` is subtracted
-  here), and a kernel row that reads only padding adds 0, which a backend may skip. A CPU without VNNI has no
+  here), and a kernel row that reads only padding adds 0, which a backend may skip. The bias may be float32
+  too (every value within 2^24 in magnitude, :data:`FLOAT_BIAS`): the sum plus the bias is then one float add,
+  rounded as the int32 sum's conversion would round it (both operands exact), and the float -> int32 -> float
+  round trip of the sums goes. A CPU without VNNI has no
   integer step that beats its two FMAs a cycle on a sum over taps (the taps-in-fours pair step takes 4 uops
   per 32 products, and wastes 3 of 8 taps of a 5-wide row).
 """
@@ -40,7 +43,8 @@ NAME = "INT8 depthwise conv2d"
 TAPS = 4  # taps of a row summed per 32-bit word (pack_weight_vnni)
 FLOAT_TAPS = 2**24 // (255 * 128)  # kernel taps whose float32 sum of u8 x s8 products is exact (514)
 ANCHOR, PAD = families.DEPTHWISE_CONV2D.int8.anchor_block, families.DEPTHWISE_CONV2D.int8.pad_block
-FLOAT_SUMS = "float_sums"  # the float form's conversion of its sums to int32
+FLOAT_SUMS = "float_sums"  # the float form's conversion of its sums to int32 (with an int32 bias)
+FLOAT_BIAS = 2**24  # the float form takes a float32 bias whose every value is at most this in magnitude
 PADDING_ROWS = "tvmfuse.padding_rows"  # the float form's anchor: the share of its row steps on padding rows
 BORDER = "tvmfuse.border"  # the padding stage's annotation: [top, left, height, width] of the data inside it
 
@@ -102,7 +106,8 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
     ``data`` uint8 NCHW (the NCHW kernel, ``weight`` int8 ``[C, 1, kh, kw]``) or NCHW16c (the NCHW16c
     kernel, ``weight`` ``[ceil(C/16), kh, kw, 16]``, :func:`pack_weight`); ``bias`` int32 (zero point
     folded in) and ``multiplier`` float32, one per output channel of ``out_layout`` (NCHW16c: padded to
-    whole blocks); ``out_layout`` ``"NCHW"`` or ``"NCHW16c"`` (None: the data's); ``channels``: C, which
+    whole blocks; float32, within :data:`FLOAT_BIAS`, with a float32 weight); ``out_layout`` ``"NCHW"`` or
+    ``"NCHW16c"`` (None: the data's); ``channels``: C, which
     NCHW16c data does not tell (None: the data's channels, padded ones included). NCHW16c data with a
     weight packed by :func:`pack_weight_vnni` (``[ceil(C/16), kh, ceil(kw/4), 16, 4]``, dilation 1 along
     the row) sums the taps in fours; ``kernel_width`` is then kw, which the packing rounds up. The rest as
@@ -146,7 +151,10 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
            f"{channels} channels do not fit data of shape {_shape(data)}")
     out_shape = out_shape_of(n, channels, out_h, out_w, layout)
     _check(blocked or layout == "NCHW", NAME, "an NCHW16c output needs the NCHW16c weight")
-    _check_epilogue(NAME, bias, multiplier, residual, epilogue, out_shape, table)
+    float_bias = floats and str(bias.dtype) == "float32"
+    _check(not float_bias or epilogue.out_dtype != "int32", NAME, "an int32 output needs an int32 bias")
+    _check_epilogue(NAME, bias, multiplier, residual, epilogue, out_shape, table,
+                    "float32" if float_bias else "int32")
     top, left = pad[0], pad[1]
     rows, cols = h + pad[0] + pad[2], w + pad[1] + pad[3]
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
@@ -189,7 +197,7 @@ def depthwise_conv2d_compute(data, weight, bias, multiplier, residual=None, *, s
         lambda b, cb, y, x, ci: te.sum(padded[b, cb, y * sh + ry * dh, x * sw + column, ci].astype(sum_type)
                                        * tap_weight(cb, ci).astype(sum_type), axis=axes),
         name=ANCHOR, attrs=anchor_attrs)
-    if floats:
+    if floats and not float_bias:
         acc = te.compute(acc.shape, lambda *i: acc[i].astype("int32"), name=FLOAT_SUMS)
     if layout == "NCHW":
         return _epilogue_stage(lambda b, ch, y, x: acc[b, ch // BLOCK_O, y, x, ch % BLOCK_O], bias, multiplier,

@@ -164,12 +164,15 @@ def _requantize(acc, scale, res, ep: Epilogue):
                                                tirx.const(ep.hardswish.offset, dtype))
         else:
             value = value * gate * tirx.const(factor, dtype)
+    lo, hi = ep.bounds()
+    if ep.quantized and float(lo).is_integer() and float(hi).is_integer():
+        code = _rounded_code(value, ep.zero_point, lo, hi)
+        return code - QUANT_RANGE[ep.out_dtype][0] if ep.table else code.astype(ep.out_dtype)
     if ep.quantized:
         value = tirx.nearbyint(value) + tirx.const(float(ep.zero_point), dtype)
     elif dtype != "float32":
         value = value.astype("float32")
         dtype = "float32"
-    lo, hi = ep.bounds()
     if lo is not None:
         value = tirx.Max(value, tirx.const(float(lo), dtype))
     if hi is not None:
@@ -180,6 +183,25 @@ def _requantize(acc, scale, res, ep: Epilogue):
         code = value.astype("int32")
         return code - QUANT_RANGE[ep.out_dtype][0] if ep.table else code.astype(ep.out_dtype)
     return value
+
+
+# 1.5 * 2^23: every float32 from 2^23 to 2^24 is an integer, so ``u + ROUNDER`` for |u| < 2^22 is rounded to
+# ``ROUNDER + nearbyint(u)`` (half to even: ROUNDER is even) and the integer sits in the sum's low mantissa bits.
+ROUNDER = 1.5 * 2**23
+ROUNDER_BITS = 0x4B400000  # its float32 bit pattern
+
+
+def _rounded_code(value, zero_point: int, lo: float, hi: float):
+    """``clip(nearbyint(value) + zero_point, lo, hi)`` as int32, for integer bounds: the value clipped to
+    ``[lo - zp, hi - zp]`` first (the same result: rounding is monotonic and keeps integers), then rounded by
+    adding :data:`ROUNDER` and reading the sum's bits back as an integer. Two vector operations (an add and an
+    integer add) instead of a rounding, an add and a float -> int conversion: the INT8 epilogue runs once per
+    output, as often as a depthwise kernel's multiply-adds. Exact wherever float32 arithmetic rounds to
+    nearest, as nearbyint does, on every target."""
+    zp = int(zero_point)
+    clipped = tirx.Min(tirx.Max(value, tirx.const(float(lo) - zp, "float32")), tirx.const(float(hi) - zp, "float32"))
+    bits = tirx.reinterpret("int32", clipped + tirx.const(ROUNDER, "float32"))
+    return bits + tirx.const(zp - ROUNDER_BITS, "int32")
 
 
 def table_index(codes: np.ndarray, out_dtype: str) -> np.ndarray:

@@ -13,6 +13,7 @@ from helpers.quantize import (conv_pool_conv, conv_relu_conv, depthwise_5x5, dep
                               squeeze_excite, stem_concat, two_outputs)
 from helpers.quantize_graph import AVX2, AVX512, call_kinds, kernel_args, main_calls, quantized, shape_of
 from tvmfuse import zoo
+from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 
 
 def test_blocked_codes_pass_nchw16c_from_kernel_to_kernel():
@@ -94,10 +95,31 @@ def test_without_vnni_wide_kernel_rows_sum_in_float():
     for model, dtype in ((depthwise_5x5(), np.float32), (depthwise_s2(channels=24, size=8), np.int16)):
         mod, _ = quantized(model, blocked=True, spec=AVX2)
         (call,) = [c for kind, c, _ in main_calls(mod) if kind == "int8_depthwise_conv2d"]
-        weight = kernel_args(call)[1].value.numpy()
-        assert weight.dtype == dtype
-        if dtype == np.float32:
+        weight, bias = (kernel_args(call)[i].value.numpy() for i in (1, 2))
+        assert weight.dtype == dtype and bias.dtype == (np.float32 if dtype == np.float32 else np.int32)
+        if dtype == np.float32:  # a float32 bias too, exact: added to the float sums without a round trip
             assert np.array_equal(weight, np.round(weight)) and np.abs(weight).max() <= 127
+            assert np.array_equal(bias, np.round(bias)) and np.abs(bias).max() <= int8_dw.FLOAT_BIAS
+
+
+def test_float_sums_keep_an_int32_bias_float32_cannot_hold():
+    """A bias code beyond 2^24 (a tiny input scale under a large float bias) stays int32: the float form then
+    converts its sums to int32 first, as before."""
+    from tvmfuse.passes.int8 import kernels as k
+
+    model = depthwise_5x5()
+    mod, _ = quantized(model, blocked=True, spec=AVX2)
+    (call,) = [c for kind, c, _ in main_calls(mod) if kind == "int8_depthwise_conv2d"]
+    small = kernel_args(call)[2].value.numpy()
+    original = k._int32_bias
+    try:
+        k._int32_bias = lambda part, *_: np.full(part.weight.shape[0], 2**25, np.int32)
+        mod, _ = quantized(model, blocked=True, spec=AVX2)
+    finally:
+        k._int32_bias = original
+    (call,) = [c for kind, c, _ in main_calls(mod) if kind == "int8_depthwise_conv2d"]
+    bias = kernel_args(call)[2].value.numpy()
+    assert small.dtype == np.float32 and bias.dtype == np.int32 and bias.max() > int8_dw.FLOAT_BIAS
 
 
 @pytest.mark.parametrize("channels", [16, 24])

@@ -9,6 +9,7 @@ CPUs without VNNI too.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -390,10 +391,12 @@ def test_vnni_tiles_avoid_the_spilling_row_tiles():
 
 
 @pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
-def test_the_requantize_epilogue_stays_a_vector_loop(out_dtype):
-    """``nearbyint`` (the epilogue's rounding) is marked vectorizable: TVM's VectorizeLoop would otherwise turn
-    the vector loop into a serial loop over its lanes (the loop variable's ``_s`` form) and leave LLVM to gather
-    the lanes back, which it did code by code."""
+@pytest.mark.parametrize("bounds", ["codes", "fractional"])
+def test_the_requantize_epilogue_stays_a_vector_loop(out_dtype, bounds):
+    """The epilogue's rounding stays in the vector loop: with code bounds, the add of ``ROUNDER`` and a
+    reinterpret; with a fractional clip bound, ``nearbyint``, marked vectorizable (TVM's VectorizeLoop would
+    otherwise turn the vector loop into a serial loop over its lanes, the loop variable's ``_s`` form, and leave
+    LLVM to gather the lanes back, which it did code by code)."""
     from tvm import s_tir, tirx
 
     from tvmfuse.schedules.computes.int8_epilogue import EPILOGUE, _epilogue_stage
@@ -402,6 +405,8 @@ def test_the_requantize_epilogue_stays_a_vector_loop(out_dtype):
     acc = te.placeholder(shape, "int32", name="acc")
     bias, scale = te.placeholder((32,), "int32", name="bias"), te.placeholder((32,), "float32", name="scale")
     ep = int8.Epilogue.make(out_dtype, 3, 0.05, "relu6")
+    if bounds == "fractional":
+        ep = dataclasses.replace(ep, clip_min=3.5)
     sch = s_tir.Schedule(te.create_prim_func([acc, bias, scale, _epilogue_stage(lambda *i: acc[i], bias, scale,
                                                                                  None, ep, shape)]))
     sch.vectorize(sch.get_loops(sch.get_sblock(EPILOGUE))[-1])
@@ -409,4 +414,5 @@ def test_the_requantize_epilogue_stays_a_vector_loop(out_dtype):
     lowered = tvm.transform.Sequential([s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
                                         s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
                                         tirx.transform.VectorizeLoop(True)])(mod)["main"].script()
-    assert "nearbyint" in lowered and "_s in" not in lowered and "float32x16" in lowered
+    rounding = "nearbyint" if bounds == "fractional" else "reinterpret"
+    assert rounding in lowered and "_s in" not in lowered and "float32x16" in lowered

@@ -106,9 +106,10 @@ DW_CASES = [
 ]
 
 
-def _depthwise(case, extreme, pack):
+def _depthwise(case, extreme, pack, float_bias=False):
     """Build ``case`` with the weight layout of ``pack`` (``pack_weight``, ``pack_weight_vnni`` or
-    ``pack_weight_pairs``): the compute, the numpy operands and the reference."""
+    ``pack_weight_pairs``): the compute, the numpy operands and the reference. ``float_bias``: the float form's
+    bias as float32."""
     out_layout = "NCHW" if case.out == "float32" else int8.BLOCKED_LAYOUT
     n, c, h, w = case.in_shape()
     blocks = -(-c // BLOCK)
@@ -121,7 +122,8 @@ def _depthwise(case, extreme, pack):
     packed = pack(wv)
     x = te.placeholder((n, blocks, h, w, BLOCK), "uint8", name="x")
     wt = te.placeholder(packed.shape, str(packed.dtype), name="w")
-    b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
+    bias_dtype = "float32" if float_bias else "int32"
+    b, m = te.placeholder((channels,), bias_dtype, name="b"), te.placeholder((channels,), "float32", name="m")
     r = te.placeholder(out_shape, case.residual, name="r") if case.residual else None
     ep = epilogue(case.out, case.act, case.residual)
     width = {"kernel_width": case.k} if packed.ndim >= 5 else {}
@@ -131,7 +133,7 @@ def _depthwise(case, extreme, pack):
     func = int8.prim_func([x, wt, b, m] + ([r] if r is not None else []) + [out])
     # the float form subtracts the zero point itself: its bias has none folded in
     folded = int8_ref.fold_zero_point(bias, wv, 0 if pack is int8_dw.pack_weight_float else case.za)
-    args = [to_blocked(xv, fill=77), packed, _padded(folded, channels), _padded(mult, channels)]
+    args = [to_blocked(xv, fill=77), packed, _padded(folded, channels).astype(bias_dtype), _padded(mult, channels)]
     if res is not None:
         args.append(to_blocked(res))
     ref = int8_ref.depthwise_conv2d_ref(xv, wv, bias, mult, res, strides=case.stride, padding=case.pad,
@@ -203,15 +205,18 @@ FLOAT_CASES = DW_CASES + [
 ]
 
 
+@pytest.mark.parametrize("bias", ["int32", "float32"])
 @pytest.mark.parametrize("bits", [HOST_BITS, 256], ids=["host", "avx2"])
 @pytest.mark.parametrize("extreme", [False, True])
 @pytest.mark.parametrize("case", FLOAT_CASES, ids=str)
-def test_depthwise_float_sums_bit_exact(case, extreme, bits):
+def test_depthwise_float_sums_bit_exact(case, extreme, bits, bias):
     """The form CPUs without VNNI run wide kernel rows on: (q - za) * w summed in float32, exact, with the
-    kernel rows that read only padding skipped where enough do (``padding_taps``, as compile runs it)."""
+    kernel rows that read only padding skipped where enough do (``padding_taps``, as compile runs it); its
+    bias int32 (the sums converted to int32 first) or float32 (added to the float sums)."""
     from tvmfuse.schedules import padding_taps
 
-    func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight_float)
+    func, out, args, ref = _depthwise(case, extreme, int8_dw.pack_weight_float, bias == "float32")
+    assert ("float_sums" in func.script()) == (bias == "int32")
     func = int8_depthwise.apply(func, bits, False)
     assert func is not None and "T.parallel" in func.script()
     guarded = padding_taps.skip_padding_taps(func)

@@ -20,6 +20,7 @@ from tvm import relax, te
 
 from tvmfuse.schedules import families
 from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
+from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.computes.blocked import to_blocked, to_plain
 
 from ...quant.params import QuantParams, bias_params, weight_params
@@ -184,7 +185,7 @@ class Int8Constants:
     """What an INT8 kernel takes besides its activations, computed in numpy."""
 
     weight: np.ndarray  # int8, packed for the kernel
-    bias: np.ndarray  # int32 per output channel, input zero point folded in
+    bias: np.ndarray  # int32 per output channel, input zero point folded in (float32: the float depthwise's)
     multiplier: np.ndarray  # float32 per output channel
     epilogue: int8.Epilogue
     input_zero_point: int
@@ -268,6 +269,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     # the kernel sums x - shift: the float form subtracts the zero point itself
     shift = za if floats else int8.SIGNED_SHIFT if signed_data(part, weights) else 0
     folded = int8_ref.fold_zero_point(_int32_bias(part, s_x, wparams), wq, za - shift)
+    if floats and np.abs(folded).max(initial=0) <= int8_dw.FLOAT_BIAS:
+        folded = folded.astype(np.float32)  # exact: added to the float sums in float (no int32 round trip)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
     if part.quantized is not None:
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
@@ -367,7 +370,7 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
         bias, multiplier = _padded(bias, out_shape[1] * out_shape[4]), _padded(multiplier, out_shape[1] * out_shape[4])
     tensors = [te.placeholder(tuple(int(d) for d in data_shape), "uint8", name="data"),
                te.placeholder(c.weight.shape, str(c.weight.dtype), name="weight"),
-               te.placeholder(bias.shape, "int32", name="bias"),
+               te.placeholder(bias.shape, str(bias.dtype), name="bias"),
                te.placeholder(multiplier.shape, "float32", name="multiplier")]
     kwargs = {"out_layout": out_layout} if blocked else {}
     if signed_data(part, weights):
