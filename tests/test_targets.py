@@ -1,6 +1,7 @@
 """Target registry, raw target dicts and host capability checks."""
 
 import pytest
+import tvm
 
 import tvmfuse
 from tvmfuse import targets
@@ -43,13 +44,33 @@ def _int8_depthwise_asm(target, layout="blocked"):
     return cm, cm.kernel_source("asm")
 
 
+def _nchw_depthwise_kernel_asm(target) -> str:
+    """An NCHW INT8 depthwise kernel (8 channels, 16x16, 3x3 stride 2, relu) scheduled for AVX512-VNNI and
+    built for ``target``: LLVM forms its int16 multiply-adds into vpdpwssd, some on ymm registers."""
+    from tvm import te
+
+    from tvmfuse.schedules.computes import int8
+    from tvmfuse.schedules.computes import int8_depthwise as int8_dw
+    from tvmfuse.schedules.x86 import int8_depthwise
+
+    x, w = te.placeholder((1, 8, 16, 16), "uint8", name="x"), te.placeholder((8, 1, 3, 3), "int8", name="w")
+    b, m = te.placeholder((8,), "int32", name="b"), te.placeholder((8,), "float32", name="m")
+    out = int8_dw.depthwise_conv2d_compute(x, w, b, m, strides=2, padding=1, input_zero_point=3,
+                                           epilogue=int8.Epilogue.make("uint8", 3, 0.05, "relu"))
+    func = int8_depthwise.apply(int8.prim_func([x, w, b, m, out]), 512, True).with_attr("global_symbol", "main")
+    return tvm.compile(tvm.IRModule({"main": func}), target=target).mod.inspect_source("asm")
+
+
 def test_x86_avx512_int8_code_has_no_vex_vnni_amx_or_fp16():
-    # For mcpu=sapphirerapids LLVM emits the NCHW depthwise kernel's multiply-add as VEX-encoded AVX-VNNI
-    # vpdpwssd, which AVX-512 CPUs without AVX-VNNI (Ice Lake, Zen 4) fault on; x86-avx512 turns it off.
+    # For mcpu=sapphirerapids LLVM emits an NCHW depthwise kernel's ymm multiply-adds as VEX-encoded AVX-VNNI
+    # vpdpwssd (which form it takes follows its register allocation), which AVX-512 CPUs without AVX-VNNI
+    # (Ice Lake, Zen 4) fault on; x86-avx512 turns it off.
     import re
 
-    _, spr = _int8_depthwise_asm({"kind": "llvm", "mcpu": "sapphirerapids"}, layout="nchw")
+    spr = _nchw_depthwise_kernel_asm(tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"}))
     assert re.search(r"\{vex\}\s*vpdp", spr)
+    ours = _nchw_depthwise_kernel_asm(targets.resolve("x86-avx512").tvm_target())
+    assert "vpdpwssd" in ours and not re.search(r"\{vex\}", ours)
     for layout in ("nchw", "blocked"):
         cm, asm = _int8_depthwise_asm("x86-avx512", layout)
         assert "vpdpbusd" in asm and not re.search(r"\{vex\}", asm)
