@@ -195,7 +195,7 @@ def analyze(fn: relax.Function, args) -> tuple[Int8Partition | None, str | None]
         return None, why
     affine = composite.endswith("_" + AFFINE)
     activation = composite.removesuffix("_" + AFFINE).rsplit("_", 1)[-1]
-    if affine and activation not in INT8_AFFINE:  # only the FP32 table has these (patterns.table)
+    if affine and activation not in INT8_AFFINE:  # the INT8 table has these after INT8_AFFINE only
         return None, "a scale and shift after the activation has no INT8 epilogue"
     if activation in families.ACTIVATIONS and activation not in family.int8.activations:
         return None, f"epilogue {activation} has no INT8 kernel"
