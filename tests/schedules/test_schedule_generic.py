@@ -343,3 +343,31 @@ def test_a_single_plane_or_a_blocked_tensor_keeps_its_rows(monkeypatch):
             m.setattr(generic, "PLANES", False)
             rows = generic.apply(func, LANES).script()
         assert (generic.apply(func, LANES).script() == rows) is same, shape
+
+
+def _tap_loops(func) -> list[int]:
+    """Extents of the serial loops right above the vectorized one (the column split's tap loop)."""
+    lines = [line.strip() for line in func.script().splitlines() if line.strip().startswith("for ")]
+    return [int(m) for line in lines for m in re.findall(r"T\.grid\((?:T\.int64\()?(\d+)", line)]
+
+
+@pytest.mark.parametrize("case", ["depth_to_space", "upsample"])
+def test_columns_read_as_x_div_k_split_into_taps(case):
+    """A stage whose reads take its last axis only as ``x // k`` and ``x % k`` (depth-to-space, nearest
+    upsampling) runs each tap ``t`` of ``x = k * xs + t`` over whole vectors of ``xs``: a tap loop of ``k``
+    above the vector loop, instead of lanes that each divide their own index."""
+    x = te.placeholder((1, 32, 8, 16), name="x")
+    if case == "depth_to_space":
+        out = topi.nn.relu(topi.nn.depth_to_space(x, 2, mode="CRD"))
+    else:
+        out = te.compute((1, 32, 16, 32), lambda n, c, h, w: x[n, c, h // 2, w // 2], name="upsample")
+    s = _same_as_unscheduled(te.create_prim_func([x, out]))
+    assert _tap_loops(s)[:1] == [2] and ForKind.VECTORIZED in _loop_kinds(s)
+
+
+def test_a_column_read_whole_keeps_the_row_vectors():
+    """An upsampled map added to a full-resolution one reads ``x`` itself too: no tap split."""
+    small, big = te.placeholder((1, 16, 8, 16), name="small"), te.placeholder((1, 16, 16, 32), name="big")
+    out = te.compute((1, 16, 16, 32), lambda n, c, h, w: small[n, c, h // 2, w // 2] + big[n, c, h, w], name="add")
+    s = _same_as_unscheduled(te.create_prim_func([small, big, out]))
+    assert 2 not in _tap_loops(s)
