@@ -20,6 +20,7 @@ from tvm import s_tir
 from ..common import block_names, iterations
 from ..computes.int8_concat import CONCAT_STAGE, STARTS
 from ..computes.int8_se import GATE_LANES, GATE_STAGE, MEAN_STAGES
+from .concat import channel_parts
 from .generic import PARALLEL_MIN
 
 
@@ -61,18 +62,8 @@ def _concat(sch: s_tir.Schedule, vector_lanes: int) -> bool:
     starts = [int(v) for v in sch.get(block).annotations[STARTS]]
     channels = sch.get_loops(block)[1]
     sizes = [b - a for a, b in zip(starts, starts[1:])]
-    parts = sch.loop_partition(channels, sizes[:-1] + [None]) if len(sizes) > 1 else [channels]
-    for part in parts:
-        inner = sch.get_child_blocks(part)
-        leaf = inner[0] if inner else block
-        loops = sch.get_loops(leaf)
-        c = next(i for i, lp in enumerate(loops) if sch.get_sref(lp).same_as(sch.get_sref(part)))
-        rest = loops[c:]  # channels, rows, columns (, lanes)
-        sch.reorder(rest[1], rest[0])  # rows outermost, in parallel: a part's loop does not start at 0, so no fuse
-        if iterations(sch, leaf) >= PARALLEL_MIN:
-            sch.parallel(rest[1])
-        width = int(sch.get(rest[-1]).extent)
-        if width % vector_lanes == 0 or len(rest) == 4:
+    for rest in channel_parts(sch, block, channels, sizes):  # columns (, lanes)
+        if int(sch.get(rest[-1]).extent) % vector_lanes == 0 or len(rest) == 2:
             sch.vectorize(rest[-1])
     return True
 

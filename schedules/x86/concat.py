@@ -17,6 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
+from ..common import iterations
 from ..computes.resize import KEEP
 from .generic import PARALLEL_MIN, heavy_concat_part, row_lanes, walk
 
@@ -43,20 +44,29 @@ def _borders(block) -> tuple[int, list[int]] | None:
     return None if axis is None else (axis, sorted(offsets))
 
 
-def _schedule_part(sch: s_tir.Schedule, leaf, part, vector_lanes: int) -> None:
-    """One part: rows outermost and in parallel (the part's channel loop starts at its offset, which a fuse
-    does not take), the innermost loop vectorized (NCHW: the row's pixels, in whole vectors or its largest
-    divisor up to the vector; NCHWc: the channel lanes)."""
-    loops = sch.get_loops(leaf)
-    c = next(i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(part)))
-    channel, row, *rest = loops[c:]
-    sch.reorder(row, channel)
-    work = 1
-    for loop in loops:
-        work *= int(sch.get(loop).extent)
-    if work >= PARALLEL_MIN:
-        sch.parallel(row)
-    inner = rest[-1]
+def channel_parts(sch: s_tir.Schedule, block, channels, sizes: list[int]) -> list:
+    """Split ``block``'s channel loop ``channels`` into parts of ``sizes`` (``loop_partition``) and run each
+    part's rows outermost, in parallel where there is work (a part's channel loop starts at its offset, which
+    a fuse does not take). Returns each part's loops below its channel loop (columns, and the lanes of a
+    blocked tensor), for the caller to vectorize."""
+    parts = sch.loop_partition(channels, sizes[:-1] + [None]) if len(sizes) > 1 else [channels]
+    inner_loops = []
+    for part in parts:
+        leaves = sch.get_child_blocks(part)
+        leaf = leaves[0] if leaves else block
+        loops = sch.get_loops(leaf)
+        c = next(i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(part)))
+        channel, row, *rest = loops[c:]
+        sch.reorder(row, channel)
+        if iterations(sch, leaf) >= PARALLEL_MIN:
+            sch.parallel(row)
+        inner_loops.append(rest)
+    return inner_loops
+
+
+def _vectorize_part(sch: s_tir.Schedule, inner, vector_lanes: int) -> None:
+    """A part's innermost loop vectorized: NCHW, the row's pixels in whole vectors or its largest divisor up to
+    the vector; NCHWc, the channel lanes."""
     width = int(sch.get(inner).extent)
     if width == vector_lanes:
         sch.vectorize(inner)
@@ -99,9 +109,8 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int) -> bool:
     sizes = [b - a for a, b in zip(cuts, cuts[1:])]
     if len(sizes) < 2:
         return False
-    for part in sch.loop_partition(loops[1], sizes[:-1] + [None]):
-        leaves = sch.get_child_blocks(part)
-        _schedule_part(sch, leaves[0] if leaves else last, part, vector_lanes)
+    for rest in channel_parts(sch, last, loops[1], sizes):
+        _vectorize_part(sch, rest[-1], vector_lanes)
     return True
 
 
