@@ -25,7 +25,8 @@ from tvmfuse import cuda_driver, targets
 HOST_CPU_MODULES = {
     "schedules/test_whole_vector_rows.py", "schedules/test_schedule_softmax.py", "schedules/test_padding_taps.py",
     "schedules/test_schedule_x86_configs.py", "schedules/test_schedule_x86_structure.py",
-    "schedules/test_schedule_x86_int8.py", "schedules/test_schedule_x86_int8_blocked.py",
+    "schedules/test_schedule_x86_int8.py", "schedules/test_schedule_x86_int8_tiles.py",
+    "schedules/test_schedule_x86_int8_blocked.py", "schedules/test_schedule_concat.py",
     "schedules/test_int8_table.py", "schedules/test_int8_se.py", "schedules/test_winograd.py",
     "schedules/test_narrow_groups.py", "schedules/test_blocked_pool.py", "schedules/test_layout_transform.py",
     "schedules/test_fast_sigmoid.py", "schedules/test_resize_two_pass.py", "schedules/test_schedule_generic.py",

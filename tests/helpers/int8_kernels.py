@@ -11,6 +11,7 @@ from tvm import te
 
 from tvmfuse import targets
 from tvmfuse.schedules.computes import int8, int8_ref
+from tvmfuse.schedules.x86 import int8_conv2d
 
 from . import HOST
 
@@ -146,3 +147,36 @@ class Conv:
         span = self.dilation * (self.k - 1) + 1
         _, _, h, w = self.in_shape()
         return self.n, self.o, (h + top + bottom - span) // self.stride + 1, (w + left + right - span) // self.stride + 1
+
+
+def conv_kernel(case: Conv, mode: str = "generic"):
+    """The INT8 conv2d compute of ``case`` (weights in ``mode``'s layout) as a PrimFunc, and its output tensor."""
+    x = te.placeholder(case.in_shape(), "uint8", name="x")
+    w = weight_placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), mode)
+    b, m = te.placeholder((case.o,), "int32", name="b"), te.placeholder((case.o,), "float32", name="m")
+    r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
+    out = int8.conv2d_compute(x, w, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
+                              dilation=case.dilation, input_zero_point=case.za,
+                              epilogue=epilogue(case.out, case.act, case.residual))
+    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out
+
+
+def check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
+    """``case`` scheduled as ``mode`` runs it, on random codes (``extreme``: the range's ends only), equals
+    ``int8_ref``; returns the reference."""
+    func, out = conv_kernel(case, mode)
+    ow = case.out_shape()[3]
+    sched = schedule_with(int8_conv2d, func, mode,
+                      lambda bits, vnni_: int8_conv2d.default_config(-(-case.o // 16), ow, bits, vnni_))
+    assert sched is not None
+    rng = np.random.default_rng(seed)
+    x = codes(rng, case.in_shape(), "uint8", extreme)
+    w = weight_codes(rng, (case.o, case.c, case.k, case.k), mode, extreme)
+    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme, case.act)
+    args = [x, packed_for(int8_ref.pack_conv2d_weight(w), mode), int8_ref.fold_zero_point(bias, w, case.za), mult]
+    got = run(sched, args + ([res] if res is not None else []), out)
+    ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad,
+                              dilation=case.dilation, input_zero_point=case.za,
+                              epilogue=epilogue(case.out, case.act, case.residual))
+    np.testing.assert_array_equal(got, ref)
+    return ref

@@ -10,7 +10,6 @@ CPUs without VNNI too.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import pytest
@@ -23,9 +22,8 @@ from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.x86.intrin import vnni
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise
 
-from helpers import HOST
-from helpers.int8_kernels import (AVX512, HOST_BITS, MODES, Conv, build, codes, epilogue, kernel_data, packed_for,
-                                  run, schedule_with, weight_codes, weight_placeholder)
+from helpers.int8_kernels import (AVX512, HOST_BITS, MODES, Conv, build, check_conv, codes, conv_kernel, epilogue,
+                                  kernel_data, packed_for, run, schedule_with, weight_codes, weight_placeholder)
 
 CONV_CASES = [
     Conv(19, 37, 14, 3, pad=1, act="relu"),  # C, O not multiples of 4 / 16
@@ -43,40 +41,10 @@ CONV_CASES = [
 ]
 
 
-def _conv(case: Conv, mode: str = "generic"):
-    x = te.placeholder(case.in_shape(), "uint8", name="x")
-    w = weight_placeholder((-(-case.o // 16), -(-case.c // 4), case.k, case.k, 16, 4), mode)
-    b, m = te.placeholder((case.o,), "int32", name="b"), te.placeholder((case.o,), "float32", name="m")
-    r = te.placeholder(case.out_shape(), case.residual, name="r") if case.residual else None
-    out = int8.conv2d_compute(x, w, b, m, r, out_channels=case.o, strides=case.stride, padding=case.pad,
-                              dilation=case.dilation, input_zero_point=case.za,
-                              epilogue=epilogue(case.out, case.act, case.residual))
-    return int8.prim_func([x, w, b, m] + ([r] if r is not None else []) + [out]), out
-
-
-def _check_conv(case: Conv, mode: str, extreme: bool = False, seed: int = 0):
-    func, out = _conv(case, mode)
-    ow = case.out_shape()[3]
-    sched = schedule_with(int8_conv2d, func, mode,
-                      lambda bits, vnni_: int8_conv2d.default_config(-(-case.o // 16), ow, bits, vnni_))
-    assert sched is not None
-    rng = np.random.default_rng(seed)
-    x = codes(rng, case.in_shape(), "uint8", extreme)
-    w = weight_codes(rng, (case.o, case.c, case.k, case.k), mode, extreme)
-    bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, extreme, case.act)
-    args = [x, packed_for(int8_ref.pack_conv2d_weight(w), mode), int8_ref.fold_zero_point(bias, w, case.za), mult]
-    got = run(sched, args + ([res] if res is not None else []), out)
-    ref = int8_ref.conv2d_ref(x, w, bias, mult, res, strides=case.stride, padding=case.pad,
-                              dilation=case.dilation, input_zero_point=case.za,
-                              epilogue=epilogue(case.out, case.act, case.residual))
-    np.testing.assert_array_equal(got, ref)
-    return ref
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_conv2d_bit_exact(case, mode):
-    ref = _check_conv(case, mode)
+    ref = check_conv(case, mode)
     if case.out != "float32":
         assert len(np.unique(ref)) > 2  # the epilogue neither saturates everything nor collapses
     assert np.isfinite(ref.astype("float64")).all()
@@ -90,7 +58,7 @@ def test_conv2d_extreme_values(case, mode):
     reach 32640 of 32767): the largest sums and the padding's zero point at its ends."""
     if mode == "maddubs512" and "avx512bw" not in targets.host_cpu_flags():
         pytest.skip("this CPU has no AVX512BW to run the 512-bit vpmaddubsw step")
-    _check_conv(case, mode, extreme=True, seed=3)
+    check_conv(case, mode, extreme=True, seed=3)
 
 
 @pytest.mark.parametrize("bits", [256, 512])
@@ -100,7 +68,7 @@ def test_exact_pairs_compile_to_vpmaddubsw_on_the_int8_blocks(bits):
     keeps the generic step (full-range int8 codes would saturate vpmaddubsw)."""
     target = {256: {"kind": "llvm", "mcpu": "znver3"}, 512: AVX512}[bits]
     register = "zmm" if bits == 512 else "ymm"
-    conv, _ = _conv(CONV_CASES[0], "maddubs")
+    conv, _ = conv_kernel(CONV_CASES[0], "maddubs")
     dense, _ = _dense(*DENSE_CASES[1], mode="maddubs")
     for func, rule in ((conv, int8_conv2d), (dense, int8_dense)):
         asm = build(rule.apply(func.with_attr(int8.EXACT_PAIRS_ATTR, True), bits, False), target).mod.inspect_source("asm")
@@ -116,7 +84,7 @@ def test_pair_steps_compile_to_vpmaddwd_without_horizontal_adds(bits):
     (what the int8-block step needed); checked on the assembly for a Zen 3 (AVX2) and for x86-avx512 with
     VNNI left unused, so on any CPU."""
     target = {256: {"kind": "llvm", "mcpu": "znver3"}, 512: AVX512}[bits]
-    conv, _ = _conv(CONV_CASES[0], "host")
+    conv, _ = conv_kernel(CONV_CASES[0], "host")
     dense, _ = _dense(*DENSE_CASES[1], mode="host")
     for func, rule in ((conv, int8_conv2d), (dense, int8_dense)):
         sched = rule.apply(func, bits, False)
@@ -246,7 +214,7 @@ def test_computes_reject_inconsistent_operands():
 
 
 def test_rules_refuse_other_kernels_and_configs_that_do_not_divide():
-    conv, _ = _conv(CONV_CASES[0])
+    conv, _ = conv_kernel(CONV_CASES[0])
     dense, _ = _dense(*DENSE_CASES[0])
     assert int8_conv2d.apply(dense, 512, True) is None
     assert int8_dense.apply(conv, 512, True) is None
@@ -264,7 +232,7 @@ def test_rules_refuse_other_kernels_and_configs_that_do_not_divide():
 def test_vnni_schedules_compile_to_vpdpbusd():
     assert vnni.target_has_vnni(targets.resolve(AVX512).tvm_target())
     assert not vnni.target_has_vnni(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}))
-    conv, _ = _conv(CONV_CASES[3])
+    conv, _ = conv_kernel(CONV_CASES[3])
     dense, _ = _dense(*DENSE_CASES[1])
     for func, rule in ((conv, int8_conv2d), (dense, int8_dense)):
         sched = rule.apply(func, 512, True)
@@ -276,7 +244,7 @@ def test_vnni_schedules_compile_to_vpdpbusd():
 @pytest.mark.avx512
 @pytest.mark.parametrize("case", CONV_CASES[:4], ids=str)
 def test_conv2d_vnni_bit_exact_on_avx512_hardware(case):
-    func, out = _conv(case)
+    func, out = conv_kernel(case)
     sched = int8_conv2d.apply(func, 512, True)
     rng = np.random.default_rng(5)
     x, w = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
@@ -296,7 +264,7 @@ def test_256_bit_vnni_bit_exact_on_vnni_hardware(case):
     """The AVX-VNNI step (two vpdpbusd on ymm), run here in its EVEX form (AVX512-VNNI with VL, x86-avx512)."""
     rng = np.random.default_rng(6)
     if isinstance(case, Conv):
-        func, out = _conv(case)
+        func, out = conv_kernel(case)
         sched = int8_conv2d.apply(func, 256, True)
         x, w = codes(rng, case.in_shape(), "uint8", False), codes(rng, (case.o, case.c, case.k, case.k), "int8", False)
         bias, mult, res = kernel_data(rng, case.out_shape(), case.o, case.residual, False, case.act)
@@ -321,73 +289,11 @@ def test_256_bit_vnni_bit_exact_on_vnni_hardware(case):
 
 def test_avx_vnni_cpus_get_vex_vpdpbusd_on_ymm():
     """An Alder Lake (AVX-VNNI, no AVX-512): the VEX vpdpbusd on ymm registers, no zmm anywhere."""
-    conv, _ = _conv(CONV_CASES[0])
+    conv, _ = conv_kernel(CONV_CASES[0])
     asm = build(int8_conv2d.apply(conv, 256, True), {"kind": "llvm", "mcpu": "alderlake"}).mod.inspect_source("asm")
     assert "{vex}\tvpdpbusd\t%ymm" in asm and "zmm" not in asm
     assert vnni.target_has_avx_vnni(targets.resolve({"kind": "llvm", "mcpu": "alderlake"}).tvm_target())
     assert not vnni.target_has_avx_vnni(targets.resolve({"kind": "llvm", "mcpu": "znver3"}).tvm_target())
-
-
-@pytest.mark.parametrize("channels, out_channels, size, parallel", [(88, 22, 1, False), (200, 50, 1, False),
-                                                                    (8, 8, 24, True), (64, 64, 7, True)])
-def test_conv2d_below_serial_macs_runs_on_one_thread(channels, out_channels, size, parallel):
-    """A squeeze-and-excitation conv on a 1x1 map costs less than waking a second thread: neither the
-    repacking nor the conv is parallel. The parallel ones keep both, and the serial one stays bit-exact."""
-    x = te.placeholder((1, channels, size, size), "uint8", name="x")
-    wt = weight_placeholder((-(-out_channels // 16), -(-channels // 4), 1, 1, 16, 4), "host")
-    b, m = te.placeholder((out_channels,), "int32", name="b"), te.placeholder((out_channels,), "float32", name="m")
-    ep = epilogue("uint8", "relu", None)
-    out = int8.conv2d_compute(x, wt, b, m, out_channels=out_channels, input_zero_point=3, epilogue=ep)
-    func = int8_conv2d.apply(int8.prim_func([x, wt, b, m, out]), HOST_BITS, False)
-    assert func.script().count("T.parallel") == (2 if parallel else 0)
-    rng = np.random.default_rng(2)
-    xv = codes(rng, (1, channels, size, size), "uint8", False)
-    wv = codes(rng, (out_channels, channels, 1, 1), "int8", False)
-    bias, mult, _ = kernel_data(rng, (1, out_channels, size, size), out_channels, None, False)
-    args = [xv, packed_for(int8_ref.pack_conv2d_weight(wv), "host"), int8_ref.fold_zero_point(bias, wv, 3), mult]
-    ref = int8_ref.conv2d_ref(xv, wv, bias, mult, None, input_zero_point=3, epilogue=ep)
-    np.testing.assert_array_equal(run(func, args, out), ref)
-
-
-def test_byte_pair_step_tiles_one_pixel_of_many_blocks_for_narrow_1x1_convs():
-    """The vpmaddubsw step (7-bit weights without VNNI): a 1x1 conv over a map up to 28 wide takes 6 (else 4)
-    channel blocks of one pixel; 3x3 convs and wider maps keep the pair tiles; full-range pairs are unchanged."""
-    config = int8_conv2d.default_config
-    assert config(24, 14, 256, False, exact_pairs=True) == int8_conv2d.Config(6, 1)
-    assert config(16, 7, 256, False, stride=2, exact_pairs=True) == int8_conv2d.Config(4, 1)
-    assert config(24, 14, 256, False, exact_pairs=True, taps=9) == int8_conv2d.Config(3, 2)
-    assert config(9, 56, 256, False, exact_pairs=True) == int8_conv2d.Config(3, 2)
-    assert config(24, 14, 256, False, pairs=True) == int8_conv2d.Config(3, 2)
-
-
-def test_an_nchw_output_takes_one_block_of_a_wide_row():
-    """A kernel writing NCHW (float32 for FP32 readers) tiles one channel block of up to 8 pixels (fewer where
-    the registers do not hold 8), whatever its step: each channel's pixels are one store. Its rule picks it."""
-    config, cfg = int8_conv2d.default_config, int8_conv2d.Config
-    assert config(6, 160, 512, True, plain_out=True) == cfg(1, 8)
-    assert config(6, 160, 256, False, exact_pairs=True, plain_out=True) == cfg(1, 5)  # 12 ymm: 6 pixels at most
-    assert config(6, 14, 512, True, in_channels=32, plain_out=True) == cfg(1, 7)
-    case = Conv(32, 96, 16, 1, out="float32")
-    func, _ = _conv(case, "host")
-    host_vnni = vnni.target_has_vnni(targets.resolve(HOST).tvm_target())
-    script = int8_conv2d.apply(func, HOST_BITS, host_vnni).script()
-    tile = [int(re.search(rf"for {axis}_1_init in T.unroll\((\d+)\)", script).group(1)) for axis in ("ob", "x")]
-    assert tile[0] == 1 and 4 <= tile[1] <= 8, tile  # (channel blocks, pixels) of the register tile
-    _check_conv(case, "host")
-
-
-def test_vnni_tiles_avoid_the_spilling_row_tiles():
-    """AVX512-VNNI: at most 7 pixels a row tile (2 blocks of 8 spill), and 1x1 convs reading up to 256 channels
-    take 6, 4, 3 or 2 blocks of 2-4 pixels first; wider reductions and 3x3 convs keep 2 blocks of the row."""
-    config, cfg = int8_conv2d.default_config, int8_conv2d.Config
-    assert config(4, 56, 512, True, in_channels=64) == cfg(4, 2)
-    assert config(9, 56, 512, True, in_channels=24) == cfg(3, 4)
-    assert config(12, 28, 512, True, in_channels=32) == cfg(6, 2)
-    assert config(16, 14, 512, True, in_channels=1024) == cfg(2, 7)
-    assert config(4, 56, 512, True, taps=9, in_channels=64) == cfg(2, 7)
-    assert config(1, 96, 512, True, taps=9, in_channels=8) == cfg(1, 6)
-    asm = build(int8_conv2d.apply(_conv(Conv(64, 64, 16, 1), "generic")[0], 512, True), AVX512).mod.inspect_source("asm")
-    assert "vpdpbusd" in asm and asm.count("(%rsp)") < 100  # the accumulators stay in registers
 
 
 @pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
