@@ -90,6 +90,16 @@ def _build(func, target=HOST):
                        tir_pipeline=spec.backend().tir_pipeline())
 
 
+def run_in_place(func, arrays, target=HOST):
+    """Build ``func`` for ``target`` as TVM does by default and run it on numpy ``arrays``, one per parameter
+    (the output's last, any dtype); returns the output."""
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                      target=targets.resolve(target).tvm_target())
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*args)
+    return args[-1].numpy()
+
+
 def _run(func, *arrays):
     """Run ``func`` (params: inputs..., output) on numpy inputs; returns the output."""
     lib = _build(func)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from onnx import helper, numpy_helper
 from tvm import te, topi
 from tvm.tirx import ForKind
@@ -15,17 +14,11 @@ import tvmfuse
 from tvmfuse import targets
 from tvmfuse.schedules.x86 import concat, generic
 
+from helpers.schedules import run_in_place
 from helpers import HOST, make_model, ort_run
 
 SPEC = targets.resolve(HOST)
 LANES = SPEC.vector_bits() // 32
-
-
-def _run(func, arrays):
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    lib["main"](*args)
-    return args[-1].numpy()
 
 
 def _arrays(func, seed=0):
@@ -80,7 +73,7 @@ def test_costly_parts_are_computed_in_their_own_channel_slices(blocked):
     assert len(_leaf_blocks(sch)) == 4  # one per part, nothing stored in between
     assert _loops(sch, ForKind.VECTORIZED) == 4
     arrays = _arrays(func, seed=1)
-    np.testing.assert_allclose(_run(sch.mod["main"], arrays), _run(func, [a.copy() for a in arrays]),
+    np.testing.assert_allclose(run_in_place(sch.mod["main"], arrays), run_in_place(func, [a.copy() for a in arrays]),
                                rtol=1e-6, atol=1e-6)
 
 

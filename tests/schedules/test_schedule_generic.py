@@ -17,6 +17,7 @@ import tvmfuse
 from tvmfuse import targets
 from tvmfuse.schedules.x86 import generic
 
+from helpers.schedules import run_in_place
 from helpers import HOST, ort_run
 from helpers import make_model
 
@@ -31,20 +32,13 @@ def _loop_kinds(func) -> list:
             for loop in sch.get_loops(block)]
 
 
-def _run(func, arrays):
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SPEC.tvm_target())
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    lib["main"](*args)
-    return args[-1].numpy()
-
-
 def _same_as_unscheduled(func, seed=0):
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in func.params]
-    want = _run(func, [a.copy() for a in arrays])
+    want = run_in_place(func, [a.copy() for a in arrays])
     scheduled = generic.apply(func, LANES)
     assert scheduled is not None
-    np.testing.assert_allclose(_run(scheduled, arrays), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(run_in_place(scheduled, arrays), want, rtol=1e-6, atol=1e-6)
     return scheduled
 
 
@@ -67,7 +61,7 @@ def test_reduction_runs_its_rows_in_parallel():
 def _sum_matches_float64(func, shape):
     # A sum in another order rounds differently: compare with float64, relative to the sum of magnitudes.
     a = np.random.default_rng(0).standard_normal(shape).astype("float32")
-    got = _run(func, [a, np.zeros((), "float32")])
+    got = run_in_place(func, [a, np.zeros((), "float32")])
     assert abs(float(got) - a.astype(np.float64).sum()) <= 1e-6 * np.abs(a).astype(np.float64).sum()
     return func
 
@@ -104,9 +98,9 @@ def test_row_reduction_keeps_a_vector_of_partials_per_row(op):
     func = te.create_prim_func([*inputs, out])
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal([int(d) for d in t.shape]).astype("float32") for t in [*inputs, out]]
-    want = _run(func, [a.copy() for a in arrays])
+    want = run_in_place(func, [a.copy() for a in arrays])
     s = generic.apply(func, LANES)
-    np.testing.assert_allclose(_run(s, arrays), want, rtol=1e-5, atol=1e-5)  # sums in another order
+    np.testing.assert_allclose(run_in_place(s, arrays), want, rtol=1e-5, atol=1e-5)  # sums in another order
     sch = tvm.s_tir.Schedule(s)
     blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
     partials = [n for n in blocks if n.endswith("_rf")]
@@ -135,7 +129,7 @@ def test_mean_over_height_and_width_is_one_vectorized_row(hw):
     s = generic.apply(func, LANES)
     assert s is not None
     want = np.clip(x.astype(np.float64).mean(axis=(2, 3), keepdims=True) * 50 + 128, 0, 255)
-    got = _run(s, [x, np.zeros((1, 128, 1, 1), "uint8")])
+    got = run_in_place(s, [x, np.zeros((1, 128, 1, 1), "uint8")])
     assert np.abs(got.astype(np.int32) - want.astype(np.int32)).max() <= 1  # truncation at the float's edge
     sch = tvm.s_tir.Schedule(s)
     partial = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith("_rf")]
@@ -153,7 +147,7 @@ def test_row_no_vector_divides_takes_its_largest_divisor():
     func = te.create_prim_func([a, topi.nn.fast_softmax(a, axis=-1)])
     x = np.random.default_rng(0).standard_normal((8, 470)).astype("float32")
     s = generic.apply(func, 16)
-    np.testing.assert_allclose(_run(s, [x, np.zeros_like(x)]), _run(func, [x, np.zeros_like(x)]), rtol=1e-5,
+    np.testing.assert_allclose(run_in_place(s, [x, np.zeros_like(x)]), run_in_place(func, [x, np.zeros_like(x)]), rtol=1e-5,
                                atol=1e-7)
     sch = tvm.s_tir.Schedule(s)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
@@ -312,7 +306,7 @@ def test_a_channel_shuffle_runs_in_plane_vectors():
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((1, 58, 14, 14)).astype("float32") for _ in range(2))
     want = np.concatenate([a, b], 1).reshape(1, 2, 58, 14, 14).transpose(0, 2, 1, 3, 4).reshape(1, 116, 14, 14)
-    np.testing.assert_array_equal(_run(scheduled, [a, b, np.zeros_like(want)]), want)
+    np.testing.assert_array_equal(run_in_place(scheduled, [a, b, np.zeros_like(want)]), want)
 
 
 def test_per_channel_operands_join_the_plane_but_a_spatial_transpose_does_not():
@@ -326,8 +320,8 @@ def test_per_channel_operands_join_the_plane_but_a_spatial_transpose_does_not():
     rng = np.random.default_rng(1)
     xs = rng.standard_normal((1, 32, 14, 14)).astype("float32")
     bs = rng.standard_normal((1, 32, 1, 1)).astype("float32")
-    np.testing.assert_array_equal(_run(generic.apply(added, LANES), [xs, bs, np.zeros_like(xs)]), xs + bs)
-    flipped_out = _run(generic.apply(flipped, LANES), [xs, np.zeros_like(xs)])
+    np.testing.assert_array_equal(run_in_place(generic.apply(added, LANES), [xs, bs, np.zeros_like(xs)]), xs + bs)
+    flipped_out = run_in_place(generic.apply(flipped, LANES), [xs, np.zeros_like(xs)])
     np.testing.assert_array_equal(flipped_out, xs.transpose(0, 1, 3, 2))
 
 
