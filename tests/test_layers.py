@@ -22,7 +22,7 @@ LAYERS = (
                     "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.log_files", "tvmfuse.tune.workload_index",
                     "tvmfuse.tune.records", "tvmfuse.tune.runs")),
     ("graph passes", ("tvmfuse.frontend", "tvmfuse.passes")),
-    ("build and run", ("tvmfuse.export", "tvmfuse.link", "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck",
+    ("build and run", ("tvmfuse.export", "tvmfuse.link", "tvmfuse.blob_object", "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck",
                        "tvmfuse.tune.measure", "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
     ("workflows", ("tvmfuse.api", "tvmfuse.cached_build", "tvmfuse.calibration", "tvmfuse.partition_report", "tvmfuse.model_info",
                    "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),

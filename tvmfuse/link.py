@@ -7,13 +7,16 @@ that ``g++`` compiles anyway. gold is used where it is installed; a link it fail
 compiler's default linker, which the process then keeps to. gold names the library's base version after the
 output path (a temporary folder's), so each link would differ; a fixed soname makes it name that instead, and
 the same objects link to the same bytes (the kernel cache's byte-identical libraries). A library loaded by its
-path, as TVM loads one, is never taken for another with the same soname.
+path, as TVM loads one, is never taken for another with the same soname. The object holding the executable
+(its weights included) is written by :mod:`tvmfuse.blob_object`, not emitted through LLVM.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+
+from . import blob_object
 
 _GOLD = {"works": shutil.which("ld.gold") is not None}
 GOLD_OPTIONS = ["-fuse-ld=gold", "-Wl,-soname,tvmfuse_model.so"]
@@ -27,7 +30,8 @@ def export_library(module, path: str) -> None:
     # the imported modules as C source instead of an LLVM object)
     create_shared.output_format = cc.create_shared.output_format
     create_shared.get_target_triple = cc.create_shared.get_target_triple
-    module.export_library(path, fcompile=create_shared)
+    pack = blob_object.pack_imports if blob_object.supported() else None
+    module.export_library(path, fcompile=create_shared, fpack_imports=pack)
 
 
 def create_shared(output: str, objects, options=None, **kwargs) -> None:
