@@ -21,6 +21,15 @@ def test_an_entry_round_trips_in_a_private_folder(tmp_path):
     assert (os.stat(store.path("ab" * 32)).st_mode & 0o777) == 0o600
 
 
+def test_an_entry_written_in_parts_reads_back_whole(tmp_path):
+    store = Store(tmp_path / "c")
+    store.put("ab" * 32, b"head", memoryview(b"-library-"), b"")
+    assert store.get("ab" * 32) == b"head-library-"
+    store.path("ab" * 32).write_bytes(store.path("ab" * 32).read_bytes()[:-1])  # the size covers every part
+    with pytest.warns(UserWarning, match="damaged"):
+        assert store.get("ab" * 32) is None
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "header"])
 def test_a_damaged_entry_is_a_miss_with_one_warning_and_is_removed(tmp_path, damage):
     store = Store(tmp_path)

@@ -120,9 +120,10 @@ class Store:
             pass
 
     # -- writing -------------------------------------------------------------------------------------------
-    def put(self, key: str, payload: bytes) -> None:
-        """Store ``payload`` under ``key`` atomically (a concurrent writer of the same key is harmless: both
-        write the same content). A full or read-only disk only costs the entry, with a warning."""
+    def put(self, key: str, payload: bytes, *more: bytes) -> None:
+        """Store ``payload`` (followed by ``more``: parts written in turn, not joined into one copy first) under
+        ``key`` atomically (a concurrent writer of the same key is harmless: both write the same content). A
+        full or read-only disk only costs the entry, with a warning."""
         path = self.path(key)
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
@@ -131,9 +132,14 @@ class Store:
             warnings.warn(f"kernel cache: cannot write in {path.parent} ({e.strerror}); not cached", stacklevel=2)
             return
         try:
+            parts = (payload,) + more
+            digest = hashlib.sha256()
+            for part in parts:
+                digest.update(part)
             with os.fdopen(fd, "wb") as f:
-                f.write(b"%s %d %s\n" % (MAGIC, len(payload), hashlib.sha256(payload).hexdigest().encode()))
-                f.write(payload)
+                f.write(b"%s %d %s\n" % (MAGIC, sum(len(p) for p in parts), digest.hexdigest().encode()))
+                for part in parts:
+                    f.write(part)
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o600)
