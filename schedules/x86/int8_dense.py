@@ -70,7 +70,9 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Conf
     sch.unroll(i_i)
     sch.unroll(jb_i)
     consumer = accumulate_in_registers(sch, anchor, epilogue, i_o)
-    vectorize_tile(sch, consumer, i_o)
+    # one 16-feature vector at a time: LLVM scalarizes a 48-lane epilogue (3 blocks, as 1,170 blocks get) into
+    # element inserts and extracts, 4-7x the whole kernel's time
+    vectorize_tile(sch, consumer, i_o, vector_lanes=int8.BLOCK_O)
     sch.parallel(sch.fuse(jb_o, i_o))
     tile = sch.get_loops(consumer)[0]
     vectorize_tile(sch, sch.decompose_reduction(anchor, kb), tile)
