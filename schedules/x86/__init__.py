@@ -91,7 +91,8 @@ def scheduled(func: tirx.PrimFunc, kernel: str | None, vector_bits: int, vnni: b
         return concat.scheduled(func, lanes(vector_bits)) or generic.scheduled(func, lanes(vector_bits))
     sch = _ruled(func, kernel, vector_bits, vnni)
     if sch is not None:
-        return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni))
+        return int8_table.finish(sch, vbmi, lambda: _ruled(func, kernel, vector_bits, vnni),
+                                 lambda: _ruled(int8_table.inline(func), kernel, vector_bits, vnni))
     if _generic_fallback(kernel):
         return generic.scheduled(_unmarked(func).mod["main"], lanes(vector_bits))
     sch = _unmarked(func)  # a fresh one: a rule that does not fit leaves nothing behind

@@ -43,10 +43,12 @@ def _vector_lookup(sch: s_tir.Schedule) -> bool:
     return True
 
 
-def finish(sch: s_tir.Schedule, vbmi: bool, rescheduled) -> s_tir.Schedule:
+def finish(sch: s_tir.Schedule, vbmi: bool, rescheduled, inlined_first=None) -> s_tir.Schedule:
     """``sch`` (a kernel's rule applied) with its table lookup placed (see the module); ``sch`` as it is when
     the kernel has none. ``rescheduled()`` gives the rule's schedule anew: when the vector lookup fails
-    part-way, the byte loads go into a fresh one."""
+    part-way, the byte loads go into a fresh one. ``inlined_first()``: the rule applied to the kernel with
+    the lookup already inlined (:func:`inline`), for a schedule whose stages the lookup cannot be inlined
+    into any more (a padding stage partitioned into nested blocks, as the float depthwise's)."""
     if TABLE_STAGE not in block_names(sch):
         return sch
     if vbmi:
@@ -55,5 +57,18 @@ def finish(sch: s_tir.Schedule, vbmi: bool, rescheduled) -> s_tir.Schedule:
                 return sch
         except s_tir.ScheduleError:
             sch = rescheduled()
-    sch.reverse_compute_inline(sch.get_sblock(TABLE_STAGE))
+    try:
+        sch.reverse_compute_inline(sch.get_sblock(TABLE_STAGE))
+    except s_tir.ScheduleError:
+        if inlined_first is None:
+            raise
+        return inlined_first()
     return sch
+
+
+def inline(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its table lookup inlined into the requantize stage, before any rule (a byte load per
+    output, as :func:`finish` places it)."""
+    sch = s_tir.Schedule(func)
+    sch.reverse_compute_inline(sch.get_sblock(TABLE_STAGE))
+    return sch.mod["main"]

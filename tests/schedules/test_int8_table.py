@@ -96,6 +96,34 @@ def test_a_depthwise_table_with_byte_loads_is_bit_exact():
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_float_depthwise_writing_nchw_takes_its_table_before_the_rule():
+    """The float depthwise (AVX2, rows of 5 taps) partitions its padding stage into nested blocks, into which the
+    lookup cannot be inlined once the rule ran (an ONNX Runtime QDQ hardswish after a depthwise whose reader
+    wants NCHW): the lookup is inlined first, and the rule still schedules the kernel."""
+    rng = np.random.default_rng(5)
+    c, blocks, h, w = 40, 3, 3, 20  # a 3-row map: most kernel rows read only padding
+    x = te.placeholder((1, blocks, h, w, 16), "uint8", name="x")
+    weight = rng.integers(-127, 128, (c, 1, 5, 5)).astype("int8")
+    packed = int8_depthwise.pack_weight_float(weight)
+    bias = rng.integers(-3000, 3000, c).astype("int32")
+    tensors = [x, te.placeholder(packed.shape, "float32", name="w"), te.placeholder((c,), "float32", name="b"),
+               te.placeholder((c,), "float32", name="m"), te.placeholder((256,), "uint8", name="t")]
+    ep = dataclasses.replace(int8.Epilogue.make("uint8", 5, 0.05, None), table=True)
+    out = int8_depthwise.depthwise_conv2d_compute(*tensors[:4], padding=2, input_zero_point=3, epilogue=ep,
+                                                  out_layout="NCHW", channels=c, table=tensors[4])
+    func = x86.schedule(int8.prim_func(tensors + [out]), "int8_depthwise_conv2d", 256, False, False)
+    assert "T.parallel" in func.script() and 'sblock("table_lookup")' not in func.script()  # lookup inlined
+    codes = rng.integers(0, 256, (1, blocks, h, w, 16)).astype("uint8")
+    mult, table = (rng.random(c) * 0.004).astype("float32"), rng.permutation(256).astype("uint8")
+    plain = codes.transpose(0, 1, 4, 2, 3).reshape(1, blocks * 16, h, w)[:, :c]
+    want = int8_ref.depthwise_conv2d_ref(plain, weight, bias, mult, padding=2, input_zero_point=3, epilogue=ep,
+                                         table=table)
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=targets.resolve(HOST).tvm_target())
+    got = tvm.runtime.tensor(np.zeros(want.shape, "uint8"))
+    lib.mod["main"](*[tvm.runtime.tensor(a) for a in [codes, packed, bias.astype("float32"), mult, table]], got)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
 @pytest.mark.avx512
 @pytest.mark.skipif(not HAS_VBMI, reason="needs AVX512-VBMI and VNNI to run the vector lookups")
 def test_a_depthwise_table_with_vector_lookups_is_bit_exact():

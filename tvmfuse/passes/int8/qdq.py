@@ -39,7 +39,10 @@ reason goes to the report.
   instead, so it can differ from both by one code next to a rounding boundary.
 - Every result inside a chain must be read only by the next op of the chain.
 
-Ops between chains (a residual add of two dequantized tensors, pooling) keep their quantize / dequantize
+Elementwise ops after a chain's quantize that read nothing but its codes and constants, with quantize /
+dequantize pairs between them (a hardswish or sigmoid spelt out by ONNX Runtime's quantizer), become a table
+of output codes in the chain's kernel (:mod:`.qdq_tables`). Other ops between chains (a residual add of two
+dequantized tensors, pooling) keep their quantize / dequantize
 around float ops. ONNX Runtime fuses those into QLinearAdd / QLinearGlobalAveragePool with fixed-point
 rounding of its own, so a whole QDQ model can end a code or two away from ONNX Runtime's output.
 """
@@ -58,9 +61,10 @@ from tvmfuse.schedules.computes.int8 import Int8KernelError
 
 from ...quant.params import QuantParams, QuantParamsError
 from ...targets import TargetSpec
-from .kernels import codes_blocked, make_int8_kernel, weight_packing
+from .kernels import OutputTable, codes_blocked, make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
+from .qdq_tables import output_table
 from ..utils import const_array
 
 CODES = ("uint8", "int8")
@@ -97,6 +101,7 @@ class _Chain:
     name: str
     part: Int8Partition
     params: tuple  # (x, out, residual) QuantParams, as make_int8_kernel takes them
+    table: OutputTable | None = None  # the elementwise run after the quantize, when the kernel writes its codes
 
 
 class _Graph:
@@ -276,6 +281,7 @@ def _match(graph: _Graph, anchor_var, anchor, weights: str = "") -> _Chain:
     weight = _weight(graph, anchor.args[1], family)
     found, end, quantize = _walk(graph, anchor_var, kind)
     out = _qparams(quantize, str(quantize.attrs.out_dtype), "the output quantize")
+    end, table = output_table(graph, end, out.dtype) or (end, None)
     bias, bias_codes, bias_scale = found.bias if found.bias is not None else (None, None, None)
     weight = dataclasses.replace(weight, bias_codes=bias_codes, bias_scale=bias_scale)
     out_shape = tuple(_ints(end.ty.shape))
@@ -286,7 +292,7 @@ def _match(graph: _Graph, anchor_var, anchor, weights: str = "") -> _Chain:
     shape = [1] * weight.codes.ndim
     shape[0] = -1
     real = weight.codes.astype(np.float32) * weight.scale.reshape(shape)
-    composite = "tvmfuse.qdq_" + "_".join([family.name] + found.ops)
+    composite = "tvmfuse.qdq_" + "_".join([family.name] + found.ops + (["table"] if table else []))
     # data / residual: positions in the kernel call (data, weight, bias, multiplier[, residual]).
     part = Int8Partition(composite, family.name, 0, 4 if found.residual else None,
                          real.T if family.matmul else real, bias, found.clip, conv, out_shape,
@@ -295,12 +301,12 @@ def _match(graph: _Graph, anchor_var, anchor, weights: str = "") -> _Chain:
         x = QuantParams(x.scale, x.zero_point + SHIFT, "uint8")
     residual, res = found.residual if found.residual is not None else (None, None)
     try:
-        kernel, constants = make_int8_kernel(part, _ints(data.ty.shape), x, out, res, weights=weights)
+        kernel, constants = make_int8_kernel(part, _ints(data.ty.shape), x, out, res, weights=weights, table=table)
     except (Int8KernelError, QuantParamsError) as e:
         raise _Refused(str(e)) from None
     return _Chain(end, data, str(data.ty.dtype), residual, kernel, constants,
                   relax.TensorType(list(out_shape), out.dtype), composite.replace("tvmfuse.", "tvmfuse_int8_"), part,
-                  (x, out, res))
+                  (x, out, res), table)
 
 
 def _dequantized(graph: _Graph, expr) -> bool:

@@ -78,7 +78,7 @@ class Rewrite(relax.PyExprMutator):
         kernel, constants, out_type = chain.kernel, chain.constants, chain.out_type
         if len(data.ty.shape) == 5 or layout != "NCHW":
             kernel, constants = make_int8_kernel(chain.part, [int(d) for d in data.ty.shape], *chain.params,
-                                                 out_layout=layout, weights=self.weights)
+                                                 out_layout=layout, weights=self.weights, table=chain.table)
             out_type = relax.TensorType(kernel_out_shape(chain.part, layout), out_type.dtype)
         args = [data] + constants
         if chain.residual is not None:
