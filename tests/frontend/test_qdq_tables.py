@@ -98,3 +98,14 @@ def test_a_run_read_outside_itself_ends_where_it_is_read(tmp_path):
     x = _x()
     for got, want in zip(cm.run(x), ort_run(model, x)):
         assert agreement(got, want, output_scale(model))[0] <= 2.0
+
+
+def test_cuda_kernels_take_the_tables_too(quantized):
+    """Built here with nvcc (the GPU round checks numerics): CUDA's INT8 rule schedules both table kernels."""
+    cm = tvmfuse.compile(quantized, target="cuda-sm90")
+    assert cm.record.qdq["int8_kernels"] == 2
+    scheduled = {gv.name_hint: str(f.attrs["tvmfuse.scheduled_by"]) for gv, f in cm.lowered.functions_items()
+                 if gv.name_hint.startswith("tvmfuse_int8_qdq")}
+    assert len(scheduled) == 2 and all("_table" in n for n in scheduled), scheduled
+    assert set(scheduled.values()) == {"tvmfuse.cuda.int8"}
+    assert "table" in cm.kernel_source()
