@@ -118,7 +118,8 @@ def test_a_float_depthwise_writing_nchw_takes_its_table_before_the_rule():
     plain = codes.transpose(0, 1, 4, 2, 3).reshape(1, blocks * 16, h, w)[:, :c]
     want = int8_ref.depthwise_conv2d_ref(plain, weight, bias, mult, padding=2, input_zero_point=3, epilogue=ep,
                                          table=table)
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=targets.resolve(HOST).tvm_target())
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                      target=targets.resolve(HOST).tvm_target())
     got = tvm.runtime.tensor(np.zeros(want.shape, "uint8"))
     lib.mod["main"](*[tvm.runtime.tensor(a) for a in [codes, packed, bias.astype("float32"), mult, table]], got)
     np.testing.assert_array_equal(got.numpy(), want)
