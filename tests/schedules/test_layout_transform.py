@@ -1,9 +1,9 @@
 """The x86 layout transforms (schedules/x86/layout.py): NCHW <-> NCHW[b]c moved in b x v tiles.
 
-Numbers: exact against numpy for rows a vector divides and rows it does not, both blocks, float32 and
-uint8. Structure: no vectorized loop wider than two of the target's vectors (a 320-lane vector once cost 20 s of
-LLVM time for one kernel; a 25-pixel row no vector divides is one short vector, 0.06 s), the channel loop of
-a tile unrolled, the rows in parallel.
+Numbers: exact against numpy for rows a vector divides and rows it does not, both blocks, float32, uint8 and
+int8 (codes back to NCHW through the 16 x 16 byte transpose). Structure: no vectorized loop wider than two of
+the target's vectors (a 320-lane vector once cost 20 s of LLVM time for one kernel; a 25-pixel row no vector
+divides is one short vector, 0.06 s), the channel loop of a tile unrolled, the rows in parallel.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _loops(func):
 @pytest.mark.parametrize("direction", ["to_plain", "to_blocked"])
 @pytest.mark.parametrize("plain_shape,block", [((1, 16, 320, 320), 16), ((1, 48, 20, 40), 16),
                                                ((2, 24, 7, 12), 8), ((1, 32, 5, 25), 16), ((1, 8, 3, 3), 8)])
-@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "int8"])
 def test_transform_is_exact(direction, plain_shape, block, dtype):
     func = layout.apply(_kernel(direction, plain_shape, block, dtype), LANES)
     assert func is not None
@@ -70,6 +70,18 @@ def test_tiles_are_vector_by_block(direction):
 def test_no_vector_is_wider_than_the_target(direction, width):
     loops = _loops(layout.apply(_kernel(direction, (1, 16, 4, width), 16, "float32"), LANES))
     assert all(int(loop.extent) <= 2 * LANES for loop in loops if loop.kind == ForKind.VECTORIZED)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_byte_codes_go_back_to_nchw_as_16x16_tiles_transposed_in_registers(dtype):
+    """INT8 codes in blocks of 16, a row 16 divides: 16 loads, four rounds of 16 interleaves, 16 stores per tile
+    (``intrin/transpose_bytes.py``), no vector gather; other rows keep the vector-by-block tile."""
+    script = layout.apply(_kernel("to_plain", (1, 32, 6, 48), 16, dtype), LANES).script()
+    assert script.count("T.Shuffle") == 64 and "T.vectorized" not in script
+    assert "T.parallel" in script
+    for other in (_kernel("to_plain", (1, 32, 6, 40), 16, dtype), _kernel("to_plain", (1, 32, 6, 48), 8, dtype),
+                  _kernel("to_blocked", (1, 32, 6, 48), 16, dtype)):
+        assert "T.Shuffle" not in layout.apply(other, LANES).script()
 
 
 def test_other_kernels_are_not_taken():
