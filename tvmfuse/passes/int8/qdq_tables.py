@@ -21,6 +21,8 @@ next to a rounding tie.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -28,8 +30,8 @@ from tvm import relax
 from tvmfuse.schedules.computes.int8_epilogue import QUANT_RANGE
 
 from .kernels import OutputTable
-from .match import clip_bounds, short_op_name
-from .tables import _BINARY, _UNARY
+from .match import short_op_name
+from .tables import apply_op, takes_op
 from ..utils import const_array
 
 LOOKAHEAD = 8  # bindings that do not read the run, skipped while looking for its next op
@@ -77,7 +79,8 @@ def _scalar(graph, expr) -> np.float32 | None:
 
 def _evaluate(graph, call, env: dict):
     """The float32 value of ``call`` over ``env`` (run vars -> arrays), or None when it is not an op this
-    module evaluates over them."""
+    module evaluates over them: a per-tensor quantize / dequantize, or an op :mod:`.tables` evaluates, its
+    scalars constants or dequantized constants."""
     name = _name(call)
     if name is None or not any(isinstance(a, relax.Var) and a in env for a in call.args):
         return None
@@ -87,25 +90,10 @@ def _evaluate(graph, call, env: dict):
             return None
         x = env[call.args[0]]
         return _quantize(x, *params) if name == "relax.quantize" else _dequantize(x, *params[:2])
-    first = call.args[0]
-    if name in ("relax.clip", "relax.nn.leakyrelu") or name in _UNARY:
-        if not (isinstance(first, relax.Var) and first in env):
-            return None
-        x = env[first]
-        if name == "relax.clip":
-            if len(call.args) != 3:
-                return None
-            lo, hi = clip_bounds(call)
-            return np.clip(x, -np.inf if lo is None else np.float32(lo), np.inf if hi is None else np.float32(hi))
-        if name == "relax.nn.leakyrelu":
-            return np.where(x >= 0, x, x * np.float32(call.attrs.alpha)).astype(np.float32)
-        return np.asarray(_UNARY[name](x), np.float32)
-    if name in _BINARY and len(call.args) == 2:
-        values = [env[a] if isinstance(a, relax.Var) and a in env else _scalar(graph, a) for a in call.args]
-        if any(v is None for v in values):
-            return None
-        return np.asarray(_BINARY[name](*values), np.float32)
-    return None
+    scalar = functools.partial(_scalar, graph)
+    if not takes_op(call, env, scalar):
+        return None
+    return np.asarray(apply_op(call, env, scalar), np.float32)
 
 
 def _run(graph, start) -> list:

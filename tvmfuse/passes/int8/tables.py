@@ -71,7 +71,7 @@ class Chain:
         """The chain's result for ``start`` = ``values`` (float64)."""
         env = {self.start: values}
         for binding in self.bindings:
-            env[binding.var] = _apply(binding.value, env)
+            env[binding.var] = apply_op(binding.value, env)
         return env[self.end]
 
 
@@ -79,20 +79,23 @@ def _scalar(expr) -> float | None:
     return float_scalar(const_array(expr))
 
 
-def _operands(call, env) -> list | None:
-    """The call's tensor operands as chain values or scalars; None when one is neither."""
+def _operands(call, env, scalar) -> list | None:
+    """The call's tensor operands as chain values or scalars (``scalar(expr)``: the value, or None); None when
+    one is neither."""
     values = []
     for arg in call.args:
         if isinstance(arg, relax.Var) and arg in env:
             values.append(env[arg])
-        elif (scalar := _scalar(arg)) is not None:
-            values.append(scalar)
+        elif (value := scalar(arg)) is not None:
+            values.append(value)
         else:
             return None
     return values
 
 
-def _apply(call, env):
+def apply_op(call, env, scalar=_scalar):
+    """The value of ``call`` (an op :func:`takes_op` accepts) over ``env`` (chain vars -> arrays), its scalar
+    operands read by ``scalar`` (default: float constants)."""
     name = call.op.name
     if name == "relax.clip":
         lo, hi = clip_bounds(call)
@@ -100,12 +103,13 @@ def _apply(call, env):
     if name == "relax.nn.leakyrelu":
         x = env[call.args[0]]
         return np.where(x >= 0, x, x * float(call.attrs.alpha))
-    values = _operands(call, env)
+    values = _operands(call, env, scalar)
     return (_UNARY[name] if name in _UNARY else _BINARY[name])(*values)
 
 
-def _takes(call, region: set) -> bool:
-    """Whether ``call`` is an op this module evaluates, over chain values (at least one) and scalars."""
+def takes_op(call, region, scalar=_scalar) -> bool:
+    """Whether ``call`` is an op this module evaluates, over chain values (at least one, in ``region``) and
+    scalars (read by ``scalar``, as in :func:`apply_op`)."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return False
     name = call.op.name
@@ -116,7 +120,7 @@ def _takes(call, region: set) -> bool:
         return len(call.args) >= 1 and isinstance(call.args[0], relax.Var) and call.args[0] in region \
             and (name != "relax.clip" or len(call.args) == 3)
     if name in _BINARY:
-        return len(call.args) == 2 and _operands(call, dict.fromkeys(region, 0.0)) is not None
+        return len(call.args) == 2 and _operands(call, dict.fromkeys(region, 0.0), scalar) is not None
     return False
 
 
@@ -137,7 +141,7 @@ def find_chains(func: relax.Function, starts: set, users: dict) -> dict:
                 if idle > LOOKAHEAD:
                     break
                 continue
-            if not _takes(binding.value, region):
+            if not takes_op(binding.value, region):
                 break
             region.add(binding.var)
             taken.append(binding)
