@@ -22,10 +22,11 @@ LAYERS = (
                     "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.log_files", "tvmfuse.tune.workload_index",
                     "tvmfuse.tune.records", "tvmfuse.tune.runs")),
     ("graph passes", ("tvmfuse.frontend", "tvmfuse.passes")),
-    ("build and run", ("tvmfuse.export", "tvmfuse.link", "tvmfuse.blob_object", "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck",
+    ("build and run", ("tvmfuse.export", "tvmfuse.link", "tvmfuse.library_file", "tvmfuse.blob_object",
+                       "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck",
                        "tvmfuse.tune.measure", "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
-    ("workflows", ("tvmfuse.api", "tvmfuse.cached_build", "tvmfuse.calibration", "tvmfuse.partition_report", "tvmfuse.model_info",
-                   "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),
+    ("workflows", ("tvmfuse.api", "tvmfuse.cached_build", "tvmfuse.calibration", "tvmfuse.partition_report",
+                   "tvmfuse.model_info", "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),
     ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli", "tvmfuse.tune.cli", "tvmfuse.cache.cli")),
 )
 PACKAGE_ROOT = "tvmfuse"  # the facade (compile, load, ...): for users, never imported by tvmfuse's modules

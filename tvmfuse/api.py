@@ -12,8 +12,9 @@ import numpy as np
 from . import cache as kernel_cache
 from . import cached_build, frontend, opcheck, targets
 from .errors import InputError, TargetError
-from .export import (build, export_library, kernel_names, kernel_schedulers, kernel_source, link_library,
-                     load_library_bytes, make_manifest)
+from .export import (build, export_library, kernel_names, kernel_schedulers, kernel_source, make_manifest,
+                     output_infos)
+from .library_file import LibraryFile
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
 from .runtime.tvm_log import quiet_tvm_warnings
@@ -57,11 +58,11 @@ class CompiledModel:
         self.pinned: dict = {}  # inputs pinned at compile time (consts=): name -> {"shape", "dtype", "value"}
         self.cache_info: dict = {"model": "off", "kernels": 0, "from_cache": 0}  # what came from the cache
         self.kernel_info = {"kernels": kernel_names(lowered), "scheduled_by": kernel_schedulers(lowered)}
-        self._library: bytes | None = None  # the linked library (CPU targets), linked once for run and export
+        self._library: LibraryFile | None = None  # the linked library (CPU targets): linked once, run, export
         self._runner: Runner | None = None
 
     @classmethod
-    def from_cache(cls, library: bytes, state: dict, spec: targets.TargetSpec, rebuild) -> "CompiledModel":
+    def from_cache(cls, library: LibraryFile, state: dict, spec: targets.TargetSpec, rebuild) -> "CompiledModel":
         """A model whose library came from the cache (loaded when it first runs; ``executable`` is None).
         ``mod``, ``lowered`` and ``record`` are rebuilt by ``rebuild()`` (a CompiledModel) when first read."""
         cm = cls.__new__(cls)
@@ -91,12 +92,17 @@ class CompiledModel:
         (:func:`tvmfuse.export.kernel_source`)."""
         return kernel_source(self.lowered, self.target, fmt)
 
-    def library_bytes(self) -> bytes | None:
-        """The shared library's bytes, linked once (None for targets whose executable links itself on export:
-        CUDA's device code is packed by TVM's exporter)."""
+    def library_file(self) -> LibraryFile | None:
+        """The shared library, linked once (None for targets whose executable links itself on export: CUDA's
+        device code is packed by TVM's exporter)."""
         if self._library is None and self.target.backend().device == "cpu":
-            self._library = link_library(self.executable)
+            self._library = LibraryFile.link(self.executable)
         return self._library
+
+    def library_bytes(self) -> bytes | None:
+        """The shared library's bytes (see :meth:`library_file`)."""
+        library = self.library_file()
+        return None if library is None else library.read_bytes()
 
     def _get_runner(self) -> Runner:
         runner = self._runner
@@ -109,8 +115,8 @@ class CompiledModel:
                     if backend.device == "cpu" and not backend.can_run():  # another CPU's code: never executed
                         raise TargetError(f"model compiled for {self.target.name} cannot run here: "
                                           f"{backend.why_not_runnable()}")
-                    library = self.library_bytes()
-                    module = load_library_bytes(library) if library is not None else self.executable
+                    library = self.library_file()
+                    module = library.load() if library is not None else self.executable
                     self._runner = Runner(module, self.inputs, self.outputs,
                                           device=self.target.backend().device, pinned=self.pinned)
                 runner = self._runner
@@ -147,7 +153,8 @@ class CompiledModel:
 
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
-        extra = {**self.kernel_info, "layout": self.layout, "precision": self.precision, "tuning_logs": self.tuning_logs}
+        extra = {**self.kernel_info, "layout": self.layout, "precision": self.precision,
+                 "tuning_logs": self.tuning_logs}
         extra.update(self.build_info)
         if self.quantization is not None:
             extra["quantization"] = self.quantization
@@ -163,22 +170,6 @@ class CompiledModel:
     def __repr__(self) -> str:
         ins = ", ".join(str(i) for i in self.inputs)
         return f"CompiledModel({self.source!r}, target={self.target.name!r}, inputs=[{ins}])"
-
-
-def _relax_output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
-    """Output shapes/dtypes from the Relax signature; -1 marks a dim only known at run time (e.g. NonZero)."""
-    from tvm import ir, tirx
-
-    def dim(d) -> int:
-        return int(d) if isinstance(d, (int, tirx.IntImm)) else -1
-
-    ret = mod["main"].ret_ty
-    fields = list(ret.fields) if isinstance(ret, ir.TupleType) else [ret]
-    infos = []
-    for name, f in zip(names, fields):
-        shape = tuple(dim(d) for d in f.shape) if f.shape is not None else (-1,) * max(int(f.ndim), 0)
-        infos.append(TensorInfo(name, shape, str(f.dtype)))
-    return infos
 
 
 def _build_target(target, layout: str) -> targets.TargetSpec:
@@ -293,7 +284,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     applied: list[str] = []
     with steps.step(f"build for {spec.name}"):
         executable, lowered, kernel_stats = build(mod, spec, database, applied, graph, cache, lowered_kernels.keys)
-    outputs = _relax_output_infos(mod, [o.name for o in imported.outputs])
+    outputs = output_infos(mod, [o.name for o in imported.outputs])
     cm = CompiledModel(executable, mod, lowered, spec, imported.inputs, outputs, imported.source, steps.times)
     cm.pinned, cm.record, cm.layout, cm.build_info = dict(imported.pinned), record, layout, build_info
     cm.precision = precision

@@ -108,7 +108,7 @@ def quantize_digest(calib, table, preprocess) -> str | None:
 
 
 def lookup(store, key: str, progress: bool):
-    """(library bytes, state) of the build stored under ``key``, or None. The library is loaded when the
+    """(library file, state) of the build stored under ``key``, or None. The library is loaded when the
     model first runs (a compile that only exports it never maps it); the entry's checksum vouches for it."""
     start = time.perf_counter()
     found = models.load(store, key)
@@ -137,7 +137,7 @@ def whole_key(store, model, spec: targets.TargetSpec, logs, options: dict) -> st
 
 def save(store, key: str, cm) -> None:
     """Store ``cm``'s whole build under ``key`` (CPU targets: CUDA builds keep only their kernels' reuse)."""
-    library = cm.library_bytes()
+    library = cm.library_file()
     if library is None:
         return
     state = {"source": cm.source, "inputs": [i.to_json() for i in cm.inputs],

@@ -91,6 +91,22 @@ def kernel_schedulers(lowered) -> dict[str, str]:
             if isinstance(f, tvm.tirx.PrimFunc)}
 
 
+def output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
+    """Output shapes/dtypes from the Relax signature; -1 marks a dim only known at run time (e.g. NonZero)."""
+    from tvm import ir, tirx
+
+    def dim(d) -> int:
+        return int(d) if isinstance(d, (int, tirx.IntImm)) else -1
+
+    ret = mod["main"].ret_ty
+    fields = list(ret.fields) if isinstance(ret, ir.TupleType) else [ret]
+    infos = []
+    for name, f in zip(names, fields):
+        shape = tuple(dim(d) for d in f.shape) if f.shape is not None else (-1,) * max(int(f.ndim), 0)
+        infos.append(TensorInfo(name, shape, str(f.dtype)))
+    return infos
+
+
 def versions() -> dict:
     """Versions of tvmfuse and the TVM stack, recorded in every manifest."""
     import tvm
@@ -119,25 +135,6 @@ def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Seque
     return manifest
 
 
-def link_library(executable) -> bytes:
-    """The bytes of the shared library ``executable`` exports to (its objects linked by the system compiler)."""
-    with tempfile.TemporaryDirectory(prefix="tvmfuse-link-") as tmp:
-        path = Path(tmp) / "model.so"
-        link.export_library(executable, str(path))
-        return path.read_bytes()
-
-
-def load_library_bytes(library: bytes):
-    """The runtime module of a shared library given as bytes (written to a private temporary file, loaded,
-    and the file removed: the loaded mapping stays valid)."""
-    import tvm
-
-    with tempfile.TemporaryDirectory(prefix="tvmfuse-load-") as tmp:
-        path = Path(tmp) / "model.so"
-        path.write_bytes(library)
-        return tvm.runtime.load_module(str(path))
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -151,8 +148,8 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 @quiet_tvm_warnings()  # "Scope Saving:" per weight of an executable that has run
 def export_library(executable, path: str | Path, manifest: dict) -> Path:
-    """Write ``path`` (a ``.so``: ``executable`` exported, or the bytes of a library linked before) and its
-    manifest beside it; return the library path.
+    """Write ``path`` (a ``.so``: ``executable`` exported, or a :class:`tvmfuse.library_file.LibraryFile`
+    linked before) and its manifest beside it; return the library path.
 
     The library is written to a temporary name first, so an interrupted export never leaves a truncated
     ``.so`` under the final name. The manifest written is ``manifest`` sealed with the library's size and
@@ -165,8 +162,8 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.partial.so")
     try:
-        if isinstance(executable, bytes):
-            tmp.write_bytes(executable)
+        if hasattr(executable, "send"):  # a LibraryFile
+            executable.write(tmp)
         else:
             link.export_library(executable, str(tmp))
         sealed = seal_manifest(manifest, tmp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -68,21 +69,29 @@ def model_key(model, spec, options: dict) -> str:
         sort_keys=True, default=str).encode()).hexdigest()
 
 
-def save(store: Store, key: str, state: dict, library: bytes) -> None:
+def save(store: Store, key: str, state: dict, library) -> None:
+    """Store ``state`` (:data:`STATE`) and ``library`` (a :class:`tvmfuse.library_file.LibraryFile`)."""
     head = json.dumps({k: state[k] for k in STATE}, default=str).encode()
-    store.put(key, struct.pack("<Q", len(head)) + head, library)  # the library not copied: 128 MB for ResNet-50
+    store.put(key, struct.pack("<Q", len(head)) + head, library)
 
 
-def load(store: Store, key: str) -> tuple[dict, bytes] | None:
-    """(state, library bytes) stored under ``key``, or None."""
-    payload = store.get(key)
-    if payload is None or len(payload) < 8:
+def load(store: Store, key: str):
+    """(state, library: a :class:`tvmfuse.library_file.LibraryFile`) stored under ``key``, or None."""
+    from ..library_file import LibraryFile
+
+    found = store.open(key)
+    if found is None:
         return None
-    (n,) = struct.unpack("<Q", payload[:8])
+    fd, offset, size = found
     try:
-        state = json.loads(payload[8:8 + n])
+        (n,) = struct.unpack("<Q", os.pread(fd, 8, offset).ljust(8, b"\xff"))
+        if n > size - 8:
+            return None
+        state = json.loads(os.pread(fd, n, offset + 8))
+        if not isinstance(state, dict) or set(state) != set(STATE):
+            return None
+        return state, LibraryFile.part_of(fd, offset + 8 + n, size - 8 - n)
     except ValueError:
         return None
-    if not isinstance(state, dict) or set(state) != set(STATE):
-        return None
-    return state, payload[8 + n:]
+    finally:
+        os.close(fd)

@@ -83,34 +83,51 @@ class Store:
     # -- reading -------------------------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         """The payload stored under ``key``; None for a miss (absent, damaged, or not to be trusted)."""
+        found = self.open(key)
+        if found is None:
+            return None
+        fd, offset, size = found
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+
+    def open(self, key: str) -> tuple[int, int, int] | None:
+        """(open descriptor, payload offset, payload size) of the entry under ``key``, its size and checksum
+        checked (read in pieces: a 128 MB library is never one copy in memory); the caller closes the
+        descriptor. None for a miss (absent, damaged, or not to be trusted)."""
         path = self.path(key)
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                head = f.readline()
-                payload = f.read()
+            f = open(path, "rb")
         except FileNotFoundError:
             return None
         except OSError as e:
-            warnings.warn(f"kernel cache: cannot read {path} ({e.strerror}); building it again", stacklevel=2)
+            warnings.warn(f"kernel cache: cannot read {path} ({e.strerror}); building it again", stacklevel=3)
             return None
-        why = _unsafe(st)
-        if why:
-            warnings.warn(f"kernel cache: entry {path} is {why}: not loaded, building it again", stacklevel=2)
-            self._discard(path)
-            return None
-        parts = head.split()
-        if (len(parts) != 3 or parts[0] != MAGIC or parts[1] != str(len(payload)).encode()
-                or parts[2] != hashlib.sha256(payload).hexdigest().encode()):
-            warnings.warn(f"kernel cache: entry {path} is damaged (size or checksum): building it again",
-                          stacklevel=2)
-            self._discard(path)
-            return None
-        try:
-            os.utime(path)  # recently used: evicted last
-        except OSError:
-            pass
-        return payload
+        with f:
+            try:
+                st = os.fstat(f.fileno())
+                head = f.readline(256)
+                digest = hashlib.file_digest(f, "sha256").hexdigest().encode()
+            except OSError as e:
+                warnings.warn(f"kernel cache: cannot read {path} ({e.strerror}); building it again", stacklevel=3)
+                return None
+            why = _unsafe(st)
+            if why:
+                warnings.warn(f"kernel cache: entry {path} is {why}: not loaded, building it again", stacklevel=3)
+                self._discard(path)
+                return None
+            parts, size = head.split(), st.st_size - len(head)
+            if len(parts) != 3 or parts[0] != MAGIC or parts[1] != str(size).encode() or parts[2] != digest:
+                warnings.warn(f"kernel cache: entry {path} is damaged (size or checksum): building it again",
+                              stacklevel=3)
+                self._discard(path)
+                return None
+            try:
+                os.utime(path)  # recently used: evicted last
+            except OSError:
+                pass
+            return os.dup(f.fileno()), len(head), size
 
     @staticmethod
     def _discard(path: Path) -> None:
@@ -120,10 +137,11 @@ class Store:
             pass
 
     # -- writing -------------------------------------------------------------------------------------------
-    def put(self, key: str, payload: bytes, *more: bytes) -> None:
-        """Store ``payload`` (followed by ``more``: parts written in turn, not joined into one copy first) under
-        ``key`` atomically (a concurrent writer of the same key is harmless: both write the same content). A
-        full or read-only disk only costs the entry, with a warning."""
+    def put(self, key: str, payload: bytes, *more) -> None:
+        """Store ``payload`` (followed by ``more``: parts written in turn, not joined into one copy first; a part
+        is bytes or a :class:`tvmfuse.library_file.LibraryFile`, copied inside the kernel) under ``key``
+        atomically (a concurrent writer of the same key is harmless: both write the same content). A full or
+        read-only disk only costs the entry, with a warning."""
         path = self.path(key)
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
@@ -135,12 +153,18 @@ class Store:
             parts = (payload,) + more
             digest = hashlib.sha256()
             for part in parts:
-                digest.update(part)
-            with os.fdopen(fd, "wb") as f:
-                f.write(b"%s %d %s\n" % (MAGIC, sum(len(p) for p in parts), digest.hexdigest().encode()))
+                for piece in (part,) if isinstance(part, (bytes, bytearray, memoryview)) else part.chunks():
+                    digest.update(piece)
+            size = sum(len(p) if isinstance(p, (bytes, bytearray, memoryview)) else p.size for p in parts)
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                f.write(b"%s %d %s\n" % (MAGIC, size, digest.hexdigest().encode()))
                 for part in parts:
-                    f.write(part)
-                f.flush()
+                    if isinstance(part, (bytes, bytearray, memoryview)):
+                        view = memoryview(part)
+                        while len(view):
+                            view = view[f.write(view):]
+                    else:
+                        part.send(f.fileno())
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
