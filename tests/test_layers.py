@@ -17,7 +17,7 @@ MAX_LINES = 400
 
 LAYERS = (
     ("core facts", ("tvmfuse.version", "tvmfuse.errors", "tvmfuse.tensors", "tvmfuse.targets", "tvmfuse.threads",
-                    "tvmfuse.host", "tvmfuse.tvmscript",
+                    "tvmfuse.heap", "tvmfuse.host", "tvmfuse.tvmscript",
                     "tvmfuse.cuda_driver", "tvmfuse.progress", "tvmfuse.zoo", "tvmfuse.patterns", "tvmfuse.schedules",
                     "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.log_files", "tvmfuse.tune.workload_index",
                     "tvmfuse.tune.records", "tvmfuse.tune.runs")),

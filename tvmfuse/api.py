@@ -12,12 +12,11 @@ import numpy as np
 from . import cache as kernel_cache
 from . import cached_build, frontend, opcheck, targets
 from .errors import InputError, TargetError
-from .export import (build, export_library, kernel_names, kernel_schedulers, kernel_source, make_manifest,
-                     output_infos)
+from .export import (build, building, export_library, kernel_names, kernel_schedulers, kernel_source,
+                     make_manifest, output_infos)
 from .library_file import LibraryFile
 from .passes.pipeline import PassRecord, run_graph_passes
 from .progress import Steps
-from .runtime.tvm_log import quiet_tvm_warnings
 from .runtime import Runner, check_cpu_flags, random_inputs
 from .tensors import TensorInfo
 
@@ -162,6 +161,7 @@ class CompiledModel:
             extra["pinned_inputs"] = self.pinned
         return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
 
+    @building()
     def export(self, path: str | Path) -> Path:
         """Write the shared library ``path`` (.so) and its JSON manifest beside it."""
         library = self._library  # linked before (run, the cache): written as is; else linked straight to path
@@ -183,7 +183,7 @@ def _build_target(target, layout: str) -> targets.TargetSpec:
     return spec
 
 
-@quiet_tvm_warnings()
+@building()
 def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: bool = False, logs=None, layout: str = "blocked", cuda_graph: bool = True,
             precision: str = "fp32", consts: Mapping[str, object] | None = None, cache=None,
@@ -294,7 +294,7 @@ def _compile_imported(imported, spec: targets.TargetSpec, steps: Steps, logs, qu
     return cm
 
 
-@quiet_tvm_warnings()
+@building()
 def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT, table=None,
              shapes: Mapping[str, Sequence[int]] | None = None, percentile: float = 99.99, progress: bool = False,
              logs=None, layout: str = "blocked", preprocess=None, consts: Mapping[str, object] | None = None,

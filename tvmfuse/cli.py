@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import INTERFACE, InputError, TvmfuseError
+from .heap import build_heap
 from .tensors import numpy_file_kind, parse_shape
 
 
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from .cache.cli import flags_applied
 
-    with _in_the_clis_words(args.command), flags_applied(args):
+    heap = build_heap() if args.command in ("compile", "quantize") else contextlib.nullcontext()
+    with _in_the_clis_words(args.command), flags_applied(args), heap:  # compile and export share the heap
         try:
             return args.func(args)
         except TvmfuseError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -11,6 +12,7 @@ from typing import Sequence
 
 from . import link
 from .errors import TvmfuseError
+from .heap import build_heap
 from .runtime.integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline
 from .runtime import manifest_path
@@ -89,6 +91,14 @@ def kernel_schedulers(lowered) -> dict[str, str]:
     return {gv.name_hint: str(f.attrs.get(SCHEDULED_BY, "none")) if f.attrs else "none"
             for gv, f in sorted(lowered.functions_items(), key=lambda item: item[0].name_hint)
             if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+@contextlib.contextmanager
+def building():
+    """What compile, quantize and export run inside (one decorator: one frame between them and their caller,
+    where warnings point): TVM's warning lines dropped, freed memory reused (:mod:`tvmfuse.heap`)."""
+    with quiet_tvm_warnings(), build_heap():
+        yield
 
 
 def output_infos(mod, names: Sequence[str]) -> list[TensorInfo]:
