@@ -9,9 +9,8 @@ copy reuses pages already mapped: TVM's serialization of ResNet-50 0.46 -> 0.23 
 the memory already), ResNet-50's compile and export 5.26 -> 4.90 s, with one layer changed 2.80 -> 2.50 s
 (Zen 4, 2 cores), peak memory about 10% higher. When the outermost build ends, the thresholds become the values
 glibc's own adjustment reaches after freeing a large block (32 MiB, twice that for trimming): the next free
-gives the heap's free top back to the system, as glibc does by itself. (Trimming every free page at once,
-``malloc_trim``, made the first run after a compile 45 ms slower on ResNet-50: the VM's weights reuse them.)
-Other C libraries are left alone.
+gives the heap's free top back to the system, as glibc does by itself, and the pages below it stay for the
+process's next allocations (the VM's weights at the first run). Other C libraries are left alone.
 """
 
 from __future__ import annotations
