@@ -22,7 +22,6 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 # The driver entry points libtvm_runtime_cuda.so links (`nm -D --undefined-only`); all return

@@ -15,7 +15,6 @@ from typing import Mapping
 import numpy as np
 
 
-from . import targets
 from .errors import TargetError, TvmfuseError
 
 

@@ -9,8 +9,6 @@ N), so the tile's loads are contiguous. Batches are the parallel loop; a single 
 
 from __future__ import annotations
 
-import dataclasses
-
 from tvm import s_tir
 
 from ..computes.batch_matmul import ANCHOR, PACK

@@ -21,7 +21,7 @@ from tvm import s_tir
 from ..common import block_names
 from ..computes.layer_norm import CHANNEL_STAGES
 from . import rows
-from .generic import PARALLEL_MIN, row_lanes
+from .generic import PARALLEL_MIN
 
 SUM, DELTA, SQSUM, RSTD, NORM = CHANNEL_STAGES
 ANCHOR = NORM  # the block its template's mark is on (the legalization puts it there)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import threading
 from pathlib import Path
 from typing import Mapping, Sequence
