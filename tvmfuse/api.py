@@ -10,9 +10,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import cache as kernel_cache
+from .cache import hits
 from . import cached_build, frontend, opcheck, targets
 from .errors import InputError, TargetError
-from .export import (build, building, export_library, kernel_names, kernel_schedulers, kernel_source,
+from .export import (build, build_fields, building, export_library, kernel_names, kernel_schedulers, kernel_source,
                      make_manifest, output_infos)
 from .library_file import LibraryFile
 from .passes.pipeline import PassRecord, run_graph_passes
@@ -152,13 +153,8 @@ class CompiledModel:
 
     def manifest(self) -> dict:
         """The manifest :meth:`export` writes beside the library."""
-        extra = {**self.kernel_info, "layout": self.layout, "precision": self.precision,
-                 "tuning_logs": self.tuning_logs}
-        extra.update(self.build_info)
-        if self.quantization is not None:
-            extra["quantization"] = self.quantization
-        if self.pinned:
-            extra["pinned_inputs"] = self.pinned
+        extra = build_fields(self.kernel_info, self.layout, self.precision, self.tuning_logs, self.build_info,
+                             self.quantization, self.pinned)
         return make_manifest(self.target, self.inputs, self.outputs, self.source, extra)
 
     @building()
@@ -234,11 +230,15 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
     _check_precision(spec, precision)
     graph = _graph_capture(spec, cuda_graph)
     store = kernel_cache.resolve(cache)
-    key = cached_build.whole_key(store if whole else None, model, spec, logs, {
-        "shapes": shapes, "consts": cached_build.consts_digest(consts), "layout": layout, "precision": precision,
-        "graph": graph})
+    consts_digest = cached_build.consts_digest(consts)
+    digest = cached_build.model_digest(store if whole else None, model)
+    key = digest and cached_build.whole_key(store, model, spec, logs, {
+        "shapes": shapes, "consts": consts_digest, "layout": layout, "precision": precision, "graph": graph}, digest)
+    request = key and hits.request_key(digest, target, hits.request_options(shapes, consts_digest, layout, precision,
+                                                                             cuda_graph, logs))
     found = cached_build.lookup(store, key, progress) if key else None
     if found:
+        cached_build.remember(store, request, key, spec, logs)
         return CompiledModel.from_cache(*found, spec, lambda: compile(
             model, spec, shapes, False, logs, layout, cuda_graph, precision, consts, cache=store, whole=False))
     steps = Steps(3, enabled=progress)
@@ -246,8 +246,9 @@ def compile(model, target=targets.DEFAULT, shapes: Mapping[str, Sequence[int]] |
         imported = frontend.import_model(model, shapes, consts=consts, **frontend.target_options(spec.backend()))
     cm = _compile_imported(imported, spec, steps, logs, layout=layout, cuda_graph=cuda_graph, precision=precision,
                            cache=store if store is not None else False)
-    if key is not None:
+    if key:
         cached_build.save(store, key, cm)
+        cached_build.remember(store, request, key, spec, logs)
     return cm
 
 

@@ -52,11 +52,8 @@ def load_logs(logs, spec: targets.TargetSpec):
 
 def logs_digest(logs, spec: targets.TargetSpec) -> str:
     """The content of the tuning logs a compile would apply ("none" when it applies none)."""
-    if logs is False or not spec.backend().applies_tuning_logs:
-        return "none"
-    from .tune.database import RECORDS, WORKLOADS
-
-    return models.digest_files([s.path / name for s in _log_stores(logs, spec) for name in (WORKLOADS, RECORDS)])
+    files = log_files(logs, spec)
+    return models.digest_files(files) if files else "none"
 
 
 def _hash_arrays(h, arrays) -> None:
@@ -124,15 +121,52 @@ def lookup(store, key: str, progress: bool):
     return library, state
 
 
-def whole_key(store, model, spec: targets.TargetSpec, logs, options: dict) -> str | None:
+_HANDED = {}  # one digest handed to the next compile of the same unchanged file (see model_digest's ``hand_on``)
+
+
+def _stamp(model):
+    if not isinstance(model, (str, os.PathLike)) or str(model).startswith("zoo:"):
+        return None
+    st = os.stat(model)
+    return os.path.abspath(model), st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def model_digest(store, model, hand_on: bool = False) -> str | None:
+    """:func:`.cache.models.model_digest` of ``model``; None when the cache is off or the model cannot be read as
+    given (the import then says what is wrong with it). ``hand_on``: the next call for the same unchanged file
+    takes this digest instead of reading the file again (the CLI's recorded-build lookup, then its compile)."""
+    if store is None:
+        return None
+    try:
+        stamp = _stamp(model)
+        digest = _HANDED.pop(stamp, None) if stamp else None
+        digest = digest or models.model_digest(model)
+        if hand_on and stamp:
+            _HANDED.clear()
+            _HANDED[stamp] = digest
+        return digest
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def whole_key(store, model, spec: targets.TargetSpec, logs, options: dict, digest: str | None = None) -> str | None:
     """The key of a whole build of ``model`` with ``options`` and the tuning logs' content; None when the cache
     is off or the model cannot be read as given (the import then says what is wrong with it)."""
     if store is None:
         return None
     try:
-        return models.model_key(model, spec, dict(options, logs=logs_digest(logs, spec)))
+        return models.model_key(model, spec, dict(options, logs=logs_digest(logs, spec)), digest)
     except (OSError, TypeError, ValueError):
         return None
+
+
+def log_files(logs, spec: targets.TargetSpec) -> list:
+    """The tuning-log files :func:`logs_digest` reads for ``logs`` and ``spec``."""
+    if logs is False or not spec.backend().applies_tuning_logs:
+        return []
+    from .tune.database import RECORDS, WORKLOADS
+
+    return [s.path / name for s in _log_stores(logs, spec) for name in (WORKLOADS, RECORDS)]
 
 
 def save(store, key: str, cm) -> None:
@@ -147,3 +181,12 @@ def save(store, key: str, cm) -> None:
              "stats": cm.stats, "quantization": cm.quantization}
     models.save(store, key, state, library)
     store.log_run("model", 0, 1)
+
+
+def remember(store, request: str | None, key: str, spec: targets.TargetSpec, logs) -> None:
+    """Record that the compile request ``request`` (:func:`tvmfuse.cache.hits.request_key`) is answered by the
+    whole build ``key``, for a compile that finds it without TVM."""
+    from .cache import hits
+    from .export import target_fields
+
+    hits.remember(store, request, key, target_fields(spec), log_files(logs, spec), spec.backend().build_warning())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -61,30 +62,59 @@ def _schedulers(scheduled_by: dict) -> str:
 
 
 def cmd_compile(args) -> int:
-    from . import api
-    from .cache.cli import describe as describe_cache
-
     logs = False if args.no_logs else args.logs
+    if not args.opcheck and _compile_recorded(args, logs):
+        return 0
+    from . import api
+
     cm = api.compile(args.model, target=args.target, shapes=_shapes(args), progress=not args.quiet, logs=logs,
                      layout=args.layout, cuda_graph=not args.no_cuda_graph, precision=args.precision,
                      consts=_consts(args))
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
-    print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name})")
-    if "cuda_graph" in cm.build_info:
-        captured = cm.build_info["cuda_graph"]
+    _report_compile(path, cm.target.name, cm.build_info, cm.manifest()["scheduled_by"], cm.cache_info,
+                    cm.tuning_logs)
+    return 0
+
+
+def _compile_recorded(args, logs) -> bool:
+    """Export the cached build of this very request without importing TVM (:mod:`.cache.hits`); False if none."""
+    from .cache import hits, resolve
+    from .cached_build import consts_digest, model_digest
+
+    start, store = time.perf_counter(), resolve(None)
+    digest = model_digest(store, args.model, hand_on=True)
+    request = digest and hits.request_key(digest, args.target, hits.request_options(
+        _shapes(args), consts_digest(_consts(args)), args.layout, args.precision, not args.no_cuda_graph, logs))
+    done = request and hits.export_answer(store, request, args.output)
+    if not done:
+        return False
+    path, record, state = done
+    if not args.quiet:
+        print(f"[1/1] cached build {record['whole'][:12]} ({len(state['kernels'])} kernels, {store.root}) ... "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    _report_compile(path, record["target_fields"]["target"]["name"], state["build_info"], state["scheduled_by"],
+                    {"model": "hit", "kernels": len(state["kernels"]), "from_cache": len(state["kernels"])},
+                    state["tuning_logs"])
+    return True
+
+
+def _report_compile(path, target_name: str, build_info: dict, scheduled_by: dict, cache_info: dict, tuning_logs):
+    from .cache.cli import describe as describe_cache
+
+    print(f"wrote {path} and {path.with_suffix('.json').name} (target {target_name})")
+    if "cuda_graph" in build_info:
+        captured = build_info["cuda_graph"]
         print("kernel launches: " + ("captured in a CUDA graph on the first run, replayed after" if captured
                                       else "one by one on every run (no CUDA graph)"))
-    print(f"kernels scheduled by: {_schedulers(cm.manifest()['scheduled_by'])}")
-    print(describe_cache(cm.cache_info))
-    if cm.tuning_logs:
-        info = cm.tuning_logs
-        filled = info.get("filled_from")
+    print(f"kernels scheduled by: {_schedulers(scheduled_by)}")
+    print(describe_cache(cache_info))
+    if tuning_logs:
+        info, filled = tuning_logs, tuning_logs.get("filled_from")
         print(f"tuning logs {info['path']}: {len(info['applied'])} kernel(s) tuned, {info['records']} records read"
               + (f" ({filled['records']} from {filled['path']})" if filled else "")
               + (f", {info['skipped_lines']} bad line(s) skipped" if info["skipped_lines"] else ""))
-    return 0
 
 
 def cmd_quantize(args) -> int:

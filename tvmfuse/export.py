@@ -125,24 +125,40 @@ def versions() -> dict:
     return {"tvmfuse": __version__, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__}
 
 
+def target_fields(spec: TargetSpec) -> dict:
+    """The manifest's fields that follow from the target and the TVM stack (recorded by
+    :mod:`tvmfuse.cache.hits` so that a cached build is exported without TVM)."""
+    return {"target": spec.to_json(), "cpu_flags": required_cpu_flags(spec),
+            "device": spec.backend().device,  # what the runtime loads the library on (read without TVM's compiler)
+            "versions": versions()}
+
+
 def make_manifest(spec: TargetSpec, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
                   source: str, extra: dict | None = None) -> dict:
     """The manifest written beside every exported library (:func:`export_library` adds the seal: the library's
     size and sha256 and the manifest's digest, see :mod:`tvmfuse.runtime.integrity`)."""
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "format_version": MANIFEST_VERSION,
-        "model": source,
-        "inputs": [i.to_json() for i in inputs],
-        "outputs": [o.to_json() for o in outputs],
-        "target": spec.to_json(),
-        "cpu_flags": required_cpu_flags(spec),
-        "device": spec.backend().device,  # what the runtime loads the library on (read without TVM's compiler)
-        "versions": versions(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    return manifest_of(target_fields(spec), [i.to_json() for i in inputs], [o.to_json() for o in outputs], source,
+                       extra)
+
+
+def manifest_of(fields: dict, inputs: list, outputs: list, source: str, extra: dict | None = None) -> dict:
+    """:func:`make_manifest` from the target's fields (:func:`target_fields`) and the tensors as JSON."""
+    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "model": source, "inputs": inputs,
+                "outputs": outputs, **fields,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     manifest.update(extra or {})
     return manifest
+
+
+def build_fields(kernel_info: dict, layout: str, precision: str, tuning_logs, build_info: dict, quantization,
+                 pinned: dict) -> dict:
+    """The manifest's fields that describe the build (kernels, layout, precision, logs, quantization)."""
+    extra = {**kernel_info, "layout": layout, "precision": precision, "tuning_logs": tuning_logs, **build_info}
+    if quantization is not None:
+        extra["quantization"] = quantization
+    if pinned:
+        extra["pinned_inputs"] = pinned
+    return extra
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -60,12 +60,13 @@ def model_digest(model) -> str:
     return "file " + hashlib.sha256(data).hexdigest() + " " + digest_files(sorted(set(files)))
 
 
-def model_key(model, spec, options: dict) -> str:
-    """The key of a build of ``model`` (path, ``zoo:NAME`` or ModelProto) for ``spec`` with ``options``
-    (JSON-able); a file that cannot be read raises OSError (the caller lets the import say so)."""
+def model_key(model, spec, options: dict, digest: str | None = None) -> str:
+    """The key of a build of ``model`` (path, ``zoo:NAME`` or ModelProto; ``digest``: its
+    :func:`model_digest`, when known) for ``spec`` with ``options`` (JSON-able); a file that cannot be read
+    raises OSError (the caller lets the import say so)."""
     return hashlib.sha256(json.dumps({
         "format": FORMAT, "versions": fingerprint.versions(), "target": spec.to_json(),
-        "tvm_target": str(spec.tvm_target()), "options": options, "model": model_digest(model)},
+        "tvm_target": str(spec.tvm_target()), "options": options, "model": digest or model_digest(model)},
         sort_keys=True, default=str).encode()).hexdigest()
 
 
