@@ -189,4 +189,6 @@ def remember(store, request: str | None, key: str, spec: targets.TargetSpec, log
     from .cache import hits
     from .export import target_fields
 
+    if not store.path(key).is_file():  # not stored (a CUDA build keeps only its kernels): nothing to answer with
+        return
     hits.remember(store, request, key, target_fields(spec), log_files(logs, spec), spec.backend().build_warning())
