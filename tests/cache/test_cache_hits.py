@@ -20,7 +20,8 @@ from tvmfuse.cached_build import model_digest
 from tvmfuse.tune import database
 
 # runs tvmfuse's CLI and says whether TVM was imported on the way
-CLI = "import sys; from tvmfuse import cli; rc = cli.main(sys.argv[1:]); print('TVM', 'tvm' in sys.modules); sys.exit(rc)"
+CLI = ("import sys; from tvmfuse import cli; rc = cli.main(sys.argv[1:]); print('TVM', 'tvm' in sys.modules); "
+       "sys.exit(rc)")
 
 
 def _cli(args, cache):
