@@ -27,7 +27,8 @@ LAYERS = (
                        "tvmfuse.tune.measure", "tvmfuse.tune.workers", "tvmfuse.tune.validate")),
     ("workflows", ("tvmfuse.api", "tvmfuse.cached_build", "tvmfuse.calibration", "tvmfuse.partition_report",
                    "tvmfuse.model_info", "tvmfuse.corpus", "tvmfuse.tune", "tvmfuse.comparison", "tvmfuse.fuzz")),
-    ("cli", ("tvmfuse.cli", "tvmfuse.__main__", "tvmfuse.comparison.cli", "tvmfuse.tune.cli", "tvmfuse.cache.cli")),
+    ("cli", ("tvmfuse.cli", "tvmfuse.cli_recorded", "tvmfuse.__main__", "tvmfuse.comparison.cli", "tvmfuse.tune.cli",
+             "tvmfuse.cache.cli")),
 )
 PACKAGE_ROOT = "tvmfuse"  # the facade (compile, load, ...): for users, never imported by tvmfuse's modules
 

@@ -369,11 +369,15 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     quantizer = Quantizer(spec, calib, method, table, percentile, layout == "blocked", preprocess, weight_bits)
     store, graph = kernel_cache.resolve(cache), _graph_capture(spec, cuda_graph)
     source = cached_build.quantize_digest(calib, table, preprocess) if whole else None
-    key = cached_build.whole_key(store if source else None, model, spec, logs, {
+    consts_digest, digest = cached_build.consts_digest(consts), cached_build.model_digest(source and store, model)
+    key = digest and cached_build.whole_key(store, model, spec, logs, {
         "calibration": source, "method": method, "percentile": percentile, "shapes": shapes, "graph": graph,
-        "consts": cached_build.consts_digest(consts), "layout": layout, "weight_bits": quantizer.weight_bits})
+        "consts": consts_digest, "layout": layout, "weight_bits": quantizer.weight_bits}, digest)
+    request = key and hits.request_key(digest, target, hits.quantize_options(hits.request_options(
+        shapes, consts_digest, layout, "int8", cuda_graph, logs), source, method, percentile, weight_bits))
     found = cached_build.lookup(store, key, progress) if key else None
     if found:
+        cached_build.remember(store, request, key, spec, logs)
         return CompiledModel.from_cache(*found, spec, lambda: quantize(
             model, calib, method, spec, table, shapes, percentile, False, logs, layout, preprocess, consts,
             cache=store, whole=False, weight_bits=weight_bits, cuda_graph=cuda_graph))
@@ -384,8 +388,9 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     cm = _compile_imported(imported, spec, steps, logs, quantizer, layout=layout, cuda_graph=cuda_graph,
                            cache=store if store is not None else False)
     cm.quantization = quantizer.manifest_entry()
-    if key is not None:
+    if key:
         cached_build.save(store, key, cm)
+        cached_build.remember(store, request, key, spec, logs)
     caution = spec.backend().int8_caution(quantizer.weight_bits)
     if caution:  # said once the library exists: bad input gets its one-line error alone
         warnings.warn(caution, stacklevel=3)  # the caller of quantize (past quiet_tvm_warnings' frame)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .errors import INTERFACE, InputError, TvmfuseError
+from . import cli_recorded as recorded
 from .heap import build_heap
 from .tensors import numpy_file_kind, parse_shape
 
@@ -53,17 +53,9 @@ def _print_opcheck(cm) -> None:
     print(f"op-check: {len(checks)} partition calls match the unfused reference (largest error {worst:.3g})")
 
 
-def _schedulers(scheduled_by: dict) -> str:
-    """``{kernel: who}`` as one line, most kernels first: ``20 tvmfuse.cuda.conv2d, 10 ..., 1 dlight.Fallback``."""
-    import collections
-
-    counts = collections.Counter(scheduled_by.values())
-    return ", ".join(f"{n} {who}" for who, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
 def cmd_compile(args) -> int:
     logs = False if args.no_logs else args.logs
-    if not args.opcheck and _compile_recorded(args, logs):
+    if not args.opcheck and recorded.compile_recorded(args, logs, _shapes(args), _consts(args)):
         return 0
     from . import api
 
@@ -73,53 +65,13 @@ def cmd_compile(args) -> int:
     if args.opcheck:
         _print_opcheck(cm)
     path = cm.export(args.output)
-    _report_compile(path, cm.target.name, cm.build_info, cm.manifest()["scheduled_by"], cm.cache_info,
-                    cm.tuning_logs)
+    recorded.report_compile(path, cm.target.name, cm.build_info, cm.manifest()["scheduled_by"], cm.cache_info,
+                            cm.tuning_logs)
     return 0
-
-
-def _compile_recorded(args, logs) -> bool:
-    """Export the cached build of this very request without importing TVM (:mod:`.cache.hits`); False if none."""
-    from .cache import hits, resolve
-    from .cached_build import consts_digest, model_digest
-
-    start, store = time.perf_counter(), resolve(None)
-    digest = model_digest(store, args.model, hand_on=True)
-    request = digest and hits.request_key(digest, args.target, hits.request_options(
-        _shapes(args), consts_digest(_consts(args)), args.layout, args.precision, not args.no_cuda_graph, logs))
-    done = request and hits.export_answer(store, request, args.output)
-    if not done:
-        return False
-    path, record, state = done
-    if not args.quiet:
-        print(f"[1/1] cached build {record['whole'][:12]} ({len(state['kernels'])} kernels, {store.root}) ... "
-              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    _report_compile(path, record["target_fields"]["target"]["name"], state["build_info"], state["scheduled_by"],
-                    {"model": "hit", "kernels": len(state["kernels"]), "from_cache": len(state["kernels"])},
-                    state["tuning_logs"])
-    return True
-
-
-def _report_compile(path, target_name: str, build_info: dict, scheduled_by: dict, cache_info: dict, tuning_logs):
-    from .cache.cli import describe as describe_cache
-
-    print(f"wrote {path} and {path.with_suffix('.json').name} (target {target_name})")
-    if "cuda_graph" in build_info:
-        captured = build_info["cuda_graph"]
-        print("kernel launches: " + ("captured in a CUDA graph on the first run, replayed after" if captured
-                                      else "one by one on every run (no CUDA graph)"))
-    print(f"kernels scheduled by: {_schedulers(scheduled_by)}")
-    print(describe_cache(cache_info))
-    if tuning_logs:
-        info, filled = tuning_logs, tuning_logs.get("filled_from")
-        print(f"tuning logs {info['path']}: {len(info['applied'])} kernel(s) tuned, {info['records']} records read"
-              + (f" ({filled['records']} from {filled['path']})" if filled else "")
-              + (f", {info['skipped_lines']} bad line(s) skipped" if info["skipped_lines"] else ""))
 
 
 def cmd_quantize(args) -> int:
     from . import api
-    from .cache.cli import describe as describe_cache
     from .quant.table import CalibrationError
 
     if args.percentile is not None and args.method != "percentile":
@@ -131,16 +83,16 @@ def cmd_quantize(args) -> int:
 
         preprocess = preprocess_of(args.preprocess, mean=args.mean, std=args.std, layout=args.image_layout,
                                    bgr=args.bgr)
+    percentile = 99.99 if args.percentile is None else args.percentile
+    if recorded.quantize_recorded(args, logs, _shapes(args), _consts(args), preprocess, percentile):
+        return 0
     cm = api.quantize(args.model, calib=args.calib, method=args.method, target=args.target, table=args.table,
-                      shapes=_shapes(args), percentile=99.99 if args.percentile is None else args.percentile,
-                      progress=not args.quiet, logs=logs, preprocess=preprocess, consts=_consts(args),
-                      weight_bits=args.weight_bits, cuda_graph=not args.no_cuda_graph)
+                      shapes=_shapes(args), percentile=percentile, progress=not args.quiet, logs=logs,
+                      preprocess=preprocess, consts=_consts(args), weight_bits=args.weight_bits,
+                      cuda_graph=not args.no_cuda_graph)
     path = cm.export(args.output)
+    recorded.report_quantize(path, cm.target.name, cm.quantization, cm.cache_info)
     q = cm.quantization
-    print(f"wrote {path} and {path.with_suffix('.json').name} (target {cm.target.name}): "
-          f"{q['int8_partitions']} INT8 partition(s) ({q['weight_bits']}-bit weights), {q['fp32_partitions']} FP32, "
-          f"{q['quantize_ops']} quantize / {q['dequantize_ops']} dequantize op(s)")
-    print(describe_cache(cm.cache_info))
     if args.calib and args.table:
         print(f"wrote calibration table {args.table} ({q['method']})")
     return 0

@@ -58,6 +58,18 @@ def test_a_recorded_build_is_exported_without_tvm_and_matches_the_normal_path(tm
     assert "TVM True" in other
 
 
+def test_a_recorded_quantized_build_is_exported_without_tvm(tmp_path, model):
+    cache, args = tmp_path / "c", ["quantize", str(model), "--calib", "random:2", "--method", "minmax", "--target",
+                                   HOST, "-q"]
+    first = _cli(args + ["-o", str(tmp_path / "a.so")], cache)
+    again = _cli(args + ["-o", str(tmp_path / "b.so")], cache)
+    assert "TVM True" in first and "TVM False" in again and "INT8 partition(s)" in again
+    assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
+    assert _manifest(tmp_path / "a.so") == _manifest(tmp_path / "b.so")
+    other = _cli(args[:-1] + ["--weight-bits", "8", "-q", "-o", str(tmp_path / "c.so")], cache)
+    assert "TVM True" in other  # another weight width: another request
+
+
 def test_a_request_is_answered_only_while_its_logs_and_build_are_unchanged(tmp_path, model):
     store, logs = resolve(tmp_path / "c"), tmp_path / "logs"
     logs.mkdir()

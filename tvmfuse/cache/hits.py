@@ -72,6 +72,12 @@ def request_options(shapes, consts_digest, layout, precision, cuda_graph, logs) 
             "cuda_graph": bool(cuda_graph), "logs": logs}
 
 
+def quantize_options(options: dict, source: str, method: str, percentile: float, weight_bits) -> dict:
+    """:func:`request_options` of a quantize request (``precision`` ``"int8"``), with its calibration source
+    (``cached_build.quantize_digest``), method, percentile and weight width as asked (None: the target's)."""
+    return dict(options, calibration=source, method=method, percentile=float(percentile), weight_bits=weight_bits)
+
+
 def remember(store: Store, request: str | None, whole: str, target_fields: dict, log_files, warning: str | None):
     """Record that ``request`` is answered by the whole build ``whole`` (``log_files``: the tuning-log files
     its key digested; ``target_fields``: the target's part of its manifest; ``warning``: what the target said
