@@ -13,6 +13,7 @@ from typing import Sequence
 from . import link
 from .errors import TvmfuseError
 from .heap import build_heap
+from .library_file import LibraryFile
 from .runtime.integrity import MANIFEST_FORMAT, MANIFEST_VERSION, seal_manifest
 from .passes.pipeline import relax_pipeline
 from .runtime import manifest_path
@@ -188,7 +189,7 @@ def export_library(executable, path: str | Path, manifest: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.partial.so")
     try:
-        if hasattr(executable, "send"):  # a LibraryFile
+        if isinstance(executable, LibraryFile):
             executable.write(tmp)
         else:
             link.export_library(executable, str(tmp))

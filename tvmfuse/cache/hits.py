@@ -85,9 +85,10 @@ def remember(store: Store, request: str | None, whole: str, target_fields: dict,
     if request is None:
         return
     files = [str(f) for f in log_files]
-    record = {"format": FORMAT, "whole": whole, "log_files": files, "logs": models.digest_files(files),
-              "target_fields": target_fields, "warning": warning}
-    store.put(request, json.dumps(record, sort_keys=True).encode())
+    record = json.dumps({"format": FORMAT, "whole": whole, "log_files": files, "logs": models.digest_files(files),
+                         "target_fields": target_fields, "warning": warning}, sort_keys=True).encode()
+    if store.get(request) != record:  # every cached compile remembers: write (and fsync) only what changed
+        store.put(request, record)
 
 
 def answer(store: Store, request: str | None):
