@@ -41,7 +41,8 @@ def test_a_link_gold_refuses_is_done_again_by_the_default_linker(calls, tmp_path
     calls.refuse_gold = True
     link.create_shared(str(tmp_path / "m.so"), ["a.o"], None)
     link.create_shared(str(tmp_path / "m.so"), ["b.o"], None)
-    assert calls == [(["a.o"], link.GOLD_OPTIONS), (["a.o"], []), (["b.o"], [])]  # the process keeps to it
+    # the process keeps to the default linker
+    assert calls == [(["a.o"], link.GOLD_OPTIONS), (["a.o"], link.LINK_OPTIONS), (["b.o"], link.LINK_OPTIONS)]
     assert link._GOLD["works"] is False
 
 
@@ -67,3 +68,9 @@ def test_the_same_executable_links_to_the_same_bytes_wherever_it_goes(tiny_compi
     for path in (first, second):
         link.export_library(tiny_compiled.executable, str(path))
     assert first.read_bytes() == second.read_bytes()
+
+
+def test_the_library_has_no_build_id_to_hash_its_weights_for(tiny_compiled, tmp_path):
+    link.export_library(tiny_compiled.executable, str(tmp_path / "m.so"))
+    data = (tmp_path / "m.so").read_bytes()
+    assert data[:4] == b"\x7fELF" and b".note.gnu.build-id" not in data
