@@ -1,8 +1,9 @@
-"""The build's heap settings: raised once for the outermost build, set back when it ends, accepted
-by this machine's glibc."""
+"""The build's heap and cycle-collector settings: raised once for the outermost build, set back when it ends,
+accepted by this machine's glibc."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -25,18 +26,29 @@ RAISED = [("mallopt", p, v) for p, v in heap.BUILD.items()]
 RESTORED = [("mallopt", p, v) for p, v in heap.AFTER.items()]
 
 
-def test_nested_builds_raise_once_and_restore_once_even_after_an_error():
+@pytest.fixture
+def own_gc_thresholds():
+    """Thresholds of the process's own, unlike the build's, put back after the test."""
+    before = gc.get_threshold()
+    gc.set_threshold(701, 11, 12)
+    yield (701, 11, 12)
+    gc.set_threshold(*before)
+
+
+def test_nested_builds_raise_once_and_restore_once_even_after_an_error(own_gc_thresholds):
     libc = FakeLibc()
     with pytest.raises(ValueError):
         with heap.build_heap(libc):
             with heap.build_heap(libc):
                 assert libc.calls == RAISED
-            assert libc.calls == RAISED
+                assert gc.get_threshold() == heap.GC_THRESHOLDS
+            assert libc.calls == RAISED and gc.get_threshold() == heap.GC_THRESHOLDS
             raise ValueError("a failed build")
     assert libc.calls == RAISED + RESTORED
+    assert gc.get_threshold() == own_gc_thresholds
 
 
-def test_concurrent_builds_restore_when_the_last_one_ends():
+def test_concurrent_builds_restore_when_the_last_one_ends(own_gc_thresholds):
     libc = FakeLibc()
     inside, release = threading.Event(), threading.Event()
 
@@ -50,16 +62,21 @@ def test_concurrent_builds_restore_when_the_last_one_ends():
     inside.wait(10)
     with heap.build_heap(libc):
         pass
-    assert libc.calls == RAISED  # the other build still runs
+    assert libc.calls == RAISED and gc.get_threshold() == heap.GC_THRESHOLDS  # the other build still runs
     release.set()
     thread.join()
-    assert libc.calls == RAISED + RESTORED
+    assert libc.calls == RAISED + RESTORED and gc.get_threshold() == own_gc_thresholds
 
 
 def test_compile_and_export_run_inside_the_build_heap(monkeypatch, tmp_path):
     libc = FakeLibc()
     monkeypatch.setattr(heap, "_LIBC", libc)
+    from tvmfuse import api
+
+    seen, run = [], api.run_graph_passes
+    monkeypatch.setattr(api, "run_graph_passes", lambda *a, **k: seen.append(gc.get_threshold()) or run(*a, **k))
     cm = tvmfuse.compile("zoo:tiny_convnet", HOST, cache=False)
+    assert seen == [heap.GC_THRESHOLDS]
     assert libc.calls == RAISED + RESTORED
     cm.export(tmp_path / "m.so")
     assert libc.calls == (RAISED + RESTORED) * 2

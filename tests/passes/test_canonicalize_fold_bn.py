@@ -307,3 +307,39 @@ def test_fold_bn_bias_must_be_per_channel():
     x = RNG.standard_normal((1, 3, 6, 4)).astype("float32")
     # W == C == 4 is needed for the (4,) constant to broadcast at all; then folding must keep the numbers.
     np.testing.assert_allclose(_run(after, x), _run(before, x), rtol=1e-5, atol=1e-5)
+
+
+def test_may_call_sees_the_op_and_counts_a_branch_as_may():
+    from tvmfuse.passes.utils import may_call
+
+    with_bn = _bb_conv_bn(training=False)
+    assert may_call(with_bn, {"relax.nn.batch_norm"})
+    assert not may_call(with_bn, {"relax.dequantize"})
+    bb = relax.BlockBuilder()
+    x, cond = relax.Var("x", relax.TensorType((2,), "float32")), relax.Var("c", relax.TensorType((), "bool"))
+    with bb.function("main", [x, cond]):
+        y = bb.emit(relax.If(cond, relax.op.nn.relu(x), x))
+        bb.emit_func_output(y)
+    assert may_call(bb.get(), {"relax.nn.batch_norm"})  # the branch's own bindings are not scanned
+
+
+def test_fold_bn_without_batch_norm_gives_what_the_full_rewrite_gives(monkeypatch):
+    from tvmfuse.passes import fold_bn
+
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["c"]), helper.make_node("Relu", ["c"], ["y"]),
+                        helper.make_node("Sigmoid", ["c"], ["unused"])],
+                       [("x", [1, 3, 5, 5])], [("y", None)], [_init("W", RNG.standard_normal((4, 3, 1, 1)))])
+    before = CanonicalizeClip(_import(model))
+    assert not fold_bn.may_call(before, {"relax.nn.batch_norm"})
+    fast = FoldBatchNorm(before)
+    monkeypatch.setattr(fold_bn, "may_call", lambda mod, ops: True)
+    tvm.ir.assert_structural_equal(fast, FoldBatchNorm(before))
+
+
+def test_fuse_qdq_reports_nothing_on_a_float_model():
+    from tvmfuse.passes.int8.qdq import FuseQDQ
+
+    before = _import("zoo:tiny_convnet")
+    report: dict = {}
+    tvm.ir.assert_structural_equal(FuseQDQ(None, report)(before), before)
+    assert report == {"int8_kernels": 0, "kept_float": []}

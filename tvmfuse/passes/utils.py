@@ -49,6 +49,22 @@ def bindings_of(func) -> list:
     return [binding for block in func.body.blocks for binding in block.bindings]
 
 
+def may_call(mod, ops: set) -> bool:
+    """Whether a Relax function of ``mod`` may call one of the Relax ops named in ``ops``: a binding whose value
+    holds bindings of its own (a branch, a nested function) counts as may. A scan of the
+    bindings, for the Python rewrites to skip a module they leave as it is (a visit costs 20-50 ms a model)."""
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        if not isinstance(func.body, relax.SeqExpr):
+            return True
+        for binding in bindings_of(func):
+            value = binding.value
+            if op_name(value) in ops or isinstance(value, (relax.expr.If, relax.expr.Function, relax.expr.SeqExpr)):
+                return True
+    return False
+
+
 def users_of(func) -> dict:
     """Var -> the vars of the bindings that read it; None stands for the function's result."""
     users: dict = {}
