@@ -30,7 +30,8 @@ def test_an_entry_written_in_parts_reads_back_whole(tmp_path):
         assert store.get("ab" * 32) is None
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "header"])
+# "empty" and "zeros": what a power cut can leave of an entry written without fsync
+@pytest.mark.parametrize("damage", ["truncate", "flip", "header", "empty", "zeros"])
 def test_a_damaged_entry_is_a_miss_with_one_warning_and_is_removed(tmp_path, damage):
     store = Store(tmp_path)
     key = "0f" * 32
@@ -41,6 +42,10 @@ def test_a_damaged_entry_is_a_miss_with_one_warning_and_is_removed(tmp_path, dam
         data = data[:-100]
     elif damage == "flip":
         data[-7] ^= 0xFF
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "zeros":
+        data = bytearray(len(data))
     else:
         data[:5] = b"XXXXX"
     path.write_bytes(bytes(data))

@@ -87,7 +87,7 @@ def remember(store: Store, request: str | None, whole: str, target_fields: dict,
     files = [str(f) for f in log_files]
     record = json.dumps({"format": FORMAT, "whole": whole, "log_files": files, "logs": models.digest_files(files),
                          "target_fields": target_fields, "warning": warning}, sort_keys=True).encode()
-    if store.get(request) != record:  # every cached compile remembers: write (and fsync) only what changed
+    if store.get(request) != record:  # every cached compile remembers: write only what changed
         store.put(request, record)
 
 
