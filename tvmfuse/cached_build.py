@@ -181,6 +181,7 @@ def save(store, key: str, cm) -> None:
              "stats": cm.stats, "quantization": cm.quantization}
     models.save(store, key, state, library)
     store.log_run("model", 0, 1)
+    store.evict()  # the largest entry of a build, written after its kernels' evict
 
 
 def remember(store, request: str | None, key: str, spec: targets.TargetSpec, logs) -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import time
 import warnings
 
 import pytest
 
 from tvmfuse.cache import resolve
-from tvmfuse.cache.store import CacheError, Store
+from tvmfuse.cache.store import SCAN_EVERY, USAGE_FILE, CacheError, Store
 
 
 def test_an_entry_round_trips_in_a_private_folder(tmp_path):
@@ -89,6 +91,76 @@ def test_least_recently_used_entries_go_first_past_the_limit(tmp_path):
     assert store.evict() == 2
     assert store.get(keys[0]) is not None and store.get(keys[3]) is not None
     assert store.get(keys[1]) is None and store.get(keys[2]) is None
+
+
+def _scans(store, monkeypatch) -> list:
+    """The scans of ``store``'s folder from now on (each call of ``entries``)."""
+    calls, entries = [], store.entries
+    monkeypatch.setattr(store, "entries", lambda: calls.append(1) or entries())
+    return calls
+
+
+def _usage(store) -> dict:
+    return json.loads((store.root / USAGE_FILE).read_text())
+
+
+def test_evict_scans_only_when_the_kept_total_passes_the_limit(tmp_path, monkeypatch):
+    store = Store(tmp_path, limit_mb=1)
+    store.put("01" * 32, bytes(300_000))
+    scans = _scans(store, monkeypatch)
+    assert store.evict() == 0 and len(scans) == 1  # no usage file yet: scanned
+    first = _usage(store)["bytes"]
+    assert first == store.path("01" * 32).stat().st_size
+    other = Store(tmp_path, limit_mb=1)  # another process's store: its writes count too
+    other.put("02" * 32, bytes(300_000))
+    assert other.evict() == 0 and len(scans) == 1  # 0.6 MB of 1: not scanned
+    assert _usage(store)["bytes"] == first + store.path("02" * 32).stat().st_size
+    for i, k in enumerate(["03", "04"]):
+        store.put(k * 32, bytes(300_000))
+    for i, k in enumerate(["01", "02", "03", "04"]):
+        os.utime(store.path(k * 32), (1000 + i, 1000 + i))
+    assert store.evict() == 1 and len(scans) == 2  # 1.2 MB: scanned, the oldest went
+    assert store.get("01" * 32) is None and store.get("02" * 32) is not None
+    assert _usage(store)["bytes"] == sum(st.st_size for _, st in store.entries())
+
+
+def test_evict_scans_when_the_last_scan_is_an_hour_old(tmp_path, monkeypatch):
+    store = Store(tmp_path)
+    store.put("05" * 32, b"x")
+    store.evict()
+    dead = store.path("05" * 32).parent / ".tmp-dead-writer"
+    dead.write_bytes(b"half")
+    os.utime(dead, (1000, 1000))
+    scans = _scans(store, monkeypatch)
+    store.evict()
+    assert not scans and dead.exists()
+    (store.root / USAGE_FILE).write_text(json.dumps({"bytes": 10, "scanned": time.time() - SCAN_EVERY - 1}))
+    store.evict()
+    assert len(scans) == 1 and not dead.exists()
+    (store.root / USAGE_FILE).write_text("not json")
+    store.evict()
+    assert len(scans) == 2  # a damaged usage file: scanned again
+
+
+def _write_and_evict(root: str, n: int, rounds: int) -> None:
+    store = Store(root)
+    for i in range(rounds):
+        store.put(f"{n:02x}{i:02x}" * 16, bytes(1000))
+        store.evict()
+
+
+def test_concurrent_evicts_lose_no_written_bytes(tmp_path):
+    Store(tmp_path).evict()
+    before = _usage(Store(tmp_path))["bytes"]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_and_evict, args=(str(tmp_path), n, 60)) for n in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs)
+    one = Store(tmp_path).path("0000" * 16).stat().st_size
+    assert _usage(Store(tmp_path))["bytes"] == before + 240 * one
 
 
 def test_clear_removes_every_entry_and_the_run_log(tmp_path):

@@ -7,7 +7,9 @@ the disk: what a crash of the machine leaves of an entry fails its checksum. A r
 checksum; an entry that fails either is deleted and reported as a miss with one warning line (never loaded).
 The store holds code that tvmfuse loads and runs, so its folder is created 0700 and a folder or entry other
 users can write is refused. Least recently used entries (by modification time, refreshed on every hit) are
-evicted when the total size passes the limit.
+evicted when the total size passes the limit. That total is kept in a small file between scans of the folder
+(:meth:`Store.evict`): a scan stats every entry, 0.28 s for a cache of 28,000 entries (3.3 GB), and every build
+evicts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import os
 import stat
 import tempfile
 import time
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: the usage file is updated unlocked (a lost update waits for the next scan)
+    fcntl = None
 import warnings
 from pathlib import Path
 
@@ -28,6 +34,8 @@ DIR_ENV, OFF_ENV, SIZE_ENV = "TVMFUSE_CACHE_DIR", "TVMFUSE_NO_CACHE", "TVMFUSE_C
 DEFAULT_LIMIT_MB = 4096
 RUNS_FILE = "runs.jsonl"  # one line per build: what it found in the store (for `tvmfuse cache info`)
 RUNS_KEPT = 200
+USAGE_FILE = "usage.json"  # the entries' total size at the last scan plus what builds wrote since, and its time
+SCAN_EVERY = 3600  # seconds: the folder is scanned at least this often (and temporary files of dead writers go)
 
 
 class CacheError(TvmfuseError):
@@ -63,6 +71,7 @@ class Store:
             except ValueError:
                 raise CacheError(f"{SIZE_ENV}={raw!r} is not a whole number of megabytes") from None
         self.limit = max(0, limit_mb) * 2**20
+        self._written = 0  # bytes put since the last evict(), added to the usage file there
         self._open()
 
     def _open(self) -> None:
@@ -157,8 +166,9 @@ class Store:
                 for piece in (part,) if isinstance(part, (bytes, bytearray, memoryview)) else part.chunks():
                     digest.update(piece)
             size = sum(len(p) if isinstance(p, (bytes, bytearray, memoryview)) else p.size for p in parts)
+            head = b"%s %d %s\n" % (MAGIC, size, digest.hexdigest().encode())
             with os.fdopen(fd, "wb", buffering=0) as f:
-                f.write(b"%s %d %s\n" % (MAGIC, size, digest.hexdigest().encode()))
+                f.write(head)
                 for part in parts:
                     if isinstance(part, (bytes, bytearray, memoryview)):
                         view = memoryview(part)
@@ -170,6 +180,7 @@ class Store:
                 # again (a cache needs no durability); each fsync cost 1-3 ms a kernel, 0.05 s for ResNet-50's build
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
+            self._written += len(head) + size
         except OSError as e:
             warnings.warn(f"kernel cache: cannot write {path} ({e.strerror}); not cached", stacklevel=2)
             self._discard(Path(tmp))
@@ -192,13 +203,41 @@ class Store:
 
     def evict(self) -> int:
         """Delete least recently used entries until the store fits its limit (and temporary files of writers
-        that died more than an hour ago); return how many entries went."""
-        now = time.time()
+        that died more than an hour ago); return how many entries went. The folder is scanned only when the
+        total the last scan found, plus what builds wrote since (the usage file, updated under a lock by every
+        process), passes the limit, or that scan is :data:`SCAN_EVERY` old: entries replaced count twice and a
+        process's writes after its last evict not at all until then, both corrected by the next scan."""
+        written, self._written = self._written, 0
+        try:
+            fd = os.open(self.root / USAGE_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return self._scan(time.time())[0]
+        with os.fdopen(fd, "r+") as f:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_EX)  # released at close
+            try:
+                usage = json.loads(f.read() or "null")
+                total, scanned = int(usage["bytes"]) + written, float(usage["scanned"])
+            except (ValueError, TypeError, KeyError, OSError):
+                total, scanned = None, 0.0
+            now, gone = time.time(), 0
+            if total is None or total > self.limit or not 0 <= now - scanned < SCAN_EVERY:
+                (gone, total), scanned = self._scan(now), now
+            try:
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps({"bytes": total, "scanned": scanned}))
+            except OSError:
+                pass
+        return gone
+
+    def _scan(self, now: float) -> tuple[int, int]:
+        """Evict as :meth:`evict` says from a listing of every entry; (entries deleted, bytes left)."""
         for sub in self.root.iterdir():
             if sub.is_dir() and len(sub.name) == 2:
                 for p in sub.glob(".tmp-*"):
                     try:
-                        if now - p.stat().st_mtime > 3600:
+                        if now - p.stat().st_mtime > SCAN_EVERY:
                             p.unlink()
                     except OSError:
                         pass
@@ -210,7 +249,7 @@ class Store:
             self._discard(p)
             total -= st.st_size
             gone += 1
-        return gone
+        return gone, total
 
     def clear(self) -> tuple[int, int]:
         """Delete every entry and the run log; return (entries, bytes) removed."""
@@ -218,6 +257,7 @@ class Store:
         for p, _ in items:
             self._discard(p)
         self._discard(self.root / RUNS_FILE)
+        self._discard(self.root / USAGE_FILE)
         return len(items), sum(st.st_size for _, st in items)
 
     # -- what the last builds found ------------------------------------------------------------------------
