@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tvmfuse.quant.calibrate import (METHODS, AbsHistogram, EntropyCalibrator, MinMaxCalibrator,
-                                     PercentileCalibrator, create_calibrator, kl_divergence)
+                                     PercentileCalibrator, create_calibrator, kl_divergence,
+                                     kl_divergences)
 from tvmfuse.quant.table import CalibrationError
 
 RNG = np.random.default_rng(1234)
@@ -174,6 +175,36 @@ def test_kl_divergence_matches_mxnet_reference(bins):
     hist = np.random.default_rng(bins).poisson(50, 64).astype(np.float64)
     hist[[3, 30, 41]] = 0
     assert kl_divergence(hist, bins, 16) == pytest.approx(_mxnet_kl(hist, bins, 16), rel=1e-9, abs=1e-12)
+
+
+def _histograms():
+    """Histograms as calibration makes them (whole counts, bin 0 as bin 1) and the unusual: a dense one, one
+    with a sparse tail, one with five nonzero bins, one decaying over many magnitudes, one of fractions (whose
+    smoothing empties bins: the clip to eps)."""
+    rng = np.random.default_rng(5)
+    dense = rng.poisson(rng.exponential(50, 2048)).astype(np.float64)
+    sparse = rng.poisson(rng.exponential(50, 2048) * (rng.random(2048) < 0.7)).astype(np.float64)
+    sparse[1650:] = 0
+    few = np.zeros(2048)
+    few[[0, 1, 5, 700, 2000]] = [10, 10, 3, 1, 1]
+    decaying = rng.poisson(3000 * np.exp(-np.arange(2048) / 60)).astype(np.float64)
+    fractions = rng.random(2048) * (rng.random(2048) < 0.1) * 1e-3
+    for counts in (dense, sparse, few, decaying, fractions):
+        counts[0] = counts[1]
+    return {"dense": dense, "sparse": sparse, "few": few, "decaying": decaying, "fractions": fractions}
+
+
+@pytest.mark.parametrize("levels", [128, 256])
+@pytest.mark.parametrize("name", list(_histograms()))
+def test_kl_divergences_are_kl_divergence_of_each_candidate(name, levels):
+    counts = _histograms()[name]
+    last = int(np.flatnonzero(counts)[-1]) + 1
+    one_by_one = np.array([kl_divergence(counts, i, levels) for i in range(levels, last + 1)])
+    batched = kl_divergences(counts, levels, last, levels)
+    finite = np.isfinite(one_by_one)
+    assert np.array_equal(np.isfinite(batched), finite)
+    np.testing.assert_allclose(batched[finite], one_by_one[finite], rtol=1e-11)
+    assert np.argmin(batched) == np.argmin(one_by_one)  # the threshold chosen
 
 
 def test_entropy_ignores_a_few_huge_outliers():

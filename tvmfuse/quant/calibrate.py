@@ -252,9 +252,7 @@ class EntropyCalibrator(_HistogramCalibrator):
         last = int(np.flatnonzero(counts)[-1]) + 1 if counts.any() else 0
         if last <= levels:  # every value already fits in the smallest candidate
             return min(last * h.width, amax)
-        candidates = range(levels, last + 1)
-        divergences = [kl_divergence(counts, i, levels) for i in candidates]
-        best = candidates[int(np.argmin(divergences))]
+        best = levels + int(np.argmin(kl_divergences(counts, levels, last, levels)))
         return min(best * h.width, amax)
 
     def range(self) -> tuple[float, float]:
@@ -302,6 +300,71 @@ def kl_divergence(counts: np.ndarray, bins: int, levels: int) -> float:
     p, q = _smooth(p), _smooth(q)
     p, q = p / p.sum(), q / q.sum()
     return float(np.sum(p * np.log(p / q)))
+
+
+_ROWS = 32  # candidates computed together: (32, up to 2048) float64 arrays stay in the core's cache
+
+
+def kl_divergences(counts: np.ndarray, first: int, last: int, levels: int) -> np.ndarray:
+    """``kl_divergence(counts, i, levels)`` for every ``i`` from ``first`` to ``last``, computed for many ``i`` at
+    once with the same operations (the sums taken in another order: equal to about 1e-15 relative).
+
+    One call per candidate costs some 25 small numpy calls, and a histogram has up to 1,900 candidates: 95 ms a
+    tensor, 5 s of calibrating MobileNetV2's 55 tensors. Here the candidates sharing a group width
+    (``i // levels``) go ``_ROWS`` at a time as the rows of one array, zero past each row's own ``i``; the
+    groups' sums come from prefix sums of the counts (whole numbers: exact in float64 in any order).
+    """
+    eps = 1e-4
+    counts = np.asarray(counts, dtype=np.float64)
+    tail = np.append(np.cumsum(counts[::-1])[::-1], 0.0)  # tail[i]: everything from bin i on
+    prefix, prefix_nonzero = np.append(0.0, np.cumsum(counts)), np.append(0, np.cumsum(counts != 0))
+    out = np.empty(last - first + 1)
+    start = first
+    while start <= last:
+        width = start // levels
+        stop = min(last, (width + 1) * levels - 1, start + _ROWS - 1)
+        bins = np.arange(start, stop + 1)
+        rows, cols, full = np.arange(len(bins)), np.arange(stop), (levels - 1) * width
+        inside = cols < bins[:, None]
+        p = counts[:stop] * inside
+        p[rows, bins - 1] += tail[bins]  # P: the clipped mass on its last bin
+        nonzero = p != 0
+        edges = np.arange(levels) * width  # groups [g w, (g + 1) w), the last one up to the row's i
+        group_sum = np.empty((len(bins), levels))
+        group_nonzero = np.empty((len(bins), levels))
+        group_sum[:, :-1] = prefix[edges[1:]] - prefix[edges[:-1]]
+        group_sum[:, -1] = prefix[bins] - prefix[full]
+        group_nonzero[:, :-1] = prefix_nonzero[edges[1:]] - prefix_nonzero[edges[:-1]]
+        group_nonzero[:, -1] = (prefix_nonzero[bins] - prefix_nonzero[full] - (counts[bins - 1] != 0)
+                                + nonzero[rows, bins - 1])
+        per_bin = np.divide(group_sum, group_nonzero, out=np.zeros_like(group_sum), where=group_nonzero > 0)
+        q = np.empty_like(p)
+        q[:, :full] = np.repeat(per_bin[:, :-1], width, axis=1)
+        q[:, full:] = per_bin[:, -1:]
+        q *= nonzero
+        empty = q.sum(axis=1) == 0
+        p, q = _smooth_rows(p, inside, nonzero, bins, eps), _smooth_rows(q, inside, q != 0, bins, eps)
+        with np.errstate(divide="ignore", invalid="ignore"):  # the empty rows' NaN: set to inf below
+            p /= p.sum(axis=1, keepdims=True)
+            q /= q.sum(axis=1, keepdims=True)
+            divergence = (p * np.log(np.divide(p, q, out=np.ones_like(p), where=inside))).sum(axis=1)
+        divergence[empty] = math.inf
+        out[start - first:stop - first + 1] = divergence
+        start = stop + 1
+    return out
+
+
+def _smooth_rows(counts: np.ndarray, inside: np.ndarray, nonzero: np.ndarray, sizes: np.ndarray,
+                 eps: float) -> np.ndarray:
+    """:func:`_smooth` of each row's first ``sizes`` entries (``inside``, where ``nonzero`` lies); the rest stay
+    zero. The same values: a nonzero count less the mass taken, ``eps`` on an empty bin."""
+    n_zeros = sizes - nonzero.sum(axis=1)
+    smooth = (n_zeros > 0) & (n_zeros < sizes)
+    take = np.where(smooth, eps * n_zeros / np.maximum(sizes - n_zeros, 1), 0.0)
+    out = np.where(nonzero, counts - take[:, None], inside * (eps * smooth)[:, None])
+    if (np.where(nonzero, out, 1.0) <= 0).any():  # a count the taking would empty keeps eps
+        out[nonzero & (out <= 0)] = eps
+    return out
 
 
 METHODS = {"minmax": MinMaxCalibrator, "entropy": EntropyCalibrator, "percentile": PercentileCalibrator}
