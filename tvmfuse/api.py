@@ -366,8 +366,9 @@ def quantize(model, calib=None, method: str = "entropy", target=targets.DEFAULT,
     from .calibration import Quantizer
 
     spec = _build_target(target, layout)
-    quantizer = Quantizer(spec, calib, method, table, percentile, layout == "blocked", preprocess, weight_bits)
     store, graph = kernel_cache.resolve(cache), _graph_capture(spec, cuda_graph)
+    quantizer = Quantizer(spec, calib, method, table, percentile, layout == "blocked", preprocess, weight_bits,
+                          cache=store if store is not None else False)
     source = cached_build.quantize_digest(calib, table, preprocess) if whole else None
     consts_digest, digest = cached_build.consts_digest(consts), cached_build.model_digest(source and store, model)
     key = digest and cached_build.whole_key(store, model, spec, logs, {

@@ -66,8 +66,9 @@ def observation_module(partitioned_mod):
     return relax.transform.ConvertToDataflow()(mod), keys
 
 
-def _build_observer(partitioned_mod, spec: targets.TargetSpec):
-    """The VM running the observation module, and the keys of what it returns (None when nothing to observe)."""
+def _build_observer(partitioned_mod, spec: targets.TargetSpec, cache=None):
+    """The VM running the observation module, and the keys of what it returns (None when nothing to observe);
+    ``cache``: the kernel cache its kernels come from and go to (as :func:`tvmfuse.export.build` takes it)."""
     import tvm
     from tvm import relax
 
@@ -76,7 +77,7 @@ def _build_observer(partitioned_mod, spec: targets.TargetSpec):
         return None, keys
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
         lowered = LowerPartitions(spec)(mod)
-    executable, _, _ = build(lowered, spec)
+    executable, _, _ = build(lowered, spec, cache=cache)
     return relax.VirtualMachine(executable, tvm.cpu()), keys
 
 
@@ -132,11 +133,12 @@ def calibration_batches(calib, inputs: Sequence[TensorInfo], preprocess=None) ->
 
 
 def calibrate_partitioned(partitioned_mod, inputs: Sequence[TensorInfo], batches, method: str = "minmax",
-                          target="x86-host", source: str = "", **options) -> CalibrationTable:
+                          target="x86-host", source: str = "", cache=None, **options) -> CalibrationTable:
     """Calibrate a module that is already partitioned (``PassRecord.partitioned``).
 
     Parameters are those of :func:`collect_ranges`, with ``inputs`` the model's inputs (``main``'s
-    parameters in order) and ``source`` the model's origin recorded in the table.
+    parameters in order), ``source`` the model's origin recorded in the table and ``cache`` the kernel cache
+    of the observing build (:func:`tvmfuse.cache.resolve`'s argument: None the default one, False none).
     """
     import tvm
 
@@ -147,7 +149,7 @@ def calibrate_partitioned(partitioned_mod, inputs: Sequence[TensorInfo], batches
         raise CalibrationError(f"the module's main takes {len(params)} input(s) {[p.name for p in params]}, "
                                f"but {len(inputs)} input(s) were described: {[i.name for i in inputs]}")
     batches = calibration_batches(batches, inputs)
-    vm, keys = _build_observer(partitioned_mod, spec)
+    vm, keys = _build_observer(partitioned_mod, spec, cache)
     if vm is None:
         return CalibrationTable({}, method, first.options(), source)
     calibrators = {key: create_calibrator(method, **options) for key in keys}
@@ -227,6 +229,8 @@ class Quantizer:
         uint8 activations NCHW16c between INT8 kernels (``QuantizeGraph``'s ``blocked``).
     weight_bits : int or None
         ``QuantizeGraph``'s: 7 or 8 bits of conv and dense weights; None, 7 where the target has no VNNI.
+    cache : Store, None or False
+        The kernel cache of the FP32 build that observes the calibration data (False: none).
 
     Raises
     ------
@@ -236,7 +240,8 @@ class Quantizer:
     """
 
     def __init__(self, spec: TargetSpec, calib=None, method: str = "entropy", table=None,
-                 percentile: float = 99.99, blocked: bool = True, preprocess=None, weight_bits: int | None = None):
+                 percentile: float = 99.99, blocked: bool = True, preprocess=None, weight_bits: int | None = None,
+                 cache=None):
         if calib is None and table is None:
             raise CalibrationError(spelled("quantize needs calibration data (calib=...) or a saved calibration "
                                            "table (table=...)", "quantize needs --calib DATA or --table TABLE"))
@@ -261,7 +266,7 @@ class Quantizer:
         self.inputs: list[TensorInfo] = []
         self.source = ""
         self.report: dict = {}
-        self.blocked = blocked
+        self.blocked, self.cache = blocked, cache
 
     def prepare(self, inputs: Sequence[TensorInfo], source: str) -> None:
         """Check the calibration data against the model's inputs (before anything is compiled)."""
@@ -281,7 +286,7 @@ class Quantizer:
             if self.batches is None:
                 raise RuntimeError("Quantizer.prepare must run before the quantize step")
             self.table = calibrate_partitioned(partitioned, self.inputs, self.batches, self.method,
-                                               CALIBRATION_TARGET, self.source, **self.options)
+                                               CALIBRATION_TARGET, self.source, self.cache, **self.options)
             if self.table_path is not None:
                 self.table.save(self.table_path)
         return QuantizeGraph(self.table, self.spec, self.report, self.blocked, self.weight_bits)(partitioned)

@@ -98,6 +98,19 @@ def test_a_quantized_build_comes_back_whole_for_the_same_calibration_source(tmp_
     assert tvmfuse.quantize(MODEL, batches, "entropy", HOST, cache=cache, weight_bits=bits).cache_info["model"] == "miss"
 
 
+def test_the_calibrating_build_uses_the_cache_given_and_no_other(tmp_path, monkeypatch):
+    from tvmfuse.cache.store import Store
+
+    monkeypatch.delenv("TVMFUSE_NO_CACHE", raising=False)
+    monkeypatch.setenv("TVMFUSE_CACHE_DIR", str(tmp_path / "default"))
+    batch = {"input": np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype("float32")}
+    tvmfuse.quantize(MODEL, batch, "minmax", HOST, cache=tmp_path / "given")
+    kinds = [run["kind"] for run in Store(tmp_path / "given").runs()]
+    assert kinds.count("kernels") == 2  # the FP32 build observing the data, then the INT8 build
+    tvmfuse.quantize(MODEL, batch, "minmax", HOST, cache=False)
+    assert not (tmp_path / "default").exists()
+
+
 def test_a_model_with_external_data_misses_when_only_its_data_file_changes(tmp_path):
     import onnx
 
