@@ -72,12 +72,17 @@ def _build_observer(partitioned_mod, spec: targets.TargetSpec, cache=None):
     import tvm
     from tvm import relax
 
+    from .cache import LoweredKernels, resolve
+
     mod, keys = observation_module(partitioned_mod)
     if not keys:
         return None, keys
+    store = resolve(cache)
+    lowered_kernels = LoweredKernels(store, spec.tvm_target())  # calibrating again: its kernels come back lowered
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
-        lowered = LowerPartitions(spec)(mod)
-    executable, _, _ = build(lowered, spec, cache=cache)
+        lowered = LowerPartitions(spec, make=lowered_kernels.maker)(mod)
+    lowered_kernels.log()
+    executable, _, _ = build(lowered, spec, cache=store if store is not None else False, known=lowered_kernels.keys)
     return relax.VirtualMachine(executable, tvm.cpu()), keys
 
 

@@ -111,6 +111,19 @@ def test_the_calibrating_build_uses_the_cache_given_and_no_other(tmp_path, monke
     assert not (tmp_path / "default").exists()
 
 
+def test_calibrating_again_on_other_data_reuses_the_observing_builds_kernels(tmp_path):
+    from tvmfuse.cache.store import Store
+
+    rng = np.random.default_rng(2)
+    first, second = ([{"input": rng.standard_normal((1, 3, 32, 32)).astype("float32")}] for _ in range(2))
+    tvmfuse.quantize(MODEL, first, "minmax", HOST, cache=tmp_path)
+    before = len(Store(tmp_path).runs())
+    tvmfuse.quantize(MODEL, second, "minmax", HOST, cache=tmp_path)
+    runs = Store(tmp_path).runs()[before:]
+    observing = {kind: next(r for r in runs if r["kind"] == kind) for kind in ("lowered", "schedules", "kernels")}
+    assert all(r["misses"] == 0 and r["hits"] > 0 for r in observing.values()), observing
+
+
 def test_a_model_with_external_data_misses_when_only_its_data_file_changes(tmp_path):
     import onnx
 
