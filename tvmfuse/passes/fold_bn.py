@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from .utils import bound_call, const_array, may_call, rewrite_functions
+from .utils import bound_call, called_ops, const_array, rewrite_functions
 
 
 def _fold(item, lookup):
@@ -95,7 +95,7 @@ def FoldBatchNorm(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM 
     Where it folds, the graph's bindings are canonicalized too (a tuple's item read back as the value put in
     it), as TVM's pattern rewriter did when it ran this pass; its common-subexpression elimination, which
     hashed every weight twice (0.3 s of ResNet-50's compile), found nothing in the zoo or the corpus."""
-    if not may_call(mod, {"relax.nn.batch_norm"}):
+    if "relax.nn.batch_norm" not in called_ops(mod):
         return relax.transform.DeadCodeElimination()(mod)
     folds: list = []
     out = rewrite_functions(tvm.IRModule(mod.functions, attrs=mod.attrs), lambda m: _FoldBatchNorm(m, folds))

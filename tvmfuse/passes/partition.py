@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 from .. import patterns
+from .utils import called_ops
 
 
 def Partition(rejections: dict | None = None, int8: bool = False,  # noqa: N802
@@ -39,14 +40,6 @@ def is_partition(func) -> bool:
 def composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
     """The partition functions of ``mod``: global var name -> function."""
     return {gv.name_hint: func for gv, func in mod.functions_items() if is_partition(func)}
-
-
-def called_ops(mod: tvm.IRModule) -> set[str]:
-    """The names of the ops the Relax functions of ``mod`` call (normalized: every call is a binding's value)."""
-    from .utils import bindings_of
-
-    return {b.value.op.name for func in mod.functions.values() if isinstance(func, relax.Function)
-            for b in bindings_of(func) if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
 
 
 _MAX_ALTERNATIVES = 64  # past this many, a pattern's alternatives are merged into what all of them call

@@ -49,20 +49,23 @@ def bindings_of(func) -> list:
     return [binding for block in func.body.blocks for binding in block.bindings]
 
 
-def may_call(mod, ops: set) -> bool:
-    """Whether a Relax function of ``mod`` may call one of the Relax ops named in ``ops``: a binding whose value
-    holds bindings of its own (a branch, a nested function) counts as may. A scan of the
-    bindings, for the Python rewrites to skip a module they leave as it is (a visit costs 20-50 ms a model)."""
-    for func in mod.functions.values():
-        if not isinstance(func, relax.Function):
-            continue
-        if not isinstance(func.body, relax.SeqExpr):
-            return True
-        for binding in bindings_of(func):
-            value = binding.value
-            if op_name(value) in ops or isinstance(value, (relax.expr.If, relax.expr.Function, relax.expr.SeqExpr)):
-                return True
-    return False
+def called_ops(mod) -> set[str]:
+    """The names of the Relax ops the Relax functions of ``mod`` call, in nested bodies (a branch, a local
+    function) too: a scan of the bindings' values, for the partition table's filter and for a Python rewrite to
+    skip a module that lacks its ops (a visit costs 20-50 ms a model)."""
+    found: set[str] = set()
+    todo = [func.body for func in mod.functions.values() if isinstance(func, relax.Function)]
+    while todo:
+        expr = todo.pop()
+        if isinstance(expr, relax.SeqExpr):
+            todo += [binding.value for block in expr.blocks for binding in block.bindings] + [expr.body]
+        elif isinstance(expr, relax.expr.If):
+            todo += [expr.true_branch, expr.false_branch]
+        elif isinstance(expr, relax.expr.Function):
+            todo.append(expr.body)
+        elif isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            found.add(expr.op.name)
+    return found
 
 
 def users_of(func) -> dict:
