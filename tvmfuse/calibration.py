@@ -82,7 +82,7 @@ def _build_observer(partitioned_mod, spec: targets.TargetSpec, cache=None):
     with spec.tvm_target(), tvm.transform.PassContext(opt_level=3):
         lowered = LowerPartitions(spec, make=lowered_kernels.maker)(mod)
     lowered_kernels.log()
-    executable, _, _ = build(lowered, spec, cache=store if store is not None else False, known=lowered_kernels.keys)
+    executable, _, _ = build(lowered, spec, cache=cache, known=lowered_kernels.keys)
     return relax.VirtualMachine(executable, tvm.cpu()), keys
 
 

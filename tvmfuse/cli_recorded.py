@@ -12,12 +12,13 @@ from .cache.cli import describe as describe_cache
 from .cached_build import consts_digest, model_digest, quantize_digest
 
 
-def _export(args, request_of, start: float):
-    """Export the build answering the request ``request_of(digest)`` makes (None: no request) to
-    ``args.output``; (path, record, state), or None when the cache holds none (nothing written)."""
+def _export(args, options: dict, start: float):
+    """Export the build answering the request of ``args.model`` for ``args.target`` with ``options``
+    (:func:`.cache.hits.request_key`) to ``args.output``; (path, record, state), or None when the cache holds
+    none (nothing written)."""
     store = resolve(None)
     digest = model_digest(store, args.model, hand_on=True)
-    request = digest and request_of(digest)
+    request = digest and hits.request_key(digest, args.target, options)
     done = request and hits.export_answer(store, request, args.output)
     if not done:
         return None
@@ -37,7 +38,7 @@ def compile_recorded(args, logs, shapes, consts) -> bool:
     start = time.perf_counter()
     options = hits.request_options(shapes, consts_digest(consts), args.layout, args.precision,
                                    not args.no_cuda_graph, logs)
-    done = _export(args, lambda digest: hits.request_key(digest, args.target, options), start)
+    done = _export(args, options, start)
     if done is None:
         return False
     path, record, state = done
@@ -57,7 +58,7 @@ def quantize_recorded(args, logs, shapes, consts, preprocess, percentile: float)
     options = hits.quantize_options(hits.request_options(shapes, consts_digest(consts), layout, "int8",
                                                          not args.no_cuda_graph, logs),
                                     source, args.method, percentile, args.weight_bits)
-    done = _export(args, lambda digest: hits.request_key(digest, args.target, options), start)
+    done = _export(args, options, start)
     if done is None:
         return False
     path, record, state = done

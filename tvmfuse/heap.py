@@ -64,8 +64,7 @@ def build_heap(libc=None):
         if _depth[0] == 1:
             _gc_before[:] = gc.get_threshold()
             gc.set_threshold(*GC_THRESHOLDS)
-        if _depth[0] == 1 and libc is not None:
-            for param, value in BUILD.items():
+            for param, value in BUILD.items() if libc is not None else ():
                 libc.mallopt(param, value)
     try:
         yield
@@ -74,6 +73,5 @@ def build_heap(libc=None):
             _depth[0] -= 1
             if _depth[0] == 0:
                 gc.set_threshold(*_gc_before)
-            if _depth[0] == 0 and libc is not None:
-                for param, value in AFTER.items():
+                for param, value in AFTER.items() if libc is not None else ():
                     libc.mallopt(param, value)

@@ -35,6 +35,7 @@ DEFAULT_LIMIT_MB = 4096
 RUNS_FILE = "runs.jsonl"  # one line per build: what it found in the store (for `tvmfuse cache info`)
 RUNS_KEPT = 200
 USAGE_FILE = "usage.json"  # the entries' total size at the last scan plus what builds wrote since, and its time
+_BUFFERS = (bytes, bytearray, memoryview)  # a part put as it is; any other is a LibraryFile
 SCAN_EVERY = 3600  # seconds: the folder is scanned at least this often (and temporary files of dead writers go)
 
 
@@ -163,14 +164,14 @@ class Store:
             parts = (payload,) + more
             digest = hashlib.sha256()
             for part in parts:
-                for piece in (part,) if isinstance(part, (bytes, bytearray, memoryview)) else part.chunks():
+                for piece in (part,) if isinstance(part, _BUFFERS) else part.chunks():
                     digest.update(piece)
-            size = sum(len(p) if isinstance(p, (bytes, bytearray, memoryview)) else p.size for p in parts)
+            size = sum(len(p) if isinstance(p, _BUFFERS) else p.size for p in parts)
             head = b"%s %d %s\n" % (MAGIC, size, digest.hexdigest().encode())
             with os.fdopen(fd, "wb", buffering=0) as f:
                 f.write(head)
                 for part in parts:
-                    if isinstance(part, (bytes, bytearray, memoryview)):
+                    if isinstance(part, _BUFFERS):
                         view = memoryview(part)
                         while len(view):
                             view = view[f.write(view):]
