@@ -82,13 +82,21 @@ def write(path: str, symbol: str, blob) -> None:
     assert os.path.getsize(path) == headers_at + len(sections) * _SHDR.size
 
 
-def pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
-    """TVM's ``fpack_imports`` hook: the object defining ``module``'s packed imports, written by :func:`write`
-    (the caller passes it only where :func:`supported`); a system library's, whose symbol TVM names and
-    registers differently, is packed by TVM."""
+def packed(module):
+    """``module``'s imports serialized into one blob (a uint8 numpy array over TVM's tensor), what
+    :func:`pack_imports` writes; None for a module that imports nothing (TVM's export packs nothing then)."""
+    import numpy as np
+    from tvm.runtime import _ffi_api
+
+    return np.from_dlpack(_ffi_api.ModulePackImportsToTensor(module)) if module.imports else None
+
+
+def pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str, blob=None) -> str:
+    """TVM's ``fpack_imports`` hook: the object defining ``module``'s packed imports (``blob``: their
+    :func:`packed` form, when made before), written by :func:`write` (the caller passes it only where
+    :func:`supported`); a system library's, whose symbol TVM names and registers differently, is packed by TVM."""
     import json
 
-    import numpy as np
     from tvm.runtime import _ffi_api
 
     path = os.path.join(workspace_dir, f"{prefix}devc.o")
@@ -96,6 +104,5 @@ def pack_imports(module, is_system_lib: bool, prefix: str, workspace_dir: str) -
         triple = json.dumps({"kind": "llvm", "mtriple": "x86_64-pc-linux-gnu"})
         _ffi_api.ModulePackImportsToLLVM(module, is_system_lib, triple, prefix).write_to_file(path)
         return path
-    blob = np.from_dlpack(_ffi_api.ModulePackImportsToTensor(module))
-    write(path, _ffi_api.ModuleImportsBlobName(), blob)
+    write(path, _ffi_api.ModuleImportsBlobName(), packed(module) if blob is None else blob)
     return path

@@ -15,7 +15,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from pathlib import Path
 
 CHUNK = 1 << 20
 
@@ -33,9 +32,9 @@ class LibraryFile:
         """``executable`` (a ``tvm.relax.VMExecutable``) linked by :func:`tvmfuse.link.export_library`."""
         from . import link
 
-        with tempfile.TemporaryDirectory(prefix="tvmfuse-link-") as tmp:
-            path = Path(tmp) / "model.so"
-            link.export_library(executable, str(path))
+        with link.workspace(executable) as (folder, pack):  # the library beside its objects: see tvmfuse.scratch
+            path = os.path.join(folder, "model.so")
+            link.export_in(executable, path, folder, pack)
             return cls(os.open(path, os.O_RDONLY))
 
     @classmethod

@@ -15,10 +15,13 @@ executable (its weights included) is written by :mod:`tvmfuse.blob_object`, not 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
+import tempfile
 
-from . import blob_object
+from . import blob_object, scratch
 
 _GOLD = {"works": shutil.which("ld.gold") is not None}
 LINK_OPTIONS = ["-Wl,--build-id=none"]  # GNU ld and gold both take it
@@ -26,15 +29,36 @@ GOLD_OPTIONS = ["-fuse-ld=gold", "-Wl,-soname,tvmfuse_model.so"] + LINK_OPTIONS
 
 
 def export_library(module, path: str) -> None:
-    """``module.export_library(path)`` (a ``tvm.relax.VMExecutable`` or runtime module) with :func:`create_shared`."""
+    """``module.export_library(path)`` (a ``tvm.relax.VMExecutable`` or runtime module) with :func:`create_shared`,
+    its temporary objects in :func:`tvmfuse.scratch.folder`."""
+    with workspace(module) as (folder, pack):
+        export_in(module, path, folder, pack)
+
+
+@contextlib.contextmanager
+def workspace(module):
+    """``(folder, pack)``: a temporary folder for the objects of ``module``'s link, RAM-backed where it holds
+    them and the library (:mod:`tvmfuse.scratch`), and the ``fpack_imports`` hook for :func:`export_in` (the
+    executable's packed imports, serialized before, since their size decides the folder; None where TVM packs
+    them)."""
+    pack, size = None, 0
+    if blob_object.supported():
+        blob = blob_object.packed(getattr(module, "mod", module))
+        pack = functools.partial(blob_object.pack_imports, blob=blob)
+        size = 0 if blob is None else 2 * blob.nbytes  # the object, then the library that holds it
+    with tempfile.TemporaryDirectory(prefix="tvmfuse-link-", dir=scratch.folder(size)) as folder:
+        yield folder, pack
+
+
+def export_in(module, path: str, folder: str, pack) -> None:
+    """``module`` linked to ``path``, its objects written in ``folder`` (see :func:`workspace`)."""
     from tvm.support import cc
 
     # what TVM's export reads from an fcompile: the library suffix, and the target triple (without which it packs
     # the imported modules as C source instead of an LLVM object)
     create_shared.output_format = cc.create_shared.output_format
     create_shared.get_target_triple = cc.create_shared.get_target_triple
-    pack = blob_object.pack_imports if blob_object.supported() else None
-    module.export_library(path, fcompile=create_shared, fpack_imports=pack)
+    module.export_library(path, fcompile=create_shared, fpack_imports=pack, workspace_dir=folder)
 
 
 def create_shared(output: str, objects, options=None, **kwargs) -> None:
