@@ -109,3 +109,22 @@ def test_a_link_without_room_writes_in_the_default_folder(ram, tiny_compiled, mo
     assert [os.path.dirname(folder) for folder, _ in seen] == [str(default)]
     monkeypatch.setattr(scratch, "available_memory", lambda: 8 * GIB)
     assert LibraryFile.link(tiny_compiled.executable).read_bytes() == on_disk.read_bytes()
+
+
+def test_a_run_loads_its_copy_from_the_ram_folder(ram, tiny_compiled, monkeypatch):
+    import shutil
+
+    import numpy as np
+    import tvm
+
+    from tvmfuse.runtime import random_inputs
+
+    made = []
+    real = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda path, **kw: (made.append(str(path)), real(path, **kw)))
+    module = LibraryFile.link(tiny_compiled.executable).load()
+    assert [os.path.dirname(path) for path in made] == [str(ram)] * 2 and list(ram.iterdir()) == []  # link, load
+    inputs = random_inputs(tiny_compiled.inputs, seed=1)
+    vm = tvm.relax.VirtualMachine(module, tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(inputs[i.name]) for i in tiny_compiled.inputs]).numpy()
+    np.testing.assert_array_equal(got, tiny_compiled.run(inputs)[0])

@@ -92,10 +92,13 @@ class LibraryFile:
             os.close(fd)
 
     def load(self):
-        """The TVM runtime module of the library (loaded from a private copy; the mapping outlives the file)."""
+        """The TVM runtime module of the library (loaded from a private copy, in :func:`tvmfuse.scratch.folder`;
+        the mapping outlives the file)."""
         import tvm
 
-        tmp = tempfile.mkdtemp(prefix="tvmfuse-load-")
+        from . import scratch
+
+        tmp = tempfile.mkdtemp(prefix="tvmfuse-load-", dir=scratch.folder(self.size))
         try:
             path = os.path.join(tmp, "model.so")
             self.write(path)

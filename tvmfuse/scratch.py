@@ -5,11 +5,11 @@ the executable, then the linker's output. On a disk those are page-cache writes 
 the disk's speed once the dirty pages pass their limit: on a 2-core KVM guest (ext4 on virtio) a 100 MB
 write took 0.03 s into an idle page cache and 0.25 s after two others. A compile that also stores its build
 and exports it writes four copies of ResNeXt-50's 100 MB, and the last ones wait for the disk. ``/dev/shm``
-(tmpfs) holds the two temporary ones in memory, which they occupy only while the link runs, and the linked
-library while the compiled model keeps it (a held, unlinked file). It is used only when it has room for both
-with a margin, and when they take at most a quarter of the memory available to this process (its cgroup's
-limit included): tmpfs pages cannot be dropped the way page cache can. ``TMPDIR``, when set, is the user's
-choice and is kept.
+(tmpfs) holds the two temporary ones in memory, which they occupy only while the link runs, the linked
+library while the compiled model keeps it (a held, unlinked file), and the copy a run loads (mapped while the
+model runs). It is used only when it has room for them with a margin, and when they take at most a quarter
+of the memory available to this process (its cgroup's limit included): tmpfs pages cannot be dropped the
+way page cache can. ``TMPDIR``, when set, is the user's choice and is kept.
 """
 
 from __future__ import annotations
