@@ -128,3 +128,36 @@ def test_a_run_loads_its_copy_from_the_ram_folder(ram, tiny_compiled, monkeypatc
     vm = tvm.relax.VirtualMachine(module, tvm.cpu())
     got = vm["main"](*[tvm.runtime.tensor(inputs[i.name]) for i in tiny_compiled.inputs]).numpy()
     np.testing.assert_array_equal(got, tiny_compiled.run(inputs)[0])
+
+
+def test_a_link_or_load_the_ram_folder_cannot_hold_is_done_in_the_default_one(ram, tiny_compiled, monkeypatch,
+                                                                             tmp_path):
+    import errno
+    import tempfile
+
+    from tvmfuse import blob_object
+
+    default = tmp_path / "tmp"
+    default.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(default))
+    real_write, real_send = blob_object.write, LibraryFile.send
+    refused = []
+
+    def full(path):  # another process filled the RAM folder after it was chosen
+        if str(path).startswith(str(ram)):
+            refused.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(blob_object, "write", lambda path, *a: full(path) or real_write(path, *a))
+    library = LibraryFile.link(tiny_compiled.executable)
+    assert len(refused) == 1 and list(ram.iterdir()) == []
+    monkeypatch.setattr(blob_object, "write", real_write)
+    assert library.read_bytes() == LibraryFile.link(tiny_compiled.executable).read_bytes()
+
+    def send(self, fd):
+        full(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_send(self, fd)
+
+    monkeypatch.setattr(LibraryFile, "send", send)
+    assert library.load() is not None and len(refused) == 2 and list(ram.iterdir()) == []
+    assert list(default.iterdir()) == []

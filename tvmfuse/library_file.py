@@ -32,10 +32,12 @@ class LibraryFile:
         """``executable`` (a ``tvm.relax.VMExecutable``) linked by :func:`tvmfuse.link.export_library`."""
         from . import link
 
-        with link.workspace(executable) as (folder, pack):  # the library beside its objects: see tvmfuse.scratch
+        def link_in(folder, pack):  # the library beside its objects: see tvmfuse.scratch
             path = os.path.join(folder, "model.so")
             link.export_in(executable, path, folder, pack)
             return cls(os.open(path, os.O_RDONLY))
+
+        return link.in_workspace(executable, link_in)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "LibraryFile":
@@ -94,11 +96,20 @@ class LibraryFile:
     def load(self):
         """The TVM runtime module of the library (loaded from a private copy, in :func:`tvmfuse.scratch.folder`;
         the mapping outlives the file)."""
-        import tvm
-
         from . import scratch
 
-        tmp = tempfile.mkdtemp(prefix="tvmfuse-load-", dir=scratch.folder(self.size))
+        ram = scratch.folder(self.size)
+        if ram is not None:
+            try:
+                return self._load_in(ram)
+            except OSError:  # the RAM folder filled since it was chosen
+                pass
+        return self._load_in(None)
+
+    def _load_in(self, folder: str | None):
+        import tvm
+
+        tmp = tempfile.mkdtemp(prefix="tvmfuse-load-", dir=folder)
         try:
             path = os.path.join(tmp, "model.so")
             self.write(path)

@@ -15,7 +15,6 @@ executable (its weights included) is written by :mod:`tvmfuse.blob_object`, not 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
@@ -31,27 +30,32 @@ GOLD_OPTIONS = ["-fuse-ld=gold", "-Wl,-soname,tvmfuse_model.so"] + LINK_OPTIONS
 def export_library(module, path: str) -> None:
     """``module.export_library(path)`` (a ``tvm.relax.VMExecutable`` or runtime module) with :func:`create_shared`,
     its temporary objects in :func:`tvmfuse.scratch.folder`."""
-    with workspace(module) as (folder, pack):
-        export_in(module, path, folder, pack)
+    in_workspace(module, lambda folder, pack: export_in(module, path, folder, pack))
 
 
-@contextlib.contextmanager
-def workspace(module):
-    """``(folder, pack)``: a temporary folder for the objects of ``module``'s link, RAM-backed where it holds
-    them and the library (:mod:`tvmfuse.scratch`), and the ``fpack_imports`` hook for :func:`export_in` (the
-    executable's packed imports, serialized before, since their size decides the folder; None where TVM packs
-    them)."""
+def in_workspace(module, link_in):
+    """``link_in(folder, pack)``'s result: ``folder`` a temporary folder for the objects of ``module``'s link
+    (:func:`export_in`), RAM-backed where it holds them and the library (:mod:`tvmfuse.scratch`), ``pack`` the
+    ``fpack_imports`` hook (the executable's packed imports, serialized first: their size decides the folder;
+    None where TVM packs them). A link that fails in the RAM folder (filled by another process since it was
+    chosen) is done again in the default one, which reports its own failure."""
     pack, size = None, 0
     if blob_object.supported():
         blob = blob_object.packed(getattr(module, "mod", module))
         pack = functools.partial(blob_object.pack_imports, blob=blob)
         size = 0 if blob is None else 2 * blob.nbytes  # the object, then the library that holds it
-    with tempfile.TemporaryDirectory(prefix="tvmfuse-link-", dir=scratch.folder(size)) as folder:
-        yield folder, pack
+    ram = scratch.folder(size)
+    for folder in ([ram] if ram else []) + [None]:
+        try:
+            with tempfile.TemporaryDirectory(prefix="tvmfuse-link-", dir=folder) as work:
+                return link_in(work, pack)
+        except (OSError, RuntimeError):  # RuntimeError: the linker's, from TVM
+            if folder is None:
+                raise
 
 
 def export_in(module, path: str, folder: str, pack) -> None:
-    """``module`` linked to ``path``, its objects written in ``folder`` (see :func:`workspace`)."""
+    """``module`` linked to ``path``, its objects written in ``folder`` (see :func:`in_workspace`)."""
     from tvm.support import cc
 
     # what TVM's export reads from an fcompile: the library suffix, and the target triple (without which it packs
