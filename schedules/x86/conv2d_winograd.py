@@ -1,7 +1,7 @@
 """Winograd F(2x2, 3x3) conv2d (:mod:`..winograd`) on x86: three stages, each vectorized over channels.
 
-- input transform: per tile and channel block, the 4x4 window's 16 transformed vectors are kept in
-  registers and stored once; the transform matrices are inlined as constants (no matrix stage to read);
+- input transform: per tile and channel block, the 16 transformed vectors, each the sum and difference of
+  four of the window's input vectors (no multiplications), unrolled and stored once;
 - products: per transform position, the register tile of the blocked conv2d (``oc_vectors`` output
   channel vectors x ``tile_block`` tiles, one broadcast per tile and input channel);
 - output transform: per output pixel, ``A^T M A`` summed in a vector register and the partition's epilogue
@@ -62,12 +62,13 @@ def schedule(sch: s_tir.Schedule, vector_lanes: int, config: Config | None = Non
 
 def _input_transform(sch: s_tir.Schedule) -> None:
     block = sch.get_sblock(winograd.INPUT)
-    e, u, cb, p, c, ra, rb = sch.get_loops(block)
-    sch.reorder(cb, p, e, u, ra, rb, c)
+    e, u, cb, p, c = sch.get_loops(block)
+    sch.reorder(cb, p, e, u, c)
     tile = sch.fuse(cb, p)
-    register_tile(sch, block, None, tile, [e, u, ra, rb], c)
+    sch.unroll(e)
+    sch.unroll(u)
+    sch.vectorize(c)
     sch.parallel(tile)
-    vectorize_tile(sch, sch.decompose_reduction(block, ra), tile)
 
 
 def _products(sch: s_tir.Schedule, block, cfg: Config) -> None:

@@ -3,6 +3,8 @@ transform, its numbers against onnxruntime (odd sizes, residual, batch, 16-chann
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import tvm
@@ -100,13 +102,40 @@ def _kernel(cin=256, cout=256, hw=8):
 
 
 def test_schedule_structure():
-    """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels."""
+    """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels;
+    the input transform's 16 values per tile unrolled, sums and differences with no multiplication."""
     func = conv2d_winograd.apply(_kernel(), 8)
     s = Structure(func)
     assert not {"A", "B", "pad_temp"} & set(s.blocks), s.blocks
-    for block in (winograd.INPUT, winograd.PRODUCT, winograd.ANCHOR):
-        kinds = [loop.kind for loop in s.loops[block + "_update"]]
+    for block in (winograd.INPUT, winograd.PRODUCT + "_update", winograd.ANCHOR + "_update"):
+        kinds = [loop.kind for loop in s.loops[block]]
         assert ForKind.PARALLEL in kinds and kinds[-1] == ForKind.VECTORIZED, (block, kinds)
+    assert [loop.kind for loop in s.loops[winograd.INPUT]] == [ForKind.PARALLEL, ForKind.UNROLLED, ForKind.UNROLLED,
+                                                               ForKind.VECTORIZED]
+    ops = collections.Counter()
+    _float_ops(s.sch.get(s.blocks[winograd.INPUT]).body.value, ops)
+    assert ops["Mul"] == 0 and ops["Add"] + ops["Sub"] >= 3, ops
+
+
+def _float_ops(expr, ops: collections.Counter) -> None:
+    """Count the float operations of ``expr`` by node type (a load's indices are not looked into)."""
+    if "float" in str(getattr(expr, "ty", "")):
+        ops[type(expr).__name__] += 1
+    for field in ("a", "b", "condition", "true_value", "false_value", "value"):
+        if hasattr(expr, field) and not hasattr(expr, "indices"):  # a load: its indices are not float ops
+            _float_ops(getattr(expr, field), ops)
+    for arg in getattr(expr, "args", []):
+        _float_ops(arg, ops)
+
+
+@pytest.mark.parametrize("e", range(winograd.ALPHA))
+def test_the_input_transform_is_b_transposed_times_the_values(e):
+    _, b, _ = winograd.matrices()
+    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
+    got = tvm.sym.Analyzer().simplify(winograd.input_transform(b, tvm.tirx.IntImm("int32", e), values.__getitem__))
+    assert float(got.value) == float(b[:, e] @ [3.0, -5.0, 7.5, 11.0])
+    with pytest.raises(ValueError, match="0 and"):
+        winograd.input_transform(b * 0.5, tvm.tirx.Var("e", "int32"), values.__getitem__)
 
 
 def test_template_space_and_a_non_default_config_keep_the_numbers():
