@@ -6,12 +6,13 @@ weights (``M = U V``, 16 independent ``[O x I] x [I x tiles]`` products) and tra
 (``Y = A^T M A``), where the partition's epilogue is applied. The products need 2.25x fewer
 multiply-adds than the direct convolution; the transforms are adds on data that stays in cache.
 
-``B``'s entries are 0 and +-1, so the input transform is written out as the sums and differences it is
-(:func:`input_transform`): as a product with ``B`` (a constant matrix, its 16 terms per value unrolled) each
-tile and channel vector took 256 multiply-adds, the zeros included (``x * 0.0`` is not 0 for every float, so
-neither TVM nor LLVM drops it), where 48 adds do. A 64-channel 56x56 layer's kernel went from 0.83 to 0.60 ms,
-128 channels at 28x28 from 0.62 to 0.50 (AVX-512, Zen 4, 2 threads); 256 and 512 channels, where the
-products dominate, 3-4%.
+The entries of ``B`` and ``A`` are 0 and +-1, so both transforms are written out as the sums and differences
+they are (:func:`transform`). As products with constant matrices (16 terms per value, unrolled) each tile and
+channel vector took 256 multiply-adds in the input transform, the zeros included (``x * 0.0`` is not 0 for every
+float, so neither TVM nor LLVM drops it), where 48 adds do, and each output 16 multiply-adds by coefficients
+chosen at run time where 8 adds do once the 2 x 2 outputs of a tile are unrolled. Kernels alone (AVX-512, Zen 4,
+2 threads, best of 3 runs): 64 channels at 56x56 0.80 -> 0.54 ms, 128 at 28x28 0.59 -> 0.48, 256 at 14x14
+0.58 -> 0.48, 512 at 7x7 0.77 -> 0.63.
 
 The weights are transformed at compile time, with the packing of every other kernel
 (``U = G g G^T``, laid out ``[4, 4, O/bo, I, bo]``: ``bo`` output channels of one input channel are one
@@ -23,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx, topi
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
-from tvm.topi.utils import const_matrix
 
 TILE = 2  # outputs per tile side: F(2x2, 3x3)
 KERNEL = 3  # the kernel side it takes
@@ -82,7 +82,7 @@ def unpack_weight(packed: np.ndarray) -> np.ndarray:
     return np.einsum("ae,enoc,bn->ocab", g_inv, u, g_inv).astype(packed.dtype)
 
 
-def input_transform(b: np.ndarray, e, value):
+def transform(b: np.ndarray, e, value):
     """``sum_r b[r, e] value(r)`` for a loop variable ``e``: for each ``e`` the values whose entry is +1 added
     and then those whose entry is -1 subtracted, in ``r`` order (``b``'s entries must be 0 or +-1, each
     column with a +1), chosen by a ``Select`` over ``e`` that the unrolled schedule folds."""
@@ -114,22 +114,21 @@ def conv2d(data, weight, out_dtype: str = "float32"):
     per_image = tiles_h * tiles_w
     padded = topi.nn.pad(data, [0, 0, 1, 1, 0], [0, 0, tiles_h * TILE + 1 - h, tiles_w * TILE + 1 - w, 0],
                          name="pad_temp")
-    a = const_matrix(a_np.astype(out_dtype), "A")
 
     def tile_pixel(p, ry, rx, cb, c):
         image, t = p // per_image, p % per_image
         return padded[image, cb, (t // tiles_w) * TILE + ry, (t % tiles_w) * TILE + rx, c].astype(out_dtype)
 
-    v = te.compute((ALPHA, ALPHA, in_blocks, n * per_image, bi), lambda e, u, cb, p, c: input_transform(
-        b_np, e, lambda ra: input_transform(b_np, u, lambda rb: tile_pixel(p, ra, rb, cb, c))), name=INPUT)
+    v = te.compute((ALPHA, ALPHA, in_blocks, n * per_image, bi), lambda e, u, cb, p, c: transform(
+        b_np, e, lambda ra: transform(b_np, u, lambda rb: tile_pixel(p, ra, rb, cb, c))), name=INPUT)
     rco, rci = te.reduce_axis((0, channels // bi), "rco"), te.reduce_axis((0, bi), "rci")
     m = te.compute((ALPHA, ALPHA, out_blocks, n * per_image, bo), lambda e, u, ob, p, o: te.sum(
         weight[e, u, ob, rco * bi + rci, o].astype(out_dtype) * v[e, u, rco, p, rci], axis=[rco, rci]),
         name=PRODUCT)
-    sa, sb = te.reduce_axis((0, ALPHA), "sa"), te.reduce_axis((0, ALPHA), "sb")
 
     def tile_of(image, y, x):
         return image * per_image + (y // TILE) * tiles_w + x // TILE
 
-    return te.compute((n, out_blocks, h, w, bo), lambda i, ob, y, x, o: te.sum(
-        m[sa, sb, ob, tile_of(i, y, x), o] * a[sa, y % TILE] * a[sb, x % TILE], axis=[sa, sb]), name=ANCHOR)
+    return te.compute((n, out_blocks, h, w, bo), lambda i, ob, y, x, o: transform(
+        a_np, y % TILE, lambda sa: transform(a_np, x % TILE, lambda sb: m[sa, sb, ob, tile_of(i, y, x), o])),
+        name=ANCHOR)

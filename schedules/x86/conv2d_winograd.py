@@ -4,8 +4,8 @@
   four of the window's input vectors (no multiplications), unrolled and stored once;
 - products: per transform position, the register tile of the blocked conv2d (``oc_vectors`` output
   channel vectors x ``tile_block`` tiles, one broadcast per tile and input channel);
-- output transform: per output pixel, ``A^T M A`` summed in a vector register and the partition's epilogue
-  applied before the single store.
+- output transform: per 2 x 2 output tile, unrolled, each pixel the sum and difference of nine of the
+  tile's 16 products, computed in the partition's epilogue stage (inlined into it) before the single store.
 """
 
 from __future__ import annotations
@@ -83,8 +83,14 @@ def _products(sch: s_tir.Schedule, block, cfg: Config) -> None:
 
 def _output_transform(sch: s_tir.Schedule, epilogue) -> None:
     block = sch.get_sblock(ANCHOR)
-    n, ob, y, x, o, sa, sb = sch.get_loops(block)
-    sch.reorder(n, ob, y, x, sa, sb, o)
-    register_tile(sch, block, epilogue, x, [sa, sb], o)
-    sch.parallel(sch.fuse(n, ob, y))
-    vectorize_tile(sch, sch.decompose_reduction(block, sa), x)
+    if epilogue is not None:
+        sch.compute_inline(block)
+        block = epilogue
+    n, ob, y, x, o = sch.get_loops(block)
+    yt, yi = sch.split(y, [None, winograd.TILE])
+    xt, xi = sch.split(x, [None, winograd.TILE])
+    sch.reorder(n, ob, yt, xt, yi, xi, o)
+    sch.parallel(sch.fuse(n, ob, yt))
+    sch.unroll(yi)
+    sch.unroll(xi)
+    sch.vectorize(o)

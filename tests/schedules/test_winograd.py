@@ -81,6 +81,21 @@ def test_a_whole_model_with_batch_two_matches_onnxruntime():
     np.testing.assert_allclose(cm.run(x)[0], ort_run(model, x)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_conv_without_bias_or_activation_stores_the_output_transform_itself():
+    from helpers import make_model
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((256, 256, 3, 3)) / 48).astype("float32")
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)],
+                       [("x", [1, 256, 7, 7])], [("y", None)], [numpy_helper.from_array(w, "W")])
+    feeds = {"x": rng.standard_normal((1, 256, 7, 7)).astype("float32")}
+    got, kernel = run_blocked(model, feeds)
+    assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_winograd"
+    assert list(Structure(kernel).blocks)[-1] == winograd.ANCHOR  # no epilogue stage to compute it in
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_weight_transform_round_trips_and_matches_the_definition():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((16, 24, 3, 3)).astype("float32")
@@ -103,18 +118,41 @@ def _kernel(cin=256, cout=256, hw=8):
 
 def test_schedule_structure():
     """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels;
-    the input transform's 16 values per tile unrolled, sums and differences with no multiplication."""
+    both transforms unrolled sums and differences with no multiplication: the input's 16 values per tile, the
+    output's 2 x 2 pixels of a tile, computed in the epilogue's stage (bias and ReLU here) before its store."""
     func = conv2d_winograd.apply(_kernel(), 8)
     s = Structure(func)
-    assert not {"A", "B", "pad_temp"} & set(s.blocks), s.blocks
-    for block in (winograd.INPUT, winograd.PRODUCT + "_update", winograd.ANCHOR + "_update"):
+    assert not {"A", "B", "pad_temp", winograd.ANCHOR} & set(s.blocks), s.blocks
+    output = list(s.blocks)[-1]
+    for block in (winograd.INPUT, winograd.PRODUCT + "_update", output):
         kinds = [loop.kind for loop in s.loops[block]]
         assert ForKind.PARALLEL in kinds and kinds[-1] == ForKind.VECTORIZED, (block, kinds)
     assert [loop.kind for loop in s.loops[winograd.INPUT]] == [ForKind.PARALLEL, ForKind.UNROLLED, ForKind.UNROLLED,
                                                                ForKind.VECTORIZED]
-    ops = collections.Counter()
-    _float_ops(s.sch.get(s.blocks[winograd.INPUT]).body.value, ops)
-    assert ops["Mul"] == 0 and ops["Add"] + ops["Sub"] >= 3, ops
+    assert [loop.kind for loop in s.loops[output]] == [ForKind.PARALLEL, ForKind.SERIAL, ForKind.UNROLLED,
+                                                       ForKind.UNROLLED, ForKind.VECTORIZED]
+    for block in (winograd.INPUT, output):
+        ops = collections.Counter()
+        _float_ops(s.sch.get(s.blocks[block]).body.value, ops)
+        assert ops["Mul"] == 0 and ops["Add"] + ops["Sub"] >= 3, (block, ops)
+
+
+@pytest.mark.parametrize("e", range(winograd.ALPHA))
+def test_the_input_transform_is_b_transposed_times_the_values(e):
+    _, b, _ = winograd.matrices()
+    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
+    got = tvm.sym.Analyzer().simplify(winograd.transform(b, tvm.tirx.IntImm("int32", e), values.__getitem__))
+    assert float(got.value) == float(b[:, e] @ [3.0, -5.0, 7.5, 11.0])
+    with pytest.raises(ValueError, match="0 and"):
+        winograd.transform(b * 0.5, tvm.tirx.Var("e", "int32"), values.__getitem__)
+
+
+@pytest.mark.parametrize("k", range(winograd.TILE))
+def test_the_output_transform_is_a_transposed_times_the_values(k):
+    a, _, _ = winograd.matrices()
+    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
+    got = tvm.sym.Analyzer().simplify(winograd.transform(a, tvm.tirx.IntImm("int32", k), values.__getitem__))
+    assert float(got.value) == float(a[:, k] @ [3.0, -5.0, 7.5, 11.0])
 
 
 def _float_ops(expr, ops: collections.Counter) -> None:
@@ -126,16 +164,6 @@ def _float_ops(expr, ops: collections.Counter) -> None:
             _float_ops(getattr(expr, field), ops)
     for arg in getattr(expr, "args", []):
         _float_ops(arg, ops)
-
-
-@pytest.mark.parametrize("e", range(winograd.ALPHA))
-def test_the_input_transform_is_b_transposed_times_the_values(e):
-    _, b, _ = winograd.matrices()
-    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
-    got = tvm.sym.Analyzer().simplify(winograd.input_transform(b, tvm.tirx.IntImm("int32", e), values.__getitem__))
-    assert float(got.value) == float(b[:, e] @ [3.0, -5.0, 7.5, 11.0])
-    with pytest.raises(ValueError, match="0 and"):
-        winograd.input_transform(b * 0.5, tvm.tirx.Var("e", "int32"), values.__getitem__)
 
 
 def test_template_space_and_a_non_default_config_keep_the_numbers():
