@@ -15,7 +15,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from ..computes import winograd
-from ..common import block_names, inline_epilogue, register_tile, vectorize_tile
+from ..common import accumulate_in_registers, block_names, inline_epilogue, register_tile, vectorize_tile
 from .conv2d_nchwc import inline_views
 
 ANCHOR = winograd.ANCHOR
@@ -83,9 +83,6 @@ def _products(sch: s_tir.Schedule, block, cfg: Config) -> None:
 
 def _output_transform(sch: s_tir.Schedule, epilogue) -> None:
     block = sch.get_sblock(ANCHOR)
-    if epilogue is not None:
-        sch.compute_inline(block)
-        block = epilogue
     n, ob, y, x, o = sch.get_loops(block)
     yt, yi = sch.split(y, [None, winograd.TILE])
     xt, xi = sch.split(x, [None, winograd.TILE])
@@ -94,3 +91,9 @@ def _output_transform(sch: s_tir.Schedule, epilogue) -> None:
     sch.unroll(yi)
     sch.unroll(xi)
     sch.vectorize(o)
+    if epilogue is None:
+        return
+    # the tile's 2 x 2 output vectors kept in registers and the epilogue applied to them in a loop: unrolled
+    # with them, a SiLU's exp was four copies of its code (YOLOv8n's Winograd kernels 0.43 -> 0.62 s to build)
+    consumer = accumulate_in_registers(sch, block, epilogue, xt)
+    sch.vectorize(sch.get_loops(consumer)[-1])

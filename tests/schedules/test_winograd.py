@@ -31,6 +31,13 @@ def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_sigmoid_epilogue_on_an_odd_map_matches_onnxruntime():
+    model, feeds = conv_model(128, 128, 9, 3, 1, 1, act="Sigmoid", seed=4)
+    got, kernel = run_blocked(model, feeds)
+    assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_winograd" and "sigmoid" in str(kernel.attrs["tvmfuse.ops"])
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("channels", [256, 64])  # from 64 channels with 16-lane vectors (winograd.min_channels)
 def test_winograd_with_16_channel_blocks_computes_correctly_on_this_host(channels):
     model, feeds = conv_model(channels, channels, 6, 3, 1, 1, seed=1)
@@ -119,19 +126,23 @@ def _kernel(cin=256, cout=256, hw=8):
 def test_schedule_structure():
     """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels;
     both transforms unrolled sums and differences with no multiplication: the input's 16 values per tile, the
-    output's 2 x 2 pixels of a tile, computed in the epilogue's stage (bias and ReLU here) before its store."""
+    output's 2 x 2 pixels of a tile, kept in registers for the epilogue (bias and ReLU here), applied to them
+    under the same tile loop in a loop of its own (not unrolled with them: one copy of its code)."""
     func = conv2d_winograd.apply(_kernel(), 8)
     s = Structure(func)
-    assert not {"A", "B", "pad_temp", winograd.ANCHOR} & set(s.blocks), s.blocks
-    output = list(s.blocks)[-1]
-    for block in (winograd.INPUT, winograd.PRODUCT + "_update", output):
+    assert not {"A", "B", "pad_temp"} & set(s.blocks), s.blocks
+    epilogue = list(s.blocks)[-1]
+    for block in (winograd.INPUT, winograd.PRODUCT + "_update", winograd.ANCHOR, epilogue):
         kinds = [loop.kind for loop in s.loops[block]]
         assert ForKind.PARALLEL in kinds and kinds[-1] == ForKind.VECTORIZED, (block, kinds)
     assert [loop.kind for loop in s.loops[winograd.INPUT]] == [ForKind.PARALLEL, ForKind.UNROLLED, ForKind.UNROLLED,
                                                                ForKind.VECTORIZED]
-    assert [loop.kind for loop in s.loops[output]] == [ForKind.PARALLEL, ForKind.SERIAL, ForKind.UNROLLED,
-                                                       ForKind.UNROLLED, ForKind.VECTORIZED]
-    for block in (winograd.INPUT, output):
+    assert [loop.kind for loop in s.loops[winograd.ANCHOR]] == [ForKind.PARALLEL, ForKind.SERIAL, ForKind.UNROLLED,
+                                                                ForKind.UNROLLED, ForKind.VECTORIZED]
+    assert s.shared_loops(winograd.ANCHOR, epilogue) == 2 and ForKind.UNROLLED not in {
+        loop.kind for loop in s.loops[epilogue]}
+    assert s.alloc[winograd.ANCHOR + "_local"][0] == "local"
+    for block in (winograd.INPUT, winograd.ANCHOR):
         ops = collections.Counter()
         _float_ops(s.sch.get(s.blocks[block]).body.value, ops)
         assert ops["Mul"] == 0 and ops["Add"] + ops["Sub"] >= 3, (block, ops)
