@@ -148,22 +148,22 @@ def test_schedule_structure():
         assert ops["Mul"] == 0 and ops["Add"] + ops["Sub"] >= 3, (block, ops)
 
 
-@pytest.mark.parametrize("e", range(winograd.ALPHA))
-def test_the_input_transform_is_b_transposed_times_the_values(e):
+@pytest.mark.parametrize("which,k", [("B", e) for e in range(winograd.ALPHA)]
+                         + [("A", y) for y in range(winograd.TILE)])
+def test_a_transform_is_the_matrix_transposed_times_the_values(which, k):
+    a, b, _ = winograd.matrices()
+    matrix = {"A": a, "B": b}[which]
+    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
+    got = tvm.sym.Analyzer().simplify(winograd.transform(matrix, tvm.tirx.IntImm("int32", k), values.__getitem__))
+    assert float(got.value) == float(matrix[:, k] @ [3.0, -5.0, 7.5, 11.0])
+
+
+def test_a_transform_takes_only_zero_and_unit_entries():
     _, b, _ = winograd.matrices()
-    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
-    got = tvm.sym.Analyzer().simplify(winograd.transform(b, tvm.tirx.IntImm("int32", e), values.__getitem__))
-    assert float(got.value) == float(b[:, e] @ [3.0, -5.0, 7.5, 11.0])
-    with pytest.raises(ValueError, match="0 and"):
-        winograd.transform(b * 0.5, tvm.tirx.Var("e", "int32"), values.__getitem__)
-
-
-@pytest.mark.parametrize("k", range(winograd.TILE))
-def test_the_output_transform_is_a_transposed_times_the_values(k):
-    a, _, _ = winograd.matrices()
-    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
-    got = tvm.sym.Analyzer().simplify(winograd.transform(a, tvm.tirx.IntImm("int32", k), values.__getitem__))
-    assert float(got.value) == float(a[:, k] @ [3.0, -5.0, 7.5, 11.0])
+    values = [tvm.tirx.FloatImm("float64", 1.0)] * winograd.ALPHA
+    for bad in (b * 0.5, -b):  # halves; a column with no +1
+        with pytest.raises(ValueError, match="0 and"):
+            winograd.transform(bad, tvm.tirx.Var("e", "int32"), values.__getitem__)
 
 
 def _float_ops(expr, ops: collections.Counter) -> None:
