@@ -40,7 +40,7 @@ def matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def min_channels(lanes: int | None) -> int:
     """The fewest input and output channels for which Winograd pays, by the float32 vector width."""
-    return 64 if lanes is not None and lanes >= 16 else 128
+    return 32 if lanes is not None and lanes >= 16 else 64
 
 
 def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int,
@@ -48,13 +48,12 @@ def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding
     """Whether a conv2d runs as Winograd F(2x2, 3x3): 3x3, stride 1, no dilation, padding 1, groups 1, and
     at least :func:`min_channels` input and output channels.
 
-    AVX2 (8 lanes), against the direct blocked kernel (2 threads, kernel alone, ``bench/x86_kernels.py``):
-    256ch at 14x14 0.69 ms against 1.42; 512ch at 7x7 0.89 against 1.44; 128ch at 28x28 0.79 against 1.23;
-    64ch at 56x56 even (1.22 against 1.24): with few channels the transforms cost what the products save.
-    In ResNet-50 (with the shipped logs) this took the model from 1.06x onnxruntime to 0.95-0.99x.
-    AVX-512 (16 lanes, Zen 4; whole models, interleaved A/B in one process): from 64 channels it pays too,
-    where the direct kernel already runs at the FMA peak: yolov8n 12.97 -> 11.86 ms, resnet18 13.88 -> 12.96,
-    unet 7.29 -> 6.92; from 32 channels it did not (yolov8n even, unet 3% slower)."""
+    Before the transforms were sums (AVX2 against the direct blocked kernel, kernel alone): 256ch at 14x14
+    0.69 ms against 1.42, 128ch at 28x28 0.79 against 1.23, 64ch at 56x56 even; on AVX-512 from 64 channels.
+    With them (2026-11-30, Zen 4, kernel alone, best of 3): AVX2 code 64ch at 56x56 0.69 against 1.15 ms,
+    AVX-512 32ch at 56x56 0.15 against 0.26, and whole models, shipped logs, interleaved: AVX2 code resnet18
+    14.6-14.8 -> 12.9-13.0 ms, resnet50 37.1-37.4 -> 35.5-35.7 (their 64-channel layer1); AVX-512 unet 5.8-6.0
+    -> 5.4-5.5, yolov8n 9.06-9.14 -> 8.69-8.70 (their 32-channel 3x3 convs)."""
     return (list(kernel) == [3, 3] and list(strides) == [1, 1] and list(dilation) == [1, 1]
             and list(padding) == [1, 1, 1, 1] and groups == 1
             and min(in_channels, out_channels) >= min_channels(lanes))
