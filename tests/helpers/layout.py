@@ -11,7 +11,8 @@ from tvmfuse.passes.pipeline import PassRecord, run_graph_passes
 
 
 def transforms(model, spec, layout: str = "blocked") -> dict:
-    """``{"to_blocked": calls, "to_plain": calls, "nchwc": blocked conv kernels}`` after the graph passes."""
+    """``{"to_blocked": calls, "to_plain": calls, "nchwc": blocked conv kernels (Winograd's too)}`` after the graph
+    passes."""
     imported = frontend.import_model(model)
     mod = run_graph_passes(imported.mod, spec, spec.tvm_target(), PassRecord(), blocked=layout == "blocked")
     counts = {"to_blocked": 0, "to_plain": 0, "nchwc": 0}
@@ -21,7 +22,7 @@ def transforms(model, spec, layout: str = "blocked") -> dict:
             if kernel is not None and str(kernel) in counts:
                 counts[str(kernel)] += str(mod["main"]).count(f"call_tir({gv.name_hint},")
             counts["nchwc"] += str(func.attrs.get("tvmfuse.family", "")) in (
-                "conv2d_nchwc", "depthwise_conv2d_nchwc")
+                "conv2d_nchwc", "conv2d_winograd", "depthwise_conv2d_nchwc")
     return counts
 
 

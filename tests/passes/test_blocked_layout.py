@@ -32,7 +32,7 @@ CONV_GRID = [
     (8, 24, 9, 3, 2, 1, 1),  # 24 output channels: 8-channel blocks, odd input size, stride 2
     (24, 16, 13, 1, 1, 0, 1),
     (16, 16, 12, 3, 1, 2, 2),  # dilation 2, padding 2
-    (32, 64, 7, 3, 1, 1, 1),
+    (16, 64, 7, 3, 1, 1, 1),  # (from 32 channels a 3x3 stride-1 conv is Winograd on AVX-512)
     (16, 8, 3, 3, 1, 0, 1),  # 1x1 output
     (64, 32, 11, 5, 2, 2, 1),
     (64, 128, 14, 1, 2, 0, 1),  # 1x1 stride 2 to a 7-wide map: 2x4 tiles with a predicated last pixel
