@@ -98,13 +98,12 @@ class LibraryFile:
         the mapping outlives the file)."""
         from . import scratch
 
-        ram = scratch.folder(self.size)
-        if ram is not None:
+        for folder in scratch.folders(self.size):
             try:
-                return self._load_in(ram)
-            except OSError:  # the RAM folder filled since it was chosen
-                pass
-        return self._load_in(None)
+                return self._load_in(folder)
+            except OSError:
+                if folder is None:
+                    raise
 
     def _load_in(self, folder: str | None):
         import tvm

@@ -44,8 +44,7 @@ def in_workspace(module, link_in):
         blob = blob_object.packed(getattr(module, "mod", module))
         pack = functools.partial(blob_object.pack_imports, blob=blob)
         size = 0 if blob is None else 2 * blob.nbytes  # the object, then the library that holds it
-    ram = scratch.folder(size)
-    for folder in ([ram] if ram else []) + [None]:
+    for folder in scratch.folders(size):
         try:
             with tempfile.TemporaryDirectory(prefix="tvmfuse-link-", dir=folder) as work:
                 return link_in(work, pack)

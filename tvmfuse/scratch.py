@@ -24,24 +24,30 @@ SHARE = 4  # what a link writes there is at most 1/SHARE of the memory available
 def folder(size: int) -> str | None:
     """A folder for temporary files of ``size`` bytes in all: :data:`RAM_FOLDER` where it suits (see the
     module), else None (the default temporary folder)."""
-    ram_folder = RAM_FOLDER
     if os.environ.get("TMPDIR"):
         return None
     try:
-        st = os.statvfs(ram_folder)
+        st = os.statvfs(RAM_FOLDER)
     except OSError:
         return None
-    if not os.access(ram_folder, os.W_OK | os.X_OK):
+    if not os.access(RAM_FOLDER, os.W_OK | os.X_OK):
         return None
     available = available_memory()
     if available is None or st.f_bavail * st.f_frsize < size + MARGIN or size * SHARE > available:
         return None
-    return ram_folder
+    return RAM_FOLDER
+
+
+def folders(size: int) -> list:
+    """The folders to try, in order, for temporary files of ``size`` bytes: :func:`folder`'s RAM folder where
+    it suits, then None (the default temporary folder), for when the RAM folder filled since it was chosen."""
+    ram = folder(size)
+    return ([ram] if ram else []) + [None]
 
 
 def available_memory() -> int | None:
-    """Bytes of memory this process can still use: ``MemAvailable``, capped by its cgroup's (v2) limit less its
-    usage; None where ``/proc/meminfo`` cannot be read."""
+    """Bytes of memory this process can still use: ``MemAvailable``, capped by its cgroup's limit (v1 or v2) less
+    its usage; None where ``/proc/meminfo`` cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)

@@ -12,7 +12,7 @@ channel vector took 256 multiply-adds in the input transform, the zeros included
 float, so neither TVM nor LLVM drops it), where 48 adds do, and each output 16 multiply-adds by coefficients
 chosen at run time where 8 adds do once the 2 x 2 outputs of a tile are unrolled. Kernels alone (AVX-512, Zen 4,
 2 threads, best of 3 runs): 64 channels at 56x56 0.80 -> 0.54 ms, 128 at 28x28 0.59 -> 0.48, 256 at 14x14
-0.58 -> 0.48, 512 at 7x7 0.77 -> 0.63.
+0.58 -> 0.48, 512 at 7x7 0.77 -> 0.61.
 
 The weights are transformed at compile time, with the packing of every other kernel
 (``U = G g G^T``, laid out ``[4, 4, O/bo, I, bo]``: ``bo`` output channels of one input channel are one

@@ -5,7 +5,8 @@
 - products: per transform position, the register tile of the blocked conv2d (``oc_vectors`` output
   channel vectors x ``tile_block`` tiles, one broadcast per tile and input channel);
 - output transform: per 2 x 2 output tile, unrolled, each pixel the sum and difference of nine of the
-  tile's 16 products, computed in the partition's epilogue stage (inlined into it) before the single store.
+  tile's 16 products, kept in registers; the partition's epilogue applied to them in a loop under the same
+  tile (one copy of its code) before the single store.
 """
 
 from __future__ import annotations
