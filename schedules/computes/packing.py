@@ -73,7 +73,7 @@ class KernelLayout:
     """How a kernel's arguments differ from its partition function's (NCHW activations, OIHW weights).
 
     ``weights``: parameter index -> packing, ``("oc", oc_block)`` (NCHW kernel, :func:`pack_weight`),
-    ``("conv", bi, bo)``, ``("winograd", bi, bo)`` (:func:`winograd.pack_weight`), ``("depthwise", b)`` or
+    ``("conv", bi, bo)``, ``("winograd", bi, bo, tile)`` (:func:`winograd.pack_weight`), ``("depthwise", b)`` or
     ``("panels", n_block)`` (:func:`pack_dense_weight`);
     ``activations``: parameter index -> block of an input
     passed NCHW[b]c; ``out_block``: the output's block (None: NCHW); ``plain_out``: the output is computed in
@@ -102,7 +102,7 @@ class KernelLayout:
             text = f"NCHW (computed NCHW{self.out_block}c)"
         for kind, *blocks in self.weights.values():
             text += ", weight " + {"oc": "OIHW{}o", "conv": "OIHW{}i{}o", "depthwise": "CHW{}c",
-                                   "winograd": "Winograd F(2x2,3x3) {1}o", "panels": "NK{}n"}[kind].format(*blocks)
+                                   "winograd": "Winograd F({2}x{2},3x3) {1}o", "panels": "NK{}n"}[kind].format(*blocks)
         return text
 
     def shape(self, index: int, shape: list[int]) -> list[int]:
@@ -121,7 +121,8 @@ class KernelLayout:
         if kind == "conv":
             return [-(-o // b[1]), -(-i // b[0]), h, w, b[0], b[1]]
         if kind == "winograd":
-            return [winograd.ALPHA, winograd.ALPHA, o // b[1], i, b[1]]
+            alpha = b[2] + winograd.KERNEL - 1
+            return [alpha, alpha, o // b[1], i, b[1]]
         return [-(-o // b[0]), h, w, b[0]]
 
     def pack(self, index: int, weight: np.ndarray) -> np.ndarray:

@@ -226,8 +226,11 @@ def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> packing.KernelLayou
             raise ValueError("a narrow-group conv needs its input blocked like its output")
         pack = ("conv", group, block)
     elif families.family_of(anchor).blocked_weight == "conv":
-        kind = "winograd" if data in blocks and not padded and winograd_pays(anchor, lanes) else "conv"
-        pack = (kind, blocks.get(data, 1), block)
+        pack = ("conv", blocks.get(data, 1), block)
+        if data in blocks and not padded and winograd_pays(anchor, lanes):
+            n, out_channels, h, w = _ints(anchor.ty.shape)
+            in_channels = int(anchor.args[0].ty.shape[1])
+            pack = ("winograd", blocks[data], block, winograd.tile_for(n, h, w, in_channels, out_channels))
     else:
         if blocks.get(data) != block:
             raise ValueError("a blocked depthwise kernel needs its input blocked like its output")

@@ -1,5 +1,6 @@
-"""Winograd F(2x2, 3x3) conv2d (schedules/computes/winograd.py, x86 conv2d_winograd): where it is chosen, its weight
-transform, its numbers against onnxruntime (odd sizes, residual, batch, 16-channel blocks) and its schedule."""
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) conv2d (schedules/computes/winograd.py, x86 conv2d_winograd): where each is
+chosen, its weight transform, its numbers against onnxruntime (odd sizes, residual, batch, 16-channel blocks) and its
+schedule."""
 
 from __future__ import annotations
 
@@ -20,15 +21,27 @@ from helpers.schedules import Structure
 from helpers.blocked import conv_model, partition_call, run_blocked
 
 
-@pytest.mark.parametrize("cin,cout,hw,residual", [(256, 256, 14, False), (256, 256, 7, True), (256, 512, 5, False),
-                                                   (128, 128, 9, False)])
-def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual):
-    # 7 and 5 are odd: the last tile row and column stick out of the map and are cut.
+@pytest.mark.parametrize("cin,cout,hw,residual,tile", [(256, 256, 14, False, 4), (256, 256, 7, True, 4),
+                                                        (256, 512, 5, False, 2), (128, 128, 9, False, 4),
+                                                        (128, 128, 2, False, 2)])
+def test_winograd_conv_matches_onnxruntime(cin, cout, hw, residual, tile):
+    # 7, 5 and 9 are odd: the last tile row and column stick out of the map and are cut. 256 -> 512: F(4x4)'s
+    # weights would take 18.9 MB (winograd.WEIGHT_BYTES); a 2x2 map: one F(2x2) tile, where F(4x4) would compute 16.
     model, feeds = conv_model(cin, cout, hw, 3, 1, 1, residual=residual, seed=hw)
     got, kernel = run_blocked(model, feeds)
     assert str(kernel.attrs["tvmfuse.family"]) == "conv2d_winograd"
-    assert "Winograd" in str(kernel.attrs["tvmfuse.layout"])
+    assert f"Winograd F({tile}x{tile},3x3)" in str(kernel.attrs["tvmfuse.layout"])
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_tile_follows_the_map_and_the_weights_size():
+    assert winograd.tile_for(1, 56, 56, 64, 64) == 4
+    assert winograd.tile_for(1, 14, 14, 256, 256) == 4  # 9.4 MB of F(4x4) weights
+    assert winograd.tile_for(1, 7, 7, 512, 512) == 2  # 37.7 MB
+    assert winograd.tile_for(1, 1, 80, 256, 256) == 2  # one row: 20 F(4x4) tiles of 36 against 40 of 16
+    assert winograd.tile_for(1, 3, 80, 256, 256) == 4
+    assert winograd.tile_for(4, 2, 2, 64, 64) == 2
+    assert winograd.tile_for(1, 6, 6, 64, 64) == 4  # a tie (4 tiles of 36 against 9 of 16)
 
 
 def test_a_sigmoid_epilogue_on_an_odd_map_matches_onnxruntime():
@@ -103,14 +116,29 @@ def test_a_conv_without_bias_or_activation_stores_the_output_transform_itself():
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_weight_transform_round_trips_and_matches_the_definition():
+@pytest.mark.parametrize("tile", winograd.TILES)
+def test_weight_transform_round_trips_and_matches_the_definition(tile):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((16, 24, 3, 3)).astype("float32")
-    packed = winograd.pack_weight(w, 8, 8)
-    assert packed.shape == (4, 4, 2, 24, 8)
-    _, _, g = winograd.matrices()
+    packed = winograd.pack_weight(w, 8, 8, tile)
+    assert packed.shape == (tile + 2, tile + 2, 2, 24, 8)
+    _, _, g = winograd.matrices(tile)
     np.testing.assert_allclose(packed[1, 2, 1, 5, 3], (g @ w[8 + 3, 5] @ g.T)[1, 2], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(winograd.unpack_weight(packed), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tile", winograd.TILES)
+def test_the_matrices_compute_a_convolution(tile):
+    # 1-D: A^T [(G g) * (B^T d)] is the valid correlation of d (tile + 2 values) with g (3 taps)
+    a, b, g = winograd.matrices(tile)
+    rng = np.random.default_rng(tile)
+    d, k = rng.standard_normal(tile + 2), rng.standard_normal(3)
+    np.testing.assert_allclose(a.T @ ((g @ k) * (b.T @ d)), np.correlate(d, k, "valid"), rtol=1e-12, atol=1e-12)
+
+
+def test_only_the_implemented_tiles():
+    with pytest.raises(ValueError, match=r"F\(3x3, 3x3\) is not implemented"):
+        winograd.matrices(3)
 
 
 def _kernel(cin=256, cout=256, hw=8):
@@ -123,46 +151,58 @@ def _kernel(cin=256, cout=256, hw=8):
     return kernel
 
 
-def test_schedule_structure():
+@pytest.mark.parametrize("cin,tile", [(256, 4), (512, 2)])  # 512 channels: F(4x4)'s weights too large
+def test_schedule_structure(cin, tile):
     """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels;
-    both transforms unrolled sums and differences with no multiplication: the input's 16 values per tile, the
-    output's 2 x 2 pixels of a tile, kept in registers for the epilogue (bias and ReLU here), applied to them
-    under the same tile loop in a loop of its own (not unrolled with them: one copy of its code)."""
-    func = conv2d_winograd.apply(_kernel(), 8)
-    s = Structure(func)
+    each transform in two unrolled stages (rows, then columns) of sums, differences and multiplications by the
+    matrix's entries other than 0 and +-1, never by a zero; the output's m x m pixels of a tile kept in registers
+    for the epilogue (bias and ReLU here), applied to them under the same tile loop in a loop of its own (not
+    unrolled with them: one copy of its code)."""
+    kernel = _kernel(cin, cin)
+    assert f"F({tile}x{tile}" in str(kernel.attrs["tvmfuse.layout"])
+    s = Structure(conv2d_winograd.apply(kernel, 8))
     assert not {"A", "B", "pad_temp"} & set(s.blocks), s.blocks
     epilogue = list(s.blocks)[-1]
-    for block in (winograd.INPUT, winograd.PRODUCT + "_update", winograd.ANCHOR, epilogue):
+    stages = (winograd.INPUT_ROWS, winograd.INPUT, winograd.PRODUCT + "_update", winograd.OUTPUT_ROWS,
+              winograd.ANCHOR, epilogue)
+    for block in stages:
         kinds = [loop.kind for loop in s.loops[block]]
         assert ForKind.PARALLEL in kinds and kinds[-1] == ForKind.VECTORIZED, (block, kinds)
-    assert [loop.kind for loop in s.loops[winograd.INPUT]] == [ForKind.PARALLEL, ForKind.UNROLLED, ForKind.UNROLLED,
-                                                               ForKind.VECTORIZED]
-    assert [loop.kind for loop in s.loops[winograd.ANCHOR]] == [ForKind.PARALLEL, ForKind.SERIAL, ForKind.UNROLLED,
-                                                                ForKind.UNROLLED, ForKind.VECTORIZED]
+    for block in (winograd.INPUT_ROWS, winograd.INPUT, winograd.OUTPUT_ROWS, winograd.ANCHOR):
+        inner = [loop.kind for loop in s.loops[block] if loop.extent > 1]
+        assert inner[-3:] == [ForKind.UNROLLED] * 2 + [ForKind.VECTORIZED], (block, inner)
+    assert s.shared_loops(winograd.INPUT_ROWS, winograd.INPUT) == 1  # a tile's rows computed under its loop
+    assert s.shared_loops(winograd.OUTPUT_ROWS, winograd.ANCHOR) == 2
     assert s.shared_loops(winograd.ANCHOR, epilogue) == 2 and ForKind.UNROLLED not in {
         loop.kind for loop in s.loops[epilogue]}
     assert s.alloc[winograd.ANCHOR + "_local"][0] == "local"
-    for block in (winograd.INPUT, winograd.ANCHOR):
+    a, b, _ = winograd.matrices(tile)
+    for block, matrix in ((winograd.INPUT_ROWS, b), (winograd.INPUT, b), (winograd.OUTPUT_ROWS, a),
+                          (winograd.ANCHOR, a)):
         ops = collections.Counter()
         _float_ops(s.sch.get(s.blocks[block]).body.value, ops)
-        assert ops["Mul"] == 0 and ops["Add"] + ops["Sub"] >= 3, (block, ops)
+        # each column's sum once (the Select over the unrolled index folds): one add or subtract per nonzero
+        # entry after the first, one multiplication per entry other than 0 and +-1
+        assert ops["Mul"] == np.count_nonzero(np.abs(matrix) > 1), (block, ops)
+        assert ops["Add"] + ops["Sub"] == np.count_nonzero(matrix) - matrix.shape[1], (block, ops)
 
 
-@pytest.mark.parametrize("which,k", [("B", e) for e in range(winograd.ALPHA)]
-                         + [("A", y) for y in range(winograd.TILE)])
-def test_a_transform_is_the_matrix_transposed_times_the_values(which, k):
-    a, b, _ = winograd.matrices()
+@pytest.mark.parametrize("which,tile,k", [("B", t, e) for t in winograd.TILES for e in range(t + 2)]
+                         + [("A", t, y) for t in winograd.TILES for y in range(t)])
+def test_a_transform_is_the_matrix_transposed_times_the_values(which, tile, k):
+    a, b, _ = winograd.matrices(tile)
     matrix = {"A": a, "B": b}[which]
-    values = [tvm.tirx.FloatImm("float64", float(v)) for v in (3.0, -5.0, 7.5, 11.0)]
+    numbers = [3.0, -5.0, 7.5, 11.0, 0.25, -2.0][:tile + 2]
+    values = [tvm.tirx.FloatImm("float64", v) for v in numbers]
     got = tvm.sym.Analyzer().simplify(winograd.transform(matrix, tvm.tirx.IntImm("int32", k), values.__getitem__))
-    assert float(got.value) == float(matrix[:, k] @ [3.0, -5.0, 7.5, 11.0])
+    assert float(got.value) == float(matrix[:, k] @ numbers)
 
 
-def test_a_transform_takes_only_zero_and_unit_entries():
-    _, b, _ = winograd.matrices()
-    values = [tvm.tirx.FloatImm("float64", 1.0)] * winograd.ALPHA
-    for bad in (b * 0.5, -b):  # halves; a column with no +1
-        with pytest.raises(ValueError, match="0 and"):
+def test_a_transform_takes_only_integer_entries():
+    _, b, _ = winograd.matrices(2)
+    values = [tvm.tirx.FloatImm("float64", 1.0)] * 4
+    for bad in (b * 0.5, -b):  # halves; a column with no positive entry
+        with pytest.raises(ValueError, match="integers, and a positive entry"):
             winograd.transform(bad, tvm.tirx.Var("e", "int32"), values.__getitem__)
 
 
