@@ -28,11 +28,11 @@ LANES = SPEC.vector_bits() // 32
 
 CONV_GRID = [
     # cin, cout, hw, k, stride, pad, dilation
-    (16, 32, 14, 3, 1, 1, 1),
+    (8, 32, 14, 3, 1, 1, 1),  # (from 16 channels (AVX-512) or 32 (AVX2) a 3x3 stride-1 conv is Winograd)
     (8, 24, 9, 3, 2, 1, 1),  # 24 output channels: 8-channel blocks, odd input size, stride 2
     (24, 16, 13, 1, 1, 0, 1),
     (16, 16, 12, 3, 1, 2, 2),  # dilation 2, padding 2
-    (16, 64, 7, 3, 1, 1, 1),  # (from 32 channels a 3x3 stride-1 conv is Winograd on AVX-512)
+    (8, 64, 7, 3, 1, 1, 1),
     (16, 8, 3, 3, 1, 0, 1),  # 1x1 output
     (64, 32, 11, 5, 2, 2, 1),
     (64, 128, 14, 1, 2, 0, 1),  # 1x1 stride 2 to a 7-wide map: 2x4 tiles with a predicated last pixel
@@ -146,7 +146,7 @@ def test_default_configs():
     assert depthwise_nchwc.default_config(10, 10, 5) == depthwise_nchwc.Config(5, "channel")
 
 
-@pytest.mark.parametrize("cin,k,dw", [(16, 3, False), (32, 3, True)])
+@pytest.mark.parametrize("cin,k,dw", [(16, 5, False), (32, 3, True)])  # a 3x3 conv would be Winograd
 def test_blocked_schedule_structure(cin, k, dw):
     model, feeds = conv_model(cin, cin, 14, k, 1, 1, group=cin if dw else 1)
     _, kernel = run_blocked(model, feeds)
@@ -244,7 +244,7 @@ def test_unknown_layout_is_refused():
 
 @pytest.mark.parametrize("row_block", [1, 2, 14])
 def test_conv_row_block_moves_the_parallel_axis_and_keeps_the_numbers(row_block):
-    model, feeds = conv_model(16, 16, 14, 3, 1, 1, seed=5)
+    model, feeds = conv_model(16, 16, 14, 3, 1, 2, 2, seed=5)  # dilated: not Winograd
     fn, args = partition_call(model)
     kernel, layout = make_kernel(fn, SPEC, schedule=False, blocks={0: blocked.block_for(16, LANES)})
     config = conv2d_nchwc.Config(2 if LANES == 8 else 1, 7, 1, row_block)
