@@ -154,14 +154,19 @@ def _kernel(cin=256, cout=256, hw=8):
 @pytest.mark.parametrize("cin,tile", [(256, 4), (512, 2)])  # 512 channels: F(4x4)'s weights too large
 def test_schedule_structure(cin, tile):
     """Constants folded (no transform-matrix stage left), each stage parallel and vectorized over channels;
-    each transform in two unrolled stages (rows, then columns) of sums, differences and multiplications by the
-    matrix's entries other than 0 and +-1, never by a zero; the output's m x m pixels of a tile kept in registers
-    for the epilogue (bias and ReLU here), applied to them under the same tile loop in a loop of its own (not
-    unrolled with them: one copy of its code)."""
+    the input read one zero-padded window column at a time; each transform in two unrolled stages (rows, then
+    columns) of sums, differences and multiplications by the matrix's entries other than 0 and +-1, never by a
+    zero; the output's m x m pixels of a tile kept in registers for the epilogue (bias and ReLU here), applied to
+    them under the same tile loop in a loop of its own (not unrolled with them: one copy of its code)."""
     kernel = _kernel(cin, cin)
     assert f"F({tile}x{tile}" in str(kernel.attrs["tvmfuse.layout"])
     s = Structure(conv2d_winograd.apply(kernel, 8))
-    assert not {"A", "B", "pad_temp"} & set(s.blocks), s.blocks
+    assert not {"A", "B"} & set(s.blocks), s.blocks
+    # the window's zero-padded column copied under the tile and column loops, then transformed from the copy
+    assert s.shared_loops("pad_temp", winograd.INPUT_ROWS) == 2
+    assert s.compacted_alloc()["pad_temp"][1] == [1, 1, tile + 2, 1, 8]
+    pad_kinds = [loop.kind for loop in s.loops["pad_temp"] if loop.extent > 1]
+    assert pad_kinds == [ForKind.PARALLEL, ForKind.UNROLLED, ForKind.UNROLLED, ForKind.VECTORIZED], pad_kinds
     epilogue = list(s.blocks)[-1]
     stages = (winograd.INPUT_ROWS, winograd.INPUT, winograd.PRODUCT + "_update", winograd.OUTPUT_ROWS,
               winograd.ANCHOR, epilogue)
