@@ -72,12 +72,14 @@ def tile_for(batch: int, height: int, width: int, in_channels: int, out_channels
 
 
 def min_channels(lanes: int | None) -> int:
-    """The fewest input and output channels for which Winograd pays, by the float32 vector width: 16 with
-    AVX-512, 32 with AVX2. Kernels alone with F(4x4) (Zen 4, best of 3, Winograd / direct): AVX-512 16 ch at
-    80x80 0.56x, at 160x160 0.63x, 32 ch at 40x40-80x80 0.41-0.43x; AVX2 code 16 ch 0.65x and 1.06x, 32 ch
-    0.43-0.49x. Whole models (interleaved, best of 3): AVX-512 unet 0.87x, yolov8n 0.98x (16 channels, from 32);
-    AVX2 code unet 0.90x, yolov8n 0.95x (32 channels, from 64)."""
-    return 16 if lanes is not None and lanes >= 16 else 32
+    """The fewest input and output channels for which Winograd pays, by the float32 vector width: 16 with AVX-512
+    and with AVX2 (F(2x2) alone paid from 64 channels with AVX2, 32 with AVX-512). Kernels alone with F(4x4) (Zen 4,
+    2 threads, best of 3, Winograd / direct): AVX-512 16 channels at 80x80 0.54x, at 160x160 0.70x, 32 at 40x40 to
+    80x80 0.43-0.49x; AVX2 code 16 channels 0.62x and 0.85x, 32 0.35-0.39x. Whole models (interleaved, best of 3):
+    AVX-512 unet 0.87x, yolov8n 0.98x (16 channels, from 32); AVX2 code unet 0.90x, yolov8n 0.95x (32 channels, from
+    64), then unet 0.98x, yolov8n 0.99x (16, from 32)."""
+    del lanes  # the same threshold for both widths since F(4x4)
+    return 16
 
 
 def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int,
