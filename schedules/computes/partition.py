@@ -202,13 +202,12 @@ def group_input_block(anchor, block: int | None) -> bool:
     return (int(anchor.args[0].ty.shape[1]) // int(anchor.attrs.groups)) % block == 0
 
 
-def winograd_pays(call, lanes: int | None) -> bool:
+def winograd_pays(call) -> bool:
     a = call.attrs
     weight = _ints(call.args[1].ty.shape)
     floats = all(str(t.dtype) == "float32" for t in (call.ty, call.args[0].ty, call.args[1].ty))
     return floats and str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and winograd.pays(
-        weight[1], weight[0], weight[2:], _ints(a.strides), _ints(a.dilation), _ints(a.padding), int(a.groups),
-        lanes)
+        weight[1], weight[0], weight[2:], _ints(a.strides), _ints(a.dilation), _ints(a.padding), int(a.groups))
 
 
 def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> packing.KernelLayout:
@@ -227,7 +226,7 @@ def _blocked_layout(fn, anchor, blocks: dict, lanes: int) -> packing.KernelLayou
         pack = ("conv", group, block)
     elif families.family_of(anchor).blocked_weight == "conv":
         pack = ("conv", blocks.get(data, 1), block)
-        if data in blocks and not padded and winograd_pays(anchor, lanes):
+        if data in blocks and not padded and winograd_pays(anchor):
             n, out_channels, h, w = _ints(anchor.ty.shape)
             in_channels = int(anchor.args[0].ty.shape[1])
             pack = ("winograd", blocks[data], block, winograd.tile_for(n, h, w, in_channels, out_channels))

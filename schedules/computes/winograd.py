@@ -45,7 +45,7 @@ _G4 = [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24
 _AT4 = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]
 
 
-def matrices(tile: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(A, B, G)`` of F(tile x tile, 3x3), float64: ``Y = A^T [(G g G^T) * (B^T d B)] A``."""
     if tile == 2:
         return _cook_toom_convolution(_interpolation_points(tile + KERNEL - 1), tile, KERNEL)
@@ -71,21 +71,18 @@ def tile_for(batch: int, height: int, width: int, in_channels: int, out_channels
     return min(reversed(TILES), key=products)
 
 
-def min_channels(lanes: int | None) -> int:
-    """The fewest input and output channels for which Winograd pays, by the float32 vector width: 16 with AVX-512
-    and with AVX2 (F(2x2) alone paid from 64 channels with AVX2, 32 with AVX-512). Kernels alone with F(4x4) (Zen 4,
-    2 threads, best of 3, Winograd / direct): AVX-512 16 channels at 80x80 0.54x, at 160x160 0.70x, 32 at 40x40 to
-    80x80 0.43-0.49x; AVX2 code 16 channels 0.62x and 0.85x, 32 0.35-0.39x. Whole models (interleaved, best of 3):
-    AVX-512 unet 0.87x, yolov8n 0.98x (16 channels, from 32); AVX2 code unet 0.90x, yolov8n 0.95x (32 channels, from
-    64), then unet 0.98x, yolov8n 0.99x (16, from 32)."""
-    del lanes  # the same threshold for both widths since F(4x4)
-    return 16
+# The fewest input and output channels for which Winograd pays, with AVX-512 and with AVX2 (F(2x2) alone paid from
+# 64 channels with AVX2, 32 with AVX-512). Kernels alone with F(4x4) (Zen 4, 2 threads, best of 3, Winograd /
+# direct): AVX-512 16 channels at 80x80 0.54x, at 160x160 0.70x, 32 at 40x40 to 80x80 0.43-0.49x; AVX2 code 16
+# channels 0.62x and 0.85x, 32 0.35-0.39x. Whole models (interleaved, best of 3): AVX-512 unet 0.87x, yolov8n
+# 0.98x (16 channels, from 32); AVX2 code unet 0.90x, yolov8n 0.95x (32 channels, from 64), then unet 0.98x,
+# yolov8n 0.99x (16, from 32).
+MIN_CHANNELS = 16
 
 
-def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int,
-         lanes: int | None = None) -> bool:
+def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding, groups: int) -> bool:
     """Whether a conv2d runs as Winograd (F(2x2) or F(4x4): :func:`tile_for`): 3x3, stride 1, no dilation,
-    padding 1, groups 1, and at least :func:`min_channels` input and output channels.
+    padding 1, groups 1, and at least :data:`MIN_CHANNELS` input and output channels.
 
     Before the transforms were sums (AVX2 against the direct blocked kernel, kernel alone): 256ch at 14x14
     0.69 ms against 1.42, 128ch at 28x28 0.79 against 1.23, 64ch at 56x56 even; on AVX-512 from 64 channels.
@@ -95,10 +92,10 @@ def pays(in_channels: int, out_channels: int, kernel, strides, dilation, padding
     -> 5.4-5.5, yolov8n 9.06-9.14 -> 8.69-8.70 (their 32-channel 3x3 convs)."""
     return (list(kernel) == [3, 3] and list(strides) == [1, 1] and list(dilation) == [1, 1]
             and list(padding) == [1, 1, 1, 1] and groups == 1
-            and min(in_channels, out_channels) >= min_channels(lanes))
+            and min(in_channels, out_channels) >= MIN_CHANNELS)
 
 
-def pack_weight(weight: np.ndarray, in_block: int, out_block: int, tile: int = 2) -> np.ndarray:
+def pack_weight(weight: np.ndarray, in_block: int, out_block: int, tile: int) -> np.ndarray:
     """OIHW (3x3) -> ``U`` ``[tile + 2, tile + 2, O/out_block, I, out_block]`` (``in_block`` is the input's block;
     the layout does not depend on it)."""
     del in_block

@@ -21,7 +21,7 @@ import dataclasses
 from tvm import s_tir, tirx
 
 from ..computes import winograd
-from ..common import accumulate_in_registers, loops_below, block_names, inline_epilogue, register_tile, vectorize_tile
+from ..common import accumulate_in_registers, block_names, inline_epilogue, loops_below, register_tile, vectorize_tile
 from .conv2d_nchwc import inline_views
 
 ANCHOR = winograd.ANCHOR
@@ -73,24 +73,18 @@ def _input_transform(sch: s_tir.Schedule) -> None:
     sch.reorder(cb, p, e, u, c)
     tile = sch.fuse(cb, p)
     sch.parallel(tile)
-    _unroll_vectorize(sch, loops_below(sch, block, tile))
+    vectorize_tile(sch, block, tile)
     rows = sch.get_sblock(winograd.INPUT_ROWS)
     sch.compute_at(rows, tile, preserve_unit_loops=True)
     e, column, *_ = loops_below(sch, rows, tile)
     sch.reorder(column, e)
-    _unroll_vectorize(sch, loops_below(sch, rows, tile))
+    vectorize_tile(sch, rows, tile)
     # The window's column, zero-padded at the map's edge, copied once and transformed from the copy: read
     # through the padding's bounds tests inside the unrolled sums, a kernel took TVM 2-3x longer to build
     # (256 channels at 14x14: 0.57 -> 0.20 s) and ran no faster (0.374 -> 0.370 ms).
     pad = sch.get_sblock("pad_temp")
     sch.compute_at(pad, column, preserve_unit_loops=True)
-    _unroll_vectorize(sch, loops_below(sch, pad, column))
-
-
-def _unroll_vectorize(sch: s_tir.Schedule, loops: list) -> None:
-    for loop in loops[:-1]:
-        sch.unroll(loop)
-    sch.vectorize(loops[-1])
+    vectorize_tile(sch, pad, column)
 
 
 def _products(sch: s_tir.Schedule, block, cfg: Config) -> None:
@@ -115,7 +109,7 @@ def _output_transform(sch: s_tir.Schedule, epilogue, tile: int) -> None:
     sch.vectorize(o)
     rows = sch.get_sblock(winograd.OUTPUT_ROWS)
     sch.compute_at(rows, xt, preserve_unit_loops=True)
-    _unroll_vectorize(sch, loops_below(sch, rows, xt))
+    vectorize_tile(sch, rows, xt)
     if epilogue is None:
         return
     # the tile's m x m output vectors kept in registers and the epilogue applied to them in a loop: unrolled

@@ -183,7 +183,7 @@ class _Lower(relax.PyExprMutator, BlockedOps):
         time), and weights with more values per input channel than the map has pixels."""
         anchor = anchor_call(fn)
         index = param_index(fn, anchor.args[0])
-        if index is None or not families.family_of(anchor).scales_weight or winograd_pays(anchor, self.lanes):
+        if index is None or not families.family_of(anchor).scales_weight or winograd_pays(anchor):
             return fn, args
         product = args[index]
         if product not in self.scaled or len(self.users.get(product, [])) != 1 \
