@@ -11,14 +11,28 @@ from tvmfuse.passes.pipeline import canonicalize_passes
 
 
 def test_required_ops_are_those_of_one_alternative_or_the_other():
-    conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
-    either = is_op("relax.nn.relu")(conv) | is_op("relax.clip")(conv, wildcard(), wildcard())
-    assert partition.required_ops(either) == {frozenset({"relax.nn.conv2d", "relax.nn.relu"}),
-                                              frozenset({"relax.nn.conv2d", "relax.clip"})}
-    biased = is_op("relax.add")(conv, is_const()) | conv
-    assert partition.required_ops(is_op("relax.nn.relu")(biased)) == {
-        frozenset({"relax.nn.conv2d", "relax.add", "relax.nn.relu"}), frozenset({"relax.nn.conv2d", "relax.nn.relu"})}
+    conv, relu, clip, add = "relax.nn.conv2d", "relax.nn.relu", "relax.clip", "relax.add"
+    anchor = is_op(conv)(wildcard(), is_const())
+    either = is_op(relu)(anchor) | is_op(clip)(anchor, wildcard(), wildcard())
+    assert partition.required_ops(either) == {frozenset({conv, relu, (conv, relu)}),
+                                              frozenset({conv, clip, (conv, clip)})}
+    biased = is_op(add)(anchor, is_const()) | anchor
+    assert partition.required_ops(is_op(relu)(biased)) == {
+        frozenset({conv, add, relu, (conv, add), (add, relu)}), frozenset({conv, relu, (conv, relu)})}
     assert partition.required_ops(wildcard()) == {frozenset()}
+
+
+def test_a_pattern_whose_ops_the_module_calls_unchained_is_left_out():
+    """MobileNetV2 calls add, clip, multiply and divide, but no clip reads an add of a constant and no multiply
+    reads a clip: the hardswish entries cannot match there; relu6 (a clip reading the conv or its bias add) can."""
+    mod = tvm.transform.Sequential(canonicalize_passes())(frontend.import_model("zoo:mobilenet_v2").mod)
+    facts = partition.module_facts(mod)
+    assert {"relax.nn.conv2d", "relax.clip", ("relax.add", "relax.clip")} <= facts
+    names = {entry.name for entry in partition.applicable(patterns.table(), facts)}
+    assert "tvmfuse.conv2d_clip" in names and "tvmfuse.conv2d_hardswish" not in names
+    ops_only = {fact for fact in facts if isinstance(fact, str)}
+    assert "tvmfuse.conv2d_hardswish" in {entry.name for entry in partition.applicable(patterns.table(), ops_only)} \
+        or "relax.multiply" not in ops_only
 
 
 @pytest.mark.parametrize("model, int8", [("zoo:mobilenet_v3_large", False), ("zoo:crnn", False),
@@ -27,7 +41,7 @@ def test_required_ops_are_those_of_one_alternative_or_the_other():
 def test_partitions_as_with_the_whole_table(model, int8, monkeypatch):
     mod = tvm.transform.Sequential(canonicalize_passes(int8=int8))(frontend.import_model(model).mod)
     table = patterns.table(int8=int8)
-    kept = partition.applicable(table, partition.called_ops(mod))
+    kept = partition.applicable(table, partition.module_facts(mod))
     assert 0 < len(kept) < len(table) or int8  # the INT8 table's activations are those of MobileNetV3
     results = []
     for whole in (False, True):

@@ -4,9 +4,11 @@ Each match becomes a private Relax function with ``Composite = "tvmfuse.<family>
 stay parameters (``bind_constants=False``) so the kernels take them as arguments. Ops outside partitions
 are untouched and go through TVM's default path.
 
-FuseOpsByPattern tries every pattern at every call: the table's 60 patterns cost MobileNetV3 0.16 s, most of
-them for activations the model does not have. Patterns that call an op the module never calls cannot match,
-so they are left out of the table handed to it (:func:`applicable`); the rest keep their order.
+FuseOpsByPattern tries every pattern at every call and then rewrites the whole module once per pattern, matched or
+not: the table's 60 patterns cost MobileNetV3 0.16 s, most of them for activations the model does not have.
+A pattern can only match where each op it calls reads the value of the op it nests, so a pattern needing an op
+the module never calls, or an op reading another's output where no binding of the module does, is left out
+of the table handed to it (:func:`applicable`, over :func:`module_facts`); the rest keep their order.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import tvm
 from tvm import relax
 
 from .. import patterns
-from .utils import called_ops
 
 
 def Partition(rejections: dict | None = None, int8: bool = False,  # noqa: N802
@@ -25,7 +26,7 @@ def Partition(rejections: dict | None = None, int8: bool = False,  # noqa: N802
 
     @tvm.transform.module_pass(opt_level=0, name="Partition")
     def _partition(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        table = applicable(patterns.table(rejections, int8, dtype), called_ops(mod))
+        table = applicable(patterns.table(rejections, int8, dtype), module_facts(mod))
         fuse = relax.transform.FuseOpsByPattern(table, bind_constants=False, annotate_codegen=False)
         return fuse(mod)
 
@@ -42,47 +43,75 @@ def composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
     return {gv.name_hint: func for gv, func in mod.functions_items() if is_partition(func)}
 
 
-_MAX_ALTERNATIVES = 64  # past this many, a pattern's alternatives are merged into what all of them call
+_MAX_ALTERNATIVES = 64  # past this many, a pattern's alternatives are merged into what all of them need
 
 
-def applicable(table: list, ops: set[str]) -> list:
-    """The entries of ``table`` whose pattern has an alternative calling only ops in ``ops``, in order (the
-    table's walk: about 5 ms)."""
-    return [entry for entry in table if any(need <= ops for need in required_ops(entry.pattern))]
+def module_facts(mod: tvm.IRModule) -> set:
+    """What the Relax functions of ``mod`` hold, as :func:`required_ops` names it: the op names they call, and
+    ``(producer, consumer)`` for each call of op ``consumer`` with an argument bound to a call of op ``producer``
+    (in the same function, nested bodies included: the bindings the pattern matcher follows)."""
+    facts: set = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        values = {var: value for var, value in relax.analysis.get_var2val(func).items()
+                  if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)}
+        for value in values.values():
+            consumer = value.op.name
+            facts.add(consumer)
+            for arg in value.args:
+                producer = values.get(arg) if isinstance(arg, relax.Var) else None
+                if producer is not None:
+                    facts.add((producer.op.name, consumer))
+    return facts
+
+
+def applicable(table: list, facts: set) -> list:
+    """The entries of ``table`` whose pattern has an alternative needing only what the module holds (``facts``,
+    :func:`module_facts`), in order (the table's walk: about 5 ms)."""
+    return [entry for entry in table if any(need <= facts for need in required_ops(entry.pattern))]
 
 
 def required_ops(pattern, seen: dict | None = None) -> frozenset:
-    """The ways DFPattern ``pattern`` can match, each as the set of op names such a match calls (a frozenset of
-    frozensets: a match calls every op of one of them). A pattern kind not known here requires nothing (which
-    keeps its entry). ``seen``: the subpatterns walked so far (a pattern shares them between its alternatives)."""
+    """The ways DFPattern ``pattern`` can match, each as the set of what such a match needs (a frozenset of
+    frozensets: a match needs all of one of them): the op names it calls, and ``(producer, consumer)`` where a
+    call of op ``consumer`` takes the result of a call of op ``producer`` as an argument. A pattern kind not
+    known here requires nothing (which keeps its entry). ``seen``: the subpatterns walked so far (a pattern
+    shares them between its alternatives)."""
+    return frozenset(need for _, need in _alternatives(pattern, {} if seen is None else seen))
+
+
+def _alternatives(pattern, seen: dict) -> frozenset:
+    """``{(root op name or None, needs)}``: each way ``pattern`` matches, with the op its match's root calls."""
     from tvm.relax.dpl import pattern as dpl
 
-    seen = {} if seen is None else seen
     if pattern in seen:
         return seen[pattern]
 
-    def each(*parts):  # every part matches: one alternative of each, combined
-        out = {frozenset()}
+    def each(*parts):  # every part matches: one alternative of each, combined (roots: the parts' own)
+        out = {((), frozenset())}
         for part in parts:
-            out = {a | b for a in out for b in required_ops(part, seen)}
+            out = {(roots + (root,), a | b) for roots, a in out for root, b in _alternatives(part, seen)}
         if len(out) > _MAX_ALTERNATIVES:
-            out = {frozenset.intersection(*out)}
-        return frozenset(out)
+            out = {((None,) * len(parts), frozenset.intersection(*(need for _, need in out)))}
+        return out
 
-    found = frozenset({frozenset()})
+    found = frozenset({(None, frozenset())})
     if isinstance(pattern, dpl.CallPattern):
         op = pattern.op
-        own = {op.expr.name} if isinstance(op, dpl.ExprPattern) and isinstance(op.expr, tvm.ir.Op) else set()
-        found = frozenset(need | own for need in each(*pattern.args))
+        name = op.expr.name if isinstance(op, dpl.ExprPattern) and isinstance(op.expr, tvm.ir.Op) else None
+        own = {name} if name else set()
+        found = frozenset((name, need | own | {(root, name) for root in roots if root and name})
+                          for roots, need in each(*pattern.args))
     elif isinstance(pattern, dpl.OrPattern):  # either side
-        found = required_ops(pattern.left, seen) | required_ops(pattern.right, seen)
+        found = _alternatives(pattern.left, seen) | _alternatives(pattern.right, seen)
     elif isinstance(pattern, dpl.AndPattern):
-        found = each(pattern.left, pattern.right)
+        found = frozenset((None, need) for _, need in each(pattern.left, pattern.right))
     elif isinstance(pattern, (dpl.AttrPattern, dpl.DataTypePattern, dpl.ShapePattern, dpl.TypePattern)):
-        found = required_ops(pattern.pattern, seen)
+        found = _alternatives(pattern.pattern, seen)
     elif isinstance(pattern, dpl.TupleGetItemPattern):
-        found = required_ops(pattern.tuple, seen)
+        found = frozenset((None, need) for _, need in _alternatives(pattern.tuple, seen))
     elif isinstance(pattern, dpl.TuplePattern):
-        found = each(*pattern.fields)
+        found = frozenset((None, need) for _, need in each(*pattern.fields))
     seen[pattern] = found
     return found
