@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import warnings
 from unittest import mock
 
@@ -12,7 +11,7 @@ import onnx
 from ..errors import TvmfuseError, UnsupportedOpError
 from ..tensors import TensorInfo
 from .qlinear import REWRITTEN_OP_TYPES
-from . import integer_conv, integer_matmul, rnn_fused
+from . import clip, integer_conv, integer_matmul, rnn_fused
 from .rnn import REWRITTEN_OP_TYPES as RECURRENT_OP_TYPES
 
 
@@ -62,13 +61,12 @@ def to_relax(model: onnx.ModelProto, inputs: list[TensorInfo], source: str):
     from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
 
     check_ops(model, source)
-    # The importer has no hook for extra ops and rebuilds its table per node: patch it only when needed.
-    extra = contextlib.nullcontext()
+    # The importer has no hook for extra ops and rebuilds its table per node: it gets one table, with tvmfuse's
+    # own nodes' converters where the model has them and Clip's (see .clip).
     own = {op: make() for (domain, op), make in _OWN_OPS.items() if any((n.domain, n.op_type) == (domain, op)
                                                                           for n in model.graph.node)}
-    if own:
-        table = {**onnx_frontend._get_convert_map(), **own}  # noqa: SLF001
-        extra = mock.patch.object(onnx_frontend, "_get_convert_map", lambda: table)
+    table = {**onnx_frontend._get_convert_map(), "Clip": clip.converter(), **own}  # noqa: SLF001
+    extra = mock.patch.object(onnx_frontend, "_get_convert_map", lambda: table)
     # TVM's importer runs onnx.checker on the model again and only warns on what it finds: the model was
     # checked when it was loaded (frontend.load), and the check serializes the whole proto (ResNet-50's import:
     # 0.80 -> 0.65 s on Zen 4), so the importer's call is skipped.

@@ -69,8 +69,12 @@ class _ClipRewriter(relax.PyExprMutator):
         if kind == "minimum" and isinstance(tensor, relax.Var):
             # The inner maximum was visited first and may already be a relu (maximum against 0).
             inner_call = self.lookup_binding(tensor)
-            if isinstance(inner_call, relax.Call) and inner_call.op == tvm.ir.Op.get("relax.nn.relu"):
+            # merged only where lo <= hi: clip(x, lo, hi) is max(lo, min(x, hi)) in TVM, min(max(x, lo), hi) = hi
+            # in ONNX when lo > hi
+            if isinstance(inner_call, relax.Call) and inner_call.op == tvm.ir.Op.get("relax.nn.relu") and hi >= 0.0:
                 tensor, lo = inner_call.args[0], 0.0
+            elif _lower_clip(inner_call) is not None and _lower_clip(inner_call) <= hi:  # a maximum rewritten before
+                tensor, lo = inner_call.args[0], _lower_clip(inner_call)
             else:
                 inner = self._min_max(inner_call)
                 if inner is not None and inner[0] == "maximum":
@@ -78,6 +82,14 @@ class _ClipRewriter(relax.PyExprMutator):
         if lo == 0.0 and hi == _F32_MAX:
             return relax.op.nn.relu(tensor)
         return relax.op.clip(tensor, lo, hi)
+
+
+def _lower_clip(call) -> float | None:
+    """The lower bound of ``R.clip(x, lo, <float32 max>)`` (a maximum alone, rewritten); None otherwise."""
+    if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.clip")):
+        return None
+    lo, hi = (a.value if isinstance(a, tvm.tirx.FloatImm) else None for a in call.args[1:3])
+    return float(lo) if lo is not None and hi == _F32_MAX else None
 
 
 @tvm.transform.module_pass(opt_level=0, name="CanonicalizeClip")
