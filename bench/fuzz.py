@@ -1,9 +1,10 @@
 """Differential fuzzing campaign: random CNNs compiled by tvmfuse against onnxruntime.
 
     python bench/fuzz.py --seeds 0 1000 [--out DIR] [--layouts blocked nchw] [--target x86-host]
-                         [--int8] [--jobs 1]
+                         [--int8] [--jobs 1] [--graphs cnn|winograd]
 
-For every seed in [A, B): ``tvmfuse.fuzz.graphs.random_cnn(seed)`` compiled in each layout and compared with
+For every seed in [A, B): ``tvmfuse.fuzz.graphs.random_cnn(seed)`` (``--graphs winograd``: the models around
+Winograd convs of ``tvmfuse.fuzz.winograd.random_winograd(seed)``) compiled in each layout and compared with
 onnxruntime (``tvmfuse.fuzz.check``: tolerance 1e-4 of the output's scale, reasons in its docstring). With
 ``--int8`` also the graph quantized (``tvmfuse.quantize``, minmax) against its FP32 outputs, and one random
 INT8 kernel case per seed bit-exact against its numpy reference, on the target and, where the target has
@@ -26,16 +27,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine  # noqa: E402
 
-from tvmfuse.fuzz import campaign, check, graphs  # noqa: E402
+from tvmfuse.fuzz import campaign, check  # noqa: E402
 
 
-def save(report: campaign.SeedReport, out: Path) -> list[Path]:
+def save(report: campaign.SeedReport, out: Path, kind: str = "cnn") -> list[Path]:
     """``seed_<n>.json`` (and ``seed_<n>.onnx`` when the graph failed) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     if report.graph_failed:
         model = out / f"seed_{report.seed}.onnx"
-        model.write_bytes(graphs.random_cnn(report.seed).SerializeToString())
+        model.write_bytes(campaign.GRAPHS[kind](report.seed).SerializeToString())
         paths.append(model)
     info = out / f"seed_{report.seed}.json"
     info.write_text(json.dumps(report.to_json(), indent=1, default=str))
@@ -43,7 +44,8 @@ def save(report: campaign.SeedReport, out: Path) -> list[Path]:
 
 
 def _summary(counts: dict, seconds: float, args) -> str:
-    text = (f"fuzz seeds {args.seeds[0]}-{args.seeds[1]}: {counts['graphs']} graphs, {counts['compiles']} compiles "
+    text = (f"fuzz seeds {args.seeds[0]}-{args.seeds[1]}: {counts['graphs']} {args.graphs} graphs, "
+            f"{counts['compiles']} compiles "
             f"({'/'.join(args.layouts) or 'no layout'}), {counts['mismatch']} mismatches, {counts['error']} errors")
     if args.int8:
         text += (f" (INT8: {counts['int8 graphs']} quantized graphs holding {counts['int8 kernels in graphs']} "
@@ -61,12 +63,14 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=check.HOST, help="a target this CPU runs (default: %(default)s)")
     p.add_argument("--int8", action="store_true", help="also quantized graphs and INT8 kernel cases")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default: %(default)s)")
+    p.add_argument("--graphs", choices=sorted(campaign.GRAPHS), default="cnn",
+                   help="random CNNs of every op kind, or models around Winograd convs (default: %(default)s)")
     args = p.parse_args(argv)
     seeds = range(*args.seeds)
     counts = dict.fromkeys(("graphs", "compiles", "mismatch", "error", "int8 graphs", "int8 kernels in graphs",
                             "int8 kernels", "failed seeds"), 0)
     start = time.perf_counter()
-    for report in campaign.run(seeds, args.layouts, args.target, args.int8, args.jobs):
+    for report in campaign.run(seeds, args.layouts, args.target, args.int8, args.jobs, args.graphs):
         counts["graphs"] += 1
         for r in report.results:
             if r.layout == "int8":
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
                 print(f"seed {report.seed}: {r.line()}{what}", flush=True)
         if report.failures:
             counts["failed seeds"] += 1
-            save(report, Path(args.out))
+            save(report, Path(args.out), args.graphs)
     print(_summary(counts, time.perf_counter() - start, args), flush=True)
     return 1 if counts["failed seeds"] else 0
 

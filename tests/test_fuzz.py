@@ -16,7 +16,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tvmfuse import api
-from tvmfuse.fuzz import campaign, check, graphs, int8
+from tvmfuse.fuzz import campaign, check, graphs, int8, winograd
 
 from helpers import HOST, make_model
 
@@ -226,7 +226,7 @@ def test_campaign_saves_a_failing_seed_and_exits_1(tmp_path, monkeypatch, capsys
     fuzz = _bench_fuzz()
     assert fuzz.main(["--seeds", "3", "4", "--layouts", "nchw", "--out", str(tmp_path / "ok")]) == 0
     out = capsys.readouterr().out
-    assert "1 graphs, 1 compiles (nchw), 0 mismatches, 0 errors" in out and not (tmp_path / "ok").exists()
+    assert "1 cnn graphs, 1 compiles (nchw), 0 mismatches, 0 errors" in out and not (tmp_path / "ok").exists()
 
     original = check.ort_outputs
     monkeypatch.setattr(check, "ort_outputs", lambda m, inputs: [o + 1 for o in original(m, inputs)])
@@ -236,3 +236,39 @@ def test_campaign_saves_a_failing_seed_and_exits_1(tmp_path, monkeypatch, capsys
     assert (tmp_path / "seed_3.onnx").read_bytes() == graphs.random_cnn(3).SerializeToString()
     saved = json.loads((tmp_path / "seed_3.json").read_text())
     assert saved["seed"] == 3 and [f["status"] for f in saved["failures"]] == ["mismatch"]
+
+
+# ----------------------------------------------------------------------------------------------- Winograd graphs
+
+
+def test_winograd_graphs_are_deterministic_valid_and_made_of_convs_winograd_takes():
+    from tvmfuse.schedules.computes import winograd as kernels
+
+    taken = 0
+    for seed in range(30):
+        model = winograd.random_winograd(seed)
+        assert model.SerializeToString() == winograd.random_winograd(seed).SerializeToString()
+        onnx.checker.check_model(model, full_check=True)
+        dims = {i.name: list(i.dims) for i in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type == "Conv" and dims[node.input[1]][2:] == [3, 3]:
+                out_channels, in_channels = dims[node.input[1]][:2]
+                taken += kernels.pays(in_channels, out_channels, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1)
+    assert taken >= 50  # 56: nearly two a graph (random_cnn's first 30 seeds hold none)
+
+
+@pytest.mark.parametrize("seed, tile", [(5, "F(2x2,3x3)"), (7, "F(4x4,3x3)")])  # a one-column map; batch 2
+def test_a_winograd_graph_runs_on_winograd_kernels_and_matches_onnxruntime(seed, tile):
+    model = winograd.random_winograd(seed)
+    cm = api.compile(model, target=HOST, logs=False)
+    layouts = [str(f.attrs["tvmfuse.layout"]) for _, f in cm.lowered.functions_items()
+               if getattr(f, "attrs", None) is not None and "winograd" in str(f.attrs.get("tvmfuse.family", ""))]
+    assert layouts and all(tile in layout for layout in layouts)
+    (result,) = check.check_model(model, ["blocked"])
+    assert result.ok, result.line()
+
+
+def test_a_winograd_campaign(tmp_path, capsys):
+    assert _bench_fuzz().main(["--seeds", "8", "9", "--graphs", "winograd", "--layouts", "blocked",
+                               "--out", str(tmp_path / "none")]) == 0
+    assert "1 winograd graphs, 1 compiles (blocked), 0 mismatches, 0 errors" in capsys.readouterr().out

@@ -7,9 +7,11 @@ import dataclasses
 import os
 from typing import Iterator, Sequence
 
-from . import check, graphs, int8
+from . import check, graphs, int8, winograd
 
 AVX2 = {"kind": "llvm", "mcpu": "haswell"}  # the INT8 kernels' exact AVX2 step, on any host that runs AVX2
+# The kinds of graph a campaign draws: seed -> ONNX model
+GRAPHS = {"cnn": graphs.random_cnn, "winograd": winograd.random_winograd}
 
 
 @dataclasses.dataclass
@@ -48,10 +50,10 @@ def int8_targets(target=check.HOST) -> list:
 
 
 def check_seed(seed: int, layouts: Sequence[str] = check.LAYOUTS, target=check.HOST, quantized: bool = False,
-               rtol: float = check.RTOL, atol: float = check.ATOL) -> SeedReport:
-    """Check ``random_cnn(seed)`` in each layout; with ``quantized``, also its INT8 model and
-    ``int8.random_case(seed)`` on each of :func:`int8_targets`."""
-    model = graphs.random_cnn(seed)
+               rtol: float = check.RTOL, atol: float = check.ATOL, kind: str = "cnn") -> SeedReport:
+    """Check the graph of ``seed`` (``kind`` of :data:`GRAPHS`) in each layout; with ``quantized``, also its INT8
+    model and ``int8.random_case(seed)`` on each of :func:`int8_targets`."""
+    model = GRAPHS[kind](seed)
     results = check.check_model(model, layouts, target, rtol=rtol, atol=atol) if layouts else []
     case = None
     if quantized:
@@ -62,16 +64,17 @@ def check_seed(seed: int, layouts: Sequence[str] = check.LAYOUTS, target=check.H
 
 
 def _check_seed_args(args) -> SeedReport:
-    return check_seed(*args)
+    *args, kind = args
+    return check_seed(*args, kind=kind)
 
 
 def run(seeds: Sequence[int], layouts: Sequence[str] = check.LAYOUTS, target=check.HOST, quantized: bool = False,
-        jobs: int = 1) -> Iterator[SeedReport]:
+        jobs: int = 1, kind: str = "cnn") -> Iterator[SeedReport]:
     """:func:`check_seed` over ``seeds``, in order; ``jobs`` > 1 runs that many worker processes (spawned,
     one TVM thread each)."""
     if jobs <= 1:
         for seed in seeds:
-            yield check_seed(seed, layouts, target, quantized)
+            yield check_seed(seed, layouts, target, quantized, kind=kind)
         return
     import multiprocessing
 
@@ -86,4 +89,5 @@ def run(seeds: Sequence[int], layouts: Sequence[str] = check.LAYOUTS, target=che
         else:
             os.environ["TVM_NUM_THREADS"] = saved
     with pool:
-        yield from pool.imap(_check_seed_args, [(s, tuple(layouts), target, quantized) for s in seeds])
+        yield from pool.imap(_check_seed_args, [(s, tuple(layouts), target, quantized, check.RTOL, check.ATOL, kind)
+                                                    for s in seeds])
