@@ -50,8 +50,11 @@ def _summary(counts: dict, seconds: float, args) -> str:
     if args.int8:
         text += (f" (INT8: {counts['int8 graphs']} quantized graphs holding {counts['int8 kernels in graphs']} "
                  f"INT8 partitions, {counts['int8 kernels']} kernel cases)")
+    from tvmfuse import targets
+
+    code = targets.resolve(args.target).config.get("mcpu")  # x86-host's follows TVMFUSE_HOST_CPU
     return (text + f", {counts['failed seeds']} failing seeds, {seconds:.1f} s, jobs {args.jobs}, "
-            f"target {args.target}, {machine()}")
+            f"target {args.target}{f' ({code})' if code else ''}, {machine()}")
 
 
 def main(argv=None) -> int:
