@@ -16,9 +16,6 @@ import functools
 
 import numpy as np
 
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
 def _bound(expr) -> float | None:
     """A finite float32 scalar constant's value; None for anything else."""
     from ..passes.utils import const_array
@@ -32,20 +29,18 @@ def _bound(expr) -> float | None:
 @functools.cache
 def converter():
     """The converter class for ``Clip`` (imports TVM)."""
-    from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend
+
+    from ..passes.canonicalize import F32_MAX, clip_op
 
     class Clip(onnx_frontend.Clip):
         @classmethod
         def _impl_v13(cls, bb, inputs, attr, params):
             x = inputs[0]
             lo = _bound(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
-            hi_given = len(inputs) > 2 and inputs[2] is not None
-            hi = _bound(inputs[2]) if hi_given else _F32_MAX
+            hi = _bound(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else F32_MAX
             if getattr(x.ty, "dtype", None) != "float32" or lo is None or hi is None or lo > hi:
                 return super()._impl_v13(bb, inputs, attr, params)  # lo > hi: the output is hi, not a clip
-            if lo == 0.0 and hi == _F32_MAX:
-                return relax.op.nn.relu(x)
-            return relax.op.clip(x, lo, hi)
+            return clip_op(x, lo, hi)
 
     return Clip

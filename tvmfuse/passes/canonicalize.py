@@ -17,7 +17,7 @@ from tvm import relax
 from .utils import const_array, float_scalar
 
 _NAME = re.compile(r"^(maximum|minimum)\d*$")
-_F32_MAX = float(np.finfo(np.float32).max)
+F32_MAX = float(np.finfo(np.float32).max)  # a bound not given
 
 
 @relax.expr_functor.mutator
@@ -65,31 +65,33 @@ class _ClipRewriter(relax.PyExprMutator):
         if outer is None:
             return call
         kind, tensor, bound = outer
-        lo, hi = (bound, _F32_MAX) if kind == "maximum" else (-_F32_MAX, bound)
+        lo, hi = (bound, F32_MAX) if kind == "maximum" else (-F32_MAX, bound)
         if kind == "minimum" and isinstance(tensor, relax.Var):
-            # The inner maximum was visited first and may already be a relu (maximum against 0).
-            inner_call = self.lookup_binding(tensor)
-            # merged only where lo <= hi: clip(x, lo, hi) is max(lo, min(x, hi)) in TVM, min(max(x, lo), hi) = hi
-            # in ONNX when lo > hi
-            if isinstance(inner_call, relax.Call) and inner_call.op == tvm.ir.Op.get("relax.nn.relu") and hi >= 0.0:
-                tensor, lo = inner_call.args[0], 0.0
-            elif _lower_clip(inner_call) is not None and _lower_clip(inner_call) <= hi:  # a maximum rewritten before
-                tensor, lo = inner_call.args[0], _lower_clip(inner_call)
-            else:
-                inner = self._min_max(inner_call)
-                if inner is not None and inner[0] == "maximum":
-                    tensor, lo = inner[1], inner[2]
-        if lo == 0.0 and hi == _F32_MAX:
-            return relax.op.nn.relu(tensor)
-        return relax.op.clip(tensor, lo, hi)
+            # The inner maximum was visited first: one clip for the pair, merged only where lo <= hi (TVM's clip is
+            # max(lo, min(x, hi)), ONNX's min(max(x, lo), hi), which is hi when lo > hi)
+            inner = self._lower_bound(self.lookup_binding(tensor))
+            if inner is not None and inner[1] <= hi:
+                tensor, lo = inner
+        return clip_op(tensor, lo, hi)
+
+    def _lower_bound(self, call):
+        """``(x, lo)`` of a lower bound alone: a relu (a maximum against 0 rewritten), ``R.clip(x, lo, float32
+        max)`` (another maximum rewritten) or a maximum not rewritten; None for anything else."""
+        if isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.nn.relu"):
+            return call.args[0], 0.0
+        if isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.clip"):
+            lo, hi = (a.value if isinstance(a, tvm.tirx.FloatImm) else None for a in call.args[1:3])
+            return (call.args[0], float(lo)) if lo is not None and hi == F32_MAX else None
+        inner = self._min_max(call)
+        return (inner[1], inner[2]) if inner is not None and inner[0] == "maximum" else None
 
 
-def _lower_clip(call) -> float | None:
-    """The lower bound of ``R.clip(x, lo, <float32 max>)`` (a maximum alone, rewritten); None otherwise."""
-    if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.clip")):
-        return None
-    lo, hi = (a.value if isinstance(a, tvm.tirx.FloatImm) else None for a in call.args[1:3])
-    return float(lo) if lo is not None and hi == _F32_MAX else None
+def clip_op(tensor, lo: float, hi: float):
+    """``min(max(tensor, lo), hi)`` (``lo <= hi``) as the one op the partition patterns take: ``R.nn.relu`` for
+    0 and the float32 maximum, ``R.clip`` otherwise (the importer's direct form too, ``frontend/clip.py``)."""
+    if lo == 0.0 and hi == F32_MAX:
+        return relax.op.nn.relu(tensor)
+    return relax.op.clip(tensor, lo, hi)
 
 
 @tvm.transform.module_pass(opt_level=0, name="CanonicalizeClip")
