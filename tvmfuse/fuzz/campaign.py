@@ -64,8 +64,7 @@ def check_seed(seed: int, layouts: Sequence[str] = check.LAYOUTS, target=check.H
 
 
 def _check_seed_args(args) -> SeedReport:
-    *args, kind = args
-    return check_seed(*args, kind=kind)
+    return check_seed(*args)
 
 
 def run(seeds: Sequence[int], layouts: Sequence[str] = check.LAYOUTS, target=check.HOST, quantized: bool = False,
