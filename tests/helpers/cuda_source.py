@@ -14,10 +14,10 @@ def kernels(source: str) -> dict:
 
 
 def shared_bytes(body: str) -> int:
-    sizes = {"float": 4, "half": 2, "int": 4, "signed char": 1, "unsigned char": 1}
+    sizes = {"float": 4, "float2": 8, "half": 2, "half2": 4, "int": 4, "signed char": 1, "unsigned char": 1}
     total = 0
-    for dtype, count in re.findall(r"__shared__ (?:alignas\(\d+\) )?(float|half|int|signed char|unsigned char) "
-                                   r"\w+\[(\d+)\]", body):
+    for dtype, count in re.findall(r"__shared__ (?:alignas\(\d+\) )?(float2|float|half2|half|int|signed char|"
+                                   r"unsigned char) \w+\[(\d+)\]", body):
         total += sizes[dtype] * int(count)
     return total
 

@@ -175,3 +175,62 @@ def test_square_is_a_multiply_other_powers_tvms_rule(exponent, kernel):
     assert [n for n in body if n.startswith(kernel)], list(body)
     if kernel == "square":
         assert not any("pow" in b for b in body.values())
+
+
+# fp16 depthwise: a stride-1 3x3, a strided 5x5, a dilated 3x3 on a 14x14 map, 7x7 maps stacking channels, and
+# the smallest map; channel counts all even (an odd count keeps one channel a thread: depthwise_conv2d.pairs_for).
+FP16_DEPTHWISE = [DEPTHWISE[i] for i in (2, 3, 5, 7, 13)]
+
+
+@pytest.fixture(scope="module")
+def compiled_fp16():
+    cache = {}
+
+    def get(case):
+        if case not in cache:
+            c, hw, k, s, d, e = case
+            model = conv_model(c, c, hw, k, s, d, group=c, epilogue=e)
+            cache[case] = (model, tvmfuse.compile(model, target=TARGET, precision="fp16", logs=False))
+        return cache[case]
+
+    return get
+
+
+@pytest.mark.parametrize("case", FP16_DEPTHWISE, ids=lambda c: "-".join(map(str, c)))
+def test_fp16_depthwise_reads_channel_pairs_as_half2(compiled_fp16, case):
+    # Two channels a thread, their inputs interleaved in the shared tile: one half2 read per tap for both
+    # (nvcc built it: a cubin is in the library), float32 sums, the limits kept.
+    _, cm = compiled_fp16(case)
+    scheduled_by = cm.manifest()["scheduled_by"]
+    (name,) = [k for k, v in scheduled_by.items() if v == "tvmfuse.cuda.depthwise_conv2d"]
+    source = _source(cm)
+    body = kernels(source)[name + "_kernel"]
+    assert re.search(r"__shared__ alignas\(\d+\) half2 PaddedInput_shared_ptr\[", body), body[:400]
+    assert re.search(r"half2 \w+ = PaddedInput_shared_ptr\[", body)
+    assert re.search(r"float DepthwiseConv2d_local_ptr\[", body)
+    assert 0 < shared_bytes(body) <= 48 * 1024
+    threads = re.search(rf"__launch_bounds__\((\d+)\) {name}_kernel\(", source)
+    assert threads is not None and 64 <= int(threads.group(1)) <= 1024
+
+
+def test_depthwise_pairs_are_the_fp16_default_for_even_channels():
+    from tvmfuse.schedules.cuda.depthwise_conv2d import default_config, pairs_for
+
+    assert pairs_for(144, "float16") == 2 and pairs_for(3, "float16") == 1 and pairs_for(144, "float32") == 1
+    for c, hw, k, s, d, _ in DEPTHWISE:
+        out = (hw + 2 * (d * (k - 1) // 2) - d * (k - 1) - 1) // s + 1
+        config = default_config(c, out, out, (k, k), (s, s), (d, d), 132, pairs_for(c, "float16"))
+        assert config.pairs == 2 and config.channels % 2 == 0 and c % config.channels == 0, config
+        assert 64 <= config.threads <= 1024 or config.channels == 2, config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FP16_DEPTHWISE, ids=lambda c: "-".join(map(str, c)))
+def test_fp16_depthwise_matches_onnxruntime_on_gpu(compiled_fp16, case, tmp_path):
+    from tvmfuse.comparison import correctness
+
+    model, cm = compiled_fp16(case)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = {"x": np.random.default_rng(1).standard_normal(shape).astype("float32")}
+    out, want = tvmfuse.load(cm.export(tmp_path / "k.so")).run(x)[0], ort_run(model, x)[0]
+    assert np.linalg.norm(out - want) / np.linalg.norm(want) <= correctness.FP16_REL
