@@ -1,0 +1,65 @@
+"""A CUDA-scheduled kernel run on the CPU, against the same kernel unscheduled: the schedule's index arithmetic,
+layouts and vector lanes checked where no GPU is.
+
+The scheduled PrimFunc's thread bindings become serial loops (the threads of a block then run one after
+another, each phase for all threads before the next, as ``__syncthreads`` orders them) and its shared and
+thread-local buffers global ones; LLVM builds it. What this checks: that the schedule computes what the compute
+says for every output (a tile's bounds, a layout's transform, a vector's lanes, a strip's and a halo's
+offsets). What it cannot: races between threads, a thread-local buffer read by another thread (here all
+threads share it), warp-level intrinsics (tensor cores, shuffles in code written by hand) and what nvcc makes
+of the source; those need the GPU round.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+def serial(func):
+    """``func`` (a scheduled CUDA PrimFunc) with every thread binding a serial loop and every buffer global."""
+    import tvm
+
+    text = func.script()
+    text = re.sub(r'T\.thread_binding\((\d+), thread="[\w.]+"(, annotations=\{[^}]*\})?\)', r"T.serial(\1\2)", text)
+    text = re.sub(r'scope="(shared|shared\.dyn|local)"', 'scope="global"', text)
+    parsed = tvm.script.from_source(text)
+    return parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
+
+
+def _build(func):
+    import tvm
+
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+
+
+def random_args(func, seed: int = 0) -> list[np.ndarray]:
+    """Arrays for ``func``'s parameters (the last its output): normal floats, integers across their range."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for param in func.params:
+        shape, dtype = [int(d) for d in param.ty.shape], str(param.ty.dtype)
+        if dtype.startswith(("int", "uint")):
+            info = np.iinfo(dtype)
+            arrays.append(rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+    return arrays
+
+
+def outputs(func, args: list[np.ndarray]) -> np.ndarray:
+    """``func`` built for the CPU and run on ``args``: its last parameter's value."""
+    import tvm
+
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    _build(func)["main"](*tensors)
+    return tensors[-1].numpy()
+
+
+def mismatch(unscheduled, scheduled, seed: int = 0) -> float:
+    """Largest absolute difference between the scheduled kernel run serially and the unscheduled one."""
+    args = random_args(unscheduled, seed)
+    want = outputs(unscheduled, args)
+    got = outputs(serial(scheduled), args)
+    return float(np.max(np.abs(want.astype("float64") - got.astype("float64")))) if want.size else 0.0

@@ -1,0 +1,99 @@
+"""The CUDA rules' schedules run on the CPU (``helpers.cuda_on_cpu``: thread bindings made serial loops, shared
+and local buffers global, LLVM) against their kernels unscheduled: every CUDA-core rule over the grid of
+``test_cuda_rules`` in FP32 and fp16, the fp16 depthwise's channel pairs with every tile offline tuning offers,
+the INT8 depthwise and GEMVs against ``int8_ref``. What needs threads running at once (races, warp-level
+intrinsics such as the tensor cores' fragments) is the GPU round's (marker ``gpu`` elsewhere)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tvm import s_tir, tirx
+
+from helpers.cuda_on_cpu import mismatch, outputs, random_args, serial
+from helpers.int8_kernels import run
+from tvmfuse import frontend, targets
+from tvmfuse.passes.pipeline import fused_module, run_graph_passes
+from tvmfuse.schedules import cuda
+from tvmfuse.schedules.cuda import depthwise_conv2d
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cuda_int8 import DW_CASES, GEMV_CASES, SMS, _depthwise, _scheduled  # noqa: E402
+from test_cuda_rules import CASES, DEPTHWISE, IDS, _model, conv_model  # noqa: E402
+
+TARGET = "cuda-sm90"
+
+
+def _kernel(model, precision: str):
+    """The partition kernel of a one-op model for ``TARGET``, unscheduled."""
+    spec = targets.resolve(TARGET)
+    target = spec.tvm_target()
+    spec.backend()
+    mod = fused_module(run_graph_passes(frontend.import_model(model).mod, spec, target, precision=precision),
+                       spec, target)
+    (func,) = [f for gv, f in mod.functions_items()
+               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("tvmfuse_")]
+    return func
+
+
+def _relative(unscheduled, scheduled) -> float:
+    scale = float(np.max(np.abs(outputs(unscheduled, random_args(unscheduled)).astype("float64"))))
+    return mismatch(unscheduled, scheduled) / max(scale, 1e-30)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("kind,case", CASES, ids=IDS)
+def test_every_cuda_core_rule_computes_its_kernel(kind, case, precision):
+    model, rule = _model(kind, case)
+    func = _kernel(model, precision)
+    sch, name = cuda.scheduled(func, str(func.attrs["tvmfuse.family"]), SMS)
+    assert f"tvmfuse.cuda.{name}" == rule or (name == "dense" and rule == "tvmfuse.cuda.dense"), name
+    if precision == "fp16" and kind != "depthwise" and "wmma" in sch.mod["main"].script():
+        pytest.skip("tensor-core fragments do not run on the CPU (the GPU round's test_cuda_tensor_core)")
+    # A GEMV (a warp per output) sums in another order than the unscheduled loop: the float rounding differs.
+    bound = 0.0 if kind == "depthwise" else 1e-5 if precision == "fp32" else 1e-3
+    assert _relative(func, sch.mod["main"]) <= bound
+
+
+@pytest.mark.parametrize("case", [DEPTHWISE[2], DEPTHWISE[3], DEPTHWISE[5], DEPTHWISE[-1]],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_every_fp16_depthwise_candidate_computes_its_kernel(case):
+    # The tiles offline tuning times (one and two channels a thread, every strip and block size): each is
+    # bit-exact, as the sums keep their order.
+    c, hw, k, s, d, e = case
+    func = _kernel(conv_model(c, c, hw, k, s, d, group=c, epilogue=e), "fp16")
+    configs = depthwise_conv2d.kernel_candidates(func, SMS)
+    assert configs[0].pairs == 2 and {cfg.pairs for cfg in configs} == {1, 2}
+    for config in configs:
+        sch = s_tir.Schedule(func)
+        assert depthwise_conv2d.schedule(sch, SMS, config)
+        assert mismatch(func, sch.mod["main"]) == 0, config
+
+
+def test_an_offset_wrong_by_one_is_seen():
+    # The check itself: the scheduled kernel with one tap's input column moved by one differs.
+    c, hw, k, s, d, e = DEPTHWISE[2]
+    func = _kernel(conv_model(c, c, hw, k, s, d, group=c, epilogue=e), "fp16")
+    sch = s_tir.Schedule(func)
+    assert depthwise_conv2d.schedule(sch, SMS)
+    text = sch.mod["main"].script()
+    assert "v_j + v_dj, v_c % 2]" in text  # the tap's column in the interleaved tile (the read and its region)
+    import tvm
+
+    broken = tvm.script.from_source(text.replace("v_j + v_dj, v_c % 2]", "v_j + v_dj // 2, v_c % 2]"))
+    assert mismatch(func, broken["main"] if isinstance(broken, tvm.IRModule) else broken) > 0
+
+
+@pytest.mark.parametrize("case", DW_CASES, ids=str)
+def test_the_int8_depthwise_schedule_is_bit_exact_on_the_cpu(case):
+    func, out, args, ref = _depthwise(case)
+    np.testing.assert_array_equal(run(serial(_scheduled(func)), args, out), ref)
+
+
+@pytest.mark.parametrize("make,case,tabled", GEMV_CASES)
+def test_the_int8_gemv_schedules_are_bit_exact_on_the_cpu(make, case, tabled):
+    func, out, args, ref = make(case, tabled=tabled)
+    np.testing.assert_array_equal(run(serial(_scheduled(func)), args, out), ref)
