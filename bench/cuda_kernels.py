@@ -12,7 +12,8 @@ Prints a Markdown table with the layer's FLOPs and tvmfuse's GFLOP/s.
 bandwidth), FP32 or fp16. The layer's kernel alone (its partition kernel, built and timed by itself: the
 model's input and output casts of an fp16 build left out) against a copy kernel moving as many bytes (its
 reads and writes, in the kernel's dtype, 4 elements a thread), both GPU-timed (``time_evaluator``). The
-kernel's bytes are what it must move at least: every argument read once and its output written once.
+kernel's bytes are what it must move at least: every argument read once and its output written once. The
+kernel is timed again with the other number of channels a thread (fp16's default is two, FP32's one).
 """
 
 from __future__ import annotations
@@ -122,25 +123,46 @@ def kernel_bytes(func) -> int:
                for p in func.params)
 
 
-def bandwidth(case, target: str, precision: str, repeat: int) -> dict:
-    """A depthwise layer's kernel against a copy of as many bytes (module docstring)."""
+def bandwidth_kernels(case, target: str, precision: str) -> tuple:
+    """A depthwise layer's partition kernel scheduled by default, its channels a thread (1 or 2:
+    ``depthwise_conv2d.pairs_for``) and the same kernel with the other number (None where no tile fits): the
+    figure that says whether fp16's default of two (half2 reads of an interleaved tile) pays."""
+    from tvm import s_tir
+
     import tvmfuse
     from tvmfuse import targets
     from tvmfuse.passes.lower import make_kernel
+    from tvmfuse.schedules.cuda import depthwise_conv2d
 
     model, _ = _grid()._model("depthwise", case)
     spec = targets.resolve(target)
     cm = tvmfuse.compile(model, target=spec, precision=precision)
     (fn, _), = cm.record.kernels.values()
     func, _ = make_kernel(fn, spec)
-    ms, _ = _kernel_ms(func, spec.tvm_target(), repeat)
+    plain, _ = make_kernel(fn, spec, schedule=False)
+    sms = spec.backend().sms
+    pairs = depthwise_conv2d.kernel_default(plain, sms).pairs
+    other = depthwise_conv2d.kernel_default(plain, sms, 3 - pairs)
+    sch = s_tir.Schedule(plain)
+    return func, pairs, sch.mod["main"] if other is not None and depthwise_conv2d.schedule(sch, sms, other) else None
+
+
+def bandwidth(case, target: str, precision: str, repeat: int) -> dict:
+    """A depthwise layer's kernel against a copy of as many bytes (module docstring)."""
+    from tvmfuse import targets
+
+    tvm_target = targets.resolve(target).tvm_target()
+    func, pairs, other = bandwidth_kernels(case, target, precision)
+    ms, _ = _kernel_ms(func, tvm_target, repeat)
+    other_ms = _kernel_ms(other, tvm_target, repeat)[0] if other is not None else float("nan")
     moved = kernel_bytes(func)
     dtype = str(func.params[0].ty.dtype)
-    copy_ms, _ = _kernel_ms(copy_func(moved // 2 // np.dtype(dtype).itemsize, dtype), spec.tvm_target(), repeat)
+    copy_ms, _ = _kernel_ms(copy_func(moved // 2 // np.dtype(dtype).itemsize, dtype), tvm_target, repeat)
     ours, copy = moved / ms / 1e6, moved / copy_ms / 1e6
     return {"layer": "depthwise " + " ".join(str(v) for v in case), "dtype": dtype, "MB": f"{moved / 1e6:.2f}",
-            "kernel us": f"{ms * 1e3:.1f}", "kernel GB/s": f"{ours:.0f}", "copy us": f"{copy_ms * 1e3:.1f}",
-            "copy GB/s": f"{copy:.0f}", "of copy": f"{ours / copy:.0%}"}
+            "channels a thread": pairs, "kernel us": f"{ms * 1e3:.1f}",
+            f"{3 - pairs} a thread us": f"{other_ms * 1e3:.1f}", "kernel GB/s": f"{ours:.0f}",
+            "copy us": f"{copy_ms * 1e3:.1f}", "copy GB/s": f"{copy:.0f}", "of copy": f"{ours / copy:.0%}"}
 
 
 def main(argv=None) -> int:

@@ -44,3 +44,16 @@ def test_a_kernel_moves_its_arguments_once():
     y = te.compute((1, 144, 56, 56), lambda n, c, i, j: x[n, c, i, j] * w[c, 0, 0, 0], name="y")
     func = te.create_prim_func([x, w, y])
     assert cuda_kernels.kernel_bytes(func) == 2 * (2 * 144 * 56 * 56 + 144 * 9)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("precision,pairs", [("fp16", 2), ("fp32", 1)])
+def test_each_layer_is_timed_with_one_and_two_channels_a_thread(precision, pairs):
+    from helpers.cuda_on_cpu import outputs, random_args, serial
+
+    case = next(case for kind, case in cuda_kernels._grid().CASES if kind == "depthwise" and case[1] == 56)
+    func, chosen, other = cuda_kernels.bandwidth_kernels(case, "cuda-sm90", precision)
+    assert chosen == pairs and other is not None
+    assert "PaddedInput_shared" in func.script() and "PaddedInput_shared" in other.script()
+    args = random_args(func)  # the same layer, only the threads' shares differ
+    np.testing.assert_array_equal(outputs(serial(func), args), outputs(serial(other), args))
