@@ -48,6 +48,9 @@ SPLITS_K = (2, 4, 8)  # the warps_k a block may split K over
 WARPS_PER_SM = 8  # warps the grid should give each SM before K is split (latency hiding of the operand loads)
 MAX_WARPS = 16  # a split block's warps at most (512 threads)
 MIN_GROUP_K = 128  # K a group of a split block reduces at least (below, the split's sum costs what it saves)
+# False only for the CPU check (tests/helpers/cuda_on_cpu.py): every stage tiled, placed and laid out, the
+# fragment loads, products and stores left as the loops the wmma instructions would replace.
+TENSORIZE = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,15 +287,19 @@ def schedule_gemm(sch: s_tir.Schedule, main, config: Config, pixels_inner: bool,
         sch.reorder(fi0, fj0, fi1, fj1)
         sch.unroll(fi0)
         sch.unroll(fj0)
-        sch.tensorize(fi1, intrin[name])
-    sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+        if TENSORIZE:
+            sch.tensorize(fi1, intrin[name])
     store_name = sch.get(store).name_hint
-    sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
+    if TENSORIZE:
+        sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+        sch.tensorize(sch.get_loops(store)[-2], intrin["store"])
+        store_name += "_o"
     # Rows of the shared accumulator tile padded, set on the block the tensorized store became (tensorize
     # drops the annotation of the block it replaces).
     stride = config.tile_j + config.pad_floats
-    sch.storage_align(sch.get_sblock(store_name + "_o"), 0, -2, 32, stride % 32)
-    sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
+    sch.storage_align(sch.get_sblock(store_name), 0, -2, 32, stride % 32)
+    if TENSORIZE:
+        sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
 
     if final is not None:
         _sum_groups(sch, staged, final, block_x, config, pixels_inner)

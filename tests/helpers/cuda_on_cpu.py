@@ -2,8 +2,10 @@
 layouts and vector lanes checked where no GPU is.
 
 The scheduled PrimFunc's thread bindings become serial loops (the threads of a block then run one after
-another, each phase for all threads before the next, as ``__syncthreads`` orders them) and its shared and
-thread-local buffers global ones; LLVM builds it. What this checks: that the schedule computes what the compute
+another, each phase for all threads before the next, as ``__syncthreads`` orders them), its shared, thread-local
+and fragment buffers global ones, its software pipelines plain loops; LLVM builds it. A tensor-core schedule is
+made with ``tensor_core.TENSORIZE`` False for it: every stage tiled, placed and laid out, the fragment loads,
+products and stores left as the loops the instructions replace. What this checks: that the schedule computes what the compute
 says for every output (a tile's bounds, a layout's transform, a vector's lanes, a strip's and a halo's
 offsets). What it cannot: races between threads, a thread-local buffer read by another thread (here all
 threads share it), warp-level intrinsics (tensor cores, shuffles in code written by hand) and what nvcc makes
@@ -23,7 +25,12 @@ def serial(func):
 
     text = func.script()
     text = re.sub(r'T\.thread_binding\((\d+), thread="[\w.]+"(, annotations=\{[^}]*\})?\)', r"T.serial(\1\2)", text)
-    text = re.sub(r'scope="(shared|shared\.dyn|local)"', 'scope="global"', text)
+    text = re.sub(r'scope="(shared|shared\.dyn|local|warp|wmma\.\w+)"', 'scope="global"', text)
+    # Lowering hints that only hold for GPU memory: a shared tile staged through registers, a software pipeline
+    # over K (a reordering of the same loads and products, TVM's to keep right).
+    text = re.sub(r', "tirx\.manifest_shared_memory_local_stage": 1', "", text)
+    text = re.sub(r', annotations=\{"software_pipeline_order": \[[^\]]*\], "software_pipeline_stage": \[[^\]]*\]\}', "",
+                  text)
     parsed = tvm.script.from_source(text)
     return parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
 

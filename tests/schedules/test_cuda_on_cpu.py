@@ -1,8 +1,9 @@
-"""The CUDA rules' schedules run on the CPU (``helpers.cuda_on_cpu``: thread bindings made serial loops, shared
-and local buffers global, LLVM) against their kernels unscheduled: every CUDA-core rule over the grid of
-``test_cuda_rules`` in FP32 and fp16, the fp16 depthwise's channel pairs with every tile offline tuning offers,
-the INT8 depthwise and GEMVs against ``int8_ref``. What needs threads running at once (races, warp-level
-intrinsics such as the tensor cores' fragments) is the GPU round's (marker ``gpu`` elsewhere)."""
+"""The CUDA rules' schedules run on the CPU (``helpers.cuda_on_cpu``: thread bindings made serial loops, shared,
+local and fragment buffers global, LLVM) against their kernels unscheduled: every rule over the grid of
+``test_cuda_rules`` in FP32 and fp16 (the tensor-core GEMMs scheduled without their final tensorize steps), the
+fp16 depthwise's channel pairs and the INT8 GEMM's tiles with every candidate offline tuning offers, every INT8
+kernel case of ``test_cuda_int8`` bit-exact against ``int8_ref``. What needs threads running at once (races,
+the wmma instructions themselves, nvcc's code) is the GPU round's (marker ``gpu`` elsewhere)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from helpers.int8_kernels import run
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import fused_module, run_graph_passes
 from tvmfuse.schedules import cuda
-from tvmfuse.schedules.cuda import depthwise_conv2d
+from tvmfuse.schedules.cuda import depthwise_conv2d, tensor_core
+from tvmfuse.schedules.cuda import int8 as int8_rule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_cuda_int8 import DW_CASES, GEMV_CASES, SMS, _depthwise, _scheduled  # noqa: E402
+from test_cuda_int8 import CASES as INT8_CASES  # noqa: E402
+from test_cuda_int8 import SMS, Conv, _conv, _scheduled  # noqa: E402
 from test_cuda_rules import CASES, DEPTHWISE, IDS, _model, conv_model  # noqa: E402
 
 TARGET = "cuda-sm90"
@@ -44,16 +47,20 @@ def _relative(unscheduled, scheduled) -> float:
     return mismatch(unscheduled, scheduled) / max(scale, 1e-30)
 
 
+@pytest.fixture
+def untensorized(monkeypatch):
+    monkeypatch.setattr(tensor_core, "TENSORIZE", False)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("kind,case", CASES, ids=IDS)
-def test_every_cuda_core_rule_computes_its_kernel(kind, case, precision):
+def test_every_cuda_rule_computes_its_kernel(kind, case, precision, untensorized):
     model, rule = _model(kind, case)
     func = _kernel(model, precision)
     sch, name = cuda.scheduled(func, str(func.attrs["tvmfuse.family"]), SMS)
-    assert f"tvmfuse.cuda.{name}" == rule or (name == "dense" and rule == "tvmfuse.cuda.dense"), name
-    if precision == "fp16" and kind != "depthwise" and "wmma" in sch.mod["main"].script():
-        pytest.skip("tensor-core fragments do not run on the CPU (the GPU round's test_cuda_tensor_core)")
-    # A GEMV (a warp per output) sums in another order than the unscheduled loop: the float rounding differs.
+    assert f"tvmfuse.cuda.{name}" == rule, name
+    # A GEMV (a warp per output) and a GEMM whose K is split over warp groups sum in another order than the
+    # unscheduled loop: float rounding differs there (fp16: about one unit in the last place of the output).
     bound = 0.0 if kind == "depthwise" else 1e-5 if precision == "fp32" else 1e-3
     assert _relative(func, sch.mod["main"]) <= bound
 
@@ -87,13 +94,17 @@ def test_an_offset_wrong_by_one_is_seen():
     assert mismatch(func, broken["main"] if isinstance(broken, tvm.IRModule) else broken) > 0
 
 
-@pytest.mark.parametrize("case", DW_CASES, ids=str)
-def test_the_int8_depthwise_schedule_is_bit_exact_on_the_cpu(case):
-    func, out, args, ref = _depthwise(case)
-    np.testing.assert_array_equal(run(serial(_scheduled(func)), args, out), ref)
-
-
-@pytest.mark.parametrize("make,case,tabled", GEMV_CASES)
-def test_the_int8_gemv_schedules_are_bit_exact_on_the_cpu(make, case, tabled):
+@pytest.mark.parametrize("make,case,tabled", INT8_CASES)
+def test_every_int8_schedule_is_bit_exact_on_the_cpu(make, case, tabled, untensorized):
+    # The tensor-core GEMMs (shifted s8 x s8), the GEMVs and the depthwise, tables of output codes included.
     func, out, args, ref = make(case, tabled=tabled)
     np.testing.assert_array_equal(run(serial(_scheduled(func)), args, out), ref)
+
+
+def test_every_int8_tensor_core_candidate_is_bit_exact_on_the_cpu(untensorized):
+    # Every tile offline tuning would time on a GPU (K split over warp groups included), before it gets there.
+    func, out, args, ref = _conv(Conv(64, 64, 28, 3, pad=1, act="relu", residual="uint8"))
+    configs = int8_rule.kernel_candidates(func, SMS)
+    assert len(configs) > 10 and any(c.warps_k > 1 for c in configs)
+    for config in configs:
+        np.testing.assert_array_equal(run(serial(_scheduled(func, config)), args, out), ref, err_msg=str(config))
