@@ -1,14 +1,19 @@
 """Random CNNs through the CUDA pipeline, no GPU needed: every graph must compile with each partition on a
-tvmfuse CUDA rule.
+tvmfuse CUDA rule, and with ``--simulate`` every partition kernel's schedule must compute its kernel.
 
-    python bench/fuzz_cuda.py --seeds 0 2000 [--target cuda-sm90] [--nvcc-every 5]
+    python bench/fuzz_cuda.py --seeds 0 2000 [--target cuda-sm90] [--nvcc-every 5] [--precision fp16] [--simulate]
 
 For every seed in [A, B): ``tvmfuse.fuzz.graphs.random_cnn(seed)`` through tvmfuse's graph passes and the CUDA
 backend's Relax pipeline (where the rules are chosen); every ``--nvcc-every``-th graph is also built by nvcc.
-Prints one line per failure (seed, the error or the partition not on a tvmfuse rule) and a summary: graphs,
-partitions per rule, failures, seconds. Exit status 1 when anything failed. Numerics need a GPU: ``pytest -m
-gpu`` and ``bench/cuda_check_kernels.py`` there.
+``--simulate``: each partition kernel scheduled by its rule is also run on the CPU against the kernel unscheduled
+(``tvmfuse.fuzz.cuda_cpu``: threads as serial loops, tensor-core steps not tensorized), a failure where the
+outputs differ by more than float rounding (relative 1e-5 in FP32, 2e-3 in fp16: GEMVs and K split over warps sum
+in another order). Prints one line per failure (seed, the error, the partition not on a tvmfuse rule or the
+kernel that differs) and a summary: graphs, partitions per rule, kernels simulated, failures, seconds. Exit
+status 1 when anything failed. What the simulation cannot see (races, the instructions, nvcc) needs a GPU:
+``pytest -m gpu`` and ``bench/cuda_check_kernels.py`` there.
 """
+
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import argparse
 import collections
 import sys
 import time
+
+BOUND = {"fp32": 1e-5, "fp16": 2e-3}  # relative mismatch a simulated kernel may show (float rounding)
 
 
 def main(argv=None) -> int:
@@ -30,13 +37,24 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs=2, type=int, default=[0, 200], metavar=("A", "B"))
     p.add_argument("--target", default="cuda-sm90")
     p.add_argument("--nvcc-every", type=int, default=5)
+    p.add_argument("--precision", default="fp32", choices=sorted(BOUND))
+    p.add_argument("--simulate", action="store_true", help="run every partition kernel's schedule on the CPU")
     args = p.parse_args(argv)
+    from tvmfuse.fuzz.cuda_cpu import kernel_mismatches
+
     spec = targets.resolve(args.target)
     target = spec.tvm_target()
-    rules, failures, start = collections.Counter(), 0, time.monotonic()
+    rules, failures, simulated, start = collections.Counter(), 0, 0, time.monotonic()
     for seed in range(*args.seeds):
         try:
-            mod = run_graph_passes(frontend.import_model(graphs.random_cnn(seed)).mod, spec, target)
+            mod = run_graph_passes(frontend.import_model(graphs.random_cnn(seed)).mod, spec, target,
+                                   precision=args.precision)
+            if args.simulate:
+                for kernel, (rule, error) in kernel_mismatches(mod, spec).items():
+                    simulated += 1
+                    if not error <= BOUND[args.precision]:
+                        failures += 1
+                        print(f"seed {seed}: {kernel} ({rule}) differs on the CPU: relative {error:.2e}", flush=True)
             with target, tvm.transform.PassContext(opt_level=3):
                 lowered = relax_pipeline(spec, target)(mod)
                 if args.nvcc_every and seed % args.nvcc_every == 0:
@@ -51,8 +69,8 @@ def main(argv=None) -> int:
             failures += 1
             print(f"seed {seed}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", flush=True)
     seconds = time.monotonic() - start
-    print(f"{args.seeds[1] - args.seeds[0]} graphs for {spec.name}: partitions {dict(rules)}, {failures} failure(s), "
-          f"{seconds:.0f} s")
+    print(f"{args.seeds[1] - args.seeds[0]} graphs for {spec.name} ({args.precision}): partitions {dict(rules)}, "
+          f"{simulated} kernels simulated, {failures} failure(s), {seconds:.0f} s")
     return 1 if failures else 0
 
 

@@ -49,7 +49,7 @@ def test_a_kernel_moves_its_arguments_once():
 @needs_nvcc
 @pytest.mark.parametrize("precision,pairs", [("fp16", 2), ("fp32", 1)])
 def test_each_layer_is_timed_with_one_and_two_channels_a_thread(precision, pairs):
-    from helpers.cuda_on_cpu import outputs, random_args, serial
+    from tvmfuse.fuzz.cuda_cpu import outputs, random_args, serial
 
     case = next(case for kind, case in cuda_kernels._grid().CASES if kind == "depthwise" and case[1] == 56)
     func, chosen, other = cuda_kernels.bandwidth_kernels(case, "cuda-sm90", precision)

@@ -1,4 +1,4 @@
-"""The CUDA rules' schedules run on the CPU (``helpers.cuda_on_cpu``: thread bindings made serial loops, shared,
+"""The CUDA rules' schedules run on the CPU (``tvmfuse.fuzz.cuda_cpu``: thread bindings made serial loops, shared,
 local and fragment buffers global, LLVM) against their kernels unscheduled: every rule over the grid of
 ``test_cuda_rules`` in FP32 and fp16 (the tensor-core GEMMs scheduled without their final tensorize steps), the
 fp16 depthwise's channel pairs and the INT8 GEMM's tiles with every candidate offline tuning offers, every INT8
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from tvm import s_tir, tirx
 
-from helpers.cuda_on_cpu import mismatch, outputs, random_args, serial
+from tvmfuse.fuzz.cuda_cpu import mismatch, relative_mismatch, serial, untensorized
 from helpers.int8_kernels import run
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import fused_module, run_graph_passes
 from tvmfuse.schedules import cuda
-from tvmfuse.schedules.cuda import depthwise_conv2d, tensor_core
+from tvmfuse.schedules.cuda import depthwise_conv2d
 from tvmfuse.schedules.cuda import int8 as int8_rule
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -42,14 +42,10 @@ def _kernel(model, precision: str):
     return func
 
 
-def _relative(unscheduled, scheduled) -> float:
-    scale = float(np.max(np.abs(outputs(unscheduled, random_args(unscheduled)).astype("float64"))))
-    return mismatch(unscheduled, scheduled) / max(scale, 1e-30)
-
-
-@pytest.fixture
-def untensorized(monkeypatch):
-    monkeypatch.setattr(tensor_core, "TENSORIZE", False)
+@pytest.fixture(name="untensorized")
+def _untensorized():
+    with untensorized():
+        yield
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -62,7 +58,7 @@ def test_every_cuda_rule_computes_its_kernel(kind, case, precision, untensorized
     # A GEMV (a warp per output) and a GEMM whose K is split over warp groups sum in another order than the
     # unscheduled loop: float rounding differs there (fp16: about one unit in the last place of the output).
     bound = 0.0 if kind == "depthwise" else 1e-5 if precision == "fp32" else 1e-3
-    assert _relative(func, sch.mod["main"]) <= bound
+    assert relative_mismatch(func, sch.mod["main"]) <= bound
 
 
 @pytest.mark.parametrize("case", [DEPTHWISE[2], DEPTHWISE[3], DEPTHWISE[5], DEPTHWISE[-1]],

@@ -1,5 +1,6 @@
 """A CUDA-scheduled kernel run on the CPU, against the same kernel unscheduled: the schedule's index arithmetic,
-layouts and vector lanes checked where no GPU is.
+layouts and vector lanes checked where no GPU is (``tests/schedules/test_cuda_on_cpu.py``, and every kernel of
+random graphs in ``bench/fuzz_cuda.py --simulate``).
 
 The scheduled PrimFunc's thread bindings become serial loops (the threads of a block then run one after
 another, each phase for all threads before the next, as ``__syncthreads`` orders them), its shared, thread-local
@@ -14,6 +15,7 @@ of the source; those need the GPU round.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -70,3 +72,42 @@ def mismatch(unscheduled, scheduled, seed: int = 0) -> float:
     want = outputs(unscheduled, args)
     got = outputs(serial(scheduled), args)
     return float(np.max(np.abs(want.astype("float64") - got.astype("float64")))) if want.size else 0.0
+
+
+def relative_mismatch(unscheduled, scheduled, seed: int = 0) -> float:
+    """:func:`mismatch` over the largest magnitude of the unscheduled kernel's output."""
+    scale = float(np.max(np.abs(outputs(unscheduled, random_args(unscheduled, seed)).astype("float64")), initial=0))
+    return mismatch(unscheduled, scheduled, seed) / max(scale, 1e-30)
+
+
+@contextlib.contextmanager
+def untensorized():
+    """Tensor-core schedules made without their final tensorize steps while inside (``tensor_core.TENSORIZE``)."""
+    from tvmfuse.schedules.cuda import tensor_core
+
+    saved, tensor_core.TENSORIZE = tensor_core.TENSORIZE, False
+    try:
+        yield
+    finally:
+        tensor_core.TENSORIZE = saved
+
+
+def kernel_mismatches(mod, spec) -> dict:
+    """Every tvmfuse partition kernel of ``mod`` (a module after the graph passes) scheduled by its CUDA rule and
+    run on the CPU: kernel name -> (rule, relative mismatch against the kernel unscheduled)."""
+    import tvm
+
+    from tvmfuse.passes.pipeline import fused_module
+    from tvmfuse.schedules import cuda
+
+    found = {}
+    fused = fused_module(mod, spec, spec.tvm_target())
+    sms = spec.backend().sms
+    for gv, func in fused.functions_items():
+        if not (isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint.startswith("tvmfuse_")):
+            continue
+        with untensorized():
+            sch, rule = cuda.scheduled(func, str(func.attrs["tvmfuse.family"]), sms)
+        if sch is not None:
+            found[gv.name_hint] = (rule, relative_mismatch(func, sch.mod["main"]))
+    return found
