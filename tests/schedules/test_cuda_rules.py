@@ -234,3 +234,34 @@ def test_fp16_depthwise_matches_onnxruntime_on_gpu(compiled_fp16, case, tmp_path
     x = {"x": np.random.default_rng(1).standard_normal(shape).astype("float32")}
     out, want = tvmfuse.load(cm.export(tmp_path / "k.so")).run(x)[0], ort_run(model, x)[0]
     assert np.linalg.norm(out - want) / np.linalg.norm(want) <= correctness.FP16_REL
+
+
+@pytest.mark.parametrize("precision,load", [("fp32", "float4"), ("fp16", "uint4")])
+def test_a_long_gemv_reads_16_bytes_a_lane(precision, load):
+    # A batch-1 dense of K = 1280: each lane loads 16 bytes of the input and of its weight row at once (a warp
+    # 512 contiguous bytes a step); nvcc built it.
+    cm = tvmfuse.compile(dense_model(1, 1280, 1000), target=TARGET, precision=precision, logs=False)
+    (name,) = [k for k, v in cm.manifest()["scheduled_by"].items() if v == "tvmfuse.cuda.dense"]
+    body = kernels(_source(cm))[name + "_kernel"]
+    assert re.search(rf"\*\({load}\*\)\(p1_local_ptr \+ 0\) = \*\({load}\*\)\(p1_ptr", body), body[:600]
+    assert re.search(rf"\*\({load}\*\)\(p0_local_ptr \+ 0\) = \*\({load}\*\)\(p0_ptr", body)
+    assert guarded_partial_sums(_source(cm)) == []
+
+
+def test_gemv_vectors_need_whole_warp_steps():
+    from tvm import te
+
+    from tvmfuse.schedules.cuda.gemv import vector_for
+
+    def block(dtype, k):
+        x, w = te.placeholder((1, k), dtype), te.placeholder((8, k), dtype)
+        r = te.reduce_axis((0, k))
+        y = te.compute((1, 8), lambda i, j: te.sum(x[i, r].astype("float32") * w[j, r].astype("float32"), axis=r))
+        from tvm import s_tir
+        sch = s_tir.Schedule(te.create_prim_func([x, w, y]))
+        return sch.get(sch.get_sblock(y.op.name))
+
+    assert vector_for(block("float16", 1280), 1280) == 8 and vector_for(block("float32", 1280), 1280) == 4
+    assert vector_for(block("float16", 72), 72) == 1  # 9 vectors: fewer than a warp's lanes
+    assert vector_for(block("float32", 1000), 1000) == 1  # 250 vectors: no whole number of 32-lane steps
+    assert vector_for(block("int8", 1024), 1024) == 1
