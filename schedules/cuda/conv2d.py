@@ -185,7 +185,7 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
         if config is None:
             config = (tensor_core.default_config(i, j, k, sms, operand, whole_j=True) if operand
                       else default_config(i, j, k, sms, whole_j=True))
-        if config is None or j % config.tile_j:
+        if config is None or not whole_columns(j, config):
             return False
     if operand:
         four_pixels = pixels_in_fours(sch.get(main))
@@ -232,6 +232,14 @@ def schedule_gemm(sch: s_tir.Schedule, anchor: str, sms: int, config=None) -> bo
     auto_inline_consumer_chain(sch, store)
     sch.decompose_reduction(main, ko)
     return True
+
+
+def whole_columns(j: int, config) -> bool:
+    """Whether ``config``'s tile divides a grouped conv's columns ``j`` (its group's output channels). Where it
+    does not, a padded column's store is guarded by the flattened channel's bound, not the group's, and lands in
+    the next group's channels, which another block owns: a race on a GPU, which a serial run of the blocks in
+    reverse order shows on the CPU (``tvmfuse.fuzz.cuda_cpu``, ``tests/schedules/test_cuda_group_conv.py``)."""
+    return j % config.tile_j == 0
 
 
 def pixels_in_fours(block) -> bool:

@@ -6,7 +6,8 @@ group's output channels, else the thread-per-output fallback, in FP32 and fp16, 
 The rule once tiled any group width: on an H200 (2026-11-28 round) the two shapes below whose groups have 2
 and 24 output channels gave 12-26% wrong outputs (and 3 of 30 fuzz graphs), the three with 16 were right. A
 padded column's store is guarded by the flattened channel's bound, not the group's, so it lands in the next
-group's channels, where blocks race (a CPU run shows nothing). Only tiles that divide the columns are taken now.
+group's channels, where blocks race; a serial CPU run of the blocks in reverse order shows it (the last test).
+Only tiles that divide the columns are taken now.
 """
 
 from __future__ import annotations
@@ -114,3 +115,40 @@ def test_grouped_convs_match_onnxruntime_on_gpu(compiled, case, precision):
     else:
         error = float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
         assert error <= correctness.FP16_REL, error
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_tile_wider_than_the_group_races_and_is_refused(precision, monkeypatch):
+    # The H200's wrong outputs (2026-11-28), shown on the CPU: with a tile of 32 columns over groups of 24
+    # channels, a block's padded columns store into the next group's channels. Run serially in order, each
+    # group's own block writes last and the outputs are right; in reverse order the intruder writes last. FP32's
+    # tile of 8 columns, which divides the groups, is right both ways (no tensor-core tile divides 24).
+    from tvm import s_tir
+
+    from test_cuda_on_cpu import _kernel
+    from tvmfuse.fuzz.cuda_cpu import block_orders, outputs, random_args, serial, untensorized
+    from tvmfuse.schedules.cuda import conv2d, group_conv2d, tensor_core
+
+    func = _kernel(conv_model(48, 48, 15, 3, group=2), precision)
+    args = random_args(func)
+    want = outputs(func, args)
+
+    def runs(config):
+        with untensorized():
+            sch = s_tir.Schedule(func)
+            assert group_conv2d.schedule(sch, 132, config)
+        backward = serial(sch.mod["main"], reverse_blocks=True)
+        return outputs(serial(sch.mod["main"]), args), outputs(backward, block_orders(backward) + args)
+
+    if precision == "fp32":
+        narrow = conv2d.Config(8, 2, 4, 4, 8)
+        assert narrow.tile_j == 8
+        for run in runs(narrow):
+            np.testing.assert_array_equal(run, want)
+    wide = tensor_core.Config(2, 2, 1, 1, step_k=32) if precision == "fp16" else conv2d.Config(4, 8, 4, 4, 8)
+    assert wide.tile_j == 32
+    assert not group_conv2d.schedule(s_tir.Schedule(func), 132, wide)
+    monkeypatch.setattr(conv2d, "whole_columns", lambda j, c: True)
+    forward, backward = runs(wide)
+    np.testing.assert_array_equal(forward, want)
+    assert not np.allclose(backward, want)

@@ -6,11 +6,14 @@ The scheduled PrimFunc's thread bindings become serial loops (the threads of a b
 another, each phase for all threads before the next, as ``__syncthreads`` orders them), its shared, thread-local
 and fragment buffers global ones, its software pipelines plain loops; LLVM builds it. A tensor-core schedule is
 made with ``tensor_core.TENSORIZE`` False for it: every stage tiled, placed and laid out, the fragment loads,
-products and stores left as the loops the instructions replace. What this checks: that the schedule computes what the compute
-says for every output (a tile's bounds, a layout's transform, a vector's lanes, a strip's and a halo's
-offsets). What it cannot: races between threads, a thread-local buffer read by another thread (here all
-threads share it), warp-level intrinsics (tensor cores, shuffles in code written by hand) and what nvcc makes
-of the source; those need the GPU round.
+products and stores left as the loops the instructions replace. The blocks run in order and in reverse: a block
+that stores into outputs another block owns leaves its values there in one of the two.
+
+What this checks: that the schedule computes what the compute says for every output (a tile's bounds, a
+layout's transform, a vector's lanes, a strip's and a halo's offsets) and that blocks store only their own
+outputs. What it cannot: races between the threads of a block, a thread-local buffer read by another thread
+(here all threads share it), the instructions themselves (tensor cores, shuffles in code written by hand) and
+what nvcc makes of the source; those need the GPU round.
 """
 
 from __future__ import annotations
@@ -21,11 +24,23 @@ import re
 import numpy as np
 
 
-def serial(func):
-    """``func`` (a scheduled CUDA PrimFunc) with every thread binding a serial loop and every buffer global."""
+def serial(func, reverse_blocks: bool = False):
+    """``func`` (a scheduled CUDA PrimFunc) with every thread binding a serial loop and every buffer global.
+    ``reverse_blocks``: the thread blocks run last to first. A block that writes outputs another block owns
+    (a race on a GPU) leaves its values there when it runs after the owner; one order or the other shows it."""
     import tvm
 
     text = func.script()
+    if reverse_blocks:
+        # Each block index read from a table (``<var>_order``, a parameter put first, filled by
+        # :func:`block_orders`): an index computed as ``13 - r`` made TVM's buffer compaction take an extent of
+        # -32 from ``(13 - r) // 7 * 16``, where a table's entry is opaque to it.
+        found = re.findall(r'for (\w+) in T\.thread_binding\((\d+), thread="blockIdx\.\w+"', text)
+        for var, _ in found:
+            text = re.sub(rf"\b{var}\b", f"{var}_order[{var}_r]", text)
+            text = text.replace(f"for {var}_order[{var}_r] in", f"for {var}_r in")
+        tables = "".join(f'{var}_order: T.Buffer(({extent},), "int32"), ' for var, extent in found)
+        text = text.replace("def main(", "def main(" + tables, 1)
     text = re.sub(r'T\.thread_binding\((\d+), thread="[\w.]+"(, annotations=\{[^}]*\})?\)', r"T.serial(\1\2)", text)
     text = re.sub(r'scope="(shared|shared\.dyn|local|warp|wmma\.\w+)"', 'scope="global"', text)
     # Lowering hints that only hold for GPU memory: a shared tile staged through registers, a software pipeline
@@ -66,12 +81,22 @@ def outputs(func, args: list[np.ndarray]) -> np.ndarray:
     return tensors[-1].numpy()
 
 
+def block_orders(func) -> list[np.ndarray]:
+    """The block-order tables of ``serial(..., reverse_blocks=True)``'s parameters: each index last to first."""
+    return [np.arange(int(p.ty.shape[0]), dtype="int32")[::-1].copy() for p in func.params
+            if p.name.endswith("_order")]
+
+
 def mismatch(unscheduled, scheduled, seed: int = 0) -> float:
-    """Largest absolute difference between the scheduled kernel run serially and the unscheduled one."""
+    """Largest absolute difference between the scheduled kernel run serially, its blocks in order and reversed,
+    and the unscheduled one."""
     args = random_args(unscheduled, seed)
-    want = outputs(unscheduled, args)
-    got = outputs(serial(scheduled), args)
-    return float(np.max(np.abs(want.astype("float64") - got.astype("float64")))) if want.size else 0.0
+    want = outputs(unscheduled, args).astype("float64")
+    if not want.size:
+        return 0.0
+    forward, backward = serial(scheduled), serial(scheduled, reverse_blocks=True)
+    return max(float(np.max(np.abs(want - outputs(forward, args).astype("float64")))),
+               float(np.max(np.abs(want - outputs(backward, block_orders(backward) + args).astype("float64")))))
 
 
 def relative_mismatch(unscheduled, scheduled, seed: int = 0) -> float:
