@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tvm import s_tir, tirx
 
-from tvmfuse.fuzz.cuda_cpu import mismatch, relative_mismatch, serial, untensorized
+from tvmfuse.fuzz.cuda_cpu import block_orders, mismatch, relative_mismatch, serial, untensorized
 from helpers.int8_kernels import run
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import fused_module, run_graph_passes
@@ -92,9 +92,13 @@ def test_an_offset_wrong_by_one_is_seen():
 
 @pytest.mark.parametrize("make,case,tabled", INT8_CASES)
 def test_every_int8_schedule_is_bit_exact_on_the_cpu(make, case, tabled, untensorized):
-    # The tensor-core GEMMs (shifted s8 x s8), the GEMVs and the depthwise, tables of output codes included.
+    # The tensor-core GEMMs (shifted s8 x s8), the GEMVs and the depthwise, tables of output codes included; the
+    # blocks in order and in reverse.
     func, out, args, ref = make(case, tabled=tabled)
-    np.testing.assert_array_equal(run(serial(_scheduled(func)), args, out), ref)
+    scheduled = _scheduled(func)
+    np.testing.assert_array_equal(run(serial(scheduled), args, out), ref)
+    backward = serial(scheduled, reverse_blocks=True)
+    np.testing.assert_array_equal(run(backward, block_orders(backward) + args, out), ref)
 
 
 def test_every_int8_tensor_core_candidate_is_bit_exact_on_the_cpu(untensorized):
