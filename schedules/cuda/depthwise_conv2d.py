@@ -88,25 +88,29 @@ def default_config(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=
     return config
 
 
-def pairs_for(channels: int, dtype: str) -> int:
-    """Channels a thread computes by default: 2 for an even number of float16 channels, else 1. A pair's inputs
+def pairs_for(channels: int, dtype: str, multiplier: int = 1) -> int:
+    """Channels a thread computes by default: 2 for an even number of float16 channels, each reading its own input
+    channel (``multiplier``, output channels per input channel, 1), else 1. A pair's inputs
     are interleaved in the shared tile, so each tap is one aligned ``half2`` read for both channels where it was
     a 2-byte read per channel (half the shared-memory reads, and the copy stores ``half2``); each channel still
     sums in float32, as every fp16 kernel does (the issue asks fp32 accumulation), so the outputs are those of
     the one-channel kernel. float32 keeps 1 by default: its one-channel tiles were measured on an H100, the pairs
     not yet (tuning offers them)."""
-    return 2 if dtype == "float16" and channels % 2 == 0 else 1
+    return 2 if dtype == "float16" and channels % 2 == 0 and multiplier == 1 else 1
 
 
 def candidates(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 1), dilation=(1, 1),
-               sms: int = 132, dtype: str = "float32") -> list[Config]:
+               sms: int = 132, dtype: str = "float32", multiplier: int = 1) -> list[Config]:
     """The configs an offline tuning round times: the default first, then for each of 1 and 2 channels a thread
     (2 for an even number of float channels) and each strip (4, 2, 1 outputs a thread) blocks of about 64, 128,
     256 and 512 threads built as the default builds its one (whole rows up to 32 threads, then rows, then stacked
-    channels), each that fits shared memory and 1,024 threads, once. ``dtype``: the input's."""
-    default = default_config(channels, out_h, out_w, kernel, stride, dilation, sms, pairs_for(channels, dtype))
+    channels), each that fits shared memory and 1,024 threads, once. ``dtype``: the input's; ``multiplier``:
+    output channels per input channel (pairs need 1: a pair reads two channels of the tile)."""
+    default = default_config(channels, out_h, out_w, kernel, stride, dilation, sms,
+                             pairs_for(channels, dtype, multiplier))
     found = [default] if default is not None else []
-    for per_thread in (1, 2) if channels % 2 == 0 and dtype.startswith("float") else (1,):
+    paired = channels % 2 == 0 and dtype.startswith("float") and multiplier == 1
+    for per_thread in (1, 2) if paired else (1,):
         units = channels // per_thread
         for strip in (s for s in (4, 2, 1) if out_w % s == 0):
             tile_w = out_w if out_w // strip <= 32 else largest_divisor(out_w, 32 * strip, strip)
@@ -125,7 +129,7 @@ def kernel_candidates(func, sms: int, anchor_name: str = ANCHOR, pad: str = PAD)
     """:func:`candidates` for a depthwise partition kernel (its blocks ``anchor_name`` and ``pad``); [] when
     ``func`` is not one."""
     layer = _layer(func, anchor_name, pad)
-    return candidates(*layer[:-1], sms, layer[-1]) if layer is not None else []
+    return candidates(*layer[:-2], sms, *layer[-2:]) if layer is not None else []
 
 
 def kernel_default(func, sms: int, pairs: int | None = None, anchor_name: str = ANCHOR,
@@ -135,22 +139,25 @@ def kernel_default(func, sms: int, pairs: int | None = None, anchor_name: str = 
     layer = _layer(func, anchor_name, pad)
     if layer is None:
         return None
-    return default_config(*layer[:-1], sms, pairs if pairs is not None else pairs_for(layer[0], layer[-1]))
+    return default_config(*layer[:-2], sms, pairs if pairs is not None else pairs_for(layer[0], *layer[-2:]))
 
 
 def _layer(func, anchor_name: str, pad: str) -> tuple | None:
-    """(channels, out_h, out_w, window, stride, dilation, input dtype) of a depthwise partition kernel."""
+    """(channels, out_h, out_w, window, stride, dilation, input dtype, channel multiplier) of a depthwise
+    partition kernel."""
     sch = s_tir.Schedule(func)
     found = anchor_loops(sch, anchor_name, 6, needs=(pad,))
     if found is None:
         return None
     anchor, loops = found
     shape = [int(sch.get(loop).extent) for loop in loops]
-    return (*shape[1:4], *_conv_attrs(sch, anchor, pad), _input_dtype(sch, pad))
+    return (*shape[1:4], *_conv_attrs(sch, anchor, pad), *_input(sch, pad, shape[1]))
 
 
-def _input_dtype(sch: s_tir.Schedule, pad: str) -> str:
-    return str(sch.get(sch.get_sblock(pad)).writes[0].source.dtype)
+def _input(sch: s_tir.Schedule, pad: str, channels: int) -> tuple[str, int]:
+    """The input's dtype and the channel multiplier (output channels per input channel)."""
+    padded = sch.get(sch.get_sblock(pad)).writes[0].source
+    return str(padded.dtype), channels // int(padded.shape[1])
 
 
 def _conv_attrs(sch: s_tir.Schedule, anchor, pad: str = PAD) -> tuple:
@@ -172,11 +179,12 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None, anchor
     anchor, loops = found
     shape = [int(sch.get(loop).extent) for loop in loops]
     kernel, stride, dilation = _conv_attrs(sch, anchor, pad_name)
+    dtype, multiplier = _input(sch, pad_name, shape[1])
     if config is None:
         config = default_config(shape[1], shape[2], shape[3], kernel, stride, dilation, sms,
-                                pairs_for(shape[1], _input_dtype(sch, pad_name)))
-        if config is None:
-            return False
+                                pairs_for(shape[1], dtype, multiplier))
+    if config is None or config.pairs > 1 and multiplier != 1:
+        return False
     inline_producers(sch, anchor_name, keep=(pad_name,))  # the weight's reshape to topi's filter layout
     out = inline_epilogue(sch, anchor_name)
     if out is None:

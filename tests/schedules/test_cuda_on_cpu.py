@@ -108,3 +108,18 @@ def test_every_int8_tensor_core_candidate_is_bit_exact_on_the_cpu(untensorized):
     assert len(configs) > 10 and any(c.warps_k > 1 for c in configs)
     for config in configs:
         np.testing.assert_array_equal(run(serial(_scheduled(func, config)), args, out), ref, err_msg=str(config))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_channel_multiplier_keeps_one_channel_a_thread(precision):
+    # 6 input channels, 12 outputs (fuzz seed 12's depthwise): a pair of output channels reads one input channel,
+    # so the interleaved tile does not apply (its layout took 3 input channels as pairs and failed to build).
+    import dataclasses
+
+    func = _kernel(conv_model(6, 12, 12, 3, group=6, epilogue="relu"), precision)
+    configs = depthwise_conv2d.kernel_candidates(func, SMS)
+    assert configs and {c.pairs for c in configs} == {1}
+    assert not depthwise_conv2d.schedule(s_tir.Schedule(func), SMS, dataclasses.replace(configs[0], pairs=2))
+    sch = s_tir.Schedule(func)
+    assert depthwise_conv2d.schedule(sch, SMS)
+    assert mismatch(func, sch.mod["main"]) == 0
