@@ -24,3 +24,12 @@ def test_a_kernel_that_differs_is_a_failure(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "seed 0: tvmfuse_conv2d_1a2b3c (conv2d) differs on the CPU: relative 5.00e-01" in out
     assert "1 failure(s)" in out
+
+
+def test_the_seeds_of_the_channel_multiplier_build_in_fp16(capsys):
+    # Seeds 12 and 79 hold depthwise convs with 2 output channels per input channel, whose fp16 kernels took the
+    # paired layout and failed to build until it was limited to one output channel per input channel.
+    for seed in (12, 79):
+        assert fuzz_cuda.main(["--seeds", str(seed), str(seed + 1), "--simulate", "--nvcc-every", "1",
+                               "--precision", "fp16"]) == 0
+    assert capsys.readouterr().out.count("0 failure(s)") == 2
