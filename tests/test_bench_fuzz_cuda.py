@@ -33,3 +33,14 @@ def test_the_seeds_of_the_channel_multiplier_build_in_fp16(capsys):
         assert fuzz_cuda.main(["--seeds", str(seed), str(seed + 1), "--simulate", "--nvcc-every", "1",
                                "--precision", "fp16"]) == 0
     assert capsys.readouterr().out.count("0 failure(s)") == 2
+
+
+def test_int8_kernel_cases_are_checked_and_a_mismatch_fails(monkeypatch, capsys):
+    assert fuzz_cuda.main(["--seeds", "9", "12", "--int8-cases", "--nvcc-every", "0"]) == 0
+    assert "3 INT8 kernel cases, 0 failure(s)" in capsys.readouterr().out
+    from tvmfuse.fuzz import check, int8
+
+    wrong = check.Result("int8 cuda-sm90", "mismatch", [check.OutputCheck("case", 1.0, 1.0, 3.0, "3 of 9 elements differ")])
+    monkeypatch.setattr(int8, "check_case", lambda case, target: wrong)
+    assert fuzz_cuda.main(["--seeds", "9", "10", "--int8-cases", "--nvcc-every", "0"]) == 1
+    assert ": mismatch: 3 of 9 elements differ" in capsys.readouterr().out

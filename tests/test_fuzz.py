@@ -167,6 +167,14 @@ def test_int8_kernel_cases_bit_exact(seed):
         assert result.ok, result.line()
 
 
+@pytest.mark.parametrize("seed", KERNEL_SEEDS)
+def test_int8_kernel_cases_on_the_cuda_rules_run_bit_exact_on_the_cpu(seed):
+    # The CUDA rule's kernel (s8 x s8 tensor-core GEMM without its tensorize steps, GEMV, depthwise), its threads
+    # run serially, its blocks in order and in reverse (tvmfuse.fuzz.cuda_cpu).
+    result = int8.check_case(int8.random_case(seed), "cuda-sm90")
+    assert result.ok, result.line()
+
+
 def test_int8_kernel_1x1_depthwise_bit_exact():
     """Found by fuzzing: a depthwise 1x1 kernel on a 1x1 map (after a global pool) computed channel 0 only."""
     case = int8.KernelCase("depthwise_conv2d", 1, 5, 5, (1, 1), 1, out_dtype="float32", input_zero_point=100)

@@ -175,13 +175,19 @@ def _operands(case: KernelCase, spec) -> tuple[dict, np.ndarray, bool]:
     return data, packed, exact_pairs(family, packed, weights)
 
 
-def build(case: KernelCase, target=HOST):
-    """The case's kernel as compile makes it, scheduled by ``target``'s backend, built: ``(library, output
-    te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``."""
-    import tvm
+def _signed(case: KernelCase, spec) -> bool:
+    """Whether the kernel sums ``x - 128`` in int8 (``signed_data``: the CUDA tensor cores' s8 x s8), as compile
+    asks it for ``spec`` (``passes.int8.kernels.signed_data``)."""
+    return spec.backend().int8_weights == "signed" and families.FAMILIES[case.family].int8.signed_data
+
+
+def _kernel(case: KernelCase, spec):
+    """The case's kernel as compile makes it, scheduled by ``spec``'s backend (a CUDA one without its final
+    tensorize steps, for :mod:`.cuda_cpu`), and its output ``te.Tensor``."""
     from tvm import te
 
-    spec = targets.resolve(target)
+    from .cuda_cpu import untensorized
+
     family = families.FAMILIES[case.family]
     channels = case.out_channels
     _, weight, exact = _operands(case, spec)
@@ -191,32 +197,68 @@ def build(case: KernelCase, target=HOST):
                te.placeholder((channels,), "float32", name="multiplier")]
     res = te.placeholder(case.out_shape(), case.residual, name="residual") if case.residual else None
     compute = families.resolve(family.int8.compute)
+    signed = {"signed_data": True} if _signed(case, spec) else {}
     out = compute(*tensors, res, channels=channels, input_zero_point=case.input_zero_point,
-                  epilogue=case.epilogue(), **case.conv)
+                  epilogue=case.epilogue(), **signed, **case.conv)
     func = int8.prim_func(tensors + ([res] if res is not None else []) + [out])
     func = func.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else func
-    func = spec.backend().schedule(func.with_attr("tvmfuse.family", families.int8_kernel_name(family)))
+    func = func.with_attr("tvmfuse.family", families.int8_kernel_name(family))
+    if spec.backend().name != "cuda":
+        return spec.backend().schedule(func), out
+    with untensorized():
+        return spec.backend().schedule(func), out
+
+
+def build(case: KernelCase, target=HOST):
+    """The case's kernel as compile makes it, scheduled by ``target``'s backend, built: ``(library, output
+    te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``. A CUDA
+    target's kernel is built for this CPU, its threads run serially (:mod:`.cuda_cpu`)."""
+    import tvm
+
+    spec = targets.resolve(target)
+    func, out = _kernel(case, spec)
+    if spec.backend().name == "cuda":
+        from .cuda_cpu import serial
+
+        return tvm.compile(tvm.IRModule({"main": serial(func).with_attr("global_symbol", "main")}), target="llvm"), out
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target(),
                       tir_pipeline=spec.backend().tir_pipeline())
     return lib, out
 
 
 def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel output, reference output) of the case on its seeded operands."""
+    """(kernel output, reference output) of the case on its seeded operands. A CUDA target's kernel runs on
+    this CPU (:mod:`.cuda_cpu`), its blocks in order and in reverse: the output is the run that differs from
+    the reference, if either does."""
     import tvm
 
-    lib, out = build(case, target)
-    d, packed, _ = _operands(case, targets.resolve(target))
+    spec = targets.resolve(target)
+    d, packed, _ = _operands(case, spec)
     family = families.FAMILIES[case.family]
+    shift = int8.SIGNED_SHIFT if _signed(case, spec) else 0
     args = [d["x"], packed,
-            int8_ref.fold_zero_point(d["bias"], d["weight"], case.input_zero_point), d["multiplier"]]
+            int8_ref.fold_zero_point(d["bias"], d["weight"], case.input_zero_point - shift), d["multiplier"]]
     args += [d["residual"]] if d["residual"] is not None else []
-    result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))
-    lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], result)
     window = {"input_zero_point": case.input_zero_point, **case.conv}
     want = families.resolve(family.int8.reference)(d["x"], d["weight"], d["bias"], d["multiplier"], d["residual"],
                                    epilogue=case.epilogue(), **window)
-    return result.numpy(), want
+
+    def run(lib, extra=()):
+        result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))
+        lib["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in [*extra, *args]], result)
+        return result.numpy()
+
+    if spec.backend().name != "cuda":
+        return run(build(case, target)[0].mod), want
+    from .cuda_cpu import block_orders, serial
+
+    func, _ = _kernel(case, spec)
+    outputs = []
+    for reverse in (False, True):
+        scheduled = serial(func, reverse_blocks=reverse)
+        lib = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target="llvm")
+        outputs.append(run(lib, block_orders(scheduled) if reverse else ()))
+    return next((o for o in outputs if not np.array_equal(o, want)), outputs[0]), want
 
 
 def check_case(case: KernelCase, target=HOST) -> Result:
