@@ -1,5 +1,5 @@
-"""Random CNNs through the CUDA pipeline, no GPU needed: every graph must compile with each partition on a
-tvmfuse CUDA rule, and with ``--simulate`` every partition kernel's schedule must compute its kernel.
+"""Random CNNs through the CUDA pipeline, no GPU needed: every graph must compile with each partition on a tvmfuse
+CUDA rule, and with ``--simulate`` every partition kernel's schedule must compute its kernel.
 
     python bench/fuzz_cuda.py --seeds 0 2000 [--target cuda-sm90] [--nvcc-every 5] [--precision fp16] [--simulate]
     python bench/fuzz_cuda.py --seeds 0 500 --int8-cases [--simulate]
@@ -7,15 +7,14 @@ tvmfuse CUDA rule, and with ``--simulate`` every partition kernel's schedule mus
 For every seed in [A, B): ``tvmfuse.fuzz.graphs.random_cnn(seed)`` through tvmfuse's graph passes and the CUDA
 backend's Relax pipeline (where the rules are chosen); every ``--nvcc-every``-th graph is also built by nvcc.
 ``--simulate``: each partition kernel scheduled by its rule is also run on the CPU against the kernel unscheduled
-(``tvmfuse.fuzz.cuda_cpu``: threads as serial loops, tensor-core steps not tensorized), a failure where the
-outputs differ by more than float rounding (relative 1e-5 in FP32, 2e-3 in fp16: GEMVs and K split over warps sum
-in another order). ``--int8-cases``: also ``tvmfuse.fuzz.int8.random_case(seed)``, its CUDA INT8 kernel run on the CPU
-the same way, every output equal to ``int8_ref``'s. Prints one line per failure (seed, the error, the partition not on a tvmfuse rule or the
-kernel that differs) and a summary: graphs, partitions per rule, kernels simulated, failures, seconds. Exit
-status 1 when anything failed. What the simulation cannot see (races, the instructions, nvcc) needs a GPU:
-``pytest -m gpu`` and ``bench/cuda_check_kernels.py`` there.
+(``tvmfuse.fuzz.cuda_cpu``: threads as serial loops, tensor-core steps not tensorized), a failure where the outputs
+differ by more than float rounding (relative 1e-5 in FP32, 2e-3 in fp16: GEMVs and K split over warps sum in
+another order). ``--int8-cases``: also ``tvmfuse.fuzz.int8.random_case(seed)``, its CUDA INT8 kernel run on the CPU
+the same way, every output equal to ``int8_ref``'s. Prints one line per failure (seed, the error, the partition not
+on a tvmfuse rule or the kernel that differs) and a summary: graphs, partitions per rule, kernels simulated,
+failures, seconds. Exit status 1 when anything failed. What the simulation cannot see (races, the instructions,
+nvcc) needs a GPU: ``pytest -m gpu`` and ``bench/cuda_check_kernels.py`` there.
 """
-
 
 from __future__ import annotations
 

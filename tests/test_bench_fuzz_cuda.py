@@ -40,7 +40,8 @@ def test_int8_kernel_cases_are_checked_and_a_mismatch_fails(monkeypatch, capsys)
     assert "3 INT8 kernel cases, 0 failure(s)" in capsys.readouterr().out
     from tvmfuse.fuzz import check, int8
 
-    wrong = check.Result("int8 cuda-sm90", "mismatch", [check.OutputCheck("case", 1.0, 1.0, 3.0, "3 of 9 elements differ")])
+    differ = check.OutputCheck("case", 1.0, 1.0, 3.0, "3 of 9 elements differ")
+    wrong = check.Result("int8 cuda-sm90", "mismatch", [differ])
     monkeypatch.setattr(int8, "check_case", lambda case, target: wrong)
     assert fuzz_cuda.main(["--seeds", "9", "10", "--int8-cases", "--nvcc-every", "0"]) == 1
     assert ": mismatch: 3 of 9 elements differ" in capsys.readouterr().out
