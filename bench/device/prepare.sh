@@ -21,7 +21,8 @@ du -sh .dev1 .dev2
 # The round's fuzz slice: random CNNs built for CUDA here (about 3 minutes), carried by stage 1.
 rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && du -sh .fuzz
 # Offline CUDA tuning (#51): the INT8 kernels of ResNet-50 and MobileNetV2 with every candidate tile, built here
-# (about 9 minutes on 2 cores; ResNet-50's fp16 convs are shipped in tuning_logs/cuda-sm90 since 2026-11-29),
+# (about 9 minutes on 2 cores), then fp16 MobileNetV2's (ResNet-50's fp16 convs are shipped in tuning_logs/cuda-sm90
+# since 2026-11-29),
 # packed with xz (cubins compress 20x: 52 MB -> 3 MB for ResNet-50), carried by stage 1 and timed in the round;
 # NO_CANDIDATES=1 leaves them out.
 if [ -z "${NO_CANDIDATES:-}" ]; then
@@ -31,6 +32,11 @@ if [ -z "${NO_CANDIDATES:-}" ]; then
       -o "$T/$m.so" -q --no-cache > /dev/null
     tvmfuse tune zoo:$m --target cuda-sm90 --precision int8 --table "$T/$m.table.json" --export-candidates "$T/c" \
       | tail -n 1
+  done
+  # fp16 MobileNetV2 (about 5 minutes): its depthwise layers with one and two channels a thread (half2 reads of
+  # an interleaved tile, the fp16 default since 2026-11-30, not yet timed) and its tensor-core tiles
+  for m in ${FP16_CANDIDATE_MODELS:-mobilenet_v2}; do
+    tvmfuse tune zoo:$m --target cuda-sm90 --precision fp16 --export-candidates "$T/c" | tail -n 1
   done
   tar -C "$T/c" -cf - . | xz -T0 -6 > .candidates/candidates.tar.xz && rm -rf "$T" && du -sh .candidates
 fi
