@@ -175,6 +175,13 @@ def test_int8_kernel_cases_on_the_cuda_rules_run_bit_exact_on_the_cpu(seed):
     assert result.ok, result.line()
 
 
+def test_a_one_channel_depthwise_case_runs_on_the_cpu():
+    # Seed 572: one channel, its block index used directly in T.axis.remap, which takes only variables (the first
+    # reversed run substituted a table lookup there and failed to parse).
+    result = int8.check_case(int8.random_case(572), "cuda-sm90")
+    assert result.ok, result.line()
+
+
 def test_int8_kernel_1x1_depthwise_bit_exact():
     """Found by fuzzing: a depthwise 1x1 kernel on a 1x1 map (after a global pool) computed channel 0 only."""
     case = int8.KernelCase("depthwise_conv2d", 1, 5, 5, (1, 1), 1, out_dtype="float32", input_zero_point=100)

@@ -32,15 +32,7 @@ def serial(func, reverse_blocks: bool = False):
 
     text = func.script()
     if reverse_blocks:
-        # Each block index read from a table (``<var>_order``, a parameter put first, filled by
-        # :func:`block_orders`): an index computed as ``13 - r`` made TVM's buffer compaction take an extent of
-        # -32 from ``(13 - r) // 7 * 16``, where a table's entry is opaque to it.
-        found = re.findall(r'for (\w+) in T\.thread_binding\((\d+), thread="blockIdx\.\w+"', text)
-        for var, _ in found:
-            text = re.sub(rf"\b{var}\b", f"{var}_order[{var}_r]", text)
-            text = text.replace(f"for {var}_order[{var}_r] in", f"for {var}_r in")
-        tables = "".join(f'{var}_order: T.Buffer(({extent},), "int32"), ' for var, extent in found)
-        text = text.replace("def main(", "def main(" + tables, 1)
+        text = _reversed_blocks(text)
     text = re.sub(r'T\.thread_binding\((\d+), thread="[\w.]+"(, annotations=\{[^}]*\})?\)', r"T.serial(\1\2)", text)
     text = re.sub(r'scope="(shared|shared\.dyn|local|warp|wmma\.\w+)"', 'scope="global"', text)
     # Lowering hints that only hold for GPU memory: a shared tile staged through registers, a software pipeline
@@ -50,6 +42,29 @@ def serial(func, reverse_blocks: bool = False):
                   text)
     parsed = tvm.script.from_source(text)
     return parsed["main"] if isinstance(parsed, tvm.IRModule) else parsed
+
+
+def _reversed_blocks(text: str) -> str:
+    """The script with each ``blockIdx`` loop run last to first: ``for b in T.thread_binding(N, ...)`` becomes
+    ``for b_r in range(N)`` around ``for b in range(b_order[b_r], b_order[b_r] + 1)``, the order read from a
+    table (a parameter put first, filled by :func:`block_orders`). ``b`` stays a loop variable (``T.axis.remap``
+    takes only variables), and its range read from a table is opaque to TVM's buffer compaction, which took an
+    extent of -32 from an index computed as ``(13 - r) // 7 * 16``."""
+    lines, tables = text.split("\n"), []
+    for number, line in enumerate(lines):
+        found = re.match(r'( *)for (\w+) in T\.thread_binding\((\d+), thread="blockIdx\.\w+"[^:]*\):$', line)
+        if not found:
+            continue
+        indent, var, extent = found.group(1), found.group(2), found.group(3)
+        tables.append(f'{var}_order: T.Buffer(({extent},), "int32")')
+        end = number + 1
+        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > len(indent)):
+            end += 1
+        body = ["    " + row if row.strip() else row for row in lines[number + 1:end]]
+        lines[number:end] = [f"{indent}for {var}_r in range({extent}):",
+                             f"{indent}    for {var} in range({var}_order[{var}_r], {var}_order[{var}_r] + 1):"] + body
+    text = "\n".join(lines)
+    return text.replace("def main(", "def main(" + "".join(t + ", " for t in tables), 1)
 
 
 def _build(func):
