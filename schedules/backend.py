@@ -144,6 +144,12 @@ class Backend:
         path's. Compile and the validation of tuned kernels both call this."""
         return func
 
+    def serial_check_schedule(self, func):
+        """``func`` scheduled as :meth:`schedule` schedules it, for a serial run on this CPU
+        (``tvmfuse.fuzz.cuda_cpu``: a GPU kernel's threads one after another); None where the backend's kernels
+        run here as they are built."""
+        return None
+
     def default_trace(self, mod):
         """A trace that replays :meth:`schedule` on the kernel of ``mod`` (what a "default kept" tuning
         record stores)."""

@@ -140,6 +140,15 @@ class Backend(_Base):
             return func
         return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULED_BY: f"tvmfuse.cuda.{rule}"})
 
+    def serial_check_schedule(self, func):
+        """:meth:`schedule`'s kernel without its final tensorize steps (``tensor_core.TENSORIZE``): every stage
+        tiled, placed and laid out, the wmma loads, products and stores left as the loops they replace, so its
+        threads can run one after another on the CPU (``tvmfuse.fuzz.cuda_cpu``)."""
+        from .tensor_core import untensorized
+
+        with untensorized():
+            return self.schedule(func)
+
     def candidates(self, mod) -> list:
         """The rule's configs (``kernel_candidates`` of its module: the GEMM tiles of conv2d and dense, the
         depthwise tiles), each

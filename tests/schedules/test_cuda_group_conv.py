@@ -126,8 +126,9 @@ def test_a_tile_wider_than_the_group_races_and_is_refused(precision, monkeypatch
     from tvm import s_tir
 
     from test_cuda_on_cpu import _kernel
-    from tvmfuse.fuzz.cuda_cpu import block_orders, outputs, random_args, serial, untensorized
+    from tvmfuse.fuzz.cuda_cpu import block_orders, outputs, random_args, serial
     from tvmfuse.schedules.cuda import conv2d, group_conv2d, tensor_core
+    from tvmfuse.schedules.cuda.tensor_core import untensorized
 
     func = _kernel(conv_model(48, 48, 15, 3, group=2), precision)
     args = random_args(func)

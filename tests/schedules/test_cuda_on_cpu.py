@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from tvm import s_tir, tirx
 
-from tvmfuse.fuzz.cuda_cpu import block_orders, mismatch, relative_mismatch, serial, untensorized
+from tvmfuse.fuzz.cuda_cpu import block_orders, mismatch, relative_mismatch, serial
 from helpers.int8_kernels import run
 from tvmfuse import frontend, targets
 from tvmfuse.passes.pipeline import fused_module, run_graph_passes
 from tvmfuse.schedules import cuda
 from tvmfuse.schedules.cuda import depthwise_conv2d
+from tvmfuse.schedules.cuda.tensor_core import untensorized
 from tvmfuse.schedules.cuda import int8 as int8_rule
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -5,7 +5,7 @@ random graphs in ``bench/fuzz_cuda.py --simulate``).
 The scheduled PrimFunc's thread bindings become serial loops (the threads of a block then run one after
 another, each phase for all threads before the next, as ``__syncthreads`` orders them), its shared, thread-local
 and fragment buffers global ones, its software pipelines plain loops; LLVM builds it. A tensor-core schedule is
-made with ``tensor_core.TENSORIZE`` False for it: every stage tiled, placed and laid out, the fragment loads,
+made without its final tensorize steps for it (``Backend.serial_check_schedule``): every stage tiled, placed and laid out, the fragment loads,
 products and stores left as the loops the instructions replace. The blocks run in order and in reverse: a block
 that stores into outputs another block owns leaves its values there in one of the two.
 
@@ -18,7 +18,6 @@ what nvcc makes of the source; those need the GPU round.
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import numpy as np
@@ -120,34 +119,21 @@ def relative_mismatch(unscheduled, scheduled, seed: int = 0) -> float:
     return mismatch(unscheduled, scheduled, seed) / max(scale, 1e-30)
 
 
-@contextlib.contextmanager
-def untensorized():
-    """Tensor-core schedules made without their final tensorize steps while inside (``tensor_core.TENSORIZE``)."""
-    from tvmfuse.schedules.cuda import tensor_core
-
-    saved, tensor_core.TENSORIZE = tensor_core.TENSORIZE, False
-    try:
-        yield
-    finally:
-        tensor_core.TENSORIZE = saved
-
-
 def kernel_mismatches(mod, spec) -> dict:
-    """Every tvmfuse partition kernel of ``mod`` (a module after the graph passes) scheduled by its CUDA rule and
-    run on the CPU: kernel name -> (rule, relative mismatch against the kernel unscheduled)."""
+    """Every tvmfuse partition kernel of ``mod`` (a module after the graph passes) scheduled by ``spec``'s backend
+    for a serial run (``Backend.serial_check_schedule``) and run on the CPU: kernel name -> (who scheduled it,
+    relative mismatch against the kernel unscheduled); empty for a backend whose kernels run here as built."""
     import tvm
 
     from tvmfuse.passes.pipeline import fused_module
-    from tvmfuse.schedules import cuda
+    from tvmfuse.schedules.backend import SCHEDULED_BY
 
     found = {}
-    fused = fused_module(mod, spec, spec.tvm_target())
-    sms = spec.backend().sms
-    for gv, func in fused.functions_items():
+    backend = spec.backend()
+    for gv, func in fused_module(mod, spec, spec.tvm_target()).functions_items():
         if not (isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint.startswith("tvmfuse_")):
             continue
-        with untensorized():
-            sch, rule = cuda.scheduled(func, str(func.attrs["tvmfuse.family"]), sms)
-        if sch is not None:
-            found[gv.name_hint] = (rule, relative_mismatch(func, sch.mod["main"]))
+        scheduled = backend.serial_check_schedule(func)
+        if scheduled is not None and SCHEDULED_BY in scheduled.attrs:
+            found[gv.name_hint] = (str(scheduled.attrs[SCHEDULED_BY]), relative_mismatch(func, scheduled))
     return found

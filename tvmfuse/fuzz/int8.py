@@ -182,11 +182,9 @@ def _signed(case: KernelCase, spec) -> bool:
 
 
 def _kernel(case: KernelCase, spec):
-    """The case's kernel as compile makes it, scheduled by ``spec``'s backend (a CUDA one without its final
-    tensorize steps, for :mod:`.cuda_cpu`), and its output ``te.Tensor``."""
+    """The case's kernel as compile makes it, scheduled by ``spec``'s backend, its output ``te.Tensor``, and whether
+    it is scheduled for a serial run on this CPU (a GPU backend's: ``Backend.serial_check_schedule``)."""
     from tvm import te
-
-    from .cuda_cpu import untensorized
 
     family = families.FAMILIES[case.family]
     channels = case.out_channels
@@ -203,21 +201,19 @@ def _kernel(case: KernelCase, spec):
     func = int8.prim_func(tensors + ([res] if res is not None else []) + [out])
     func = func.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else func
     func = func.with_attr("tvmfuse.family", families.int8_kernel_name(family))
-    if spec.backend().name != "cuda":
-        return spec.backend().schedule(func), out
-    with untensorized():
-        return spec.backend().schedule(func), out
+    serial = spec.backend().serial_check_schedule(func)
+    return (serial, out, True) if serial is not None else (spec.backend().schedule(func), out, False)
 
 
 def build(case: KernelCase, target=HOST):
     """The case's kernel as compile makes it, scheduled by ``target``'s backend, built: ``(library, output
-    te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``. A CUDA
+    te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``. A GPU
     target's kernel is built for this CPU, its threads run serially (:mod:`.cuda_cpu`)."""
     import tvm
 
     spec = targets.resolve(target)
-    func, out = _kernel(case, spec)
-    if spec.backend().name == "cuda":
+    func, out, serially = _kernel(case, spec)
+    if serially:
         from .cuda_cpu import serial
 
         return tvm.compile(tvm.IRModule({"main": serial(func).with_attr("global_symbol", "main")}), target="llvm"), out
@@ -227,7 +223,7 @@ def build(case: KernelCase, target=HOST):
 
 
 def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel output, reference output) of the case on its seeded operands. A CUDA target's kernel runs on
+    """(kernel output, reference output) of the case on its seeded operands. A GPU target's kernel runs on
     this CPU (:mod:`.cuda_cpu`), its blocks in order and in reverse: the output is the run that differs from
     the reference, if either does."""
     import tvm
@@ -248,11 +244,11 @@ def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
         lib["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in [*extra, *args]], result)
         return result.numpy()
 
-    if spec.backend().name != "cuda":
+    func, _, serially = _kernel(case, spec)
+    if not serially:
         return run(build(case, target)[0].mod), want
     from .cuda_cpu import block_orders, serial
 
-    func, _ = _kernel(case, spec)
     outputs = []
     for reverse in (False, True):
         scheduled = serial(func, reverse_blocks=reverse)
