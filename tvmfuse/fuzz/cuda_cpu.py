@@ -6,8 +6,9 @@ The scheduled PrimFunc's thread bindings become serial loops (the threads of a b
 another, each phase for all threads before the next, as ``__syncthreads`` orders them), its shared, thread-local
 and fragment buffers global ones, its software pipelines plain loops; LLVM builds it. A tensor-core schedule is
 made without its final tensorize steps for it (``Backend.serial_check_schedule``): every stage tiled, placed and
-laid out, the fragment loads, products and stores left as the loops the instructions replace. The blocks run in order and in reverse: a block
-that stores into outputs another block owns leaves its values there in one of the two.
+laid out, the fragment loads, products and stores left as the loops the instructions replace. The blocks run in
+order and in reverse: a block that stores into outputs another block owns leaves its values there in one of the
+two.
 
 What this checks: that the schedule computes what the compute says for every output (a tile's bounds, a
 layout's transform, a vector's lanes, a strip's and a halo's offsets) and that blocks store only their own
