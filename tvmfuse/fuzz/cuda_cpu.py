@@ -102,22 +102,29 @@ def block_orders(func) -> list[np.ndarray]:
             if p.name.endswith("_order")]
 
 
-def mismatch(unscheduled, scheduled, seed: int = 0) -> float:
-    """Largest absolute difference between the scheduled kernel run serially, its blocks in order and reversed,
-    and the unscheduled one."""
+def _differences(unscheduled, scheduled, seed: int) -> tuple[float, float]:
+    """(largest absolute difference of the scheduled kernel, its blocks in order and reversed, from the
+    unscheduled one; the unscheduled output's largest magnitude)."""
     args = random_args(unscheduled, seed)
     want = outputs(unscheduled, args).astype("float64")
     if not want.size:
-        return 0.0
+        return 0.0, 0.0
     forward, backward = serial(scheduled), serial(scheduled, reverse_blocks=True)
-    return max(float(np.max(np.abs(want - outputs(forward, args).astype("float64")))),
+    diff = max(float(np.max(np.abs(want - outputs(forward, args).astype("float64")))),
                float(np.max(np.abs(want - outputs(backward, block_orders(backward) + args).astype("float64")))))
+    return diff, float(np.max(np.abs(want)))
+
+
+def mismatch(unscheduled, scheduled, seed: int = 0) -> float:
+    """Largest absolute difference between the scheduled kernel run serially, its blocks in order and reversed,
+    and the unscheduled one."""
+    return _differences(unscheduled, scheduled, seed)[0]
 
 
 def relative_mismatch(unscheduled, scheduled, seed: int = 0) -> float:
     """:func:`mismatch` over the largest magnitude of the unscheduled kernel's output."""
-    scale = float(np.max(np.abs(outputs(unscheduled, random_args(unscheduled, seed)).astype("float64")), initial=0))
-    return mismatch(unscheduled, scheduled, seed) / max(scale, 1e-30)
+    diff, scale = _differences(unscheduled, scheduled, seed)
+    return diff / max(scale, 1e-30)
 
 
 def kernel_mismatches(mod, spec) -> dict:
