@@ -67,7 +67,8 @@ def _reversed_blocks(text: str) -> str:
     return text.replace("def main(", "def main(" + "".join(t + ", " for t in tables), 1)
 
 
-def _build(func):
+def build(func):
+    """``func`` built for this CPU (a serial one of :func:`serial`, or any kernel written for LLVM)."""
     import tvm
 
     return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
@@ -92,7 +93,7 @@ def outputs(func, args: list[np.ndarray]) -> np.ndarray:
     import tvm
 
     tensors = [tvm.runtime.tensor(a) for a in args]
-    _build(func)["main"](*tensors)
+    build(func)["main"](*tensors)
     return tensors[-1].numpy()
 
 

@@ -205,21 +205,26 @@ def _kernel(case: KernelCase, spec):
     return (serial, out, True) if serial is not None else (spec.backend().schedule(func), out, False)
 
 
+def _library(func, spec, serially: bool):
+    """``func`` (from :func:`_kernel`) built: for this CPU, its threads run serially (:mod:`.cuda_cpu`), where it
+    was scheduled for a serial run; else for ``spec``'s target."""
+    import tvm
+
+    if serially:
+        from .cuda_cpu import build, serial
+
+        return build(serial(func))
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target(),
+                       tir_pipeline=spec.backend().tir_pipeline())
+
+
 def build(case: KernelCase, target=HOST):
     """The case's kernel as compile makes it, scheduled by ``target``'s backend, built: ``(library, output
     te.Tensor)``; the library's ``main`` takes ``(x, weight, bias, multiplier[, residual], out)``. A GPU
     target's kernel is built for this CPU, its threads run serially (:mod:`.cuda_cpu`)."""
-    import tvm
-
     spec = targets.resolve(target)
     func, out, serially = _kernel(case, spec)
-    if serially:
-        from .cuda_cpu import serial
-
-        return tvm.compile(tvm.IRModule({"main": serial(func).with_attr("global_symbol", "main")}), target="llvm"), out
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=spec.tvm_target(),
-                      tir_pipeline=spec.backend().tir_pipeline())
-    return lib, out
+    return _library(func, spec, serially), out
 
 
 def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
@@ -238,23 +243,16 @@ def run_case(case: KernelCase, target=HOST) -> tuple[np.ndarray, np.ndarray]:
     window = {"input_zero_point": case.input_zero_point, **case.conv}
     want = families.resolve(family.int8.reference)(d["x"], d["weight"], d["bias"], d["multiplier"], d["residual"],
                                    epilogue=case.epilogue(), **window)
-
-    def run(lib, extra=()):
-        result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))
-        lib["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in [*extra, *args]], result)
-        return result.numpy()
-
     func, _, serially = _kernel(case, spec)
-    if not serially:
-        return run(build(case, target)[0].mod), want
-    from .cuda_cpu import block_orders, serial
+    lib = _library(func, spec, serially)
+    result = tvm.runtime.tensor(np.zeros(case.out_shape(), case.out_dtype))
+    lib["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], result)
+    if not serially or not np.array_equal(result.numpy(), want):
+        return result.numpy(), want
+    from .cuda_cpu import block_orders, outputs, serial
 
-    outputs = []
-    for reverse in (False, True):
-        scheduled = serial(func, reverse_blocks=reverse)
-        lib = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target="llvm")
-        outputs.append(run(lib, block_orders(scheduled) if reverse else ()))
-    return next((o for o in outputs if not np.array_equal(o, want)), outputs[0]), want
+    backward = serial(func, reverse_blocks=True)
+    return outputs(backward, block_orders(backward) + args + [np.zeros(case.out_shape(), case.out_dtype)]), want
 
 
 def check_case(case: KernelCase, target=HOST) -> Result:
