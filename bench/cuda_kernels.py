@@ -96,7 +96,7 @@ def _kernel_ms(func, target, repeat: int, arrays=None) -> tuple[float, list]:
     if arrays is None:
         arrays = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)) for p in func.params]
     tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
-    timer = lib.time_evaluator("main", dev, number=10, repeat=repeat)
+    timer = getattr(lib, "mod", lib).time_evaluator("main", dev, number=10, repeat=repeat)
     return statistics.median(timer(*tensors).results) * 1e3, arrays
 
 

@@ -141,12 +141,16 @@ def test_cuda_int8_agrees_with_the_x86_int8_library(name):
     gpu = tvmfuse.quantize(zoo.get(name), table=table, target="cuda-sm90", shapes=shapes)
     rng = np.random.default_rng(0)
     x = {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in gpu.inputs}
+    # YOLOv8n's bound is 5e-3: on an H200 (2026-11-30) its 62 INT8 kernels were each bit-exact
+    # (bench/cuda_check_kernels.py --int8) and the whole library 2.4e-3 from this reference, since the GPU's own
+    # sigmoid is not correctly rounded either; the x86 library (float32 sigmoids) is 1.8e-2 away.
+    bound = 1e-3
     if name == "yolov8n":
-        ref = _cpu_reference(gpu, x)
+        ref, bound = _cpu_reference(gpu, x), 5e-3
     else:
         ref = tvmfuse.quantize(zoo.get(name), table=table, target=HOST, shapes=shapes, layout="nchw").run(x)
     for a, b in zip(gpu.run(x), ref):
-        assert np.linalg.norm(a.astype(np.float64) - b) <= 1e-3 * np.linalg.norm(b), name
+        assert np.linalg.norm(a.astype(np.float64) - b) <= bound * np.linalg.norm(b), name
 
 
 @pytest.mark.slow
