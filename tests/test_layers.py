@@ -20,7 +20,7 @@ LAYERS = (
                     "tvmfuse.heap", "tvmfuse.host", "tvmfuse.tvmscript",
                     "tvmfuse.cuda_driver", "tvmfuse.progress", "tvmfuse.zoo", "tvmfuse.patterns", "tvmfuse.schedules",
                     "tvmfuse.quant", "tvmfuse.tune.database", "tvmfuse.tune.log_files", "tvmfuse.tune.workload_index",
-                    "tvmfuse.tune.records", "tvmfuse.tune.runs")),
+                    "tvmfuse.tune.records", "tvmfuse.tune.shared_form", "tvmfuse.tune.runs")),
     ("graph passes", ("tvmfuse.frontend", "tvmfuse.passes")),
     ("build and run", ("tvmfuse.export", "tvmfuse.link", "tvmfuse.scratch", "tvmfuse.library_file",
                        "tvmfuse.blob_object", "tvmfuse.cache", "tvmfuse.runtime", "tvmfuse.opcheck",

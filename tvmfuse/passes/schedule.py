@@ -28,24 +28,55 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
 
     @tvm.transform.module_pass(opt_level=0, name="ApplyTuningLogs")
     def _apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from ..tune.records import kernel_hash
+        from ..tune.shared_form import shared_form
+
         before = _prim_funcs(mod)
+        todo = {n: f for n, f in before.items() if not is_scheduled(f)}
+        shared = {n: shared_form(f) for n, f in todo.items()}
         db = database
         if hasattr(db, "database_for"):  # LazyLogs: decode the records of these kernels only
-            from ..tune.records import kernel_hash
-
-            db = db.database_for({kernel_hash(f) for f in before.values() if not is_scheduled(f)})
+            db = db.database_for({kernel_hash(f) for f in todo.values()} | {kernel_hash(f) for f in shared.values()})
         with db:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        updates = {n: _from_shared_record(db, f, shared[n]) for n, f in _prim_funcs(mod).items()
+                   if n in todo and not is_scheduled(f)}
+        updates = {n: f for n, f in updates.items() if f is not None}
         tuned = sorted(n for n, f in _prim_funcs(mod).items() if is_scheduled(f) and not is_scheduled(before.get(n, f)))
+        tuned = sorted(set(tuned) | set(updates))
         if tuned:
             mod = mod.clone()
             for name in tuned:
-                mod.update_func(mod.get_global_var(name), mod[name].with_attr(SCHEDULED_BY, "tuning_log"))
+                func = updates.get(name, mod[name])
+                mod.update_func(mod.get_global_var(name), func.with_attr(SCHEDULED_BY, "tuning_log"))
         if applied is not None:
             applied.extend(tuned)
         return mod
 
     return _apply
+
+
+def _from_shared_record(db, func, shared):
+    """``func`` scheduled by the record filed under its shared form (:mod:`tvmfuse.tune.shared_form`: the same
+    kernel with other constants, e.g. another calibration table's), as MetaScheduleApplyDatabase applies an exact
+    one; None without such a record."""
+    import tvm_ffi
+    from tvm import s_tir
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    if tvm_ffi.structural_equal(func, shared):
+        return None  # no constants to share over: the exact lookup was this one
+    # the module kernel_hash files the shared form under, so the lookup meets the workload the record was filed with
+    workload = tvm.IRModule({"main": shared.with_attr("global_symbol", "main")})
+    record = db.query_tuning_record(workload, tvm.target.Target.current(), "main")
+    if record is None:
+        return None
+    sch = s_tir.Schedule(_normalize_mod(func))
+    try:
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+    except Exception:  # noqa: BLE001 - a record that does not replay here leaves the kernel to its default rule
+        return None
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 def ScheduleKernels(spec: TargetSpec) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming

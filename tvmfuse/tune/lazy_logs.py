@@ -43,13 +43,16 @@ class LazyLogs:
         return sum(len(v) for v in self._by_hash.values())
 
     def records_for(self, func) -> str:
-        """The record lines filed under kernel ``func``'s workload hash, as one JSON string ('' for none): what a
-        cached schedule of the kernel is keyed by besides the kernel (:mod:`tvmfuse.cache.schedules`)."""
+        """The record lines filed under kernel ``func``'s workload hash, else under its shared form's
+        (:mod:`.shared_form`), as one JSON string ('' for none): what a cached schedule of the kernel is keyed by
+        besides the kernel (:mod:`tvmfuse.cache.schedules`)."""
         import json
 
         from .records import kernel_hash
 
-        found = self._by_hash.get(kernel_hash(func))
+        from .shared_form import shared_hash
+
+        found = self._by_hash.get(kernel_hash(func)) or self._by_hash.get(shared_hash(func))
         return json.dumps([record for _, record in found], sort_keys=True) if found else ""
 
     def database_for(self, hashes):

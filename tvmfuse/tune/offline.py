@@ -128,7 +128,10 @@ def import_results(results, directory, logs=None) -> dict:
     """Write each kernel's fastest correct candidate from the device's ``results`` (timings of the candidate
     files in ``directory``) into the tuning logs ``logs`` (default: the shipped folder). Returns kernel name ->
     what was written: ``{"candidate", "us", "default_us"}``, or ``{"skipped": why}``."""
+    import tvm
     from tvm.s_tir import meta_schedule as ms
+
+    from .shared_form import shared_form
 
     times = _read_json(Path(results), "results", TIMES)
     outcome, stores, learnt = {}, {}, {}
@@ -148,7 +151,10 @@ def import_results(results, directory, logs=None) -> dict:
                                     backend=info["target"].get("backend", "")) if info["target"]["name"] == "custom"
                                else info["target"]["name"])
         register_intrinsics(spec, (e["record"] for e in info["candidates"]))
-        workload = ms.database.Workload.from_json(info["workload"])
+        # filed under the kernel's shared form, so the record applies whatever constants (calibration table) the
+        # compiled kernel has
+        exact = ms.database.Workload.from_json(info["workload"])
+        workload = ms.database.Workload(tvm.IRModule({"main": shared_form(exact.mod["main"])}))
         record = decoded_record(entry["record"], workload)
         timed = ms.database.TuningRecord(record.trace, workload, [best["us"] * 1e-6], spec.tvm_target(),
                                          record.args_info)
