@@ -20,23 +20,27 @@ done
 du -sh .dev1 .dev2
 # The round's fuzz slice: random CNNs built for CUDA here (about 3 minutes), carried by stage 1.
 rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && du -sh .fuzz
-# Offline CUDA tuning (#51): the INT8 kernels of ResNet-50 and MobileNetV2 with every candidate tile, built here
-# (about 9 minutes on 2 cores), then fp16 MobileNetV2's (ResNet-50's fp16 convs are shipped in tuning_logs/cuda-sm90
-# since 2026-11-29),
-# packed with xz (cubins compress 20x: 52 MB -> 3 MB for ResNet-50), carried by stage 1 and timed in the round;
-# NO_CANDIDATES=1 leaves them out.
+# Offline CUDA tuning (#51): the kernels of the zoo models below with every candidate tile, built here, packed with xz
+# (cubins compress 20x), carried by stage 1 and timed in the round; NO_CANDIDATES=1 leaves them out. Shipped in
+# tuning_logs/cuda-sm90 already: ResNet-50 fp16 (2026-11-29), ResNet-50 and MobileNetV2 INT8 and MobileNetV2 fp16
+# (2026-11-30). Since then: fp16 ResNet-18 (2.3x torch.compile on 2026-11-30) and EfficientNet-Lite0 (about 8
+# minutes), and FP32 MobileNetV2 (about 4 minutes: whether FP32's depthwise tiles want strips of 2 as fp16's and
+# INT8's did). CANDIDATE_MODELS (INT8, quantized on random:4 here), FP16_CANDIDATE_MODELS and
+# FP32_CANDIDATE_MODELS choose.
 if [ -z "${NO_CANDIDATES:-}" ]; then
-  T=$(mktemp -d) && rm -rf .candidates && mkdir -p .candidates
-  for m in ${CANDIDATE_MODELS:-resnet50 mobilenet_v2}; do
+  T=$(mktemp -d) && rm -rf .candidates && mkdir -p .candidates "$T/c"
+  for m in ${CANDIDATE_MODELS:-}; do
     tvmfuse quantize zoo:$m --calib random:4 --method minmax --target cuda-sm90 --table "$T/$m.table.json" \
       -o "$T/$m.so" -q --no-cache > /dev/null
     tvmfuse tune zoo:$m --target cuda-sm90 --precision int8 --table "$T/$m.table.json" --export-candidates "$T/c" \
       | tail -n 1
   done
-  # fp16 MobileNetV2 (about 5 minutes): its depthwise layers with one and two channels a thread (half2 reads of
-  # an interleaved tile, the fp16 default since 2026-11-30, not yet timed) and its tensor-core tiles
-  for m in ${FP16_CANDIDATE_MODELS:-mobilenet_v2}; do
-    tvmfuse tune zoo:$m --target cuda-sm90 --precision fp16 --export-candidates "$T/c" | tail -n 1
+  for p in fp16 fp32; do
+    if [ $p = fp16 ]; then models=${FP16_CANDIDATE_MODELS:-resnet18 efficientnet_lite0}
+    else models=${FP32_CANDIDATE_MODELS:-mobilenet_v2}; fi
+    for m in $models; do
+      tvmfuse tune zoo:$m --target cuda-sm90 --precision $p --export-candidates "$T/c" | tail -n 1
+    done
   done
   tar -C "$T/c" -cf - . | xz -T0 -6 > .candidates/candidates.tar.xz && rm -rf "$T" && du -sh .candidates
 fi

@@ -23,9 +23,10 @@ step() { if wanted "$1"; then run_step "$@"; pack; fi; }
 # A check that times nothing runs beside the step after it (both only compare outputs: nothing is timed while
 # they share the machine).
 beside() { if wanted "$1"; then run_step "$@" & fi; }
-# Ordered by what the session needs most; a call cut off at its limit drops the rest. 2026-11-30's order: what
-# changed since the 2026-11-29 round and was never run on a GPU (fp16 depthwise in half2, 16-byte GEMV loads, fp16
-# MobileNetV2's candidates, the tuned ResNet-50, the INT8 profile), then the bar's tables.
+# Ordered by what the session needs most; a call cut off at its limit drops the rest. After the 2026-11-30 round (the
+# whole round in one 560 s call on an H200, but for two bandwidth steps): what that round's results changed (the
+# INT8 records shared over calibration tables, strips of 2 in fp16 and INT8 depthwise tiles) first, then the bar's
+# tables.
 # 1. numerics on the device, one pytest: every CUDA rule against numpy (the fp16 tensor-core conv/dense, half2
 #    depthwise), every zoo model against onnxruntime in FP32 and fp16, CUDA graphs against plain launches, every
 #    INT8 rule bit-exact against int8_ref, quantized ONNX chains and zoo models against their references (YOLOv8n
@@ -48,13 +49,16 @@ wait; pack
 if [ -d /root/stash/candidates ]; then
     step candidates 150 python3 bench/device/time_candidates.py /root/stash/candidates "$W/candidate_times.json"
 fi
-# 3. the shipped tuning logs (ResNet-50 fp16) against none, #51's bar "tuned faster than untuned"; alternating blocks
-step tuned 100 python3 bench/gpu.py --models resnet50 --precisions fp16 --untuned --repeat 30 \
+# 3. the shipped tuning logs against none (#51's bar "tuned faster than untuned"), fp16 and INT8 in one call
+#    (alternating blocks): ResNet-50 and MobileNetV2, whose INT8 records were timed on another calibration table and
+#    apply through their shared form; the INT8 rows against the fp16 ones are the bar's INT8 / fp16 ratio
+step tuned 240 python3 bench/gpu.py --models resnet50,mobilenet_v2 --precisions fp16,int8 --untuned --repeat 30 \
     --json "$W/gpu_tuned.json"
 # 4. the depthwise bar: layers of 56x56 and larger against a copy of as many bytes, each layer also with the other
-#    number of channels a thread (fp16's default of two, half2 reads, first timed here)
+#    number of channels a thread (fp16 and INT8 default tiles take strips of 2 since 2026-11-30)
 step depthwise_bw_fp16 70 python3 bench/cuda_kernels.py --bandwidth --precision fp16 --repeat 30
-# 5. where ResNet-50's INT8 time goes on the GPU, kernel by kernel (its INT8 was 0.95x its fp16 on 2026-11-29)
+step depthwise_bw 70 python3 bench/cuda_kernels.py --bandwidth --repeat 30
+# 5. where ResNet-50's INT8 time goes on the GPU, kernel by kernel (untuned, its INT8 was 1.04x its fp16 on 2026-11-30)
 step profile_int8 80 python3 bench/profile.py resnet50 --target cuda-sm90 --int8 minmax --runs 10 --top 20
 # 6. the bar's timing table: tvmfuse FP32 and fp16 against plain TVM and PyTorch eager (FP32: TF32 off and on),
 #    GPU-synchronized medians
@@ -64,18 +68,14 @@ step gpu_models 200 python3 bench/gpu.py --models mobilenet_v2,efficientnet_lite
 #    loses only itself)
 step torch_compile 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resnet18 --precisions fp16 \
     --repeat 30 --torch --torch-compile --json "$W/gpu_torch_compile.json"
-step depthwise_bw 70 python3 bench/cuda_kernels.py --bandwidth --repeat 30
-# 8. INT8 latency with fp16 in the same call (quantized on random batches): the TensorRT INT8 anchor's rows
-step gpu_int8 200 python3 bench/gpu.py --models resnet50,mobilenet_v2 --precisions fp16,int8 --repeat 30 \
-    --json "$W/gpu_int8.json"
-# 9. AMX on the host CPU (a Xeon with amx-int8; #52): ResNet-50 INT8 on tiles (x86-host) against VNNI
+# 8. AMX on the host CPU (a Xeon with amx-int8; #52): ResNet-50 INT8 on tiles (x86-host) against VNNI
 #    (x86-avx512) on two pinned cores, every output compared exactly (2026-11-29: bit-exact, 0.83x), then where
 #    its time goes on the tiles
 step amx_check 200 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/amx_check.py --models resnet50 --repeat 30
 step amx_profile 120 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/profile.py resnet50 --target x86-host \
     --int8 minmax --runs 10 --top 20
-# 10. where ResNet-50's fp16 time goes (graphs off, the device waited for around each call); CUDA graphs on and
-#     off, whole models
+# 9. where ResNet-50's fp16 time goes (graphs off, the device waited for around each call); CUDA graphs on and
+#    off, whole models
 step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
 step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
 cat "$W/steps.txt"

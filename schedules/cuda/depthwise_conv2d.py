@@ -52,13 +52,13 @@ class Config:
 
 
 def default_config(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 1), dilation=(1, 1),
-                   sms: int = 132, pairs: int = 1) -> Config | None:
-    """Strips of 4 (2, 1) outputs along whole rows (at most 32 threads a row), rows up to 256 threads a block,
-    channels (``pairs`` at a time: see :func:`pairs_for`) stacked while a block has fewer than 128 threads; then
-    tiles halved while the grid is under two blocks per SM or the input tile does not fit in shared memory.
-    None when not even one row of one channel fits (a window dilated past shared memory)."""
+                   sms: int = 132, pairs: int = 1, widest: int = 4) -> Config | None:
+    """Strips of ``widest`` (:func:`widest_strip`; else 2, 1) outputs along whole rows (at most 32 threads a row),
+    rows up to 256 threads a block, channels (``pairs`` at a time: see :func:`pairs_for`) stacked while a block has
+    fewer than 128 threads; then tiles halved while the grid is under two blocks per SM or the input tile does not
+    fit in shared memory. None when not even one row of one channel fits (a window dilated past shared memory)."""
     units = channels // pairs
-    strip = next(s for s in (4, 2, 1) if out_w % s == 0 and out_w // s >= 4 or s == 1)
+    strip = next(s for s in (4, 2, 1) if s <= widest and (out_w % s == 0 and out_w // s >= 4 or s == 1))
     tile_w = out_w if out_w // strip <= 32 else largest_divisor(out_w, 32 * strip, strip)
     row_threads = tile_w // strip
     tile_h = largest_divisor(out_h, max(1, TARGET_THREADS // row_threads))
@@ -99,6 +99,15 @@ def pairs_for(channels: int, dtype: str, multiplier: int = 1) -> int:
     return 2 if dtype == "float16" and channels % 2 == 0 and multiplier == 1 else 1
 
 
+def widest_strip(dtype: str) -> int:
+    """The widest strip a default tile takes: 2 outputs a thread for fp16 and INT8 (uint8) inputs, 4 for FP32. On an
+    H200 (2026-11-30) the offline candidates of MobileNetV2's 20 fp16 and INT8 depthwise layers never had a strip
+    of 4 fastest, and strips of 4 were up to 1.6x slower on the large maps (INT8 144 x 56 x 56: 6.02 against 3.79
+    us; fp16 96 x 112 x 112: 6.99 against 4.25); strips of 2 took these layers' time from 136 to 126 us. FP32's
+    strips of 4 were timed on an H100 and stay until its candidates are timed."""
+    return 4 if dtype == "float32" else 2
+
+
 def candidates(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 1), dilation=(1, 1),
                sms: int = 132, dtype: str = "float32", multiplier: int = 1) -> list[Config]:
     """The configs an offline tuning round times: the default first, then for each of 1 and 2 channels a thread
@@ -107,7 +116,7 @@ def candidates(channels: int, out_h: int, out_w: int, kernel=(3, 3), stride=(1, 
     channels), each that fits shared memory and 1,024 threads, once. ``dtype``: the input's; ``multiplier``:
     output channels per input channel (pairs need 1: a pair reads two channels of the tile)."""
     default = default_config(channels, out_h, out_w, kernel, stride, dilation, sms,
-                             pairs_for(channels, dtype, multiplier))
+                             pairs_for(channels, dtype, multiplier), widest_strip(dtype))
     found = [default] if default is not None else []
     paired = channels % 2 == 0 and dtype.startswith("float") and multiplier == 1
     for per_thread in (1, 2) if paired else (1,):
@@ -139,7 +148,8 @@ def kernel_default(func, sms: int, pairs: int | None = None, anchor_name: str = 
     layer = _layer(func, anchor_name, pad)
     if layer is None:
         return None
-    return default_config(*layer[:-2], sms, pairs if pairs is not None else pairs_for(layer[0], *layer[-2:]))
+    return default_config(*layer[:-2], sms, pairs if pairs is not None else pairs_for(layer[0], *layer[-2:]),
+                          widest_strip(layer[-2]))
 
 
 def _layer(func, anchor_name: str, pad: str) -> tuple | None:
@@ -182,7 +192,7 @@ def schedule(sch: s_tir.Schedule, sms: int, config: Config | None = None, anchor
     dtype, multiplier = _input(sch, pad_name, shape[1])
     if config is None:
         config = default_config(shape[1], shape[2], shape[3], kernel, stride, dilation, sms,
-                                pairs_for(shape[1], dtype, multiplier))
+                                pairs_for(shape[1], dtype, multiplier), widest_strip(dtype))
     if config is None or config.pairs > 1 and multiplier != 1:
         return False
     inline_producers(sch, anchor_name, keep=(pad_name,))  # the weight's reshape to topi's filter layout
