@@ -72,6 +72,10 @@ class Backend:
     online_tuning : bool
         Whether ``tvmfuse tune`` searches its templates with MetaSchedule (else only offline candidates,
         :meth:`candidates`).
+    shared_records : bool
+        Whether a compile looks a kernel without an exact record up by its shared form
+        (:mod:`tvmfuse.tune.shared_form`), as offline imports file them; a lookup costs about 1 ms a kernel, so
+        only where records are filed that way.
     fused_recurrence : bool
         Whether LSTM/GRU directions import as the whole-sequence kernels of :mod:`.recurrence` (serial CPU
         loops) instead of unrolled steps.
@@ -90,6 +94,7 @@ class Backend:
     int8_blocked = False
     applies_tuning_logs = False
     online_tuning = False  # MetaSchedule templates: `tvmfuse tune` searches and measures here (or over RPC)
+    shared_records = False
     fused_recurrence = False
     tensor_intrin: tuple = ()
     channel_layer_norm = False

@@ -85,8 +85,10 @@ class Backend(_Base):
     precisions = ("fp32", "fp16")
     tensor_intrin = ("cuda",)
     # Records of tuning_logs/cuda-<arch>/ (written by `tvmfuse tune --import-results` from times measured on a
-    # GPU) are applied before the rules.
+    # GPU) are applied before the rules; the import files them under each kernel's shared form (an INT8 record then
+    # applies whatever the calibration table).
     applies_tuning_logs = True
+    shared_records = True
     # INT8 kernels on the tensor cores (conv2d, dense: s8 x s8 wmma) and CUDA cores (depthwise, GEMV), bit-exact
     # against int8_ref like x86's; activations NCHW between them.
     int8_kernels = True

@@ -54,3 +54,12 @@ def test_structure_stays(tmp_path):
         assert kept in text and kept in shared, kept
     assert "T.float32(6.0)" not in shared or "T.float32(6.0)" not in text
     assert shared_form(shared_form(func)).script() == shared
+
+
+def test_only_targets_whose_records_are_shared_look_them_up():
+    # about 1 ms a kernel: x86 compiles, whose records `tvmfuse tune` files exactly, do not pay it
+    from tvmfuse.tune.database import LogStore, default_root
+    from tvmfuse.tune.lazy_logs import LazyLogs
+
+    assert LazyLogs(LogStore(default_root(), targets.resolve("cuda-sm90"))).shared
+    assert not LazyLogs(LogStore(default_root(), targets.resolve("x86-avx512"))).shared

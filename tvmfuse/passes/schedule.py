@@ -19,7 +19,9 @@ def _prim_funcs(mod: tvm.IRModule) -> dict:
 
 def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
     """Replace every kernel that has a record in ``database`` (a MetaSchedule database, or
-    :class:`tvmfuse.tune.lazy_logs.LazyLogs`) by its best tuned schedule.
+    :class:`tvmfuse.tune.lazy_logs.LazyLogs`) by its best tuned schedule: an exact record first, else one filed
+    under the kernel's shared form (:mod:`tvmfuse.tune.shared_form`; LazyLogs look only where its target's
+    backend files records that way, ``shared``).
 
     ``applied`` (optional list) receives the names of the kernels that were replaced. Needs the target in
     the context (``with target:``).
@@ -33,14 +35,14 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
 
         before = _prim_funcs(mod)
         todo = {n: f for n, f in before.items() if not is_scheduled(f)}
-        shared = {n: shared_form(f) for n, f in todo.items()}
+        shared = {n: shared_form(f) for n, f in todo.items()} if getattr(database, "shared", True) else {}
         db = database
         if hasattr(db, "database_for"):  # LazyLogs: decode the records of these kernels only
             db = db.database_for({kernel_hash(f) for f in todo.values()} | {kernel_hash(f) for f in shared.values()})
         with db:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
         updates = {n: _from_shared_record(db, f, shared[n]) for n, f in _prim_funcs(mod).items()
-                   if n in todo and not is_scheduled(f)}
+                   if n in shared and not is_scheduled(f)}
         updates = {n: f for n, f in updates.items() if f is not None}
         tuned = sorted(n for n, f in _prim_funcs(mod).items() if is_scheduled(f) and not is_scheduled(before.get(n, f)))
         tuned = sorted(set(tuned) | set(updates))

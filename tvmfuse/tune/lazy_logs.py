@@ -31,6 +31,7 @@ class LazyLogs:
         if warn and report.skipped:
             warn_skipped(report)
         self.spec, self.report, self.path = store.spec, report, store.path
+        self.shared = store.spec.backend().shared_records  # look kernels up by their shared form too
         self._workloads = workloads
         self._by_hash: dict[str, list] = {}
         for index, record in records:
@@ -52,7 +53,7 @@ class LazyLogs:
 
         from .shared_form import shared_hash
 
-        found = self._by_hash.get(kernel_hash(func)) or self._by_hash.get(shared_hash(func))
+        found = self._by_hash.get(kernel_hash(func)) or self.shared and self._by_hash.get(shared_hash(func))
         return json.dumps([record for _, record in found], sort_keys=True) if found else ""
 
     def database_for(self, hashes):
