@@ -74,8 +74,14 @@ step torch_compile 150 python3 bench/gpu.py --models resnet50,mobilenet_v2,resne
 step amx_check 200 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/amx_check.py --models resnet50 --repeat 30
 step amx_profile 120 taskset -c 1,2 env TVM_NUM_THREADS=2 python3 bench/profile.py resnet50 --target x86-host \
     --int8 minmax --runs 10 --top 20
-# 9. where ResNet-50's fp16 time goes (graphs off, the device waited for around each call); CUDA graphs on and
-#    off, whole models
+# 9. where ResNet-50's and ResNet-18's fp16 time goes (graphs off, the device waited for around each call)
 step profile_fp16 60 python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 10 --top 20
+step profile_fp16_resnet18 60 python3 bench/profile.py resnet18 --target cuda-sm90 --precision fp16 --runs 10 --top 12
+# 10. why ResNet-50's fp16 3x3 convs at 14x14 and 7x7 run at 5-6 TFLOP/s (about 400 of its 700 us, docs/cuda.md):
+#     Nsight Compute on one launch of each (occupancy, stall reasons, memory), the case for split-K across blocks
+step ncu_convs 120 "$(command -v ncu || echo /usr/local/cuda/bin/ncu)" --kernel-name "regex:f59995|c72686" \
+    --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis python3 bench/profile.py resnet50 --target cuda-sm90 --precision fp16 --runs 1
+# 11. CUDA graphs on and off, whole models
 step cuda_graph 70 python3 bench/cuda_graph.py --models mobilenet_v2,resnet50 --repeat 30
 cat "$W/steps.txt"
