@@ -74,7 +74,7 @@ class Backend:
         :meth:`candidates`).
     shared_records : bool
         Whether a compile looks a kernel without an exact record up by its shared form
-        (:mod:`tvmfuse.tune.shared_form`), as offline imports file them; a lookup costs about 1 ms a kernel, so
+        (:mod:`tvmfuse.tune.shared_form`), as offline imports file them; a lookup costs about 0.3 ms a kernel, so
         only where records are filed that way.
     fused_recurrence : bool
         Whether LSTM/GRU directions import as the whole-sequence kernels of :mod:`.recurrence` (serial CPU

@@ -57,7 +57,7 @@ def test_structure_stays(tmp_path):
 
 
 def test_only_targets_whose_records_are_shared_look_them_up():
-    # about 1 ms a kernel: x86 compiles, whose records `tvmfuse tune` files exactly, do not pay it
+    # about 0.3 ms a kernel: x86 compiles, whose records `tvmfuse tune` files exactly, do not pay it
     from tvmfuse.tune.database import LogStore, default_root
     from tvmfuse.tune.lazy_logs import LazyLogs
 
