@@ -25,8 +25,8 @@ rm -rf .fuzz && python bench/device/fuzz_slice.py prepare .fuzz --seeds 0-29 && 
 # tuning_logs/cuda-sm90 already: ResNet-50 fp16 (2026-11-29), ResNet-50 and MobileNetV2 INT8 and MobileNetV2 fp16
 # (2026-11-30). Since then: fp16 ResNet-18 (2.3x torch.compile on 2026-11-30) and EfficientNet-Lite0 (about 8
 # minutes), and FP32 MobileNetV2 (whether FP32's depthwise tiles want strips of 2 as fp16's and INT8's did) and
-# ResNet-18 (1.43x PyTorch eager's FP32 on 2026-11-30: its CUDA-core GEMM tiles). CANDIDATE_MODELS (INT8, quantized on random:4 here), FP16_CANDIDATE_MODELS and
-# FP32_CANDIDATE_MODELS choose.
+# ResNet-18 (1.43x PyTorch eager's FP32 on 2026-11-30: its CUDA-core GEMM tiles). CANDIDATE_MODELS (INT8, quantized
+# on random:4 here), FP16_CANDIDATE_MODELS and FP32_CANDIDATE_MODELS choose.
 if [ -z "${NO_CANDIDATES:-}" ]; then
   T=$(mktemp -d) && rm -rf .candidates && mkdir -p .candidates "$T/c"
   for m in ${CANDIDATE_MODELS:-}; do

@@ -49,8 +49,8 @@ SPLITS_K = (2, 4, 8)  # the warps_k a block may split K over
 WARPS_PER_SM = 8  # warps the grid should give each SM before K is split (latency hiding of the operand loads)
 MAX_WARPS = 16  # a split block's warps at most (512 threads)
 MIN_GROUP_K = 128  # K a group of a split block reduces at least (below, the split's sum costs what it saves)
-# False only for the CPU check (tvmfuse.fuzz.cuda_cpu, :func:`untensorized`): every stage tiled, placed and laid out, the
-# fragment loads, products and stores left as the loops the wmma instructions would replace.
+# False only for the CPU check (tvmfuse.fuzz.cuda_cpu, :func:`untensorized`): every stage tiled, placed and laid
+# out, the fragment loads, products and stores left as the loops the wmma instructions would replace.
 TENSORIZE = True
 
 

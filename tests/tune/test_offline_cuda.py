@@ -249,7 +249,8 @@ def test_int8_candidates_are_the_s8_tensor_core_tiles_and_apply_to_quantize(tmp_
     assert kernel != info["kernel"] and cm2.manifest()["scheduled_by"][kernel] == "tuning_log"
     sources = [c.executable.mod.imports[0].imports[0].inspect_source() for c in (cm, cm2)]
     assert sources[0] != sources[1]  # each library its own table's constants, both the record's tiles
-    assert sources[0].count("wmma::mma_sync") > 0 and sources[1].count("wmma::mma_sync") == sources[0].count("wmma::mma_sync")
+    mma = [src.count("wmma::mma_sync") for src in sources]
+    assert mma[0] > 0 and mma[1] == mma[0]
     with pytest.raises(InputError, match="--precision int8 --table TABLE"):
         offline.export_candidates(model, "cuda-sm90", tmp_path / "d", precision="int8")
     assert cli.main(["tune", "zoo:tiny_convnet", "--target", "cuda-sm90", "--table", str(table)]) == 2

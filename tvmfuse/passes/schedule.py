@@ -41,11 +41,12 @@ def ApplyTuningLogs(database, applied: list | None = None) -> tvm.transform.Pass
             db = db.database_for({kernel_hash(f) for f in todo.values()} | {kernel_hash(f) for f in shared.values()})
         with db:
             mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-        updates = {n: _from_shared_record(db, f, shared[n]) for n, f in _prim_funcs(mod).items()
+        after = _prim_funcs(mod)
+        updates = {n: _from_shared_record(db, f, shared[n]) for n, f in after.items()
                    if n in shared and not is_scheduled(f)}
         updates = {n: f for n, f in updates.items() if f is not None}
-        tuned = sorted(n for n, f in _prim_funcs(mod).items() if is_scheduled(f) and not is_scheduled(before.get(n, f)))
-        tuned = sorted(set(tuned) | set(updates))
+        tuned = sorted({n for n, f in after.items() if is_scheduled(f) and not is_scheduled(before.get(n, f))}
+                       | set(updates))
         if tuned:
             mod = mod.clone()
             for name in tuned:

@@ -50,7 +50,6 @@ class LazyLogs:
         import json
 
         from .records import kernel_hash
-
         from .shared_form import shared_hash
 
         found = self._by_hash.get(kernel_hash(func)) or self.shared and self._by_hash.get(shared_hash(func))

@@ -9,8 +9,8 @@ to none of ResNet-50's kernels quantized with a second table). Offline tuning fi
 form up (:func:`tvmfuse.passes.schedule.ApplyTuningLogs`), so the record applies to every table.
 
 Only values are replaced: constants in buffer indices, in the conditions of ``Select``, in loop bounds and shapes
-and a reduction's initial value describe the structure and stay. Statements this walk does not know are kept whole (their constants stay: a
-missed share, never a wrong one).
+and a reduction's initial value describe the structure and stay. Statements this walk does not know are kept whole
+(their constants stay: a missed share, never a wrong one).
 """
 
 from __future__ import annotations
