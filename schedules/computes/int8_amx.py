@@ -51,15 +51,17 @@ def unpack_weight(packed: np.ndarray, out_channels: int, in_channels: int) -> np
     return np.ascontiguousarray(full[:out_channels, :in_channels])
 
 
-# Input channels below which a conv keeps VNNI's 16x4 step on an AMX target: a tile row always sums 64 channels,
-# so C channels use C/64 of each tdpbusd, while AMX's peak is 8x VNNI's (1024 against 128 multiply-adds a cycle
-# on Sapphire Rapids): from 16 channels the tiles win on paper; an RGB stem (3 channels) would do 21x the work.
-MIN_CHANNELS = 16
+# The least share of a tile row's 64 channels a conv must fill to run on tiles on an AMX target; below it the conv
+# keeps VNNI's 16x4 step. A tile row always sums 64 channels (padding included), and the epilogue and the tile
+# loads do not shrink with the channels. Measured on a Sapphire Rapids (one thread, kernels timed in alternation):
+# 24 -> 144 channels at 56 x 56 (a 0.375 share) ran 1.4x VNNI's time, 32 -> 192 at 28 x 28 (0.5) 1.2x, while 64 and
+# 96 channels (1 and 0.75) ran 0.88x and 0.87x.
+MIN_SHARE = 0.6
 
 
 def takes_tiles(in_channels: int) -> bool:
-    """Whether a conv reading ``in_channels`` runs on tiles on an AMX target (:data:`MIN_CHANNELS`)."""
-    return in_channels >= MIN_CHANNELS
+    """Whether a conv reading ``in_channels`` runs on tiles on an AMX target (:data:`MIN_SHARE`)."""
+    return in_channels >= MIN_SHARE * CHUNK * -(-in_channels // CHUNK)
 
 
 def is_amx_weight(weight) -> bool:

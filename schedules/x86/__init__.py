@@ -224,7 +224,7 @@ class Backend(_Base):
     def kernel_passes() -> list:
         """The steps of padded convs that read only padding are skipped (:mod:`..padding_taps`): DeepLab's
         dilated ASPP convs ran 2.2x faster (4.0 -> 1.8 ms on Zen 4). Kernels on AMX tiles ask Linux for the
-        tile state first (:func:`.int8_amx.with_tile_permission`)."""
+        tile state first (:func:`.int8_amx.with_tile_state`)."""
         from ..padding_taps import SkipPaddingTaps
         from .int8_amx import GrantTileState
         from .intrin.table_vbmi import VectorTableLookups

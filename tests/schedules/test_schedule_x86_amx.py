@@ -85,7 +85,7 @@ def _check(case: Conv, config, blocked=False, out_layout="NCHW", target=None, ki
     args[2] = _padded(args[2], out) if blocked_out else args[2]
     if res is not None:
         args.append(_to_blocked(res) if blocked_out else res)
-    lib = build(rule.with_tile_permission(sched), target or HOST)
+    lib = build(rule.with_tile_state(sched), target or HOST)
     got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)))
     lib.mod["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], got)
     got = got.numpy()
@@ -141,13 +141,25 @@ def test_tile_config_record():
         amx.groups_of(33)
 
 
-def test_the_tile_kernel_configures_the_record():
-    """The AMX program stores tile_config's 64 bytes as 8 little-endian words, then ldtilecfg reads them."""
-    shape = amx.Shape(2, 1, 28, 1, 3, 3)
-    text = amx.impl("amx", shape).script()
-    words = [int(v) for v in re.findall(r"T.uint64\((\d+)\)", text)]
-    assert b"".join(w.to_bytes(8, "little") for w in words) == bytes(amx.tile_config(shape))
-    assert text.index("llvm.x86.ldtilecfg") > text.rindex("T.uint64(")
+def test_the_kernel_loads_the_record_once_per_thread():
+    """The tile program loads no shapes; the kernel stores tile_config's 64 bytes as 8 little-endian words and
+    runs ldtilecfg where each thread starts its share of the output tiles (the parallel launch point), after the
+    input's packing and before the tiles' loop; a kernel too small for threads loads them before that loop."""
+    assert "ldtilecfg" not in amx.impl("amx", amx.Shape(2, 1, 28, 1, 3, 3)).script()
+    for case, parallel in ((Conv(70, 32, 28, 3, pad=1), True), (Conv(64, 16, 2, 1), False)):
+        func, _ = _conv(case)
+        sched = rule.apply(func)
+        config = rule.default_config(-(-case.o // 16), case.out_shape()[3], out_height=case.out_shape()[2])
+        shape = amx.Shape(config.oc_blocks, config.out_rows, config.pixels, -(-case.c // 64), case.k, case.k)
+        text = rule.with_tile_state(sched).script()
+        words = [int(v) for v in re.findall(r"T.uint64\((\d+)\)", text)]
+        assert b"".join(w.to_bytes(8, "little") for w in words) == bytes(amx.tile_config(shape))
+        load, tiles = text.index("llvm.x86.ldtilecfg"), text.index("llvm.x86.tdpbusd")
+        assert text.index("sblock(\"data_pack\")") < text.rindex("T.uint64(") < load < tiles
+        assert text.count("llvm.x86.ldtilecfg") == 1
+        assert ("pragma_parallel_launch_point" in text) == parallel
+        if parallel:
+            assert text.index("pragma_parallel_launch_point") < load < text.index("T.parallel", load)
 
 
 def test_default_tiles():
@@ -160,7 +172,7 @@ def test_default_tiles():
 
 def _amx_assembly(case: Conv, blocked: bool = False) -> str:
     func, _ = _conv(case, blocked, "NCHW16c" if blocked else "NCHW")
-    sched = rule.with_tile_permission(rule.apply(func))
+    sched = rule.with_tile_state(rule.apply(func))
     return build(sched, SAPPHIRE).mod.inspect_source("asm")
 
 
@@ -195,14 +207,14 @@ def test_quantize_for_an_amx_cpu_puts_convs_on_tiles(tmp_path):
     """The passes pack conv weights into tiles for a target with amx-int8 (dense stays on VNNI), not for
     x86-avx512, which turns AMX off."""
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1, "W")
+    w = numpy_helper.from_array(rng.standard_normal((32, 64, 3, 3)).astype(np.float32) * 0.1, "W")
     d = numpy_helper.from_array(rng.standard_normal((10, 32 * 8 * 8)).astype(np.float32) * 0.1, "D")
     nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "D"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], [w, d])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    calib = [{"x": rng.random((1, 16, 8, 8)).astype(np.float32)}]
+    calib = [{"x": rng.random((1, 64, 8, 8)).astype(np.float32)}]
     assert targets.resolve(SAPPHIRE).backend().int8_weights == "amx"
     assert targets.resolve("x86-avx512").backend().int8_weights == "vnni"
     tiles = _quantize_for_sapphire(model, calib)
@@ -213,10 +225,12 @@ def test_quantize_for_an_amx_cpu_puts_convs_on_tiles(tmp_path):
 
 
 def test_a_conv_of_few_input_channels_keeps_vnni():
-    """An RGB stem would use 3 of a tile row's 64 channels: below int8_amx.MIN_CHANNELS a conv stays on VNNI."""
+    """An RGB stem would use 3 of a tile row's 64 channels, MobileNetV2's 24 -> 144 conv 24: a conv that fills
+    less than int8_amx.MIN_SHARE of its tile rows stays on VNNI."""
+    assert [c for c in range(1, 200) if int8_amx.takes_tiles(c)] == list(range(39, 65)) + list(range(77, 200))
     rng = np.random.default_rng(0)
-    stem = numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3, "S")
-    body = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1, "W")
+    stem = numpy_helper.from_array(rng.standard_normal((48, 3, 3, 3)).astype(np.float32) * 0.3, "S")
+    body = numpy_helper.from_array(rng.standard_normal((32, 48, 3, 3)).astype(np.float32) * 0.1, "W")
     nodes = [helper.make_node("Conv", ["x", "S"], ["s"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["s"], ["r"]),
              helper.make_node("Conv", ["r", "W"], ["y"], pads=[1, 1, 1, 1])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
@@ -224,14 +238,13 @@ def test_a_conv_of_few_input_channels_keeps_vnni():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     built = _quantize_for_sapphire(model, [{"x": rng.random((1, 3, 8, 8)).astype(np.float32)}])
     asm = built.kernel_source("asm")
-    assert int8_amx.takes_tiles(16) and not int8_amx.takes_tiles(3)
-    assert asm.count("ldtilecfg") == 1 and "vpdpbusd" in asm  # the 16-channel conv on tiles, the stem on VNNI
+    assert asm.count("ldtilecfg") == 1 and "vpdpbusd" in asm  # the 48-channel conv on tiles, the stem on VNNI
 
 
 def test_unmarked_kernels_are_left_alone():
     func, _ = _conv(Conv(16, 16, 7, 1))
     emulated = rule.apply(func, rule.Config(1, 7, "emulated"))
-    assert rule.with_tile_permission(emulated).same_as(emulated)
+    assert rule.with_tile_state(emulated).same_as(emulated)
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX (amx_int8); the emulated tiles are checked above")

@@ -12,10 +12,10 @@ How (:func:`impl`, ``"amx"``): the tile's pixels are at most 2 *runs* (one A til
 pixels of one row in 1 or 2 equal runs, or one run in each of 2 output rows. The ``nb x runs`` accumulators live
 in tiles 0-3 from the first chunk to the last, A runs in tiles 4-5, weight tiles in 6-7. Per (chunk, tap): one
 ``tileloadd`` per A run (its rows ``sw`` pixels apart in memory), one per weight tile (1 KB, 64-byte rows), one
-``tdpbusd`` per accumulator: with 2 runs x 2 blocks each loaded tile serves two ``tdpbusd``. The tile shapes are
-set once per call (``ldtilecfg``, a 64-byte palette-1 record built on the stack); the accumulators come from C
-(zeroed by the rule's init block) and go back to it with ``tilestored``, where the requantize epilogue reads
-them.
+``tdpbusd`` per accumulator: with 2 runs x 2 blocks each loaded tile serves two ``tdpbusd``. The program loads no
+tile shapes: the kernel loads :func:`tile_config`'s record once per thread (``ldtilecfg``; the rule marks the
+kernel with it, ``..int8_amx.with_tile_state`` loads it); the accumulators come from C (zeroed by the rule's init
+block) and go back to it with ``tilestored``, where the requantize epilogue reads them.
 
 ``"emulated"`` runs the same tile program with every tile a local array and every load and store at the same
 byte offsets and strides: the tests run it on CPUs without AMX, so the address arithmetic the AMX code uses is
@@ -231,11 +231,6 @@ def impl(kind: str, shape: Shape):
 
 
 def _amx_program(A, B, C, lay: _Layout, shape: Shape) -> None:
-    config = I.alloc_buffer((8,), "uint64", scope="local")  # the record as 8 little-endian words: 8 stores
-    record = bytes(tile_config(shape))
-    for j in range(8):
-        I.buffer_store(config, tirx.const(int.from_bytes(record[8 * j:8 * j + 8], "little"), "uint64"), [j])
-    _tile_op("ldtilecfg", config.access_ptr("r"))
     acc = shape.accumulators()
     for i, j, t in acc:
         _tile_op("tileloadd64", _i8(t), C.access_ptr("r", offset=lay.acc(i, j)), _i64(lay.acc_stride()))
