@@ -8,11 +8,18 @@ the state in a scratch buffer. The input projection of all steps stays one MatMu
 dense kernel); the kernel reads its rows, ``x[t]`` of shape ``[batch, D * gates * hidden]`` with the biases
 added, in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h), and writes ONNX's outputs in layout 0.
 
-The directions of a bidirectional layer are independent, so they run in parallel, one task each, with no
-synchronization over the steps (one parallel launch per call). Within a direction a step needs all of the
-previous step's state, so splitting its hidden units over threads would need a barrier per step: with
-TVM's parallel launch as that barrier (one launch per step) ddddocr's 512-unit LSTM gained nothing on 2
-cores and a 128-unit one ran 2x slower (6 us a launch), so a direction stays on one thread.
+A float LSTM of :data:`SPLIT_FROM` or more hidden units splits each step over the threads (:func:`parts_for`
+slices of its hidden units, the directions one after the other): a step reads ``H x 4H`` recurrent weights,
+which outgrow the L2 from about 256 units, and a thread that computes the same slice at every step keeps its
+slice of the weights in its own L2. Its gates need the whole previous state, so the threads meet at a barrier
+per step (one parallel launch per call, TVM's ``pragma_parallel_launch_point``; the state alternates between
+two buffers, so one barrier a step suffices). The recurrent weight is then packed per slice (:func:`pack_split`):
+each thread streams one contiguous block. On 2 cores of a Sapphire Rapids VM (kernels timed in alternation, 32
+steps, batch 1): 256 units 0.74x the unsplit kernel's time bidirectional, 0.76x in one direction; ddddocr's 512
+units 0.93-0.97x (its 4 MB a step and direction come from L3 either way, and these cores' L2 is shared with
+other guests: in some phases the split kernel ran 2x faster). Smaller layers, GRUs and the coded LSTM keep the
+directions in parallel, one task each with no synchronization over the steps: with a parallel launch per step
+as the barrier, a 128-unit LSTM ran 2x slower (6 us a launch).
 
 Per step and batch row: the gates ``x[t] + h @ R^T`` (``R^T`` is ``[hidden, gates * hidden]``, rows read
 contiguously, ``lanes`` outputs a vector), then the cell in vectors of ``lanes`` hidden units. The sigmoid
@@ -72,6 +79,33 @@ def lanes_for(hidden: int) -> int:
     return next((v for v in (16, 8, 4) if hidden % v == 0), 1)
 
 
+# Hidden units from which a float LSTM splits its steps over the threads; and the most slices. A thread takes a
+# contiguous run of slices (TVM's parallel loops give each task one), the same run at every step.
+SPLIT_FROM = 256
+MAX_PARTS = 8
+
+
+def parts_for(hidden: int, codes: str | None = None) -> int:
+    """How many slices of hidden units a step of an LSTM with ``hidden`` units is split into: 1 (the directions
+    in parallel, unsplit) under :data:`SPLIT_FROM` units or for integer codes; else the most of
+    :data:`MAX_PARTS`, 4, 2 that cut it into whole vectors."""
+    if codes is not None or hidden < SPLIT_FROM:
+        return 1
+    v = lanes_for(hidden)
+    return next((p for p in (MAX_PARTS, 4, 2) if hidden % (p * v) == 0), 1)
+
+
+def pack_split(rt, parts: int):
+    """``R^T`` ``[D, H, 4H]`` (numpy) in the split kernel's layout ``[D, parts, H, 4 * H / parts]``: slice ``p``'s
+    block holds, per row ``k``, gate ``g``'s columns of the slice's units (``g * H + p * hp + j`` at ``g * hp +
+    j``); unchanged when ``parts`` is 1."""
+    if parts == 1:
+        return rt
+    dirs, hidden, width = rt.shape
+    hp = hidden // parts
+    return rt.reshape(dirs, hidden, 4, parts, hp).transpose(0, 3, 1, 2, 4).reshape(dirs, parts, hidden, 4 * hp)
+
+
 def _finish(func) -> tirx.PrimFunc:
     return func.with_attrs({"tirx.noalias": True, "tirx.is_scheduled": True, SCHEDULED_BY: RULE,
                             "tvmfuse.family": families.RECURRENCE.name})
@@ -90,7 +124,8 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
                 codes: str | None = None) -> tirx.PrimFunc:
     """``(x [seq, batch, D * 4H], rt [D, H, 4H], h0 [D, batch, H], c0 [D, batch, H]) -> (y [seq, D, batch, H],
     h [D, batch, H], c [D, batch, H])``, ONNX's ``Y`` (layout 0), ``Y_h`` and ``Y_c`` of ``D`` directions
-    (``reverse``: a single direction run from the last step).
+    (``reverse``: a single direction run from the last step). ``rt`` in :func:`pack_split`'s layout when
+    :func:`parts_for` splits the steps.
 
     ``codes`` (``"int8"`` or ``"int16"``): ``rt`` holds integer codes of that dtype and a fifth input ``scale [D,
     4H]`` the scale of each gate column, ``R^T[d, k, j] = rt[d, k, j] * scale[d, j]`` (a quantized model's
@@ -101,6 +136,8 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
     jo_n, ho_n = gh // v, hidden // v
     at = _time(seq, dirs, reverse)
     code = codes or "int8"
+    if parts_for(hidden, codes) > 1:
+        return _split_lstm(seq, batch, hidden, dirs, reverse)
 
     # Four rows of codes per pass over the gates: the gates' load and store, not the conversion, bounded a
     # row at a time (1.75 -> 1.26 ms for ddddocr's [32 steps, 512] bidirectional layer on 2 Zen 4 cores).
@@ -172,6 +209,56 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
                 cell(x, gates, y, h, c, d, s, b)
 
     return _finish(coded)
+
+
+def _split_lstm(seq: int, batch: int, hidden: int, dirs: int, reverse: bool) -> tirx.PrimFunc:
+    """The float LSTM with each step split into :func:`parts_for` slices of hidden units (see the module): ``rt``
+    in :func:`pack_split`'s layout; otherwise :func:`lstm_kernel`'s arguments."""
+    parts, v = parts_for(hidden), lanes_for(hidden)
+    hp, gh = hidden // parts, 4 * hidden
+    at = _time(seq, dirs, reverse)
+
+    @T.prim_func(private=True)
+    def kernel(x: T.Buffer((seq, batch, dirs * gh), F32), rt: T.Buffer((dirs, parts, hidden, 4 * hp), F32),
+               h0: T.Buffer((dirs, batch, hidden), F32), c0: T.Buffer((dirs, batch, hidden), F32),
+               y: T.Buffer((seq, dirs, batch, hidden), F32), h: T.Buffer((dirs, batch, hidden), F32),
+               c: T.Buffer((dirs, batch, hidden), F32)):
+        gates = T.alloc_buffer((parts, 4 * hp), F32)  # each slice's gates: its thread's alone
+        state = T.alloc_buffer((2, batch, hidden), F32)  # h of the step before (read) and of this step (written)
+        with T.attr(0, "pragma_parallel_launch_point", 0):
+            for d in range(dirs):
+                with T.attr(0, "pragma_parallel_barrier_when_finish", 1):
+                    for p in T.parallel(parts):
+                        for b, j in T.grid(batch, hp):
+                            state[0, b, p * hp + j] = h0[d, b, p * hp + j]
+                            c[d, b, p * hp + j] = c0[d, b, p * hp + j]
+                for s in range(seq):
+                    with T.attr(0, "pragma_parallel_barrier_when_finish", 1):
+                        for p in T.parallel(parts):
+                            for b in range(batch):
+                                for g, jo in T.grid(4, hp // v):
+                                    for ji in T.vectorized(v):
+                                        gates[p, g * hp + jo * v + ji] = x[at(d, s), b,
+                                                                            d * gh + g * hidden + p * hp + jo * v + ji]
+                                for k, jo in T.grid(hidden, 4 * hp // v):
+                                    for ji in T.vectorized(v):
+                                        gates[p, jo * v + ji] = (gates[p, jo * v + ji]
+                                                                 + state[s % 2, b, k] * rt[d, p, k, jo * v + ji])
+                                for jo in range(hp // v):
+                                    for ji in T.vectorized(v):
+                                        c[d, b, p * hp + jo * v + ji] = (
+                                            sigmoid(gates[p, 2 * hp + jo * v + ji]) * c[d, b, p * hp + jo * v + ji]
+                                            + sigmoid(gates[p, jo * v + ji]) * tanh(gates[p, 3 * hp + jo * v + ji]))
+                                        state[(s + 1) % 2, b, p * hp + jo * v + ji] = (
+                                            sigmoid(gates[p, hp + jo * v + ji]) * tanh(c[d, b, p * hp + jo * v + ji]))
+                                        y[at(d, s), d, b, p * hp + jo * v + ji] = state[(s + 1) % 2, b,
+                                                                                         p * hp + jo * v + ji]
+                # each thread copies the units it computed: no other thread writes them before the next barrier
+                for p in T.parallel(parts):
+                    for b, j in T.grid(batch, hp):
+                        h[d, b, p * hp + j] = state[seq % 2, b, p * hp + j]
+
+    return _finish(kernel)
 
 
 @functools.lru_cache(maxsize=64)

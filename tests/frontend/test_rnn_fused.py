@@ -39,6 +39,10 @@ CASES = [
     ("LSTM", 0, {"direction": "forward", "seq": 1, "batch": 3, "outputs": ("Y", "", "Y_c")}),
     ("LSTM", 1, {"direction": "bidirectional", "initial_h": True}),
     ("LSTM", 0, {"direction": "forward", "hidden": 48, "inp": 16, "seq": 9}),
+    # from recurrence.SPLIT_FROM units each step is split over the threads, the weight packed per slice
+    ("LSTM", 0, {"direction": "bidirectional", "hidden": 256, "inp": 8, "seq": 4, "initial_h": True,
+                 "initial_c": True}),
+    ("LSTM", 1, {"direction": "reverse", "hidden": 256, "inp": 8, "seq": 3, "batch": 2}),
     ("GRU", 0, {"direction": "forward"}),
     ("GRU", 0, {"direction": "bidirectional", "initial_h": True}),
     ("GRU", 0, {"direction": "reverse", "linear_before_reset": 1, "initial_h": True}),
@@ -55,9 +59,11 @@ def test_fused_directions_match_onnxruntime(op, layout, attrs):
     assert len(_recurrent_kernels(cm)) == 1
     got = cm.run(inputs)
     assert len(got) == len(expected)
+    # 256 units: each gate sums 256 products of size ~0.5, in another order than onnxruntime's GEMM
+    atol = 2e-5 if attrs.get("hidden", 0) >= 256 else 2e-6
     for g, e in zip(got, expected):
         assert g.shape == e.shape
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=2e-6)
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("op,attrs", [
@@ -203,12 +209,46 @@ def test_gru_kernel_against_numpy(lbr, dirs, reverse):
 
 def test_directions_run_in_parallel():
     """A bidirectional layer's kernel launches its directions as parallel tasks (one launch, no barrier per
-    step); a single direction has nothing to run beside it."""
+    step); a single direction has nothing to run beside it. From SPLIT_FROM units the steps are split over the
+    threads instead: one launch per call, a barrier per step (and one after the initial state)."""
     target = targets.resolve(HOST).tvm_target()
-    for dirs, launches in ((2, 1), (1, 0)):  # a loop of one task is no launch
-        func = recurrence.lstm_kernel(7, 1, 32, dirs).with_attr("global_symbol", "k")
+    for dirs, hidden, launches, barriers in ((2, 32, 1, False), (1, 32, 0, False), (2, 256, 1, True),
+                                             (1, 512, 1, True)):
+        func = recurrence.lstm_kernel(7, 1, hidden, dirs).with_attr("global_symbol", "k")
         ir = tvm.tirx.build(func, target=target).inspect_source("ll")
-        assert ir.count("load ptr, ptr @__TVMBackendParallelLaunch") == launches, dirs
+        assert ir.count("load ptr, ptr @__TVMBackendParallelLaunch") == launches, (dirs, hidden)
+        # LLVM copies the step loop's barrier call as it unrolls: sites, not a count per step
+        assert ("load ptr, ptr @__TVMBackendParallelBarrier" in ir) == barriers, (dirs, hidden)
+
+
+def test_split_lstm_against_numpy():
+    """The split kernel (SPLIT_FROM units or more) on pack_split's weight: every direction, batch 2, 4 and 8
+    slices; run in the pool's threads, whatever their number."""
+    for hidden, dirs, reverse in ((256, 2, False), (320, 1, True)):
+        rng = np.random.default_rng(hidden)
+        seq, batch = 4, 2
+        x = rng.standard_normal((seq, batch, dirs * 4 * hidden)).astype("float32")
+        rt = (rng.standard_normal((dirs, hidden, 4 * hidden)) * 0.05).astype("float32")
+        h, c = (rng.standard_normal((dirs, batch, hidden)).astype("float32") for _ in range(2))
+        parts = recurrence.parts_for(hidden)
+        assert parts == (8 if hidden == 256 else 4)
+        last = (dirs, batch, hidden)
+        y, h_out, c_out = _run(recurrence.lstm_kernel(seq, batch, hidden, dirs, reverse),
+                               [x, recurrence.pack_split(rt, parts), h, c], [(seq, dirs, batch, hidden), last, last])
+        for d, rev in enumerate(_directions(dirs, reverse)):
+            ey, eh, ec = _numpy_lstm(x[:, :, d * 4 * hidden:(d + 1) * 4 * hidden], rt[d], h[d], c[d], rev)
+            np.testing.assert_allclose(y[:, d], ey, atol=2e-6)
+            np.testing.assert_allclose(h_out[d], eh, atol=2e-6)
+            np.testing.assert_allclose(c_out[d], ec, atol=2e-6)
+
+
+def test_pack_split_layout():
+    rt = np.arange(2 * 16 * 64, dtype=np.float32).reshape(2, 16, 64)  # 16 units, 4 slices of 4
+    packed = recurrence.pack_split(rt, 4)
+    assert packed.shape == (2, 4, 16, 16)
+    assert packed[1, 2, 5, 3 * 4 + 1] == rt[1, 5, 3 * 16 + 2 * 4 + 1]  # gate 3, slice 2, unit 1 of the slice
+    assert recurrence.pack_split(rt, 1) is rt
+    assert recurrence.parts_for(255) == 1 and recurrence.parts_for(512, "int8") == 1
 
 
 def test_fast_exp_accuracy():

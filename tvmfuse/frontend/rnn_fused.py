@@ -37,9 +37,15 @@ def emit_layer(e: Emitter, op: str, xw: str, seq: int, batch: int, r: np.ndarray
     ``R`` (``[D, G * H, H]``), ``h0``/``c0`` ONNX's initial states in layout 0 (``[D, batch, H]``); ``codes`` (an
     LSTM's) ``R^T`` as integer codes ``[D, H, G * H]`` and each gate column's scale ``[D, G * H]``, which the kernel
     reads instead of ``r``."""
+    from ..schedules.computes import recurrence
+
     dirs, width, hidden = r.shape
     x = e.reshape(xw, [seq, batch, dirs * width], "x_steps")
-    rt = e.const("R_T", r.transpose(0, 2, 1)) if codes is None else e.const("R_codes_T", codes[0], codes[0].dtype)
+    if codes is not None:
+        rt = e.const("R_codes_T", codes[0], codes[0].dtype)
+    else:  # an LSTM whose steps the kernel splits over threads reads its weight packed per slice
+        parts = recurrence.parts_for(hidden) if op == "LSTM" else 1
+        rt = e.const("R_T", recurrence.pack_split(r.transpose(0, 2, 1), parts))
     inputs = [x, rt, h0 or ""]
     if op == "LSTM":
         inputs.append(c0 or "")
@@ -79,10 +85,11 @@ def converter():
         @classmethod
         def _impl_v1(cls, bb, inputs, attr, params):
             x, rt = inputs[0], inputs[1]
-            seq, batch, _ = (int(d) for d in x.ty.shape)
-            dirs, hidden = int(rt.ty.shape[0]), int(rt.ty.shape[1])
+            seq, batch, width = (int(d) for d in x.ty.shape)
             cell, reverse = attr["cell"], bool(attr.get("reverse", 0))
             cell = cell.decode() if isinstance(cell, bytes) else cell
+            dirs = int(rt.ty.shape[0])
+            hidden = width // (dirs * (4 if cell == "LSTM" else 3))  # rt's layout depends on the kernel
             zeros = np.zeros((dirs, batch, hidden), "float32")
             state = [inputs[i] if len(inputs) > i and inputs[i] is not None else relax.const(zeros) for i in (2, 3)]
             y = relax.TensorType((seq, dirs, batch, hidden), "float32")
