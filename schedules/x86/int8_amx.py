@@ -34,6 +34,7 @@ ANCHOR, PAD = int8_amx.ANCHOR, int8_amx.PAD
 _TDPBUSD = tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.x86.tdpbusd")
 KIND = "amx"  # the tile kernel; tests pass "emulated" to run the same program without AMX
 TILES_MARK = "tvmfuse.amx_tiles"  # on the root block of a kernel that runs AMX tile instructions
+ZEROED_MARK = "tvmfuse.amx_zeroed_by_tiles"  # on the init block that the tile program's tilezero makes dead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,7 @@ def schedule(sch: s_tir.Schedule, config: Config | None = None) -> bool:
     sch.tensorize(rc, amx.ensure(cfg.kind, shape))
     if cfg.kind == "amx":
         sch.annotate(sch.get_sblock("root"), TILES_MARK, amx.tile_config(shape))
+        sch.annotate(init, ZEROED_MARK, 1)  # the tile program starts from tilezero: with_tile_state drops it
     _schedule_pack(sch, serial)
     return True
 
@@ -155,6 +157,34 @@ def _runs_tiles(stmt) -> bool:
     return body is not None and _runs_tiles(body)
 
 
+def _without_zeroing(stmt):
+    """``stmt`` without the accumulators' init block (:data:`ZEROED_MARK`) and the loops that hold only it; None
+    when nothing else is left. Walks the statement kinds a scheduled kernel's loop nests are made of."""
+    if isinstance(stmt, s_tir.SBlockRealize):
+        block = stmt.block
+        if ZEROED_MARK in block.annotations:
+            return None
+        body = _without_zeroing(block.body)
+        if body is None or body.same_as(block.body):
+            return stmt if body is not None else None
+        new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
+                           block.alloc_buffers, block.match_buffers, block.annotations)
+        return s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, new)
+    if isinstance(stmt, tirx.SeqStmt):
+        kept = [_without_zeroing(s) for s in stmt.seq]
+        if all(k is not None and k.same_as(s) for k, s in zip(kept, stmt.seq)):
+            return stmt
+        kept = [k for k in kept if k is not None]
+        return None if not kept else kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)
+    if isinstance(stmt, tirx.For):
+        body = _without_zeroing(stmt.body)
+        if body is None or body.same_as(stmt.body):
+            return stmt if body is not None else None
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                        stmt.annotations, stmt.step)
+    return stmt
+
+
 def _configured(stmt, record: list[int]):
     """``stmt`` (the loop nest of the output tiles) after a block that loads the tile shapes. A parallel loop
     becomes TVM's parallel launch point, so that each thread of the pool loads them once before its share of
@@ -173,7 +203,8 @@ def _configured(stmt, record: list[int]):
 
 def with_tile_state(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` asking Linux for the AMX tile state first and loading its tile shapes where each thread starts
-    on the output tiles, when it uses tiles (unchanged otherwise). A tile instruction before the request faults
+    on the output tiles, without the accumulators' dead zeroing (:data:`ZEROED_MARK`), when it uses tiles
+    (unchanged otherwise). A tile instruction before the request faults
     (SIGILL), and a library loaded by any process cannot count on the host having asked: granted once per
     process, later requests return at once. The tile program itself (:func:`.intrin.amx.impl`) loads no
     shapes."""
@@ -185,7 +216,7 @@ def with_tile_state(func: tirx.PrimFunc) -> tirx.PrimFunc:
     tiled = [i for i, part in enumerate(parts) if _runs_tiles(part)]
     if len(tiled) != 1:
         raise ValueError(f"an AMX kernel runs its tiles in one loop nest, found {len(tiled)}")
-    parts[tiled[0]] = _configured(parts[tiled[0]], record)
+    parts[tiled[0]] = _configured(_without_zeroing(parts[tiled[0]]), record)
     body = parts[0] if len(parts) == 1 else tirx.SeqStmt(parts)
     root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init, root.alloc_buffers,
                         root.match_buffers, root.annotations)
