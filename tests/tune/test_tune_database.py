@@ -160,9 +160,12 @@ def _partition_kernels(cm) -> list[str]:
 
 
 def test_x86_host_reads_the_shipped_logs_of_its_class_of_cpu(monkeypatch):
-    """Where this CPU has no folder of its own, x86-host reads x86-avx512/ (an AVX-512 + VNNI + VBMI CPU) or
-    x86-host-znver3/ (AVX2 only); a CPU with a folder of its own reads that."""
-    for cpu, key in (("znver4", "x86-avx512"), ("znver3", None), ("haswell", "x86-host-znver3")):
+    """Where this CPU has no folder of its own, x86-host reads x86-avx512/ (AMD with AVX-512 + VNNI + VBMI),
+    x86-host-sapphirerapids/ (Intel with AVX-512) or x86-host-znver3/ (AVX2 only); a CPU with a folder of its own
+    reads that."""
+    for cpu, key in (("znver4", "x86-avx512"), ("znver3", None), ("haswell", "x86-host-znver3"),
+                     ("cascadelake", "x86-host-sapphirerapids"), ("skylake-avx512", "x86-host-sapphirerapids"),
+                     ("sapphirerapids", None)):
         spec = targets.TargetSpec("x86-host", {"kind": "llvm", "mcpu": cpu})
         fallback = shipped_fallback(spec)
         assert (target_key(fallback) if fallback else None) == key
@@ -207,6 +210,17 @@ def test_shipped_avx512_records_still_match_every_kernel(name):
     folder = Path(__file__).resolve().parents[2] / "tuning_logs" / "x86-avx512"
     cm = tvmfuse.compile(f"zoo:{name}", target="x86-avx512")
     assert cm.tuning_logs["path"] == str(folder)
+    assert cm.tuning_logs["skipped_lines"] == 0
+    kernels = _partition_kernels(cm)
+    assert kernels and set(kernels) <= set(cm.tuning_logs["applied"])
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet50", "efficientnet_lite0"])
+def test_shipped_sapphire_rapids_records_match_every_fp32_kernel(name, tmp_path):
+    # Tuned on a Sapphire Rapids for x86-host; its FP32 kernels are x86-avx512's (the same 512-bit computes), so
+    # compiling for x86-avx512 with that folder in x86-avx512's place checks the records on any machine.
+    (tmp_path / "x86-avx512").symlink_to(default_root() / "x86-host-sapphirerapids")
+    cm = tvmfuse.compile(f"zoo:{name}", target="x86-avx512", logs=str(tmp_path))
     assert cm.tuning_logs["skipped_lines"] == 0
     kernels = _partition_kernels(cm)
     assert kernels and set(kernels) <= set(cm.tuning_logs["applied"])

@@ -65,28 +65,34 @@ def target_key(spec: TargetSpec) -> str:
 
 # The features of the CPUs that x86-avx512's shipped logs were tuned for (its own, less none).
 _AVX512_LOGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vbmi"})
-# The shipped logs of AVX2-only CPUs: tuned on a Zen 3.
+# The shipped logs of AVX2-only CPUs: tuned on a Zen 3; of Intel's AVX-512 CPUs: tuned on a Sapphire Rapids.
 _AVX2_LOGS_CPU = "znver3"
+_INTEL_LOGS_CPU = "sapphirerapids"
 
 
 def shipped_fallback(spec: TargetSpec) -> TargetSpec | None:
     """The target whose shipped logs serve ``x86-host`` for the kernels this CPU's own folder has no record of
     (None: no such target).
 
-    ``x86-host`` means another CPU on every machine, and the shipped folders cover two: ``x86-avx512/`` (tuned on a
-    Zen 4) serves every CPU that can run x86-avx512 code (Zen 4 and 5, Intel from Ice Lake on), and
-    ``x86-host-znver3/`` every AVX2 CPU without AVX-512. The kernels are the same at the same vector width, so
-    the records apply; their tile sizes are those of the CPU they were tuned on (a Xeon prefers others:
-    ``tvmfuse tune MODEL`` there writes ``x86-host-<cpu>/``, whose records then come first).
+    ``x86-host`` means another CPU on every machine, and the shipped folders cover three classes: AMD's AVX-512 CPUs
+    (Zen 4 and 5) read ``x86-avx512/`` (tuned on a Zen 4), Intel's AVX-512 CPUs ``x86-host-sapphirerapids/`` (tuned
+    on a Sapphire Rapids; the Sapphire Rapids class, every Intel CPU with AMX, reads it as its own folder and has
+    no fallback), and every AVX2 CPU without AVX-512 ``x86-host-znver3/``. The kernels are the same at the same
+    vector width, so the records apply, but their tile sizes are those of the CPU they were tuned on: Zen 4's
+    records made a Sapphire Rapids 1.08-1.18x slower than the default schedules on the zoo models (a 512-bit FMA is
+    two 256-bit halves on a Zen 4; Intel's server cores retire two whole ones a cycle). ``tvmfuse tune MODEL`` on a
+    CPU writes ``x86-host-<cpu>/``, whose records then come first.
     """
     from .. import targets
 
     if spec.name != "x86-host":
         return None
-    features = spec.features()
+    features, cpu = spec.features(), str(spec.config.get("mcpu", ""))
+    if "avx512f" in features and not cpu.startswith("znver"):
+        return None if cpu == _INTEL_LOGS_CPU else TargetSpec("x86-host", dict(spec.config, mcpu=_INTEL_LOGS_CPU))
     if _AVX512_LOGS <= features:
         return targets.resolve("x86-avx512")
-    if "avx2" in features and "avx512f" not in features and spec.config.get("mcpu") != _AVX2_LOGS_CPU:
+    if "avx2" in features and "avx512f" not in features and cpu != _AVX2_LOGS_CPU:
         return TargetSpec("x86-host", dict(spec.config, mcpu=_AVX2_LOGS_CPU))
     return None
 
