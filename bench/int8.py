@@ -166,6 +166,8 @@ def _row(r: dict) -> dict:
 
 def _simd(spec: targets.TargetSpec) -> str:
     feats = spec.features()
+    if "amx-int8" in feats and spec.backend().int8_weights == "amx":
+        return "AMX tiles (tdpbusd) for conv2d, AVX512-VNNI (vpdpbusd) for depthwise, dense and narrow convs"
     if "avx512vnni" in feats:
         return "AVX512-VNNI (vpdpbusd)"
     if "avx2" in feats:
