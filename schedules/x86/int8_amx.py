@@ -185,20 +185,36 @@ def _without_zeroing(stmt):
     return stmt
 
 
+def _tile_op(name: str, *args):
+    return tirx.Evaluate(tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
+
+
 def _configured(stmt, record: list[int]):
-    """``stmt`` (the loop nest of the output tiles) after a block that loads the tile shapes. A parallel loop
-    becomes TVM's parallel launch point, so that each thread of the pool loads them once before its share of
-    the iterations (``pragma_parallel_launch_point``: the code before the parallel loop runs once per task)."""
+    """``stmt`` (the loop nest of the output tiles) between loading the kernel's tile shapes and putting back the
+    thread's own. A parallel loop becomes TVM's parallel launch point, so that each thread of the pool does both
+    once, before and after its share of the iterations (``pragma_parallel_launch_point``: the code around the
+    parallel loop runs once per task).
+
+    The shapes a thread had are put back (``sttilecfg`` before, ``ldtilecfg`` after; ``tilerelease`` when it had
+    none) because other libraries keep theirs per thread: onnxruntime's AMX QGEMM loads its shapes once per
+    thread and then counts on them, and ran into SIGILL on the calling thread after one of our kernels had
+    loaded others there."""
+    saved = tirx.decl_buffer((8,), "uint64", name="amx_saved_config", scope="local")
     config = tirx.decl_buffer((8,), "uint64", name="amx_tile_config", scope="local")
     record = bytes(record)
     words = [int.from_bytes(record[8 * j:8 * j + 8], "little") for j in range(8)]
-    load = tirx.SeqStmt([tirx.BufferStore(config, tirx.const(w, "uint64"), [j]) for j, w in enumerate(words)]
-                        + [tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.x86.ldtilecfg", config.access_ptr("r")))])
-    block = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "amx_tile_config", load, alloc_buffers=[config]))
-    body = tirx.SeqStmt([block, stmt])
+    load = [_tile_op("sttilecfg", saved.access_ptr("w"))]
+    load += [tirx.BufferStore(config, tirx.const(w, "uint64"), [j]) for j, w in enumerate(words)]
+    load.append(_tile_op("ldtilecfg", config.access_ptr("r")))
+    palette = tirx.BufferLoad(saved, [0]) & tirx.const(255, "uint64")  # 0: the thread had no shapes (INIT)
+    restore = tirx.IfThenElse(palette != tirx.const(0, "uint64"), _tile_op("ldtilecfg", saved.access_ptr("r")),
+                              _tile_op("tilerelease"))
+    body = tirx.SeqStmt(load + [stmt, restore])
+    block = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "amx_tile_state", body,
+                                                       alloc_buffers=[saved, config]))
     if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.PARALLEL:
-        return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_parallel_launch_point", tirx.const(0, "int32"), body)
-    return body
+        return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_parallel_launch_point", tirx.const(0, "int32"), block)
+    return block
 
 
 def with_tile_state(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -152,11 +152,14 @@ def test_the_kernel_loads_the_record_once_per_thread():
         config = rule.default_config(-(-case.o // 16), case.out_shape()[3], out_height=case.out_shape()[2])
         shape = amx.Shape(config.oc_blocks, config.out_rows, config.pixels, -(-case.c // 64), case.k, case.k)
         text = rule.with_tile_state(sched).script()
-        words = [int(v) for v in re.findall(r"T.uint64\((\d+)\)", text)]
+        words = [int(v) for v in re.findall(r"T.uint64\((\d+)\)", text)][:8]  # then the restore's palette mask
         assert b"".join(w.to_bytes(8, "little") for w in words) == bytes(amx.tile_config(shape))
         load, tiles = text.index("llvm.x86.ldtilecfg"), text.index("llvm.x86.tdpbusd")
-        assert text.index("sblock(\"data_pack\")") < text.rindex("T.uint64(") < load < tiles
-        assert text.count("llvm.x86.ldtilecfg") == 1
+        assert text.index("sblock(\"data_pack\")") < text.index("llvm.x86.sttilecfg") < load < tiles
+        assert text.index("T.uint64(") < load
+        # the thread's own shapes put back after the tiles (or released when it had none)
+        assert tiles < text.rindex("llvm.x86.ldtilecfg") and tiles < text.index("llvm.x86.tilerelease")
+        assert text.count("llvm.x86.ldtilecfg") == 2
         assert ("pragma_parallel_launch_point" in text) == parallel
         # the accumulators' init block is dead (the tile program starts from tilezero) and dropped
         assert "conv2d_int8_init" in sched.script() and "conv2d_int8_init" not in text
@@ -184,7 +187,8 @@ def test_amx_build_instructions():
     per call, the tile state asked for once per kernel."""
     asm = _amx_assembly(Conv(70, 32, 28, 3, pad=1))
     found = collections.Counter(re.findall(r"\b(ldtilecfg|tileloadd|tilezero|tdpbusd|tilestored|vpdpbusd)\b", asm))
-    assert found == {"tdpbusd": 72, "tileloadd": 18 * 4, "tilezero": 4, "tilestored": 4, "ldtilecfg": 1}, found
+    # ldtilecfg: the kernel's shapes, then the thread's own put back
+    assert found == {"tdpbusd": 72, "tileloadd": 18 * 4, "tilezero": 4, "tilestored": 4, "ldtilecfg": 2}, found
     assert re.search(r"call\w*\s+syscall", asm) and "memset" not in asm
 
 
@@ -222,7 +226,7 @@ def test_quantize_for_an_amx_cpu_puts_convs_on_tiles(tmp_path):
     assert targets.resolve("x86-avx512").backend().int8_weights == "vnni"
     tiles = _quantize_for_sapphire(model, calib)
     asm = tiles.kernel_source("asm")
-    assert asm.count("ldtilecfg") == 1 and "vpdpbusd" in asm  # the conv on tiles, the dense on VNNI
+    assert asm.count("ldtilecfg") == 2 and "vpdpbusd" in asm  # the conv on tiles (load, restore), dense on VNNI
     plain = tvmfuse.quantize(model, calib=calib, target="x86-avx512").kernel_source("asm")
     assert "tdpbusd" not in plain and "ldtilecfg" not in plain
 
@@ -241,7 +245,7 @@ def test_a_conv_of_few_input_channels_keeps_vnni():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     built = _quantize_for_sapphire(model, [{"x": rng.random((1, 3, 8, 8)).astype(np.float32)}])
     asm = built.kernel_source("asm")
-    assert asm.count("ldtilecfg") == 1 and "vpdpbusd" in asm  # the 48-channel conv on tiles, the stem on VNNI
+    assert asm.count("ldtilecfg") == 2 and "vpdpbusd" in asm  # the 48-channel conv on tiles, the stem on VNNI
 
 
 def test_unmarked_kernels_are_left_alone():
@@ -254,3 +258,82 @@ def test_unmarked_kernels_are_left_alone():
 @pytest.mark.parametrize("case,config", CASES[:4] + CASES[8:], ids=lambda v: str(v) if isinstance(v, Conv) else "")
 def test_amx_tiles_bit_exact(case, config):
     _check(case, config and rule.Config(config.oc_blocks, config.pixels), target=SAPPHIRE, kind="amx")
+
+
+def _tile_shapes_probe():
+    """Two functions for the calling thread: ``set(record)`` loads a tile configuration (after asking Linux for
+    the tile state), ``get(out)`` stores the current one (64 zero bytes in the INIT state)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def put(a: T.Buffer((8,), "uint64")):
+        T.evaluate(T.call_extern("int64", "syscall", T.int64(158), T.int64(0x1023), T.int64(18)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", a.access_ptr("r")))
+
+    @T.prim_func
+    def get(a: T.Buffer((8,), "uint64")):
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", a.access_ptr("w")))
+
+    lib = tvm.compile(tvm.IRModule({"put": put.with_attr("global_symbol", "put"),
+                                    "get": get.with_attr("global_symbol", "get")}),
+                      target=targets.resolve(SAPPHIRE).tvm_target())
+    return lib["put"], lib["get"]
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX (amx_int8): the restore is checked by structure above")
+def test_a_threads_own_tile_shapes_survive_a_kernel():
+    """Other libraries load their tile shapes once per thread and count on them (onnxruntime's AMX QGEMM hit
+    SIGILL on the calling thread after a kernel had loaded others): a kernel puts back the calling thread's
+    shapes, or releases the tiles when it had none. A kernel too small for threads runs on the calling thread."""
+    put, get = _tile_shapes_probe()
+    func, _ = _conv(Conv(64, 16, 2, 1))
+    lib = build(rule.with_tile_state(rule.apply(func)), SAPPHIRE)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.integers(0, 100, [int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)))
+            for p in func.params]
+    theirs = amx.tile_config(amx.Shape(2, 1, 32, 1, 1, 1))  # 16-row tiles, as onnxruntime's
+    words = np.frombuffer(bytes(theirs), np.uint64).copy()
+    for before in (words, np.zeros(8, np.uint64)):
+        put(tvm.runtime.tensor(before)) if before.any() else None
+        if not before.any():
+            put(tvm.runtime.tensor(np.frombuffer(bytes(64), np.uint64).copy()))  # palette 0: back to INIT
+        lib.mod["main"](*args)
+        now = tvm.runtime.tensor(np.full(8, 7, np.uint64))
+        get(now)
+        np.testing.assert_array_equal(now.numpy(), before)
+
+
+_ONNXRUNTIME_AFTER_A_KERNEL = """
+import numpy as np, onnxruntime as ort, tvmfuse
+from onnx import TensorProto, helper, numpy_helper
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.integers(-128, 128, (64, 37)).astype(np.int8), "w")
+mm = helper.make_graph([helper.make_node("MatMulInteger", ["x", "w"], ["y"])], "mm",
+                       [helper.make_tensor_value_info("x", TensorProto.UINT8, [2, 3, 64])],
+                       [helper.make_tensor_value_info("y", TensorProto.INT32, None)], [w])
+sess = ort.InferenceSession(helper.make_model(mm, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+                            .SerializeToString(), providers=["CPUExecutionProvider"])
+x = {"x": rng.integers(0, 256, (2, 3, 64)).astype(np.uint8)}
+first = sess.run(None, x)[0]  # onnxruntime's AMX QGEMM loads its tile shapes on this thread
+W = numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1, "W")
+conv = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], "c",
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 28, 28])],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [W])
+cm = tvmfuse.quantize(helper.make_model(conv, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+                      calib=[{"x": rng.random((1, 64, 28, 28)).astype(np.float32)}], target="x86-host")
+assert "tdpbusd" in cm.kernel_source("asm")
+cm.run({"x": rng.random((1, 64, 28, 28)).astype(np.float32)})  # a parallel kernel on tiles
+assert (sess.run(None, x)[0] == first).all()  # SIGILL here before the kernels put the shapes back
+"""
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX (amx_int8): the restore is checked by structure above")
+def test_onnxruntime_int8_runs_after_a_kernel_on_tiles():
+    """The user's case: onnxruntime's INT8 GEMM, a tvmfuse library on tiles, onnxruntime again, one process (a
+    subprocess here: the failure is a SIGILL)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ONNXRUNTIME_AFTER_A_KERNEL], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
