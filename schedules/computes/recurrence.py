@@ -132,12 +132,12 @@ def lstm_kernel(seq: int, batch: int, hidden: int, dirs: int = 1, reverse: bool 
     recurrent weight, its zero point already subtracted). A step then reads a quarter (int8) of the float
     weight's bytes, which is what bounds it: ``H x 4H`` weights per step, from L3 once they outgrow L2. The
     products sum in float32 and the column's scale multiplies the sum."""
+    if parts_for(hidden, codes) > 1:
+        return _split_lstm(seq, batch, hidden, dirs, reverse)
     v, gh = lanes_for(hidden), 4 * hidden
     jo_n, ho_n = gh // v, hidden // v
     at = _time(seq, dirs, reverse)
     code = codes or "int8"
-    if parts_for(hidden, codes) > 1:
-        return _split_lstm(seq, batch, hidden, dirs, reverse)
 
     # Four rows of codes per pass over the gates: the gates' load and store, not the conversion, bounded a
     # row at a time (1.75 -> 1.26 ms for ddddocr's [32 steps, 512] bidirectional layer on 2 Zen 4 cores).

@@ -31,7 +31,6 @@ from ..computes import int8_amx
 from .intrin import amx
 
 ANCHOR, PAD = int8_amx.ANCHOR, int8_amx.PAD
-_TDPBUSD = tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.x86.tdpbusd")
 KIND = "amx"  # the tile kernel; tests pass "emulated" to run the same program without AMX
 TILES_MARK = "tvmfuse.amx_tiles"  # on the root block of a kernel that runs AMX tile instructions
 ZEROED_MARK = "tvmfuse.amx_zeroed_by_tiles"  # on the init block that the tile program's tilezero makes dead
@@ -141,20 +140,10 @@ def _tile_record(func: tirx.PrimFunc) -> list[int] | None:
     return [int(v) for v in body.block.annotations[TILES_MARK]]
 
 
-def _runs_tiles(stmt) -> bool:
-    """Whether ``stmt`` holds a ``tdpbusd`` (the statement kinds a scheduled kernel's loop nests are made of)."""
-    if isinstance(stmt, tirx.Evaluate):
-        call = stmt.value
-        return (isinstance(call, tvm.ir.Call) and call.op.name == "tirx.call_llvm_intrin"
-                and int(call.args[0].value) == _TDPBUSD)
-    if isinstance(stmt, tirx.SeqStmt):
-        return any(_runs_tiles(s) for s in stmt.seq)
-    if isinstance(stmt, s_tir.SBlockRealize):
-        return _runs_tiles(stmt.block.body)
-    if isinstance(stmt, tirx.IfThenElse):
-        return _runs_tiles(stmt.then_case) or (stmt.else_case is not None and _runs_tiles(stmt.else_case))
-    body = getattr(stmt, "body", None)  # For, AttrStmt, LetStmt
-    return body is not None and _runs_tiles(body)
+def _with_body(block, body):
+    """``block`` (an ``SBlock``) with another body."""
+    return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
+                        block.alloc_buffers, block.match_buffers, block.annotations)
 
 
 def _without_zeroing(stmt):
@@ -167,9 +156,7 @@ def _without_zeroing(stmt):
         body = _without_zeroing(block.body)
         if body is None or body.same_as(block.body):
             return stmt if body is not None else None
-        new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
-                           block.alloc_buffers, block.match_buffers, block.annotations)
-        return s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, new)
+        return s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, _with_body(block, body))
     if isinstance(stmt, tirx.SeqStmt):
         kept = [_without_zeroing(s) for s in stmt.seq]
         if all(k is not None and k.same_as(s) for k, s in zip(kept, stmt.seq)):
@@ -229,13 +216,14 @@ def with_tile_state(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func
     root = func.body.block
     parts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    tiled = [i for i, part in enumerate(parts) if _runs_tiles(part)]
-    if len(tiled) != 1:
-        raise ValueError(f"an AMX kernel runs its tiles in one loop nest, found {len(tiled)}")
-    parts[tiled[0]] = _configured(_without_zeroing(parts[tiled[0]]), record)
+    # the output tiles' loop nest is the one holding the accumulators' init block, which the tiles make dead
+    stripped = [_without_zeroing(part) for part in parts]
+    tiled = [i for i, (part, kept) in enumerate(zip(parts, stripped)) if kept is None or not kept.same_as(part)]
+    if len(tiled) != 1 or stripped[tiled[0]] is None:
+        raise ValueError(f"an AMX kernel runs its tiles in one loop nest after its init block, found {len(tiled)}")
+    parts[tiled[0]] = _configured(stripped[tiled[0]], record)
     body = parts[0] if len(parts) == 1 else tirx.SeqStmt(parts)
-    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init, root.alloc_buffers,
-                        root.match_buffers, root.annotations)
+    root = _with_body(root, body)
     grant = tirx.call_extern("int64", "syscall", *(tirx.const(v, "int64") for v in amx.PERMISSION_SYSCALL))
     realize = s_tir.SBlockRealize(func.body.iter_values, func.body.predicate, root)
     return func.with_body(tirx.SeqStmt([tirx.Evaluate(grant), realize]))
