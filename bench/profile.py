@@ -147,7 +147,7 @@ def main(argv=None) -> int:
           f"{', INT8' if args.int8 else ''}")
     print(table([{"kind": k, "us": f"{s * 1e6:.0f}", "share": f"{100 * s / total:.1f}%"}
                  for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])], ["kind", "us", "share"]))
-    rows = [_anchor_row(n, sum(t), len(t), cm) or (args.int8 and _int8_row(n, sum(t), len(t), cm))
+    rows = [_anchor_row(n, sum(t), len(t), cm) or _int8_row(n, sum(t), len(t), cm)  # INT8: quantized or QDQ
             for n, t in times.items()]
     rows = sorted((r for r in rows if r), key=lambda r: -float(r["us per call"]) * r["calls"])[:args.top]
     if rows:

@@ -48,7 +48,7 @@ from tvm import te, tirx
 # Re-exported: the epilogue's types and names are part of this module's interface.
 from .. import families
 from .int8_epilogue import (EPILOGUE, OUT_DTYPES, QUANT_RANGE, TABLE_SIZE, Epilogue, HardSwish,  # noqa: F401
-                            Int8KernelError, Residual, _epilogue_stage, check_table)
+                            Int8KernelError, Requantized, Residual, _epilogue_stage, check_table)
 
 BLOCK_O = 16  # output channels per VNNI step (int32 lanes of one zmm register)
 BLOCK_I = 4  # input channels summed by one VNNI product

@@ -71,6 +71,45 @@ class HardSwish:
 
 
 @dataclasses.dataclass(frozen=True)
+class Requantized:
+    """The codes of a tensor that a model adds to the residual, as ONNX Runtime's QDQ models write a residual
+    add (``conv -> Q -> DQ``, ``DQ(residual)``, ``Add``, ``Q``): the kernel first computes these codes as if
+    they were its output (``dtype``, ``zero_point``, clip bounds in codes, the multiplier's ``s_x * s_w /
+    scale``), then adds them to the residual in real values and quantizes the sum, as QuantizeLinear does::
+
+        v = (q - zero_point) * scale + (r - r_zero_point) * r_scale    (float32: each product and the sum rounded)
+        y = clip(round_half_even(v / out_scale) + y_zero_point, lo, hi)
+
+    With it, :class:`Epilogue`'s ``residual`` scale is ``r_scale`` (real units) and its dtype, zero point
+    and clip are the sum's codes'; ``out_scale`` is the sum's scale."""
+
+    dtype: str
+    zero_point: int
+    scale: float
+    out_scale: float
+    clip_min: int | None = None
+    clip_max: int | None = None
+
+    def __post_init__(self):
+        for name in ("scale", "out_scale"):
+            value = float(np.float32(getattr(self, name)))
+            if not (np.isfinite(value) and value > 0):
+                raise Int8KernelError(f"INT8 epilogue: the requantized codes' {name} must be positive, got {value}")
+            object.__setattr__(self, name, value)
+        if self.dtype not in QUANT_RANGE:
+            raise Int8KernelError(f"INT8 epilogue: requantized codes must be uint8/int8, got {self.dtype!r}")
+        lo, hi = self.bounds()
+        if lo > hi or not QUANT_RANGE[self.dtype][0] <= self.zero_point <= QUANT_RANGE[self.dtype][1]:
+            raise Int8KernelError(f"INT8 epilogue: requantized codes' zero point {self.zero_point} or clip "
+                                  f"[{lo}, {hi}] do not fit {self.dtype}")
+
+    def bounds(self) -> tuple[int, int]:
+        lo, hi = QUANT_RANGE[self.dtype]
+        return (max(lo, int(self.clip_min)) if self.clip_min is not None else lo,
+                min(hi, int(self.clip_max)) if self.clip_max is not None else hi)
+
+
+@dataclasses.dataclass(frozen=True)
 class Epilogue:
     """What the kernel does with its int32 accumulator (see the module docstring for the arithmetic).
 
@@ -87,6 +126,7 @@ class Epilogue:
     # The code computed as above (zero point, clip) is looked up in a 256-entry table of output codes passed to
     # the kernel (:data:`TABLE_SIZE`): an elementwise activation after the kernel, evaluated at compile time.
     table: bool = False
+    requantized: Requantized | None = None  # codes requantized before the residual add (see Requantized)
 
     def __post_init__(self):
         if self.out_dtype not in OUT_DTYPES:
@@ -97,6 +137,10 @@ class Epilogue:
                                           or self.clip_max is not None or self.zero_point):
             raise Int8KernelError("INT8 epilogue: an int32 output is the accumulator plus the bias; it takes no "
                                   "residual, activation, clip or zero point")
+        if self.requantized is not None and (self.residual is None or self.hardswish is not None or not self.quantized
+                                             or not all(float(b).is_integer() for b in self.bounds())):
+            raise Int8KernelError("INT8 epilogue: requantized codes go with a residual and a uint8/int8 output "
+                                  "clipped to whole codes, without a hardswish")
         qmin, qmax = QUANT_RANGE.get(self.out_dtype, (0, 0))
         if not qmin <= self.zero_point <= qmax:
             raise Int8KernelError(f"INT8 epilogue: zero point {self.zero_point} is outside {self.out_dtype}'s range "
@@ -147,7 +191,9 @@ def _requantize(acc, scale, res, ep: Epilogue):
     if ep.out_dtype == "int32":
         return acc
     dtype = "float32"
-    if ep.residual is None:
+    if ep.requantized is not None:
+        value = _requantized_sum(acc, scale, res, ep)
+    elif ep.residual is None:
         value = acc.astype("float32") * scale
     else:
         # One explicit fused multiply-add: LLVM may or may not contract a product feeding an add, but an
@@ -183,6 +229,22 @@ def _requantize(acc, scale, res, ep: Epilogue):
         code = value.astype("int32")
         return code - QUANT_RANGE[ep.out_dtype][0] if ep.table else code.astype(ep.out_dtype)
     return value
+
+
+def _product(a, b: float):
+    """``a * b`` rounded to float32 and never fused into a following add: ``llvm.fma`` with the addend +0.0,
+    which LLVM may not turn back into a multiply (``-0.0`` differs) nor contract further."""
+    return tirx.call_llvm_pure_intrin("float32", "llvm.fma", a, tirx.const(b, "float32"), tirx.const(0.0, "float32"))
+
+
+def _requantized_sum(acc, scale, res, ep: Epilogue):
+    """The real value of :class:`Requantized`'s sum, divided by its scale (rounded and clipped by the caller)."""
+    rq = ep.requantized
+    lo, hi = rq.bounds()
+    code = _rounded_code(acc.astype("float32") * scale, rq.zero_point, lo, hi)
+    mine = _product((code - rq.zero_point).astype("float32"), rq.scale)
+    other = _product((res.astype("int32") - ep.residual.zero_point).astype("float32"), ep.residual.scale)
+    return (mine + other) / tirx.const(rq.out_scale, "float32")
 
 
 # 1.5 * 2^23: every float32 from 2^23 to 2^24 is an integer, so ``u + ROUNDER`` for |u| < 2^22 is rounded to

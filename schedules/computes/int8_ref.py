@@ -154,7 +154,15 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray, epilogue: Epilogue, resi
     if epilogue.out_dtype == "int32":
         return acc
     m = np.asarray(multiplier, np.float32).reshape(shape)
-    if epilogue.residual is None:
+    rq = epilogue.requantized
+    if rq is not None:
+        lo, hi = rq.bounds()
+        code = np.clip(np.rint(acc.astype(np.float32) * m) + np.float32(rq.zero_point), lo, hi)
+        mine = (code - np.float32(rq.zero_point)).astype(np.float32) * np.float32(rq.scale)
+        shift = np.asarray(residual).astype(np.int32) - epilogue.residual.zero_point
+        other = shift.astype(np.float32) * np.float32(epilogue.residual.scale)
+        value = (mine + other) / np.float32(rq.out_scale)
+    elif epilogue.residual is None:
         value = acc.astype(np.float32) * m
     else:
         shift = np.asarray(residual).astype(np.int32) - epilogue.residual.zero_point

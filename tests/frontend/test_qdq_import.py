@@ -30,7 +30,7 @@ from helpers.qdq import X_SCALE, ZERO_POINT, Spec, agreement, op_counts, ort_qua
 from helpers.quantize_graph import call_kinds
 from tvmfuse import frontend, targets, zoo
 from tvmfuse.passes.canonicalize import CanonicalizeClip
-from tvmfuse.passes.int8.kernels import model_multiplier
+from tvmfuse.passes.int8.epilogues import model_multiplier
 from tvmfuse.passes.int8.qdq import FuseQDQ, QDQWarning
 from tvmfuse.quant.params import QuantParams
 from tvmfuse.schedules.computes import int8, int8_ref
@@ -67,7 +67,7 @@ def _compile_and_compare(model, x):
 
 def test_conv_chain_becomes_one_int8_kernel_reading_the_codes():
     before, after, report = _fuse(qdq_model(Spec(activation="Relu")))
-    assert report == {"int8_kernels": 1, "kept_float": [], "layout_transforms": 0}
+    assert report == {"int8_kernels": 1, "kept_float": [], "code_pools": 0, "residual_adds": 0, "layout_transforms": 0}
     assert _kinds(before)["relax.nn.conv2d"] == 1
     kinds = _kinds(after)
     assert kinds["int8_conv2d"] == 1 and "relax.nn.conv2d" not in kinds and "relax.nn.relu" not in kinds
@@ -84,7 +84,7 @@ def test_conv_chain_becomes_one_int8_kernel_reading_the_codes():
 
 def test_float_model_is_left_alone():
     before, after, report = _fuse(conv_relu(batch=1))
-    assert report == {"int8_kernels": 0, "kept_float": []}  # nothing fused: nothing rewritten
+    assert report == {"int8_kernels": 0, "kept_float": [], "code_pools": 0, "residual_adds": 0}  # nothing rewritten
     tvm.ir.assert_structural_equal(before, after)
 
 
@@ -156,7 +156,8 @@ def test_chain_matches_onnxruntime_int8_exactly(name):
     family = "int8_depthwise_conv2d" if spec.group > 1 else FAMILY[spec.op]
     kinds = _kinds(cm.mod)
     # A depthwise kernel reads NCHW16c: the quantized model input is transformed once.
-    assert cm.record.qdq == {"int8_kernels": 1, "kept_float": [], "layout_transforms": int(spec.group > 1)}
+    assert cm.record.qdq == {"int8_kernels": 1, "kept_float": [], "code_pools": 0, "residual_adds": 0,
+                             "layout_transforms": int(spec.group > 1)}
     assert kinds[family] == 1 and not FLOAT_FAMILIES & set(kinds), kinds
     codes = np.rint(got / spec.y_scale) + ZERO_POINT[spec.act_dtype]
     assert 0 < np.mean((codes > 0) & (codes < 255)), "every output saturated: the test would prove nothing"
@@ -221,9 +222,10 @@ def test_zoo_mobilenet_v2_qdq_runs_on_int8_kernels(tmp_path):
     feeds = _zoo_inputs(model)
     cm = tvmfuse.compile(model, target=HOST)
     kinds = _kinds(cm.mod)
-    # Codes stay NCHW16c between the kernels; 5 projections, the first of each stage with residual blocks,
-    # also feed a float residual Add (DQ, DQ -> Add -> Q) and get one to_plain each.
-    assert cm.record.qdq == {"int8_kernels": 53, "kept_float": [], "layout_transforms": 5}
+    # Codes stay NCHW16c between the kernels; the 10 residual Adds (DQ, DQ -> Add -> Q) are computed by the
+    # projections' kernels, so no codes go back to NCHW.
+    assert cm.record.qdq == {"int8_kernels": 53, "kept_float": [], "code_pools": 0, "residual_adds": 10,
+                             "layout_transforms": 0}
     assert (kinds["int8_conv2d"], kinds["int8_depthwise_conv2d"], kinds["int8_dense"]) == (35, 17, 1)
     assert not FLOAT_FAMILIES & set(kinds), kinds
     worst, share = agreement(cm.run(feeds)[0], ort_run(model, feeds)[0], output_scale(model))
@@ -252,7 +254,10 @@ def test_zoo_mobilenet_v2_qoperator_matches_onnxruntime_exactly(tmp_path):
     feeds = _zoo_inputs(model)
     cm = tvmfuse.compile(model, target=HOST)
     kinds = _kinds(cm.mod)
-    assert cm.record.qdq == {"int8_kernels": 52, "kept_float": [], "layout_transforms": 5}  # as in the QDQ test
+    # Adds are left out of the quantization here, so 9 of the 10 residual Adds read or feed float sums (the
+    # next block's Add reads the sum itself): only one is DQ, DQ -> Add -> Q, computed by its projection's kernel.
+    assert cm.record.qdq == {"int8_kernels": 52, "kept_float": [], "code_pools": 0, "residual_adds": 1,
+                             "layout_transforms": 4}
     assert (kinds["int8_conv2d"], kinds["int8_depthwise_conv2d"]) == (35, 17) and not FLOAT_FAMILIES & set(kinds)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
@@ -280,6 +285,6 @@ def test_nchw16c_codes_between_qdq_kernels_change_no_integer(activations, tmp_pa
     model = ort_quantize(inverted_residual(), tmp_path, "qdq", activation_type=kind)
     blocked, nchw = tvmfuse.compile(model, target=HOST), tvmfuse.compile(model, target=HOST, layout="nchw")
     assert blocked.record.qdq["int8_kernels"] == nchw.record.qdq["int8_kernels"] == 4
-    assert nchw.record.qdq["layout_transforms"] == 0 < blocked.record.qdq["layout_transforms"] <= 2
+    assert nchw.record.qdq["layout_transforms"] == 0 and blocked.record.qdq["layout_transforms"] <= 2
     x = np.random.default_rng(3).standard_normal((1, 8, 10, 10)).astype(np.float32)
     np.testing.assert_array_equal(blocked.run({"x": x})[0], nchw.run({"x": x})[0])

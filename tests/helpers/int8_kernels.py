@@ -37,10 +37,20 @@ OUT_SCALE = 0.043  # s_y of the epilogues below
 AFFINE = (-0.83, 0.37)  # the scale and shift after a "hardswish_affine" (negative: the gate's sign flips)
 
 
+# A QDQ model's residual add after the kernel's own codes (int8.Requantized): those codes' zero point and scale,
+# and the residual's scale in real units. Sized so that both terms move the sum by tens of codes.
+REQUANTIZED = {"uint8": (121, 0.03), "int8": (-5, 0.03)}
+REQUANTIZED_RESIDUAL_SCALE = 0.02
+
+
 def epilogue(out_dtype, act, residual):
     """An epilogue with ``act`` (None, relu, relu6 or hardswish: ``v * clip(v + 3, 0, 6) / 6`` on the real
     value, whose multipliers and residual scale are then real units, see :func:`kernel_data`; hardswish_affine:
-    the hardswish times ``AFFINE[0]`` plus ``AFFINE[1]``, a learnable affine block)."""
+    the hardswish times ``AFFINE[0]`` plus ``AFFINE[1]``, a learnable affine block; requantized: the codes are
+    requantized (uint8, :data:`REQUANTIZED`) and added to the residual, requantized_relu: a relu before that
+    and after the add, requantized_int8: int8 codes in between)."""
+    if act is not None and act.startswith("requantized"):
+        return requantized_epilogue(out_dtype, act, residual)
     hardswish = act in ("hardswish", "hardswish_affine")
     res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=0.013 if hardswish else 0.61) \
         if residual else None
@@ -51,6 +61,19 @@ def epilogue(out_dtype, act, residual):
         hs = dataclasses.replace(ep.hardswish, scale=ep.hardswish.scale * AFFINE[0], offset=AFFINE[1] / s_y)
         ep = dataclasses.replace(ep, hardswish=hs)
     return ep
+
+
+def requantized_epilogue(out_dtype, act, residual):
+    """:func:`epilogue`'s requantized forms (they need a residual and a uint8/int8 output)."""
+    assert residual and out_dtype != "float32", "a requantized epilogue adds a residual to uint8/int8 codes"
+    codes_dtype = "int8" if act == "requantized_int8" else "uint8"
+    zero_point, scale = REQUANTIZED[codes_dtype]
+    relu = act == "requantized_relu"
+    requantized = int8.Requantized(codes_dtype, zero_point, scale, OUT_SCALE, clip_min=zero_point if relu else None)
+    res = int8.Residual(zero_point=-7 if residual == "int8" else 131, scale=REQUANTIZED_RESIDUAL_SCALE)
+    out_zero_point = {"uint8": 9, "int8": -4}[out_dtype]
+    return int8.Epilogue(out_dtype, out_zero_point, out_zero_point if relu else None, None, res,
+                         requantized=requantized)
 
 
 def codes(rng, shape, dtype, extreme, limit=127):

@@ -43,6 +43,7 @@ CONV_CASES = [
     Conv(16, 20, 9, 3, pad=1, act="hardswish", out="float32"),
     Conv(24, 40, 7, 1, act="hardswish_affine"),
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),  # O < 16, dilated
+    Conv(64, 48, 14, 1, act="requantized_relu", residual="uint8"),  # a QDQ model's residual add after its codes
     Conv(32, 24, 1, 1, act="relu"),  # a one-pixel conv (squeeze-excite): a GEMV
     Conv(100, 40, 1, 1, act="relu6"),  # a GEMV whose K leaves lanes idle in its last step
     Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"),  # batch 2, asymmetric padding

@@ -112,3 +112,31 @@ def test_pairs_fit_int16_is_the_vpmaddubsw_bound():
     assert int8_ref.PAIR_SAFE_CODE * 2 == int8_ref.PAIR_SUM_LIMIT and 255 * int8_ref.PAIR_SUM_LIMIT <= 32767
     codes = np.random.default_rng(0).integers(-64, 65, (3, 4, 16, 4)).astype(np.int8)
     assert int8_ref.pairs_fit_int16(codes)
+
+
+def test_requantized_codes_go_with_a_residual_and_a_quantized_output():
+    rq = int8.Requantized("uint8", 120, 0.03, 0.05)
+    res = int8.Residual(128, 0.02)
+    assert int8.Epilogue("uint8", 3, residual=res, requantized=rq).requantized == rq
+    for kwargs in ({"out_dtype": "uint8"}, {"out_dtype": "float32", "residual": res},
+                   {"out_dtype": "uint8", "residual": res, "hardswish": int8.HardSwish()},
+                   {"out_dtype": "uint8", "residual": res, "clip_min": 2.5}):
+        with pytest.raises(int8.Int8KernelError, match="requantized codes go with a residual"):
+            int8.Epilogue(requantized=rq, **kwargs)
+    with pytest.raises(int8.Int8KernelError, match="scale must be positive"):
+        int8.Requantized("uint8", 120, 0.0, 0.05)
+    with pytest.raises(int8.Int8KernelError, match="do not fit int8"):
+        int8.Requantized("int8", 128, 0.03, 0.05)
+    with pytest.raises(int8.Int8KernelError, match="must be uint8/int8"):
+        int8.Requantized("int32", 0, 0.03, 0.05)
+
+
+def test_requantized_reference_rounds_the_codes_then_the_sum():
+    # codes 120 + 3 = 123 (acc 100 * 0.03), the sum (3 * 0.03 + 2 * 0.02) / 0.05 = 2.6 -> 3, + zero point 3
+    rq = int8.Requantized("uint8", 120, 0.03, 0.05, clip_min=120)
+    ep = int8.Epilogue("uint8", 3, residual=int8.Residual(128, 0.02), requantized=rq)
+    acc = np.array([[100, -100]], np.int32).reshape(1, 1, 1, 2)
+    residual = np.array([130, 130], np.uint8).reshape(1, 1, 1, 2)
+    got = int8_ref.requantize(acc, np.array([0.03], np.float32), ep, residual)
+    # -100 * 0.03 = -3 codes, clipped to the relu's 120: the sum is the residual's 0.04 / 0.05 = 0.8 -> 1
+    np.testing.assert_array_equal(got.reshape(-1), [6, 4])

@@ -37,6 +37,7 @@ CASES = [
     (Conv(8, 5, 12, 3, pad=2, dilation=2, za=255), None),  # dilation
     (Conv(6, 18, (9, 13), 3, stride=2, pad=(0, 1, 1, 0), n=2, act="relu"), None),  # batch 2, asymmetric
     (Conv(24, 40, 7, 1, act="hardswish"), None),
+    (Conv(64, 48, 10, 1, act="requantized_relu", residual="uint8"), None),  # a QDQ model's residual add
     (Conv(130, 64, 28, 1), rule.Config(2, 28, "emulated")),  # 3 chunks, 2 runs x 2 blocks: 4 accumulators
     (Conv(70, 32, 28, 3, pad=1, za=0), rule.Config(1, 4, "emulated")),
     (Conv(40, 32, 14, 3, pad=1), rule.Config(2, 14, "emulated", 2)),  # 2 rows x 2 blocks

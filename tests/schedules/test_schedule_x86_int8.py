@@ -38,6 +38,8 @@ CONV_CASES = [
     Conv(32, 16, 6, 1, act="hardswish", residual="uint8", out="int8"),
     Conv(24, 40, 7, 1, act="hardswish_affine"),  # a learnable affine block after it: one fused multiply-add
     Conv(16, 20, 9, 3, pad=1, act="hardswish_affine", out="float32"),
+    Conv(16, 24, 8, 1, act="requantized", residual="uint8"),  # a QDQ model's residual add after its codes
+    Conv(12, 20, 7, 3, pad=1, act="requantized_relu", residual="int8", out="int8"),
 ]
 
 
@@ -115,6 +117,7 @@ DW_CASES = [
     Conv(40, 40, 12, 5, pad=2, act="hardswish"),
     Conv(24, 24, 9, 3, stride=2, pad=1, act="hardswish", out="float32"),
     Conv(24, 24, 9, 3, pad=1, act="hardswish_affine", out="int8"),
+    Conv(16, 16, 9, 3, pad=1, act="requantized_int8", residual="uint8"),
 ]
 
 
@@ -145,7 +148,7 @@ def test_depthwise_bit_exact(case, extreme):
 
 DENSE_CASES = [(1, 100, 37, "uint8", None, "relu"), (3, 130, 70, "int8", "uint8", None),
                (4, 64, 48, "float32", None, "relu6"), (2, 258, 16, "uint8", "int8", "relu6"),
-               (2, 96, 40, "uint8", None, "hardswish")]
+               (2, 96, 40, "uint8", None, "hardswish"), (3, 80, 33, "int8", "uint8", "requantized_relu")]
 
 
 def _dense(m, k, n, out_dtype, residual, act, mode="generic"):

@@ -36,6 +36,7 @@ CONV_CASES = [
     Conv(8, 5, 12, 3, pad=2, dilation=2, za=255),
     Conv(24, 40, 6, 1, act="hardswish", residual="uint8"),
     Conv(32, 32, 10, 3, pad=1, act="relu", residual="uint8"),  # AVX2 pairs: 2 blocks x 2 pixels
+    Conv(64, 40, 9, 1, act="requantized_relu", residual="uint8"),  # a QDQ model's residual add after its codes
 ]
 
 
@@ -103,6 +104,7 @@ DW_CASES = [
     Conv(20, 20, 1, 1, out="float32", za=100),  # 1x1 plane
     Conv(24, 24, 12, 5, pad=2, act="hardswish"),
     Conv(32, 32, 10, 3, pad=1, act="hardswish_affine"),  # PP-LCNetV3's hardswish + learnable affine block
+    Conv(24, 24, 12, 3, pad=1, act="requantized", residual="int8", out="int8"),
 ]
 
 

@@ -25,6 +25,7 @@ from tvmfuse.schedules.computes.blocked import to_blocked, to_plain
 
 from ...quant.params import QuantParams, bias_params, weight_params
 from ..layout import transform_call
+from .epilogues import epilogue, model_multiplier
 from .match import Int8Partition
 from ..utils import OPAQUE
 
@@ -134,42 +135,6 @@ def mark_exact_pairs(kernel, exact: bool):
     return kernel.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else kernel
 
 
-def model_multiplier(input_scale: float, weight_scales, output_scale: float | None = None) -> np.ndarray:
-    """``M[o] = s_x * s_w[o] / s_y`` for a quantized model's own scales, in float32 operations as ONNX
-    Runtime's QLinearConv / QLinearMatMul compute it (``s_x * s_w[o]`` for a float32 output).
-
-    It can be one ulp away from :func:`int8_ref.requant_multiplier` (float64, rounded once); that moves an
-    output lying within ~1e-7 of a rounding tie by one code, so following the runtime the model was made
-    for keeps the results equal to it.
-    """
-    m = np.float32(input_scale) * np.asarray(weight_scales, np.float32).reshape(-1)
-    return (m if output_scale is None else m / np.float32(output_scale)).astype(np.float32)
-
-
-def _epilogue(part: Int8Partition, out: QuantParams | None, residual: QuantParams | None) -> int8.Epilogue:
-    """The kernel's epilogue: requantize to ``out`` (None: float32 output), clip, residual, hardswish.
-
-    With a hardswish the kernel works on real values (multiplier ``s_x * s_w``, residual scale ``s_r``) and
-    the output's ``1 / s_y`` joins the hardswish's ``1 / divisor``; a scale ``a`` and shift ``b`` after it
-    (``part.affine``) make the factor ``a / (divisor * s_y)`` and the offset ``b / s_y``."""
-    s_y = float(out.scale) if out is not None else 1.0
-    hardswish = None
-    if part.hardswish is not None:
-        shift, lo, hi, divisor = part.hardswish
-        a, b = part.affine or (1.0, 0.0)
-        hardswish = int8.HardSwish(shift, lo, hi, a / (divisor * s_y), b / s_y)
-    res = None
-    if residual is not None:  # R = s_r / s_y; with a hardswish, s_r (real units)
-        res = int8.Residual(int(residual.zero_point), float(residual.scale) / (1.0 if hardswish else s_y))
-    lo, hi = part.clip if part.clip is not None else (None, None)
-    if out is None:
-        return int8.Epilogue("float32", 0, lo, hi, res, hardswish)
-    zy = int(out.zero_point)
-    # The clip moves into the code domain; Epilogue.bounds() intersects it with the dtype's range.
-    code = (lambda v: None if v is None else float(zy + round(v / s_y)))
-    return int8.Epilogue(out.dtype, zy, code(lo), code(hi), res, hardswish)
-
-
 @dataclasses.dataclass(frozen=True)
 class OutputTable:
     """Elementwise ops after an INT8 kernel as one table: ``codes[q]`` is the output code for the requantized
@@ -272,6 +237,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     if floats and np.abs(folded).max(initial=0) <= int8_dw.FLOAT_BIAS:
         folded = folded.astype(np.float32)  # exact: added to the float sums in float (no int32 round trip)
     s_y = None if out is None or part.hardswish is not None else float(out.scale)  # a hardswish needs real values
+    if part.added is not None:  # the kernel requantizes to the partition's own codes before the add
+        s_y = float(part.added.codes.scale)
     if part.quantized is not None:
         multiplier = model_multiplier(s_x, wparams.scale, s_y)
     else:
@@ -284,7 +251,7 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     else:
         pack = tiles_pack(spec, wq, weights) or (spec.blocked_pack if blocked else spec.pack)
     packed = packed_weight(spec, wq, pack, weights)
-    return Int8Constants(packed, folded, multiplier, _epilogue(part, out, residual), za, width,
+    return Int8Constants(packed, folded, multiplier, epilogue(part, out, residual), za, width,
                          exact_pairs(spec, packed, weights))
 
 

@@ -71,6 +71,9 @@ class Int8Partition:
         (ONNX HardSwish: 3, 0, 6, 6); None for none.
     affine : tuple of float or None
         ``(scale, shift)`` of ``y * scale + shift`` after the hardswish (a ``*_affine`` entry); None for none.
+    added : AddedAfter or None
+        A quantized residual add after the partition's own output codes (a QDQ model's ``Q, DQ, Add, Q``);
+        the kernel's ``out`` parameters are then the sum's. None for none.
     """
 
     composite: str
@@ -86,6 +89,17 @@ class Int8Partition:
     quantized: QuantizedWeight | None = None
     hardswish: tuple | None = None
     affine: tuple | None = None
+    added: "AddedAfter | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AddedAfter:
+    """What a QDQ model does after a partition's quantize: dequantize those codes (``codes``: their
+    QuantParams), add the dequantized residual, apply ``clip`` (real values, relu ``(0, None)``; None for
+    none) and quantize again (:class:`tvmfuse.schedules.computes.int8_epilogue.Requantized`)."""
+
+    codes: object  # QuantParams of the partition's own output codes
+    clip: tuple | None = None
 
 
 def _ints(values) -> list[int]:

@@ -34,17 +34,19 @@ reason goes to the report.
   otherwise the bias is re-quantized to that scale.
 - Rounding: the kernels round half to even, as ONNX QuantizeLinear does. They requantize the exact int32 sum
   once with ``M = s_x * s_w / s_y`` computed in float32 in ONNX Runtime's order
-  (:func:`.int8_kernels.model_multiplier`), so they match ONNX Runtime's QLinearConv / QLinearMatMul bit for
+  (:func:`.epilogues.model_multiplier`), so they match ONNX Runtime's QLinearConv / QLinearMatMul bit for
   bit (where its AVX2 kernel does not saturate); the float simulation sums dequantized products in float32
   instead, so it can differ from both by one code next to a rounding boundary.
 - Every result inside a chain must be read only by the next op of the chain.
 
 Elementwise ops after a chain's quantize that read nothing but its codes and constants, with quantize /
 dequantize pairs between them (a hardswish or sigmoid spelt out by ONNX Runtime's quantizer), become a table
-of output codes in the chain's kernel (:mod:`.qdq_tables`). Other ops between chains (a residual add of two
-dequantized tensors, pooling) keep their quantize / dequantize
-around float ops. ONNX Runtime fuses those into QLinearAdd / QLinearGlobalAveragePool with fixed-point
-rounding of its own, so a whole QDQ model can end a code or two away from ONNX Runtime's output.
+of output codes in the chain's kernel (:mod:`.qdq_tables`). A residual add of the chain's dequantized codes
+and another tensor's, quantized again, goes into the kernel's epilogue, and a max-pool between two quantizes
+of the same parameters pools the codes (:mod:`.qdq_after`). Other ops between chains (an average pool, an add
+of two float results) keep their quantize / dequantize around float ops. ONNX Runtime fuses such ops into
+QLinearAdd / QLinearGlobalAveragePool with fixed-point rounding of its own, so a whole QDQ model can end a code
+or two away from ONNX Runtime's output.
 """
 
 from __future__ import annotations
@@ -64,27 +66,13 @@ from ...targets import TargetSpec
 from .kernels import OutputTable, codes_blocked, make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
+from .qdq_after import added_after, code_pools
+from .qdq_graph import Graph, Refused, codes_of, ints, op_name, qparams
 from .qdq_tables import output_table
 from ..utils import called_ops, const_array
 
-CODES = ("uint8", "int8")
-
-
 class QDQWarning(UserWarning):
     """Quantized conv2d / matmul chains of the model stay float (correct, slower); the message says why."""
-
-
-class _Refused(Exception):
-    """A chain the INT8 kernels cannot compute; the message says why (recorded, never raised to callers)."""
-
-
-def _op(expr) -> str:
-    op = getattr(expr, "op", None)
-    return op.name if isinstance(op, tvm.ir.Op) else ""
-
-
-def _ints(values) -> list[int]:
-    return [int(v) for v in values]
 
 
 @dataclasses.dataclass
@@ -104,93 +92,39 @@ class _Chain:
     table: OutputTable | None = None  # the elementwise run after the quantize, when the kernel writes its codes
 
 
-class _Graph:
-    """Bindings of ``main``: var -> (block index, bound value), and var -> the vars of the bindings reading it
-    (None for the function's result)."""
-
-    def __init__(self, func: relax.Function):
-        self.bound: dict = {}
-        self.users: dict = {}
-        for index, block in enumerate(func.body.blocks):
-            for binding in block.bindings:
-                self.bound[binding.var] = (index, binding.value)
-                for var in relax.analysis.free_vars(binding.value):
-                    self.users.setdefault(var, []).append(binding.var)
-        for var in relax.analysis.free_vars(func.body.body):
-            self.users.setdefault(var, []).append(None)
-
-    def value(self, expr):
-        """The value bound to ``expr`` when it is a var of ``main``, else ``expr`` itself."""
-        return self.bound[expr][1] if isinstance(expr, relax.Var) and expr in self.bound else expr
-
-    def next_binding(self, var, anchor_name: str):
-        """The one binding that reads ``var``, in the same block."""
-        users = self.users.get(var, [])
-        if None in users:
-            raise _Refused(f"{var.name} (inside the chain after {anchor_name}) is a model output")
-        if len(users) != 1:
-            raise _Refused(f"{var.name} (inside the chain after {anchor_name}) is read by {len(users)} ops")
-        if self.bound[users[0]][0] != self.bound[var][0]:
-            raise _Refused(f"{var.name} is read in another dataflow block")
-        return users[0], self.bound[users[0]][1]
-
-
-def _qparams(call, dtype: str, what: str) -> QuantParams:
-    """Per-tensor parameters of a quantize / dequantize call whose scale and zero point are constants."""
-    scale, zero_point = const_array(call.args[1]), const_array(call.args[2])
-    if scale is None or zero_point is None:
-        raise _Refused(f"{what}: scale or zero point is not a constant")
-    if scale.size != 1 or zero_point.size != 1:
-        raise _Refused(f"{what}: quantized per channel (the kernels take per-tensor activations)")
-    if dtype not in CODES:
-        raise _Refused(f"{what}: {dtype} codes (the kernels take uint8 or int8)")
-    try:
-        return QuantParams(float(scale.reshape(())), int(zero_point.reshape(())), dtype)
-    except QuantParamsError as e:
-        raise _Refused(f"{what}: {e}") from None
-
-
-def _codes_of(graph: _Graph, expr, what: str) -> tuple[relax.Var, QuantParams]:
-    """(codes var, parameters) of ``expr`` = dequantize(codes var)."""
-    call = graph.value(expr)
-    if _op(call) != "relax.dequantize" or not isinstance(call.args[0], relax.Var):
-        raise _Refused(f"{what} is not dequantized from codes")
-    return call.args[0], _qparams(call, str(call.args[0].ty.dtype), what)
-
-
-def _weight(graph: _Graph, expr, family: families.Family) -> QuantizedWeight:
+def _weight(graph: Graph, expr, family: families.Family) -> QuantizedWeight:
     """The model's int8 weight, output channel first, and its scale per output channel."""
     call, transposed = graph.value(expr), False
-    if family.matmul and _op(call) == "relax.permute_dims":
-        if call.attrs.axes is None or _ints(call.attrs.axes) != [1, 0]:
-            raise _Refused("the weight's permute_dims is not a transpose")
+    if family.matmul and op_name(call) == "relax.permute_dims":
+        if call.attrs.axes is None or ints(call.attrs.axes) != [1, 0]:
+            raise Refused("the weight's permute_dims is not a transpose")
         call, transposed = graph.value(call.args[0]), True
-    codes = const_array(call.args[0]) if _op(call) == "relax.dequantize" else None
+    codes = const_array(call.args[0]) if op_name(call) == "relax.dequantize" else None
     if codes is None:
-        raise _Refused("the weight is not a dequantized constant")
+        raise Refused("the weight is not a dequantized constant")
     scale, zero_point = const_array(call.args[1]), const_array(call.args[2])
     if scale is None or zero_point is None:
-        raise _Refused("the weight's scale or zero point is not a constant")
+        raise Refused("the weight's scale or zero point is not a constant")
     if codes.dtype != np.int8:
-        raise _Refused(f"{codes.dtype} weight (the kernels take int8 weights)")
+        raise Refused(f"{codes.dtype} weight (the kernels take int8 weights)")
     if np.any(zero_point != 0):
-        raise _Refused("weight zero point is not 0 (the kernels take symmetric weights)")
+        raise Refused("weight zero point is not 0 (the kernels take symmetric weights)")
     out_axis = 1 if family.matmul and not transposed else 0  # matmul's weight is [K, N]
     channels = codes.shape[out_axis]
     if scale.size == 1:
         scale = np.full(channels, float(scale.reshape(())), np.float32)
     elif int(call.attrs.axis) % codes.ndim != out_axis or scale.size != channels:
-        raise _Refused(f"weight scales along axis {int(call.attrs.axis)}, not per output channel")
+        raise Refused(f"weight scales along axis {int(call.attrs.axis)}, not per output channel")
     return QuantizedWeight(np.ascontiguousarray(np.moveaxis(codes, out_axis, 0)), scale.astype(np.float32))
 
 
-def _bias(graph: _Graph, expr, out_shape) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+def _bias(graph: Graph, expr, out_shape) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
     """(float bias per channel, int32 codes, their scale) of a bias operand; None when ``expr`` is none."""
     node, shape = graph.value(expr), None
-    if _op(node) == "relax.reshape":
-        shape, node = _ints(node.ty.shape), graph.value(node.args[0])
+    if op_name(node) == "relax.reshape":
+        shape, node = ints(node.ty.shape), graph.value(node.args[0])
     codes = scale = None
-    if _op(node) == "relax.dequantize":
+    if op_name(node) == "relax.dequantize":
         codes, scale, zero_point = (const_array(a) for a in node.args)
         if codes is None or scale is None or zero_point is None:
             return None
@@ -207,7 +141,7 @@ def _bias(graph: _Graph, expr, out_shape) -> tuple[np.ndarray, np.ndarray | None
             return None
     bias = per_channel(value.reshape(shape) if shape is not None else value, out_shape)
     if bias is None:
-        raise _Refused(f"bias of shape {value.shape} is not one value per output channel")
+        raise Refused(f"bias of shape {value.shape} is not one value per output channel")
     if codes is None or codes.size != bias.size:
         return bias, None, None
     return bias, codes, np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), codes.shape).copy()
@@ -216,11 +150,11 @@ def _bias(graph: _Graph, expr, out_shape) -> tuple[np.ndarray, np.ndarray | None
 def _check_anchor(anchor, family: families.Family) -> None:
     if family.matmul:
         if len(anchor.args[0].ty.shape) != 2 or len(anchor.args[1].ty.shape) != 2:
-            raise _Refused(f"matmul of a rank-{len(anchor.args[0].ty.shape)} input (the INT8 dense is 2-D)")
+            raise Refused(f"matmul of a rank-{len(anchor.args[0].ty.shape)} input (the INT8 dense is 2-D)")
         return
     a = anchor.attrs
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW"):
-        raise _Refused(f"conv2d layout {a.data_layout}/{a.kernel_layout} (the kernels take NCHW/OIHW)")
+        raise Refused(f"conv2d layout {a.data_layout}/{a.kernel_layout} (the kernels take NCHW/OIHW)")
 
 
 @dataclasses.dataclass
@@ -234,29 +168,29 @@ class _Epilogue:
     stage: int = 0  # 1 after the bias, 2 after the residual, 3 after the activation: the kernel's order
 
 
-def _read_add(graph: _Graph, call, prev, found: _Epilogue, out_shape) -> None:
+def _read_add(graph: Graph, call, prev, found: _Epilogue, out_shape) -> None:
     other = call.args[1] if call.args[0].same_as(prev) else call.args[0]
     bias = _bias(graph, other, out_shape) if found.stage < 1 else None
     if bias is not None:
         found.bias, found.stage = bias, 1
         return
     if found.stage >= 2:
-        raise _Refused("an add after the residual add or the activation")
-    if _ints(other.ty.shape) != list(out_shape):
-        raise _Refused(f"residual operand of shape {_ints(other.ty.shape)} for an output of shape {list(out_shape)}")
-    found.residual, found.stage = _codes_of(graph, other, "the residual operand"), 2
+        raise Refused("an add after the residual add or the activation")
+    if ints(other.ty.shape) != list(out_shape):
+        raise Refused(f"residual operand of shape {ints(other.ty.shape)} for an output of shape {list(out_shape)}")
+    found.residual, found.stage = codes_of(graph, other, "the residual operand"), 2
 
 
-def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax.Var, object]:
+def _walk(graph: Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax.Var, object]:
     """Follow the anchor's result to its quantize; returns the epilogue, the quantize's var and call."""
     found, prev = _Epilogue(), anchor_var
-    out_shape = _ints(anchor_var.ty.shape)
+    out_shape = ints(anchor_var.ty.shape)
     while True:
         var, call = graph.next_binding(prev, anchor_name)
-        name = _op(call)
+        name = op_name(call)
         if name == "relax.quantize":
             if not call.args[0].same_as(prev):
-                raise _Refused(f"{prev.name} is a quantize parameter")
+                raise Refused(f"{prev.name} is a quantize parameter")
             return found, var, call
         found.ops.append(name.replace("relax.nn.", "").replace("relax.", "") or type(call).__name__)
         if name == "relax.add":
@@ -265,30 +199,35 @@ def _walk(graph: _Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax
             found.clip = (0.0, None) if name == "relax.nn.relu" else clip_bounds(call)
             found.stage = 3
         else:
-            raise _Refused(f"{found.ops[-1]} between {anchor_name} and its quantize has no INT8 kernel")
+            raise Refused(f"{found.ops[-1]} between {anchor_name} and its quantize has no INT8 kernel")
         prev = var
 
 
-def _match(graph: _Graph, anchor_var, anchor, weights: str = "") -> _Chain:
+def _match(graph: Graph, anchor_var, anchor, weights: str = "", fold: bool = True) -> _Chain:
     """The chain starting at ``anchor`` as an INT8 kernel (its weight packed as ``weights``, the target's
-    ``weight_packing``), or _Refused."""
+    ``weight_packing``), or Refused. ``fold``: a residual add after the chain's quantize goes into the kernel
+    (:func:`.qdq_after.added_after`)."""
     kind = short_op_name(anchor.op.name)
     family, why = families.int8_family(anchor)
     if family is None:
-        raise _Refused(why)
+        raise Refused(why)
     _check_anchor(anchor, family)
-    data, x = _codes_of(graph, anchor.args[0], "the input")
+    data, x = codes_of(graph, anchor.args[0], "the input")
     weight = _weight(graph, anchor.args[1], family)
     found, end, quantize = _walk(graph, anchor_var, kind)
-    out = _qparams(quantize, str(quantize.attrs.out_dtype), "the output quantize")
+    out = qparams(quantize, str(quantize.attrs.out_dtype), "the output quantize")
+    added = added_after(graph, end, out, kind) if fold and found.residual is None else None
+    if added is not None:
+        end, out, found.residual, found.ops = (added.end, qparams(added.quantize, str(added.quantize.attrs.out_dtype),
+                                               "the sum's quantize"), added.residual, found.ops + added.ops)
     end, table = output_table(graph, end, out.dtype) or (end, None)
     bias, bias_codes, bias_scale = found.bias if found.bias is not None else (None, None, None)
     weight = dataclasses.replace(weight, bias_codes=bias_codes, bias_scale=bias_scale)
-    out_shape = tuple(_ints(end.ty.shape))
+    out_shape = tuple(ints(end.ty.shape))
     conv = {}
     if not family.matmul:
         a = anchor.attrs
-        conv = {"strides": _ints(a.strides), "padding": _ints(a.padding), "dilation": _ints(a.dilation)}
+        conv = {"strides": ints(a.strides), "padding": ints(a.padding), "dilation": ints(a.dilation)}
     shape = [1] * weight.codes.ndim
     shape[0] = -1
     real = weight.codes.astype(np.float32) * weight.scale.reshape(shape)
@@ -296,27 +235,27 @@ def _match(graph: _Graph, anchor_var, anchor, weights: str = "") -> _Chain:
     # data / residual: positions in the kernel call (data, weight, bias, multiplier[, residual]).
     part = Int8Partition(composite, family.name, 0, 4 if found.residual else None,
                          real.T if family.matmul else real, bias, found.clip, conv, out_shape,
-                         [kind] + found.ops, weight)
+                         [kind] + found.ops, weight, added=added.after if added is not None else None)
     if x.dtype == "int8":
         x = QuantParams(x.scale, x.zero_point + SHIFT, "uint8")
     residual, res = found.residual if found.residual is not None else (None, None)
     try:
-        kernel, constants = make_int8_kernel(part, _ints(data.ty.shape), x, out, res, weights=weights, table=table)
+        kernel, constants = make_int8_kernel(part, ints(data.ty.shape), x, out, res, weights=weights, table=table)
     except (Int8KernelError, QuantParamsError) as e:
-        raise _Refused(str(e)) from None
+        raise Refused(str(e)) from None
     return _Chain(end, data, str(data.ty.dtype), residual, kernel, constants,
                   relax.TensorType(list(out_shape), out.dtype), composite.replace("tvmfuse.", "tvmfuse_int8_"), part,
                   (x, out, res), table)
 
 
-def _dequantized(graph: _Graph, expr) -> bool:
+def _dequantized(graph: Graph, expr) -> bool:
     value = graph.value(expr)
-    if _op(value) == "relax.permute_dims":
+    if op_name(value) == "relax.permute_dims":
         value = graph.value(value.args[0])
-    return _op(value) == "relax.dequantize"
+    return op_name(value) == "relax.dequantize"
 
 
-def _candidates(graph: _Graph, func: relax.Function) -> list:
+def _candidates(graph: Graph, func: relax.Function) -> list:
     """(var, call) of every conv2d / matmul reading a dequantized input or weight."""
     found = []
     for block in func.body.blocks:
@@ -346,8 +285,9 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
         targets every chain stays float.
     report : dict, optional
         Receives ``int8_kernels`` (chains replaced) and ``kept_float``: one ``{"anchor", "op", "reason"}``
-        per conv2d / matmul reading dequantized tensors that stays float; ``layout_transforms``: uint8
-        NCHW <-> NCHW16c transforms left in the module.
+        per conv2d / matmul reading dequantized tensors that stays float; ``residual_adds``: the residual adds
+        after a chain's quantize computed in its kernel, ``code_pools``: the max-pools computed on codes
+        (:mod:`.qdq_after`); ``layout_transforms``: uint8 NCHW <-> NCHW16c transforms left in the module.
     blocked : bool
         Codes NCHW16c between INT8 kernels that have that form (:mod:`.qdq_rewrite`); False: NCHW throughout.
 
@@ -363,22 +303,26 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
         if "relax.dequantize" not in called_ops(mod):
             # a float model: no chain can start (the graph below costs 50 ms on MobileNetV2)
             if report is not None:
-                report.update({"int8_kernels": 0, "kept_float": []})
+                report.update({"int8_kernels": 0, "kept_float": [], "code_pools": 0, "residual_adds": 0})
             return mod
-        graph = _Graph(func)
+        graph = Graph(func)
         chains, kept = {}, []
         int8_kernels = spec is None or spec.backend().int8_kernels
         weights = weight_packing(spec)
         for var, call in _candidates(graph, func):
             try:
                 if not int8_kernels:
-                    raise _Refused(f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})")
+                    raise Refused(f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})")
                 chain = _match(graph, var, call, weights)
+                if chain.end in chains:  # the other operand's chain took the residual add already
+                    chain = _match(graph, var, call, weights, fold=False)
                 chains[chain.end] = chain
-            except _Refused as e:
+            except Refused as e:
                 kept.append({"anchor": var.name, "op": short_op_name(call.op.name), "reason": str(e)})
+        pools = {pool.end: pool for pool in code_pools(graph, func)} if chains else {}
         if report is not None:
-            report.update({"int8_kernels": len(chains), "kept_float": kept})
+            report.update({"int8_kernels": len(chains), "kept_float": kept, "code_pools": len(pools),
+                           "residual_adds": sum(chain.part.added is not None for chain in chains.values())})
         if kept:
             reasons = "; ".join(f"{k['op']} {k['anchor']}: {k['reason']}" for k in kept[:3])
             more = "; ..." if len(kept) > 3 else ""
@@ -386,7 +330,8 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        rewrite = Rewrite(mod, chains, choose_layouts(chains) if codes_blocked(spec, blocked) else None, weights)
+        layouts = choose_layouts(chains, pools) if codes_blocked(spec, blocked) else None
+        rewrite = Rewrite(mod, chains, layouts, weights, pools)
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
         out = relax.transform.DeadCodeElimination()(rewrite.builder_.get())
         if report is not None:

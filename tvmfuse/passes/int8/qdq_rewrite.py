@@ -5,7 +5,8 @@ A chain whose family has an NCHW16c kernel writes NCHW16c codes when another suc
 data; the chain's original var (the model's ``quantize``) is then bound to their ``to_plain``, which dead-code
 elimination drops unless an op outside the chains (a float residual add, a pool, a model output) reads it.
 A kernel that repacks its input (conv2d) reads whatever layout its producer wrote; the others read NCHW16c,
-transformed once where the producer is NCHW. A residual is read in its kernel's output layout.
+transformed once where the producer is NCHW. A residual is read in its kernel's output layout. A max-pool of
+codes (:mod:`.qdq_after`) pools NCHW16c codes where its input has them.
 """
 
 from __future__ import annotations
@@ -15,17 +16,34 @@ from tvm import relax
 
 from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT
 
+from tvmfuse.schedules.computes.blocked import pool2d
+
 from .kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
+from ..layout import POOL_FAMILY, transform_call
 from ..utils import add_kernel, emit_like
 
 SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 
 
-def choose_layouts(chains: dict) -> dict:
-    """Chain end var -> its output layout, NCHW16c where a chain with an NCHW16c kernel reads it as data."""
+def choose_layouts(chains: dict, pools: dict | None = None) -> dict:
+    """Chain end var -> its output layout: NCHW16c where a chain with an NCHW16c kernel reads it as data,
+    directly or through max-pools of codes (``pools``: end var -> :class:`.qdq_after.CodePool`), or as the
+    residual of a chain that writes NCHW16c."""
+    pools = pools or {}
     blockable = {end for end, chain in chains.items() if blocked_kernel(chain.part)}
     read_blocked = {chain.data for end, chain in chains.items() if end in blockable}
-    return {end: BLOCKED_LAYOUT if end in blockable and end in read_blocked else "NCHW" for end in chains}
+    for end in reversed(list(pools)):  # a pool's reader wants its input blocked too (pools in binding order)
+        if end in read_blocked:
+            read_blocked.add(pools[end].data)
+    layouts = {end: BLOCKED_LAYOUT if end in blockable and end in read_blocked else "NCHW" for end in chains}
+    changed = True
+    while changed:  # a residual is read in its reader's output layout
+        changed = False
+        for end, chain in chains.items():
+            r = chain.residual
+            if layouts[end] != "NCHW" and r in blockable and layouts[r] == "NCHW":
+                layouts[r], changed = BLOCKED_LAYOUT, True
+    return layouts
 
 
 @relax.expr_functor.mutator
@@ -33,11 +51,12 @@ class Rewrite(relax.PyExprMutator):
     """Binds each chain's quantize var to its kernel call (or to the ``to_plain`` of its NCHW16c codes); the
     float chain is left dead for DCE."""
 
-    def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None, weights: str = ""):
+    def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None, weights: str = "",
+                 pools: dict | None = None):
         """``layouts``: :func:`choose_layouts`'s; None keeps every kernel NCHW. ``weights``: the target's weight
-        packing (``make_int8_kernel``'s)."""
+        packing (``make_int8_kernel``'s). ``pools``: the max-pools of codes, by the var of their quantize."""
         super().__init__(mod)
-        self.chains, self.layouts, self.weights = chains, layouts, weights
+        self.chains, self.layouts, self.weights, self.pools = chains, layouts, weights, pools or {}
         self.blocked: dict = {}  # var -> its codes in NCHW16c
         self.shifted: dict = {}
 
@@ -68,8 +87,29 @@ class Rewrite(relax.PyExprMutator):
             self.shifted[codes] = self.builder_.emit(relax.op.astype(up, "uint8"), codes.name + "_u8")
         return self.shifted[codes]
 
+    def _pool(self, binding, found) -> None:
+        """Bind the quantize var of a max-pool of codes to the pool of its input's codes: NCHW16c ones by the
+        blocked pool kernel (its padding, the dtype's minimum, is the least code too), NCHW ones by the op."""
+        pool, a = found.pool, found.pool.attrs
+        codes = self._codes(found.data, None if self.layouts is not None else "NCHW")
+        if len(codes.ty.shape) == 4:
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(
+                relax.Call(pool.op, [codes], a))))
+            return
+        n, _, h, w = (int(d) for d in binding.var.ty.shape)
+        out_shape = [n, int(codes.ty.shape[1]), h, w, int(codes.ty.shape[4])]
+        call = transform_call(self.builder_, lambda t: pool2d(t, "max", a.pool_size, a.strides, a.padding,
+                                                              a.dilation, a.ceil_mode),
+                              codes, out_shape, family=POOL_FAMILY, name="max_pool2d_codes")
+        self.blocked[binding.var] = blocked = emit_like(self.builder_, call, binding.var, "_nchw16c")
+        plain = relayout(self.builder_, blocked, binding.var.ty.shape, "NCHW")
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))
+
     def visit_var_binding_(self, binding):
         chain = self.chains.get(binding.var)
+        if chain is None and binding.var in self.pools:
+            self._pool(binding, self.pools[binding.var])
+            return
         if chain is None:
             super().visit_var_binding_(binding)
             return
