@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from tvmfuse import api
+from tvmfuse import api, targets
 from tvmfuse.fuzz import campaign, check, graphs, int8, winograd
 
 from helpers import HOST, make_model
@@ -146,17 +146,19 @@ def test_seed_287_a_concat_of_8_channel_blocks_read_by_a_16_channel_depthwise():
 # ----------------------------------------------------------------------------------------------- INT8
 
 
-# depthwise with an int8 residual, dense hardswish at the ends of the ranges, depthwise 7x7 dilated strided
-# to float32, conv2d 7x7 with asymmetric pads and a residual, conv2d strided hardswish at the ends, conv2d
-# dilated strided relu6
-KERNEL_SEEDS = [1, 3, 9, 23, 35, 38]
+# depthwise with an int8 residual added after requantized codes, dense hardswish at the ends of the ranges,
+# depthwise 7x7 dilated strided to float32, conv2d 7x7 with asymmetric pads and a residual, conv2d strided
+# hardswish at the ends, conv2d dilated strided relu6, conv2d 5x5 strided and dense relu at the ends with a
+# residual added after requantized codes (uint8, int8)
+KERNEL_SEEDS = [1, 3, 9, 23, 35, 38, 34, 53, 11]  # 11: a 3x3 conv on AMX tiles where the CPU has them
 
 
 def test_kernel_cases_cover_the_families_and_epilogues():
     cases = [int8.random_case(s) for s in KERNEL_SEEDS]
     assert {c.family for c in cases} == set(int8.FAMILIES)
     assert {c.out_dtype for c in cases} == {"uint8", "int8", "float32"} and any(c.residual for c in cases)
-    assert {c.activation for c in cases} == {None, "relu6", "hardswish"}
+    assert {c.activation for c in cases} == {None, "relu", "relu6", "hardswish"}
+    assert {c.requantized[0] for c in cases if c.requantized} == {"uint8", "int8"}
 
 
 @pytest.mark.parametrize("seed", KERNEL_SEEDS)
@@ -180,6 +182,13 @@ def test_a_one_channel_depthwise_case_runs_on_the_cpu():
     # reversed run substituted a table lookup there and failed to parse).
     result = int8.check_case(int8.random_case(572), "cuda-sm90")
     assert result.ok, result.line()
+
+
+def test_int8_kernel_cases_get_the_kernel_passes_a_compile_runs():
+    # Seed 11 (40 -> 30 channels, 3x3) goes on AMX tiles for a Sapphire Rapids: built without the backend's
+    # kernel passes, its tiles had no shapes loaded, and the campaign died of SIGILL at the first tilezero.
+    func, _, serially = int8._kernel(int8.random_case(11), targets.resolve({"kind": "llvm", "mcpu": "sapphirerapids"}))
+    assert not serially and "llvm.x86.ldtilecfg" in func.script() and "llvm.x86.tdpbusd" in func.script()
 
 
 def test_int8_kernel_1x1_depthwise_bit_exact():

@@ -4,7 +4,8 @@ A case (:class:`KernelCase`, drawn by :func:`random_case`) is one conv2d, depthw
 dense with random shapes (channel counts that are and are not multiples of 4 and 16, batch 1-2, non-square
 maps), kernel 1-7, strides 1/2, dilation 1/2, asymmetric padding, input and output zero points, output
 dtype (uint8, int8, or float32 dequantized), activation (none, relu, relu6, hardswish), and an optional uint8/int8
-residual; one case in six draws only the ends of the ranges (0/255 inputs, -127/127 weights, or -64/64 where the
+residual, added after codes requantized first (a QDQ model's residual add, ``int8.Requantized``) in some of
+them; one case in six draws only the ends of the ranges (0/255 inputs, -127/127 weights, or -64/64 where the
 target's kernels take 7-bit weights: ``passes.int8.kernels.weight_limit``).
 
 The kernel comes from the family registry (``families.FAMILIES[family].int8``: compute and weight packing)
@@ -56,6 +57,9 @@ class KernelCase:
     residual_scale: float = 0.5
     extreme: bool = False
     seed: int = 0
+    # (dtype, zero point, scale / out_scale) of codes requantized before the residual add (int8.Requantized):
+    # the residual's scale is then residual_scale * out_scale, in real units
+    requantized: tuple | None = None
 
     @property
     def matmul(self) -> bool:
@@ -90,9 +94,14 @@ class KernelCase:
 
     def epilogue(self) -> int8.Epilogue:
         # A hardswish works on real values: the residual's scale R = s_r / s_y becomes s_r.
-        real = self.out_scale if self.activation == "hardswish" else 1.0
+        real = self.out_scale if self.activation == "hardswish" or self.requantized else 1.0
         res = int8.Residual(self.residual_zero_point, self.residual_scale * real) if self.residual else None
-        return int8.Epilogue.make(self.out_dtype, self.zero_point, self.out_scale, self.activation, res)
+        ep = int8.Epilogue.make(self.out_dtype, self.zero_point, self.out_scale, self.activation, res)
+        if self.requantized is None:
+            return ep
+        dtype, zero_point, scale = self.requantized
+        return dataclasses.replace(ep, requantized=int8.Requantized(dtype, zero_point, scale * self.out_scale,
+                                                                    self.out_scale))
 
     def describe(self) -> str:
         shape = "x".join(map(str, self.in_shape()))
@@ -103,6 +112,7 @@ class KernelCase:
         text += f" zy={self.zero_point}" if self.out_dtype != "float32" else ""
         text += f" {self.activation}" if self.activation else ""
         text += f" +residual {self.residual} zr={self.residual_zero_point}" if self.residual else ""
+        text += f" after {self.requantized[0]} codes zq={self.requantized[1]}" if self.requantized else ""
         return text + (" extreme" if self.extreme else "")
 
 
@@ -121,8 +131,8 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
                   residual_zero_point=int(rng.integers(*int8.QUANT_RANGE[residual], endpoint=True)) if residual else 0,
                   residual_scale=float(rng.uniform(0.05, 0.4)))
     if families.FAMILIES[family].matmul:
-        return KernelCase(family, int(rng.integers(1, 5)), int(rng.integers(1, 300)), int(rng.integers(1, 70)),
-                          **common)
+        return _with_requantized(KernelCase(family, int(rng.integers(1, 5)), int(rng.integers(1, 300)),
+                                            int(rng.integers(1, 70)), **common), rng)
     kernel = pick((1, 3, 3, 5, 7))
     dilation = pick((1, 1, 1, 2)) if kernel > 1 else 1
     span = dilation * (kernel - 1) + 1
@@ -132,8 +142,20 @@ def random_case(seed: int, family: str | None = None) -> KernelCase:
         padding = (span // 2, span // 2, span - 1 - span // 2, span - 1 - span // 2)
     channels = int(rng.integers(1, 41))
     out = channels if families.FAMILIES[family] is families.DEPTHWISE_CONV2D else int(rng.integers(1, 49))
-    return KernelCase(family, pick((1, 1, 2)), channels, out, size, kernel, pick((1, 2)), padding, dilation,
-                      **common)
+    return _with_requantized(KernelCase(family, pick((1, 1, 2)), channels, out, size, kernel, pick((1, 2)), padding,
+                                        dilation, **common), rng)
+
+
+def _with_requantized(case: KernelCase, rng) -> KernelCase:
+    """``case`` with its codes requantized before the residual add (a QDQ model's ``Q, DQ, Add, Q``) one time in
+    two where it can take that (a residual, a uint8/int8 output, no hardswish); drawn last, so the other
+    fields of a seed's case stay as they were."""
+    draw = rng.random(3)
+    if not case.residual or case.out_dtype == "float32" or case.activation == "hardswish" or draw[0] < 0.5:
+        return case
+    dtype = "uint8" if draw[1] < 0.7 else "int8"
+    lo, hi = int8.QUANT_RANGE[dtype]
+    return dataclasses.replace(case, requantized=(dtype, int(lo + draw[2] * (hi - lo)), float(0.5 + 1.5 * draw[2])))
 
 
 def _codes(rng, shape, dtype: str, extreme: bool, weight_limit: int = 0) -> np.ndarray:
@@ -202,7 +224,13 @@ def _kernel(case: KernelCase, spec):
     func = func.with_attr(int8.EXACT_PAIRS_ATTR, True) if exact else func
     func = func.with_attr("tvmfuse.family", families.int8_kernel_name(family))
     serial = spec.backend().serial_check_schedule(func)
-    return (serial, out, True) if serial is not None else (spec.backend().schedule(func), out, False)
+    if serial is not None:
+        return serial, out, True
+    # then the backend's kernel passes, as a compile runs them (on AMX: the tile shapes loaded, SIGILL without)
+    import tvm
+
+    scheduled = tvm.IRModule({"main": spec.backend().schedule(func)})
+    return tvm.transform.Sequential(spec.backend().kernel_passes())(scheduled)["main"], out, False
 
 
 def _library(func, spec, serially: bool):
