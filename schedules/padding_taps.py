@@ -114,8 +114,18 @@ def substitute(expr, binding: dict):
         return expr
     for kind in (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max):
         if isinstance(expr, kind):
-            return kind(substitute(expr.a, binding), substitute(expr.b, binding))
+            a, b = substitute(expr.a, binding), substitute(expr.b, binding)
+            lanes_a, lanes_b = _lanes(a), _lanes(b)
+            if lanes_a != lanes_b:  # a vector (a Ramp put in) meets a scalar: broadcast it, as TVM's own ops do
+                if min(lanes_a, lanes_b) != 1:
+                    raise ValueError(f"index vectors of {lanes_a} and {lanes_b} lanes")
+                a, b = (tirx.Broadcast(a, lanes_b), b) if lanes_a == 1 else (a, tirx.Broadcast(b, lanes_a))
+            return kind(a, b)
     raise ValueError(f"unsupported index expression {type(expr).__name__}")
+
+
+def _lanes(expr) -> int:
+    return tvm.runtime.DataType(str(expr.ty.dtype)).lanes
 
 
 def _blocks_in(stmt) -> list:

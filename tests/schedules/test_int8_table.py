@@ -14,6 +14,7 @@ from tvm import te
 from tvmfuse import targets
 from tvmfuse.schedules import x86
 from tvmfuse.schedules.computes import int8, int8_depthwise, int8_ref
+from tvmfuse.schedules.padding_taps import rebuild_loops
 from tvmfuse.schedules.x86.intrin.table_vbmi import MARK, rewrite_lookups
 
 from helpers import HOST
@@ -164,3 +165,48 @@ def test_a_table_needs_a_quantized_output_and_its_tensor():
     b, m = te.placeholder((16,), "int32", name="b"), te.placeholder((16,), "float32", name="m")
     with pytest.raises(int8.Int8KernelError, match="table tensor needs Epilogue.table"):
         int8.conv2d_compute(x, w, b, m, out_channels=16, epilogue=int8.Epilogue("uint8", table=True))
+
+
+def _dense_vbmi(m, k, n, rng):
+    """A dense with a table scheduled for AVX-512 with VNNI and VBMI, before the lookup rewrite; its arguments
+    and the reference output."""
+    weight = rng.integers(-127, 128, (n, k)).astype("int8")
+    packed = int8_ref.pack_dense_weight(weight)
+    tensors = [te.placeholder((m, k), "uint8", name="x"), te.placeholder(packed.shape, "int8", name="w"),
+               te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m"),
+               te.placeholder((256,), "uint8", name="t")]
+    ep = dataclasses.replace(int8.Epilogue.make("uint8", 11, 0.05, "relu"), table=True)
+    out = int8.dense_kernel(*tensors[:4], channels=n, epilogue=ep, table=tensors[4])
+    func = x86.schedule(int8.prim_func(tensors + [out]), "int8_dense", 512, True, True)
+    x = rng.integers(0, 256, (m, k)).astype("uint8")
+    bias, mult = rng.integers(-3000, 3000, n).astype("int32"), (rng.random(n) * 0.002).astype("float32")
+    table = rng.permutation(256).astype("uint8")
+    want = int8_ref.dense_ref(x, weight, bias, mult, epilogue=ep, table=table)
+    return func, [x, packed, bias, mult, table], want
+
+
+def _marked_extents(func) -> list[int]:
+    found = []
+    rebuild_loops(func.body, lambda loop: found.append(int(loop.extent)) if MARK in loop.annotations else None)
+    return found
+
+
+def test_a_marked_lookup_loop_wider_than_a_vector_becomes_one_lookup_per_16():
+    # MobileNetV3's squeeze-and-excitation dense quantized by onnxruntime (a hardsigmoid table after it): the
+    # lookup's loop spans 64 outputs, and only its first 16 were written (outputs far off onnxruntime's)
+    func, _, _ = _dense_vbmi(1, 80, 64, np.random.default_rng(8))
+    assert _marked_extents(func) and max(_marked_extents(func)) > 16
+    rewritten = rewrite_lookups(func).script()
+    assert MARK not in rewritten and rewritten.count("vpermi2var") == 2 * 64 // 16 * len(_marked_extents(func))
+
+
+@pytest.mark.avx512
+@pytest.mark.skipif(not HAS_VBMI, reason="needs AVX512-VBMI and VNNI to run the vector lookups")
+@pytest.mark.parametrize("m,k,n", [(1, 80, 64), (3, 130, 96)])
+def test_a_dense_table_with_vector_lookups_is_bit_exact(m, k, n):
+    func, args, want = _dense_vbmi(m, k, n, np.random.default_rng(n))
+    lib = tvm.compile(tvm.IRModule({"main": rewrite_lookups(func).with_attr("global_symbol", "main")}),
+                      target=AVX512.tvm_target())
+    result = tvm.runtime.tensor(np.zeros(want.shape, "uint8"))
+    lib.mod["main"](*[tvm.runtime.tensor(a) for a in args], result)
+    np.testing.assert_array_equal(result.numpy(), want)

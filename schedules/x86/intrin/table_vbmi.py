@@ -37,8 +37,19 @@ def lookup(table: tirx.Buffer, codes) -> tirx.PrimExpr:
 
 
 def _rewrite(loop: tirx.For):
-    """The vector store replacing a marked loop, or None when its body is not ``out[..] = table[codes[..]]``
-    over the loop's 16 values in the last index of both."""
+    """The vector stores replacing a marked loop (one per 16 of its values), or None when its body is not
+    ``out[..] = table[codes[..]]`` over the loop's values in the last index of both, or they are not 16 a
+    store."""
+    if not isinstance(loop.extent, tirx.IntImm) or int(loop.extent) % LANES:
+        return None
+    stores = [_vector_store(loop, start) for start in range(0, int(loop.extent), LANES)]
+    if any(store is None for store in stores):
+        return None
+    return stores[0] if len(stores) == 1 else tirx.SeqStmt(stores)
+
+
+def _vector_store(loop: tirx.For, start: int):
+    """The store of the loop's 16 lookups from value ``start``, as :func:`_rewrite` says."""
     realize = loop.body
     if not isinstance(realize, s_tir.SBlockRealize) or not (isinstance(realize.predicate, tirx.IntImm)
                                                               and int(realize.predicate.value) == 1):
@@ -48,13 +59,14 @@ def _rewrite(loop: tirx.For):
     if not (isinstance(store, tirx.BufferStore) and isinstance(store.value, TensorLoad)
             and len(store.value.indices) == 1 and isinstance(store.value.indices[0], TensorLoad)):
         return None
-    ramp = tirx.Ramp(tirx.const(0, str(loop.loop_var.ty.dtype)), 1, LANES)
+    ramp = tirx.Ramp(tirx.const(start, str(loop.loop_var.ty.dtype)) + loop.min, 1, LANES)
     try:
         binding = {iv.var: substitute(value, {loop.loop_var: ramp})
                    for iv, value in zip(block.iter_vars, realize.iter_values)}
         table, load = store.value.source, store.value.indices[0]
-        out_index = [substitute(i, binding) for i in store.indices]
-        code_index = [substitute(i, binding) for i in load.indices]
+        simplify = tvm.sym.Analyzer().simplify  # a broadcast row plus the loop's ramp: one ramp again
+        out_index = [simplify(substitute(i, binding)) for i in store.indices]
+        code_index = [simplify(substitute(i, binding)) for i in load.indices]
     except ValueError:
         return None
     if not all(isinstance(i, tirx.Ramp) == (n == len(out_index) - 1) for n, i in enumerate(out_index)) or \
