@@ -134,10 +134,9 @@ def test_a_depthwise_table_with_vector_lookups_is_bit_exact():
     np.testing.assert_array_equal(got, want)
 
 
-def test_a_dense_table_is_bit_exact():
-    """A dense's output tile is not 16 contiguous lanes of one vector here: the lookups stay byte loads."""
-    rng = np.random.default_rng(6)
-    m, k, n = 3, 40, 24
+def _dense(m, k, n, rng, bits=512, vnni=True, vbmi=True):
+    """A dense with a table scheduled by the x86 rule (AVX-512 with VNNI and VBMI unless told), before the lookup
+    rewrite; its arguments and the reference output."""
     weight = rng.integers(-127, 128, (n, k)).astype("int8")
     packed = int8_ref.pack_dense_weight(weight)
     tensors = [te.placeholder((m, k), "uint8", name="x"), te.placeholder(packed.shape, "int8", name="w"),
@@ -145,15 +144,21 @@ def test_a_dense_table_is_bit_exact():
                te.placeholder((256,), "uint8", name="t")]
     ep = dataclasses.replace(int8.Epilogue.make("uint8", 11, 0.05, "relu"), table=True)
     out = int8.dense_kernel(*tensors[:4], channels=n, epilogue=ep, table=tensors[4])
-    func = rewrite_lookups(x86.schedule(int8.prim_func(tensors + [out]), "int8_dense", 256, False, False))
+    func = x86.schedule(int8.prim_func(tensors + [out]), "int8_dense", bits, vnni, vbmi)
     x = rng.integers(0, 256, (m, k)).astype("uint8")
     bias, mult = rng.integers(-3000, 3000, n).astype("int32"), (rng.random(n) * 0.002).astype("float32")
     table = rng.permutation(256).astype("uint8")
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                      target=targets.resolve(HOST).tvm_target())
-    result = tvm.runtime.tensor(np.zeros((m, n), "uint8"))
-    lib.mod["main"](*[tvm.runtime.tensor(a) for a in (x, packed, bias, mult, table)], result)
     want = int8_ref.dense_ref(x, weight, bias, mult, epilogue=ep, table=table)
+    return func, [x, packed, bias, mult, table], want
+
+
+def test_a_dense_table_is_bit_exact():
+    """A dense's output tile is not 16 contiguous lanes of one vector here: the lookups stay byte loads."""
+    func, args, want = _dense(3, 40, 24, np.random.default_rng(6), 256, False, False)
+    lib = tvm.compile(tvm.IRModule({"main": rewrite_lookups(func).with_attr("global_symbol", "main")}),
+                      target=targets.resolve(HOST).tvm_target())
+    result = tvm.runtime.tensor(np.zeros(want.shape, "uint8"))
+    lib.mod["main"](*[tvm.runtime.tensor(a) for a in args], result)
     np.testing.assert_array_equal(result.numpy(), want)
 
 
@@ -167,24 +172,6 @@ def test_a_table_needs_a_quantized_output_and_its_tensor():
         int8.conv2d_compute(x, w, b, m, out_channels=16, epilogue=int8.Epilogue("uint8", table=True))
 
 
-def _dense_vbmi(m, k, n, rng):
-    """A dense with a table scheduled for AVX-512 with VNNI and VBMI, before the lookup rewrite; its arguments
-    and the reference output."""
-    weight = rng.integers(-127, 128, (n, k)).astype("int8")
-    packed = int8_ref.pack_dense_weight(weight)
-    tensors = [te.placeholder((m, k), "uint8", name="x"), te.placeholder(packed.shape, "int8", name="w"),
-               te.placeholder((n,), "int32", name="b"), te.placeholder((n,), "float32", name="m"),
-               te.placeholder((256,), "uint8", name="t")]
-    ep = dataclasses.replace(int8.Epilogue.make("uint8", 11, 0.05, "relu"), table=True)
-    out = int8.dense_kernel(*tensors[:4], channels=n, epilogue=ep, table=tensors[4])
-    func = x86.schedule(int8.prim_func(tensors + [out]), "int8_dense", 512, True, True)
-    x = rng.integers(0, 256, (m, k)).astype("uint8")
-    bias, mult = rng.integers(-3000, 3000, n).astype("int32"), (rng.random(n) * 0.002).astype("float32")
-    table = rng.permutation(256).astype("uint8")
-    want = int8_ref.dense_ref(x, weight, bias, mult, epilogue=ep, table=table)
-    return func, [x, packed, bias, mult, table], want
-
-
 def _marked_extents(func) -> list[int]:
     found = []
     rebuild_loops(func.body, lambda loop: found.append(int(loop.extent)) if MARK in loop.annotations else None)
@@ -194,7 +181,7 @@ def _marked_extents(func) -> list[int]:
 def test_a_marked_lookup_loop_wider_than_a_vector_becomes_one_lookup_per_16():
     # MobileNetV3's squeeze-and-excitation dense quantized by onnxruntime (a hardsigmoid table after it): the
     # lookup's loop spans 64 outputs, and only its first 16 were written (outputs far off onnxruntime's)
-    func, _, _ = _dense_vbmi(1, 80, 64, np.random.default_rng(8))
+    func, _, _ = _dense(1, 80, 64, np.random.default_rng(8))
     assert _marked_extents(func) and max(_marked_extents(func)) > 16
     rewritten = rewrite_lookups(func).script()
     assert MARK not in rewritten and rewritten.count("vpermi2var") == 2 * 64 // 16 * len(_marked_extents(func))
@@ -204,7 +191,7 @@ def test_a_marked_lookup_loop_wider_than_a_vector_becomes_one_lookup_per_16():
 @pytest.mark.skipif(not HAS_VBMI, reason="needs AVX512-VBMI and VNNI to run the vector lookups")
 @pytest.mark.parametrize("m,k,n", [(1, 80, 64), (3, 130, 96)])
 def test_a_dense_table_with_vector_lookups_is_bit_exact(m, k, n):
-    func, args, want = _dense_vbmi(m, k, n, np.random.default_rng(n))
+    func, args, want = _dense(m, k, n, np.random.default_rng(n))
     lib = tvm.compile(tvm.IRModule({"main": rewrite_lookups(func).with_attr("global_symbol", "main")}),
                       target=AVX512.tvm_target())
     result = tvm.runtime.tensor(np.zeros(want.shape, "uint8"))
