@@ -108,6 +108,16 @@ class _Graph:
         self.value[name] = windows.max(axis=(4, 5))
         return name
 
+    def mean(self, x: str, name: str) -> str:
+        self.nodes.append(helper.make_node("GlobalAveragePool", [x], [name]))
+        self.value[name] = self.value[x].mean(axis=(2, 3), keepdims=True, dtype=np.float32)
+        return name
+
+    def mul(self, a: str, b: str, name: str) -> str:
+        self.nodes.append(helper.make_node("Mul", [a, b], [name]))
+        self.value[name] = self.value[a] * self.value[b]
+        return name
+
     def model(self, outputs: list[str]) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, "qdq_after", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                           list(X.shape))],
@@ -189,3 +199,25 @@ def test_max_pool_between_quantizes_pools_the_codes(same_params):
     pools = [g.name_hint for g in cm.mod.get_global_vars() if g.name_hint.startswith("max_pool2d_codes")]
     assert len(pools) == int(same_params), pools
     assert to_ref == 0 and to_ort == 0
+
+
+def _squeeze_model() -> tuple:
+    """A squeeze-and-excitation block as ONNX Runtime's quantizer writes it: x -> Q/DQ -> conv -> Q -> DQ (y);
+    GlobalAveragePool (y) -> Q/DQ -> 1x1 conv -> Q/DQ (the gate); y * gate -> Q -> DQ -> 1x1 conv."""
+    g = _Graph()
+    x = g.qdq("x", g.params(0.05, 128), "xd")
+    y = g.conv(x, g.params(0.04, 100), "a")
+    squeezed = g.qdq(g.mean(y, "m"), g.params(0.01, 120), "md")
+    gate = g.conv(squeezed, g.params(0.02, 40), "fc", k=1)
+    product = g.qdq(g.mul(y, gate, "p"), g.params(0.05, 110), "pd")
+    out = g.conv(product, g.params(0.06, 128), "c", k=1)
+    return g.model([out, product]), [g.value[out], g.value[product]]
+
+
+def test_a_squeeze_and_excitation_block_runs_on_codes():
+    cm, to_ref, to_ort = _compare(*_squeeze_model())
+    assert cm.record.qdq["code_squeezes"] == 2 and cm.record.qdq["int8_kernels"] == 3
+    names = [g.name_hint for g in cm.mod.get_global_vars()]
+    assert any(n.startswith("mean_codes") for n in names) and any(n.startswith("gate_codes") for n in names)
+    # the kernels round halves up (int8_se), QuantizeLinear to even; the mean sums exactly, then scales once
+    assert to_ref <= 1 and to_ort <= 1

@@ -67,7 +67,8 @@ def _compile_and_compare(model, x):
 
 def test_conv_chain_becomes_one_int8_kernel_reading_the_codes():
     before, after, report = _fuse(qdq_model(Spec(activation="Relu")))
-    assert report == {"int8_kernels": 1, "kept_float": [], "code_pools": 0, "residual_adds": 0, "layout_transforms": 0}
+    assert report == {"int8_kernels": 1, "kept_float": [], "code_pools": 0, "code_squeezes": 0, "residual_adds": 0,
+                      "layout_transforms": 0}
     assert _kinds(before)["relax.nn.conv2d"] == 1
     kinds = _kinds(after)
     assert kinds["int8_conv2d"] == 1 and "relax.nn.conv2d" not in kinds and "relax.nn.relu" not in kinds
@@ -84,7 +85,8 @@ def test_conv_chain_becomes_one_int8_kernel_reading_the_codes():
 
 def test_float_model_is_left_alone():
     before, after, report = _fuse(conv_relu(batch=1))
-    assert report == {"int8_kernels": 0, "kept_float": [], "code_pools": 0, "residual_adds": 0}  # nothing rewritten
+    assert report == {"int8_kernels": 0, "kept_float": [], "code_pools": 0, "code_squeezes": 0,
+                      "residual_adds": 0}  # nothing fused: nothing rewritten
     tvm.ir.assert_structural_equal(before, after)
 
 
@@ -156,7 +158,8 @@ def test_chain_matches_onnxruntime_int8_exactly(name):
     family = "int8_depthwise_conv2d" if spec.group > 1 else FAMILY[spec.op]
     kinds = _kinds(cm.mod)
     # A depthwise kernel reads NCHW16c: the quantized model input is transformed once.
-    assert cm.record.qdq == {"int8_kernels": 1, "kept_float": [], "code_pools": 0, "residual_adds": 0,
+    assert cm.record.qdq == {"int8_kernels": 1, "kept_float": [], "code_pools": 0, "code_squeezes": 0,
+                             "residual_adds": 0,
                              "layout_transforms": int(spec.group > 1)}
     assert kinds[family] == 1 and not FLOAT_FAMILIES & set(kinds), kinds
     codes = np.rint(got / spec.y_scale) + ZERO_POINT[spec.act_dtype]
@@ -223,8 +226,9 @@ def test_zoo_mobilenet_v2_qdq_runs_on_int8_kernels(tmp_path):
     cm = tvmfuse.compile(model, target=HOST)
     kinds = _kinds(cm.mod)
     # Codes stay NCHW16c between the kernels; the 10 residual Adds (DQ, DQ -> Add -> Q) are computed by the
-    # projections' kernels, so no codes go back to NCHW.
-    assert cm.record.qdq == {"int8_kernels": 53, "kept_float": [], "code_pools": 0, "residual_adds": 10,
+    # projections' kernels, so no codes go back to NCHW; the classifier's global mean runs on codes.
+    assert cm.record.qdq == {"int8_kernels": 53, "kept_float": [], "code_pools": 0, "code_squeezes": 1,
+                             "residual_adds": 10,
                              "layout_transforms": 0}
     assert (kinds["int8_conv2d"], kinds["int8_depthwise_conv2d"], kinds["int8_dense"]) == (35, 17, 1)
     assert not FLOAT_FAMILIES & set(kinds), kinds
@@ -256,7 +260,8 @@ def test_zoo_mobilenet_v2_qoperator_matches_onnxruntime_exactly(tmp_path):
     kinds = _kinds(cm.mod)
     # Adds are left out of the quantization here, so 9 of the 10 residual Adds read or feed float sums (the
     # next block's Add reads the sum itself): only one is DQ, DQ -> Add -> Q, computed by its projection's kernel.
-    assert cm.record.qdq == {"int8_kernels": 52, "kept_float": [], "code_pools": 0, "residual_adds": 1,
+    assert cm.record.qdq == {"int8_kernels": 52, "kept_float": [], "code_pools": 0, "code_squeezes": 0,
+                             "residual_adds": 1,
                              "layout_transforms": 4}
     assert (kinds["int8_conv2d"], kinds["int8_depthwise_conv2d"]) == (35, 17) and not FLOAT_FAMILIES & set(kinds)
     opts = ort.SessionOptions()

@@ -66,7 +66,7 @@ from ...targets import TargetSpec
 from .kernels import OutputTable, codes_blocked, make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
-from .qdq_after import added_after, code_pools
+from .qdq_after import added_after, code_pools, code_squeezes
 from .qdq_graph import Graph, Refused, codes_of, ints, op_name, qparams
 from .qdq_tables import output_table
 from ..utils import called_ops, const_array
@@ -286,8 +286,9 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
     report : dict, optional
         Receives ``int8_kernels`` (chains replaced) and ``kept_float``: one ``{"anchor", "op", "reason"}``
         per conv2d / matmul reading dequantized tensors that stays float; ``residual_adds``: the residual adds
-        after a chain's quantize computed in its kernel, ``code_pools``: the max-pools computed on codes
-        (:mod:`.qdq_after`); ``layout_transforms``: uint8 NCHW <-> NCHW16c transforms left in the module.
+        after a chain's quantize computed in its kernel, ``code_pools`` and ``code_squeezes``: the max-pools and
+        the spatial means and channel gates computed on codes (:mod:`.qdq_after`); ``layout_transforms``: uint8
+        NCHW <-> NCHW16c transforms left in the module.
     blocked : bool
         Codes NCHW16c between INT8 kernels that have that form (:mod:`.qdq_rewrite`); False: NCHW throughout.
 
@@ -303,7 +304,8 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
         if "relax.dequantize" not in called_ops(mod):
             # a float model: no chain can start (the graph below costs 50 ms on MobileNetV2)
             if report is not None:
-                report.update({"int8_kernels": 0, "kept_float": [], "code_pools": 0, "residual_adds": 0})
+                report.update({"int8_kernels": 0, "kept_float": [], "code_pools": 0, "code_squeezes": 0,
+                               "residual_adds": 0})
             return mod
         graph = Graph(func)
         chains, kept = {}, []
@@ -320,8 +322,10 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
             except Refused as e:
                 kept.append({"anchor": var.name, "op": short_op_name(call.op.name), "reason": str(e)})
         pools = {pool.end: pool for pool in code_pools(graph, func)} if chains else {}
+        squeezes = {squeeze.end: squeeze for squeeze in code_squeezes(graph, func)} if chains else {}
         if report is not None:
             report.update({"int8_kernels": len(chains), "kept_float": kept, "code_pools": len(pools),
+                           "code_squeezes": len(squeezes),
                            "residual_adds": sum(chain.part.added is not None for chain in chains.values())})
         if kept:
             reasons = "; ".join(f"{k['op']} {k['anchor']}: {k['reason']}" for k in kept[:3])
@@ -330,8 +334,10 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        layouts = choose_layouts(chains, pools) if codes_blocked(spec, blocked) else None
-        rewrite = Rewrite(mod, chains, layouts, weights, pools)
+        on_codes = {**pools, **squeezes}  # in binding order: choose_layouts walks them back to front
+        on_codes = {var: on_codes[var] for var in graph.bound if var in on_codes}
+        layouts = choose_layouts(chains, on_codes) if codes_blocked(spec, blocked) else None
+        rewrite = Rewrite(mod, chains, layouts, weights, on_codes)
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))
         out = relax.transform.DeadCodeElimination()(rewrite.builder_.get())
         if report is not None:

@@ -17,6 +17,12 @@ A max-pool between two quantizes with the same parameters (``DQ -> MaxPool -> Q`
 sides one scale) is a max-pool of the codes, the same integers (dequantizing is increasing, and the padding's
 -inf is the codes' minimum): :func:`code_pools` finds them, and the rewrite pools the codes, NCHW16c where
 its input is.
+
+A squeeze-and-excitation block's spatial mean (``DQ -> ReduceMean/GlobalAveragePool -> Q``) and its channel
+gate (``DQ(x) * DQ(gate) -> Q``, the gate one value per channel) of uint8 codes run as the kernels tvmfuse's
+own quantization uses for them (:mod:`tvmfuse.schedules.computes.int8_se`: the mean's sum exact in int32, one
+float32 multiply each, halves rounded up where QuantizeLinear rounds them to even), NCHW16c where their input
+is: :func:`code_squeezes` finds them.
 """
 
 from __future__ import annotations
@@ -75,6 +81,61 @@ class CodePool:
     data: relax.Var
     pool: relax.Call
     end: relax.Var
+
+
+@dataclasses.dataclass
+class CodeSqueeze:
+    """A spatial mean (``gate`` None) or a channel gate of codes: the input codes var and parameters, the gate's
+    float value (a ``[N, C, 1, 1]`` expression), the quantize var it replaces and the output parameters."""
+
+    data: relax.Var
+    params: object
+    gate: object
+    end: relax.Var
+    out: object
+
+
+def _squeeze(graph: Graph, var, call) -> CodeSqueeze | None:
+    """The mean or gate bound to ``var`` as a :class:`CodeSqueeze`, or None."""
+    shape = ints(var.ty.shape) if isinstance(var.ty, relax.TensorType) and var.ty.ndim == 4 else None
+    if shape is None:
+        return None
+    if op_name(call) == "relax.mean":
+        axes = sorted(int(a) % 4 for a in call.attrs.axis) if call.attrs.axis is not None else []
+        if axes != [2, 3] or not call.attrs.keepdims:
+            return None
+        data, gate = call.args[0], None
+    elif op_name(call) == "relax.multiply":
+        small = [a for a in call.args if ints(a.ty.shape) == shape[:2] + [1, 1]]
+        if len(small) != 1 or shape[2:] == [1, 1] or not all(ints(a.ty.shape) in (shape, shape[:2] + [1, 1])
+                                                             for a in call.args):
+            return None
+        gate = small[0]
+        data = call.args[1] if call.args[0].same_as(gate) else call.args[0]
+        if op_name(graph.value(gate)) != "relax.dequantize":
+            return None
+    else:
+        return None
+    codes, params = codes_of(graph, data, "the input")
+    end, quantize = graph.next_binding(var, op_name(call))
+    if op_name(quantize) != "relax.quantize" or not quantize.args[0].same_as(var) or params.dtype != "uint8":
+        return None
+    out = qparams(quantize, str(quantize.attrs.out_dtype), "the quantize")
+    return CodeSqueeze(codes, params, gate, end, out) if out.dtype == "uint8" else None
+
+
+def code_squeezes(graph: Graph, func: relax.Function) -> list[CodeSqueeze]:
+    """Every spatial mean (axes 2 and 3, kept) and channel gate of uint8 codes quantized to uint8 in ``main``."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            try:
+                squeeze = _squeeze(graph, binding.var, binding.value)
+            except Refused:
+                continue
+            if squeeze is not None:
+                found.append(squeeze)
+    return found
 
 
 def code_pools(graph: Graph, func: relax.Function) -> list[CodePool]:

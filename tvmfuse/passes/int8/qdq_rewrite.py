@@ -6,7 +6,8 @@ data; the chain's original var (the model's ``quantize``) is then bound to their
 elimination drops unless an op outside the chains (a float residual add, a pool, a model output) reads it.
 A kernel that repacks its input (conv2d) reads whatever layout its producer wrote; the others read NCHW16c,
 transformed once where the producer is NCHW. A residual is read in its kernel's output layout. A max-pool of
-codes (:mod:`.qdq_after`) pools NCHW16c codes where its input has them.
+codes (:mod:`.qdq_after`) pools NCHW16c codes where its input has them, and so do the means and channel
+gates of codes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tvm import relax
 
 from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT
 
+from tvmfuse.schedules.computes import int8_se
 from tvmfuse.schedules.computes.blocked import pool2d
 
 from .kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
@@ -54,7 +56,8 @@ class Rewrite(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None, weights: str = "",
                  pools: dict | None = None):
         """``layouts``: :func:`choose_layouts`'s; None keeps every kernel NCHW. ``weights``: the target's weight
-        packing (``make_int8_kernel``'s). ``pools``: the max-pools of codes, by the var of their quantize."""
+        packing (``make_int8_kernel``'s). ``pools``: the max-pools, means and gates of codes
+        (:mod:`.qdq_after`), by the var of their quantize."""
         super().__init__(mod)
         self.chains, self.layouts, self.weights, self.pools = chains, layouts, weights, pools or {}
         self.blocked: dict = {}  # var -> its codes in NCHW16c
@@ -105,10 +108,33 @@ class Rewrite(relax.PyExprMutator):
         plain = relayout(self.builder_, blocked, binding.var.ty.shape, "NCHW")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))
 
+    def _squeeze(self, binding, found) -> None:
+        """Bind the quantize var of a spatial mean or channel gate of codes to its kernel on the input's codes
+        (:mod:`tvmfuse.schedules.computes.int8_se`), in their layout."""
+        codes = self._codes(found.data, None if self.layouts is not None else "NCHW")
+        shape = [int(d) for d in codes.ty.shape]
+        x, out = found.params, found.out
+        ratio = float(x.scale) / float(out.scale)
+        if found.gate is None:
+            kernel, name = int8_se.mean_kernel(shape, int(x.zero_point), ratio, int(out.zero_point)), "mean_codes"
+            args, out_shape = [codes], shape[:2] + [1, 1] + shape[4:]
+        else:
+            kernel = int8_se.gate_kernel(shape, int(found.gate.ty.shape[1]), int(x.zero_point), ratio,
+                                         int(out.zero_point))
+            name, args, out_shape = "gate_codes", [codes, self.visit_expr(found.gate)], shape
+        call = relax.call_tir(add_kernel(self.builder_, kernel, name), args, relax.TensorType(out_shape, "uint8"))
+        if len(out_shape) == 4:
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
+            return
+        self.blocked[binding.var] = blocked = emit_like(self.builder_, call, binding.var, "_nchw16c")
+        plain = relayout(self.builder_, blocked, binding.var.ty.shape, "NCHW")
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))
+
     def visit_var_binding_(self, binding):
         chain = self.chains.get(binding.var)
         if chain is None and binding.var in self.pools:
-            self._pool(binding, self.pools[binding.var])
+            found = self.pools[binding.var]
+            (self._pool if hasattr(found, "pool") else self._squeeze)(binding, found)
             return
         if chain is None:
             super().visit_var_binding_(binding)
