@@ -67,15 +67,15 @@ class _Graph:
         self.value[name] = _dequantize(codes, scale, zero_point)
         return name
 
-    def conv(self, x: str, out: tuple[str, str], name: str, k: int = 3, **qdq) -> str:
-        """A quantized conv of ``x`` (dequantized codes), quantized to ``out``."""
-        w = self.rng.integers(-64, 65, (CHANNELS, CHANNELS, k, k)).astype(np.int8)
-        ws = (0.01 * (1 + self.rng.random(CHANNELS))).astype(np.float32)
-        bias = self.rng.integers(-2000, 2000, CHANNELS).astype(np.int32)
+    def conv(self, x: str, out: tuple[str, str], name: str, k: int = 3, channels: int = CHANNELS, **qdq) -> str:
+        """A quantized conv of ``x`` (dequantized codes) to ``channels``, quantized to ``out``."""
         codes, x_scale, x_zero = self.quantized[x]
-        self.inits += [_init(w, name + "_w"), _init(ws, name + "_ws"), _init(np.zeros(CHANNELS, np.int8), name + "_wz"),
+        w = self.rng.integers(-64, 65, (channels, codes.shape[1], k, k)).astype(np.int8)
+        ws = (0.01 * (1 + self.rng.random(channels))).astype(np.float32)
+        bias = self.rng.integers(-2000, 2000, channels).astype(np.int32)
+        self.inits += [_init(w, name + "_w"), _init(ws, name + "_ws"), _init(np.zeros(channels, np.int8), name + "_wz"),
                        _init(bias, name + "_b"), _init((np.float32(x_scale) * ws).astype(np.float32), name + "_bs"),
-                       _init(np.zeros(CHANNELS, np.int32), name + "_bz")]
+                       _init(np.zeros(channels, np.int32), name + "_bz")]
         self.nodes += [helper.make_node("DequantizeLinear", [name + "_w", name + "_ws", name + "_wz"], [name + "_wd"],
                                         axis=0),
                        helper.make_node("DequantizeLinear", [name + "_b", name + "_bs", name + "_bz"], [name + "_bd"],
@@ -111,6 +111,11 @@ class _Graph:
     def mean(self, x: str, name: str) -> str:
         self.nodes.append(helper.make_node("GlobalAveragePool", [x], [name]))
         self.value[name] = self.value[x].mean(axis=(2, 3), keepdims=True, dtype=np.float32)
+        return name
+
+    def concat(self, parts: list, name: str) -> str:
+        self.nodes.append(helper.make_node("Concat", parts, [name], axis=1))
+        self.value[name] = np.concatenate([self.value[p] for p in parts], axis=1)
         return name
 
     def mul(self, a: str, b: str, name: str) -> str:
@@ -221,3 +226,27 @@ def test_a_squeeze_and_excitation_block_runs_on_codes():
     assert any(n.startswith("mean_codes") for n in names) and any(n.startswith("gate_codes") for n in names)
     # the kernels round halves up (int8_se), QuantizeLinear to even; the mean sums exactly, then scales once
     assert to_ref <= 1 and to_ort <= 1
+
+
+def _concat_model(channels: int) -> tuple:
+    """Two quantized convs to ``channels`` each (one in the concat's own parameters, one not) -> Concat -> Q -> DQ ->
+    1x1 conv (the second output: the concat's own dequantized codes)."""
+    g = _Graph()
+    x = g.qdq("x", g.params(0.05, 128), "xd")
+    out_params = g.params(0.045, 118)
+    a = g.conv(x, out_params, "a", channels=channels)
+    b = g.conv(x, g.params(0.04, 100), "b", channels=channels)
+    joined = g.qdq(g.concat([a, b], "j"), out_params, "jd")
+    out = g.conv(joined, g.params(0.06, 128), "c", k=1)
+    return g.model([out, joined]), [g.value[out], g.value[joined]]
+
+
+@pytest.mark.parametrize("channels", [16, 8], ids=["whole_blocks", "nchw"])
+def test_a_concat_of_codes_runs_on_codes(channels):
+    cm, to_ref, to_ort = _compare(*_concat_model(channels))
+    assert cm.record.qdq["code_squeezes"] == 1 and cm.record.qdq["int8_kernels"] == 3
+    names = [g.name_hint for g in cm.mod.get_global_vars()]
+    assert any(n.startswith("concat_codes") for n in names), names
+    if channels == 16:  # every input fills its blocks: the codes stay NCHW16c through the concat
+        assert cm.record.qdq["layout_transforms"] == 1  # the concat's own codes, a model output, back to NCHW
+    assert to_ref <= 1 and to_ort <= 1  # halves rounded up where QuantizeLinear rounds them to even

@@ -66,7 +66,7 @@ from ...targets import TargetSpec
 from .kernels import OutputTable, codes_blocked, make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
-from .qdq_after import added_after, code_pools, code_squeezes
+from .qdq_after import added_after, code_concats, code_pools, code_squeezes
 from .qdq_graph import Graph, Refused, codes_of, ints, op_name, qparams
 from .qdq_tables import output_table
 from ..utils import called_ops, const_array
@@ -286,8 +286,8 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
     report : dict, optional
         Receives ``int8_kernels`` (chains replaced) and ``kept_float``: one ``{"anchor", "op", "reason"}``
         per conv2d / matmul reading dequantized tensors that stays float; ``residual_adds``: the residual adds
-        after a chain's quantize computed in its kernel, ``code_pools`` and ``code_squeezes``: the max-pools and
-        the spatial means and channel gates computed on codes (:mod:`.qdq_after`); ``layout_transforms``: uint8
+        after a chain's quantize computed in its kernel, ``code_pools`` and ``code_squeezes``: the max-pools, and
+        the spatial means, channel gates and concats computed on codes (:mod:`.qdq_after`); ``layout_transforms``: uint8
         NCHW <-> NCHW16c transforms left in the module.
     blocked : bool
         Codes NCHW16c between INT8 kernels that have that form (:mod:`.qdq_rewrite`); False: NCHW throughout.
@@ -322,7 +322,8 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
             except Refused as e:
                 kept.append({"anchor": var.name, "op": short_op_name(call.op.name), "reason": str(e)})
         pools = {pool.end: pool for pool in code_pools(graph, func)} if chains else {}
-        squeezes = {squeeze.end: squeeze for squeeze in code_squeezes(graph, func)} if chains else {}
+        squeezes = {found.end: found for found in code_squeezes(graph, func) + code_concats(graph, func)} \
+            if chains else {}
         if report is not None:
             report.update({"int8_kernels": len(chains), "kept_float": kept, "code_pools": len(pools),
                            "code_squeezes": len(squeezes),

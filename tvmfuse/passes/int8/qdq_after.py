@@ -22,7 +22,10 @@ A squeeze-and-excitation block's spatial mean (``DQ -> ReduceMean/GlobalAverageP
 gate (``DQ(x) * DQ(gate) -> Q``, the gate one value per channel) of uint8 codes run as the kernels tvmfuse's
 own quantization uses for them (:mod:`tvmfuse.schedules.computes.int8_se`: the mean's sum exact in int32, one
 float32 multiply each, halves rounded up where QuantizeLinear rounds them to even), NCHW16c where their input
-is: :func:`code_squeezes` finds them.
+is: :func:`code_squeezes` finds them. So does a channel concat of uint8 codes (``DQ(a), DQ(b), ... -> Concat
+-> Q``: an FPN neck's, a CSP block's) as :mod:`tvmfuse.schedules.computes.int8_concat`'s kernel, each input
+requantized to the output's parameters (copied where they are the same), NCHW16c where every input fills whole
+blocks of 16 channels.
 """
 
 from __future__ import annotations
@@ -135,6 +138,50 @@ def code_squeezes(graph: Graph, func: relax.Function) -> list[CodeSqueeze]:
                 continue
             if squeeze is not None:
                 found.append(squeeze)
+    return found
+
+
+@dataclasses.dataclass
+class CodeConcat:
+    """A channel concat of codes: its inputs' codes vars and parameters, the quantize var it replaces and the
+    output parameters."""
+
+    parts: list
+    params: list
+    end: relax.Var
+    out: object
+
+    @property
+    def data(self):
+        return self.parts
+
+
+def _concat(graph: Graph, var, call) -> CodeConcat | None:
+    if op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
+        return None
+    if not isinstance(var.ty, relax.TensorType) or var.ty.ndim != 4 or int(call.attrs.axis) % 4 != 1:
+        return None
+    found = [codes_of(graph, part, "a concat input") for part in call.args[0].fields]
+    end, quantize = graph.next_binding(var, "concat")
+    if op_name(quantize) != "relax.quantize" or not quantize.args[0].same_as(var):
+        return None
+    out = qparams(quantize, str(quantize.attrs.out_dtype), "the quantize")
+    if out.dtype != "uint8" or any(params.dtype != "uint8" for _, params in found):
+        return None
+    return CodeConcat([codes for codes, _ in found], [params for _, params in found], end, out)
+
+
+def code_concats(graph: Graph, func: relax.Function) -> list[CodeConcat]:
+    """Every channel concat of uint8 codes quantized to uint8 in ``main``."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            try:
+                concat = _concat(graph, binding.var, binding.value)
+            except Refused:
+                continue
+            if concat is not None:
+                found.append(concat)
     return found
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvmfuse.schedules.computes.int8 import BLOCKED_LAYOUT
+from tvmfuse.schedules.computes.int8 import BLOCK_O, BLOCKED_LAYOUT
 
-from tvmfuse.schedules.computes import int8_se
+from tvmfuse.schedules.computes import int8_concat, int8_se
 from tvmfuse.schedules.computes.blocked import pool2d
 
+from .qdq_after import CodeConcat, CodePool
 from .kernels import blocked_kernel, data_layout, kernel_out_shape, make_int8_kernel, relayout
 from ..layout import POOL_FAMILY, transform_call
 from ..utils import add_kernel, emit_like
@@ -35,8 +36,8 @@ def choose_layouts(chains: dict, pools: dict | None = None) -> dict:
     blockable = {end for end, chain in chains.items() if blocked_kernel(chain.part)}
     read_blocked = {chain.data for end, chain in chains.items() if end in blockable}
     for end in reversed(list(pools)):  # a pool's reader wants its input blocked too (pools in binding order)
-        if end in read_blocked:
-            read_blocked.add(pools[end].data)
+        if end in read_blocked and _blocked_inputs(pools[end]):
+            read_blocked.update(_inputs(pools[end]))
     layouts = {end: BLOCKED_LAYOUT if end in blockable and end in read_blocked else "NCHW" for end in chains}
     changed = True
     while changed:  # a residual is read in its reader's output layout
@@ -46,6 +47,16 @@ def choose_layouts(chains: dict, pools: dict | None = None) -> dict:
             if layouts[end] != "NCHW" and r in blockable and layouts[r] == "NCHW":
                 layouts[r], changed = BLOCKED_LAYOUT, True
     return layouts
+
+
+def _inputs(found) -> list:
+    """The codes vars an op on codes (:mod:`.qdq_after`) reads."""
+    return list(found.data) if isinstance(found, CodeConcat) else [found.data]
+
+
+def _blocked_inputs(found) -> bool:
+    """Whether an op on codes can read NCHW16c: a concat only where every input fills whole blocks."""
+    return not isinstance(found, CodeConcat) or all(int(p.ty.shape[1]) % BLOCK_O == 0 for p in found.parts)
 
 
 @relax.expr_functor.mutator
@@ -101,9 +112,29 @@ class Rewrite(relax.PyExprMutator):
             return
         n, _, h, w = (int(d) for d in binding.var.ty.shape)
         out_shape = [n, int(codes.ty.shape[1]), h, w, int(codes.ty.shape[4])]
-        call = transform_call(self.builder_, lambda t: pool2d(t, "max", a.pool_size, a.strides, a.padding,
-                                                              a.dilation, a.ceil_mode),
-                              codes, out_shape, family=POOL_FAMILY, name="max_pool2d_codes")
+        self._emit_codes(binding, transform_call(self.builder_, lambda t: pool2d(
+            t, "max", a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode), codes, out_shape,
+            family=POOL_FAMILY, name="max_pool2d_codes"), out_shape)
+
+    def _concat(self, binding, found) -> None:
+        """Bind the quantize var of a channel concat of codes to the concat kernel on its inputs' codes: NCHW16c
+        ones where every input fills whole blocks and the codes are blocked, else NCHW."""
+        layout = BLOCKED_LAYOUT if self.layouts is not None and _blocked_inputs(found) else "NCHW"
+        codes = [self._codes(part, layout) for part in found.parts]
+        shapes = [[int(d) for d in c.ty.shape] for c in codes]
+        params = [(int(p.zero_point), float(p.scale) / float(found.out.scale)) for p in found.params]
+        kernel = int8_concat.concat_kernel(shapes, params, int(found.out.zero_point))
+        out_shape = [shapes[0][0], sum(s[1] for s in shapes)] + shapes[0][2:]
+        self._emit_codes(binding, relax.call_tir(add_kernel(self.builder_, kernel, "concat_codes"), codes,
+                                                 relax.TensorType(out_shape, "uint8")), out_shape)
+
+    def _emit_codes(self, binding, call, out_shape: list) -> None:
+        """Bind ``binding.var`` to ``call``'s codes (of ``out_shape``): directly when NCHW; NCHW16c ones kept for
+        the readers that take them, the var bound to their ``to_plain`` (dead-code elimination drops it where none
+        reads it)."""
+        if len(out_shape) == 4:
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
+            return
         self.blocked[binding.var] = blocked = emit_like(self.builder_, call, binding.var, "_nchw16c")
         plain = relayout(self.builder_, blocked, binding.var.ty.shape, "NCHW")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))
@@ -122,19 +153,15 @@ class Rewrite(relax.PyExprMutator):
             kernel = int8_se.gate_kernel(shape, int(found.gate.ty.shape[1]), int(x.zero_point), ratio,
                                          int(out.zero_point))
             name, args, out_shape = "gate_codes", [codes, self.visit_expr(found.gate)], shape
-        call = relax.call_tir(add_kernel(self.builder_, kernel, name), args, relax.TensorType(out_shape, "uint8"))
-        if len(out_shape) == 4:
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
-            return
-        self.blocked[binding.var] = blocked = emit_like(self.builder_, call, binding.var, "_nchw16c")
-        plain = relayout(self.builder_, blocked, binding.var.ty.shape, "NCHW")
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(plain)))
+        self._emit_codes(binding, relax.call_tir(add_kernel(self.builder_, kernel, name), args,
+                                                 relax.TensorType(out_shape, "uint8")), out_shape)
 
     def visit_var_binding_(self, binding):
         chain = self.chains.get(binding.var)
         if chain is None and binding.var in self.pools:
             found = self.pools[binding.var]
-            (self._pool if hasattr(found, "pool") else self._squeeze)(binding, found)
+            visit = {CodePool: self._pool, CodeConcat: self._concat}.get(type(found), self._squeeze)
+            visit(binding, found)
             return
         if chain is None:
             super().visit_var_binding_(binding)
