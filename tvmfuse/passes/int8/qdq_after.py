@@ -127,18 +127,24 @@ def _squeeze(graph: Graph, var, call) -> CodeSqueeze | None:
     return CodeSqueeze(codes, params, gate, end, out) if out.dtype == "uint8" else None
 
 
-def code_squeezes(graph: Graph, func: relax.Function) -> list[CodeSqueeze]:
-    """Every spatial mean (axes 2 and 3, kept) and channel gate of uint8 codes quantized to uint8 in ``main``."""
+def _matches(graph: Graph, func: relax.Function, match) -> list:
+    """``match(graph, var, value)`` of every binding of ``main`` where it finds something (not None, not
+    Refused)."""
     found = []
     for block in func.body.blocks:
         for binding in block.bindings:
             try:
-                squeeze = _squeeze(graph, binding.var, binding.value)
+                value = match(graph, binding.var, binding.value)
             except Refused:
                 continue
-            if squeeze is not None:
-                found.append(squeeze)
+            if value is not None:
+                found.append(value)
     return found
+
+
+def code_squeezes(graph: Graph, func: relax.Function) -> list[CodeSqueeze]:
+    """Every spatial mean (axes 2 and 3, kept) and channel gate of uint8 codes quantized to uint8 in ``main``."""
+    return _matches(graph, func, _squeeze)
 
 
 @dataclasses.dataclass
@@ -173,33 +179,21 @@ def _concat(graph: Graph, var, call) -> CodeConcat | None:
 
 def code_concats(graph: Graph, func: relax.Function) -> list[CodeConcat]:
     """Every channel concat of uint8 codes quantized to uint8 in ``main``."""
-    found = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            try:
-                concat = _concat(graph, binding.var, binding.value)
-            except Refused:
-                continue
-            if concat is not None:
-                found.append(concat)
-    return found
+    return _matches(graph, func, _concat)
+
+
+def _pool(graph: Graph, var, pool) -> CodePool | None:
+    if op_name(pool) != "relax.nn.max_pool2d" or (str(pool.attrs.layout), str(pool.attrs.out_layout)) != ("NCHW",
+                                                                                                        "NCHW"):
+        return None
+    data, params = codes_of(graph, pool.args[0], "the pool's input")
+    end, call = graph.next_binding(var, "max_pool2d")
+    if op_name(call) == "relax.quantize" and call.args[0].same_as(var) \
+            and qparams(call, str(call.attrs.out_dtype), "the pool's quantize") == params:
+        return CodePool(data, pool, end)
+    return None
 
 
 def code_pools(graph: Graph, func: relax.Function) -> list[CodePool]:
     """Every ``DQ(codes) -> max_pool2d (NCHW) -> Q`` of ``main`` whose quantize has the dequantize's parameters."""
-    found = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            pool = binding.value
-            if op_name(pool) != "relax.nn.max_pool2d" or str(pool.attrs.layout) != "NCHW" \
-                    or str(pool.attrs.out_layout) != "NCHW":
-                continue
-            try:
-                data, params = codes_of(graph, pool.args[0], "the pool's input")
-                var, call = graph.next_binding(binding.var, "max_pool2d")
-                if op_name(call) == "relax.quantize" and call.args[0].same_as(binding.var) \
-                        and qparams(call, str(call.attrs.out_dtype), "the pool's quantize") == params:
-                    found.append(CodePool(data, pool, var))
-            except Refused:
-                continue
-    return found
+    return _matches(graph, func, _pool)
