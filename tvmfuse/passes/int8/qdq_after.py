@@ -183,8 +183,9 @@ def code_concats(graph: Graph, func: relax.Function) -> list[CodeConcat]:
 
 
 def _pool(graph: Graph, var, pool) -> CodePool | None:
-    if op_name(pool) != "relax.nn.max_pool2d" or (str(pool.attrs.layout), str(pool.attrs.out_layout)) != ("NCHW",
-                                                                                                        "NCHW"):
+    if op_name(pool) != "relax.nn.max_pool2d" or str(pool.attrs.layout) != "NCHW":
+        return None
+    if str(pool.attrs.out_layout) != "NCHW":
         return None
     data, params = codes_of(graph, pool.args[0], "the pool's input")
     end, call = graph.next_binding(var, "max_pool2d")
