@@ -66,7 +66,7 @@ from ...targets import TargetSpec
 from .kernels import OutputTable, codes_blocked, make_int8_kernel, weight_packing
 from .match import Int8Partition, QuantizedWeight, clip_bounds, per_channel, short_op_name
 from .qdq_rewrite import SHIFT, Rewrite, choose_layouts
-from .qdq_after import added_after, code_concats, code_pools, code_squeezes
+from .qdq_after import CodePool, added_after, ops_on_codes
 from .qdq_graph import Graph, Refused, codes_of, ints, op_name, qparams
 from .qdq_tables import output_table
 from ..utils import called_ops, const_array
@@ -203,10 +203,10 @@ def _walk(graph: Graph, anchor_var, anchor_name: str) -> tuple[_Epilogue, relax.
         prev = var
 
 
-def _match(graph: Graph, anchor_var, anchor, weights: str = "", fold: bool = True) -> _Chain:
+def _match(graph: Graph, anchor_var, anchor, weights: str = "", taken=()) -> _Chain:
     """The chain starting at ``anchor`` as an INT8 kernel (its weight packed as ``weights``, the target's
-    ``weight_packing``), or Refused. ``fold``: a residual add after the chain's quantize goes into the kernel
-    (:func:`.qdq_after.added_after`)."""
+    ``weight_packing``), or Refused. A residual add after the chain's quantize goes into the kernel
+    (:func:`.qdq_after.added_after`) unless its quantize is in ``taken`` (the other operand's chain has it)."""
     kind = short_op_name(anchor.op.name)
     family, why = families.int8_family(anchor)
     if family is None:
@@ -216,7 +216,9 @@ def _match(graph: Graph, anchor_var, anchor, weights: str = "", fold: bool = Tru
     weight = _weight(graph, anchor.args[1], family)
     found, end, quantize = _walk(graph, anchor_var, kind)
     out = qparams(quantize, str(quantize.attrs.out_dtype), "the output quantize")
-    added = added_after(graph, end, out, kind) if fold and found.residual is None else None
+    added = added_after(graph, end, out, kind) if found.residual is None else None
+    if added is not None and added.end in taken:
+        added = None
     if added is not None:
         end, out, found.residual, found.ops = (added.end, qparams(added.quantize, str(added.quantize.attrs.out_dtype),
                                                "the sum's quantize"), added.residual, found.ops + added.ops)
@@ -315,18 +317,15 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
             try:
                 if not int8_kernels:
                     raise Refused(f"target {spec.name} has no INT8 kernels (backend {spec.backend_name})")
-                chain = _match(graph, var, call, weights)
-                if chain.end in chains:  # the other operand's chain took the residual add already
-                    chain = _match(graph, var, call, weights, fold=False)
+                chain = _match(graph, var, call, weights, taken=chains)
                 chains[chain.end] = chain
             except Refused as e:
                 kept.append({"anchor": var.name, "op": short_op_name(call.op.name), "reason": str(e)})
-        pools = {pool.end: pool for pool in code_pools(graph, func)} if chains else {}
-        squeezes = {found.end: found for found in code_squeezes(graph, func) + code_concats(graph, func)} \
-            if chains else {}
+        on_codes = ops_on_codes(graph, func) if chains else {}
         if report is not None:
-            report.update({"int8_kernels": len(chains), "kept_float": kept, "code_pools": len(pools),
-                           "code_squeezes": len(squeezes),
+            pools = sum(isinstance(op, CodePool) for op in on_codes.values())
+            report.update({"int8_kernels": len(chains), "kept_float": kept, "code_pools": pools,
+                           "code_squeezes": len(on_codes) - pools,
                            "residual_adds": sum(chain.part.added is not None for chain in chains.values())})
         if kept:
             reasons = "; ".join(f"{k['op']} {k['anchor']}: {k['reason']}" for k in kept[:3])
@@ -335,8 +334,6 @@ def FuseQDQ(spec: TargetSpec | None = None, report: dict | None = None,  # noqa:
                           f"(simulated with quantize/dequantize, slower): {reasons}{more}", QDQWarning, stacklevel=2)
         if not chains:
             return mod
-        on_codes = {**pools, **squeezes}  # in binding order: choose_layouts walks them back to front
-        on_codes = {var: on_codes[var] for var in graph.bound if var in on_codes}
         layouts = choose_layouts(chains, on_codes) if codes_blocked(spec, blocked) else None
         rewrite = Rewrite(mod, chains, layouts, weights, on_codes)
         rewrite.builder_.update_func(mod.get_global_var("main"), rewrite.visit_expr(func))

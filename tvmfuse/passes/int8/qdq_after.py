@@ -15,14 +15,14 @@ anything else, so nothing is lost; ONNX Runtime itself runs the same add as a QL
 
 A max-pool between two quantizes with the same parameters (``DQ -> MaxPool -> Q``, the quantizer gives both
 sides one scale) is a max-pool of the codes, the same integers (dequantizing is increasing, and the padding's
--inf is the codes' minimum): :func:`code_pools` finds them, and the rewrite pools the codes, NCHW16c where
+-inf is the codes' minimum): :func:`ops_on_codes` finds them, and the rewrite pools the codes, NCHW16c where
 its input is.
 
 A squeeze-and-excitation block's spatial mean (``DQ -> ReduceMean/GlobalAveragePool -> Q``) and its channel
 gate (``DQ(x) * DQ(gate) -> Q``, the gate one value per channel) of uint8 codes run as the kernels tvmfuse's
 own quantization uses for them (:mod:`tvmfuse.schedules.computes.int8_se`: the mean's sum exact in int32, one
 float32 multiply each, halves rounded up where QuantizeLinear rounds them to even), NCHW16c where their input
-is: :func:`code_squeezes` finds them. So does a channel concat of uint8 codes (``DQ(a), DQ(b), ... -> Concat
+is: :func:`ops_on_codes` finds them too. So does a channel concat of uint8 codes (``DQ(a), DQ(b), ... -> Concat
 -> Q``: an FPN neck's, a CSP block's) as :mod:`tvmfuse.schedules.computes.int8_concat`'s kernel, each input
 requantized to the output's parameters (copied where they are the same), NCHW16c where every input fills whole
 blocks of 16 channels.
@@ -85,6 +85,10 @@ class CodePool:
     pool: relax.Call
     end: relax.Var
 
+    @property
+    def inputs(self) -> list:
+        return [self.data]
+
 
 @dataclasses.dataclass
 class CodeSqueeze:
@@ -96,6 +100,10 @@ class CodeSqueeze:
     gate: object
     end: relax.Var
     out: object
+
+    @property
+    def inputs(self) -> list:
+        return [self.data]
 
 
 def _squeeze(graph: Graph, var, call) -> CodeSqueeze | None:
@@ -127,26 +135,6 @@ def _squeeze(graph: Graph, var, call) -> CodeSqueeze | None:
     return CodeSqueeze(codes, params, gate, end, out) if out.dtype == "uint8" else None
 
 
-def _matches(graph: Graph, func: relax.Function, match) -> list:
-    """``match(graph, var, value)`` of every binding of ``main`` where it finds something (not None, not
-    Refused)."""
-    found = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            try:
-                value = match(graph, binding.var, binding.value)
-            except Refused:
-                continue
-            if value is not None:
-                found.append(value)
-    return found
-
-
-def code_squeezes(graph: Graph, func: relax.Function) -> list[CodeSqueeze]:
-    """Every spatial mean (axes 2 and 3, kept) and channel gate of uint8 codes quantized to uint8 in ``main``."""
-    return _matches(graph, func, _squeeze)
-
-
 @dataclasses.dataclass
 class CodeConcat:
     """A channel concat of codes: its inputs' codes vars and parameters, the quantize var it replaces and the
@@ -158,8 +146,8 @@ class CodeConcat:
     out: object
 
     @property
-    def data(self):
-        return self.parts
+    def inputs(self) -> list:
+        return list(self.parts)
 
 
 def _concat(graph: Graph, var, call) -> CodeConcat | None:
@@ -177,11 +165,6 @@ def _concat(graph: Graph, var, call) -> CodeConcat | None:
     return CodeConcat([codes for codes, _ in found], [params for _, params in found], end, out)
 
 
-def code_concats(graph: Graph, func: relax.Function) -> list[CodeConcat]:
-    """Every channel concat of uint8 codes quantized to uint8 in ``main``."""
-    return _matches(graph, func, _concat)
-
-
 def _pool(graph: Graph, var, pool) -> CodePool | None:
     if op_name(pool) != "relax.nn.max_pool2d" or str(pool.attrs.layout) != "NCHW":
         return None
@@ -195,6 +178,20 @@ def _pool(graph: Graph, var, pool) -> CodePool | None:
     return None
 
 
-def code_pools(graph: Graph, func: relax.Function) -> list[CodePool]:
-    """Every ``DQ(codes) -> max_pool2d (NCHW) -> Q`` of ``main`` whose quantize has the dequantize's parameters."""
-    return _matches(graph, func, _pool)
+def ops_on_codes(graph: Graph, func: relax.Function) -> dict:
+    """The ops of ``main`` that can run on codes, in binding order, by the var of the quantize each replaces:
+    every ``DQ(codes) -> max_pool2d (NCHW) -> Q`` whose quantize has the dequantize's parameters
+    (:class:`CodePool`), spatial mean (axes 2 and 3, kept) and channel gate (:class:`CodeSqueeze`) and channel
+    concat (:class:`CodeConcat`) of uint8 codes quantized to uint8."""
+    found = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for match in (_pool, _squeeze, _concat):
+                try:
+                    op = match(graph, binding.var, binding.value)
+                except Refused:
+                    continue
+                if op is not None:
+                    found[op.end] = op
+                    break
+    return found

@@ -28,16 +28,16 @@ from ..utils import add_kernel, emit_like
 SHIFT = 128  # int8 code + 128 = the uint8 code of the same value, with zero point + 128
 
 
-def choose_layouts(chains: dict, pools: dict | None = None) -> dict:
+def choose_layouts(chains: dict, on_codes: dict | None = None) -> dict:
     """Chain end var -> its output layout: NCHW16c where a chain with an NCHW16c kernel reads it as data,
-    directly or through max-pools of codes (``pools``: end var -> :class:`.qdq_after.CodePool`), or as the
-    residual of a chain that writes NCHW16c."""
-    pools = pools or {}
+    directly or through ops on codes (``on_codes``: :func:`.qdq_after.ops_on_codes`'s, in binding order), or as
+    the residual of a chain that writes NCHW16c."""
+    on_codes = on_codes or {}
     blockable = {end for end, chain in chains.items() if blocked_kernel(chain.part)}
     read_blocked = {chain.data for end, chain in chains.items() if end in blockable}
-    for end in reversed(list(pools)):  # a pool's reader wants its input blocked too (pools in binding order)
-        if end in read_blocked and _blocked_inputs(pools[end]):
-            read_blocked.update(_inputs(pools[end]))
+    for end in reversed(list(on_codes)):  # an op's blocked reader wants the op's inputs blocked too
+        if end in read_blocked and _blocked_inputs(on_codes[end]):
+            read_blocked.update(on_codes[end].inputs)
     layouts = {end: BLOCKED_LAYOUT if end in blockable and end in read_blocked else "NCHW" for end in chains}
     changed = True
     while changed:  # a residual is read in its reader's output layout
@@ -47,11 +47,6 @@ def choose_layouts(chains: dict, pools: dict | None = None) -> dict:
             if layouts[end] != "NCHW" and r in blockable and layouts[r] == "NCHW":
                 layouts[r], changed = BLOCKED_LAYOUT, True
     return layouts
-
-
-def _inputs(found) -> list:
-    """The codes vars an op on codes (:mod:`.qdq_after`) reads."""
-    return list(found.data) if isinstance(found, CodeConcat) else [found.data]
 
 
 def _blocked_inputs(found) -> bool:
@@ -65,12 +60,12 @@ class Rewrite(relax.PyExprMutator):
     float chain is left dead for DCE."""
 
     def __init__(self, mod: tvm.IRModule, chains: dict, layouts: dict | None, weights: str = "",
-                 pools: dict | None = None):
+                 on_codes: dict | None = None):
         """``layouts``: :func:`choose_layouts`'s; None keeps every kernel NCHW. ``weights``: the target's weight
-        packing (``make_int8_kernel``'s). ``pools``: the max-pools, means and gates of codes
-        (:mod:`.qdq_after`), by the var of their quantize."""
+        packing (``make_int8_kernel``'s). ``on_codes``: the max-pools, means, gates and concats of codes
+        (:func:`.qdq_after.ops_on_codes`), by the var of their quantize."""
         super().__init__(mod)
-        self.chains, self.layouts, self.weights, self.pools = chains, layouts, weights, pools or {}
+        self.chains, self.layouts, self.weights, self.on_codes = chains, layouts, weights, on_codes or {}
         self.blocked: dict = {}  # var -> its codes in NCHW16c
         self.shifted: dict = {}
 
@@ -107,8 +102,7 @@ class Rewrite(relax.PyExprMutator):
         pool, a = found.pool, found.pool.attrs
         codes = self._codes(found.data, None if self.layouts is not None else "NCHW")
         if len(codes.ty.shape) == 4:
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(
-                relax.Call(pool.op, [codes], a))))
+            self._emit_codes(binding, relax.Call(pool.op, [codes], a), [int(d) for d in binding.var.ty.shape])
             return
         n, _, h, w = (int(d) for d in binding.var.ty.shape)
         out_shape = [n, int(codes.ty.shape[1]), h, w, int(codes.ty.shape[4])]
@@ -158,8 +152,8 @@ class Rewrite(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding):
         chain = self.chains.get(binding.var)
-        if chain is None and binding.var in self.pools:
-            found = self.pools[binding.var]
+        if chain is None and binding.var in self.on_codes:
+            found = self.on_codes[binding.var]
             visit = {CodePool: self._pool, CodeConcat: self._concat}.get(type(found), self._squeeze)
             visit(binding, found)
             return
