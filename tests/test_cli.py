@@ -118,6 +118,13 @@ def test_a_library_this_machine_cannot_run_is_said_at_compile_time(tmp_path):
     assert len(warning) == 1 and warning[0].startswith("tvmfuse compile: warning: target x86-avx512 uses CPU "
                                                        "features this machine lacks (avx512")
     assert "will not run here" in warning[0] and "UserWarning" not in done.stderr
+    # said of the library written: a compile that fails after it ends in its one error line
+    (tmp_path / "logs" / "x86-avx512" / "database_tuning_record.json").mkdir(parents=True)
+    failed = subprocess.run([sys.executable, "-m", "tvmfuse", "compile", "zoo:tiny_convnet", "--target", "x86-avx512",
+                             "--logs", str(tmp_path / "logs"), "-o", str(tmp_path / "n.so"), "-q"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert failed.returncode == 2 and failed.stderr.splitlines() == [
+        f"tvmfuse compile: error: tuning logs: {tmp_path}/logs/x86-avx512/database_tuning_record.json is not a file"]
 
 
 def test_timing_summary_percentiles_and_spread():

@@ -175,7 +175,7 @@ def _build_target(target, layout: str) -> targets.TargetSpec:
         raise InputError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     warning = spec.backend().build_warning()
     if warning:
-        warnings.warn(warning, stacklevel=4)  # the caller of compile / quantize (past quiet_tvm_warnings' frame)
+        warnings.warn(warning, targets.ForeignTargetWarning, stacklevel=4)  # the caller of compile / quantize (past quiet_tvm_warnings' frame)
     return spec
 
 

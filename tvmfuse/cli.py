@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import INTERFACE, InputError, TvmfuseError
+from .targets import ForeignTargetWarning
 from .heap import build_heap
 from .tensors import numpy_file_kind, parse_shape
 
@@ -315,13 +316,18 @@ WIDE_SPREAD = 0.25
 
 
 @contextlib.contextmanager
-def _in_the_clis_words(command: str):
+def _in_the_clis_words(command: str, held: list):
     """While a command runs: errors name flags, not keyword arguments (``errors.INTERFACE``), and warnings (a
     target this machine cannot run, skipped tuning-log lines, ...) are one line in the CLI's words, not Python's
-    ``file:line: UserWarning:`` form with its source line. Both are put back after, for a caller of :func:`main`
-    that goes on in Python."""
+    ``file:line: UserWarning:`` form with its source line. A library that will not run here is said of the
+    library written: that warning waits in ``held`` for the command to succeed, so that an error stays one
+    line. Both are put back after, for a caller of :func:`main` that goes on in Python."""
     def show(message, category, filename, lineno, file=None, line=None):
-        print(f"tvmfuse {command}: warning: {message}", file=sys.stderr if file is None else file)
+        line = f"tvmfuse {command}: warning: {message}"
+        if issubclass(category, ForeignTargetWarning):
+            held.append(line)
+        else:
+            print(line, file=sys.stderr if file is None else file)
 
     token, saved = INTERFACE.set("cli"), warnings.showwarning
     warnings.showwarning = show
@@ -338,15 +344,19 @@ def main(argv: list[str] | None = None) -> int:
     from .cache.cli import flags_applied
 
     heap = build_heap() if args.command in ("compile", "quantize") else contextlib.nullcontext()
-    with _in_the_clis_words(args.command), flags_applied(args), heap:  # compile and export share the heap
+    held: list[str] = []
+    with _in_the_clis_words(args.command, held), flags_applied(args), heap:  # compile and export share the heap
         try:
-            return args.func(args)
+            status = args.func(args)
         except TvmfuseError as e:
             print(f"tvmfuse {args.command}: error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print(f"tvmfuse {args.command}: interrupted", file=sys.stderr)
             return 130
+    for line in dict.fromkeys(held):  # once, after the command's own output
+        print(line, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

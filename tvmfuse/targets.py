@@ -324,6 +324,10 @@ def _is_backend(name: str) -> bool:
     return hasattr(module, "Backend") if module is not None else name in backend_names()
 
 
+class ForeignTargetWarning(UserWarning):
+    """A library is built for CPU features this machine lacks: it will not run here (cross-compiling)."""
+
+
 def missing_host_features(spec: TargetSpec) -> list[str]:
     """CPU features the target's code uses that this host lacks (empty when it can run here, and for a device
     target: LLVM reports no CPU features for it)."""

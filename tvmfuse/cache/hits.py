@@ -130,6 +130,8 @@ def export_answer(store: Store, request: str | None, output):
                          state["precision"], state["tuning_logs"], state["build_info"], state["quantization"],
                          state["pinned"])
     if record["warning"]:
-        warnings.warn(record["warning"], stacklevel=2)
+        from ..targets import ForeignTargetWarning
+
+        warnings.warn(record["warning"], ForeignTargetWarning, stacklevel=2)
     manifest = manifest_of(record["target_fields"], state["inputs"], state["outputs"], state["source"], extra)
     return export_library(library, output, manifest), record, state
