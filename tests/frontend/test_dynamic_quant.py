@@ -25,7 +25,7 @@ import tvmfuse
 from tvmfuse import frontend, zoo
 from tvmfuse.frontend.integer_ops import rewrite_integer_ops
 
-from helpers import HOST, make_model, ort_run
+from helpers import HOST, ORT_U8S8_EXACT, make_model, ort_run
 from helpers.exact_integer import exact, saturating
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -77,15 +77,8 @@ def test_dynamically_quantized_convs_and_matmul_match_onnxruntime(tmp_path, per_
     for x in _inputs():
         want = exact(model, {"x": x})[0]
         np.testing.assert_allclose(_run(compiled, "x", x), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-        if _onnxruntime_is_exact():
+        if ORT_U8S8_EXACT:
             np.testing.assert_allclose(ort_run(model, {"x": x})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
-def _onnxruntime_is_exact() -> bool:
-    """onnxruntime sums u8 x s8 exactly where the CPU (the real one: it reads CPUID) has VNNI."""
-    from tvmfuse import targets
-
-    return bool({"avx512_vnni", "avx_vnni"} & targets._cpuinfo_flags())
 
 
 def test_onnxruntime_without_vnni_saturates_where_tvmfuse_is_exact(tmp_path):

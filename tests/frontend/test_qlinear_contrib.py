@@ -12,11 +12,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tvmfuse
 from tvmfuse import frontend
-from helpers import make_model, ort_run
+from helpers import ORT_U8S8_EXACT, make_model, ort_run
 from helpers.qdq import ort_quantize, output_scale
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(0)
+W_MAX = 127 if ORT_U8S8_EXACT else 63  # weights onnxruntime, the reference here, multiplies exactly
 
 
 def _init(name, value):
@@ -40,7 +41,7 @@ def _cnn():
 
 
 def test_a_cnn_quantized_by_onnxruntime_in_qoperator_format(tmp_path):
-    quantized = ort_quantize(_cnn(), tmp_path, fmt="qoperator", reduce_range=False)
+    quantized = ort_quantize(_cnn(), tmp_path, fmt="qoperator", reduce_range=not ORT_U8S8_EXACT)
     ops = collections.Counter(n.op_type for n in quantized.graph.node if n.domain == MS)
     assert set(ops) == {"QLinearAdd", "QLinearSigmoid", "QLinearMul", "QLinearLeakyRelu", "QLinearAveragePool",
                         "QLinearConcat", "QLinearGlobalAveragePool", "QGemm"}, ops
@@ -90,7 +91,7 @@ def test_qgemm_per_column_weights_with_bias(quantized_output):
     names = ["a", "as", "az", "b", "bs", "bz", "c"] + (["ys", "yz"] if quantized_output else [])
     nodes = [helper.make_node("QGemm", names, ["y"], domain=MS, transB=1, alpha=1.0)]
     inits = [_init("as", np.float32(0.04)), _init("az", np.uint8(128)),
-             _init("b", RNG.integers(-127, 128, (n, k)).astype(np.int8)),
+             _init("b", RNG.integers(-W_MAX, W_MAX + 1, (n, k)).astype(np.int8)),
              _init("bs", RNG.uniform(0.005, 0.02, n).astype(np.float32)), _init("bz", np.zeros(n, np.int8)),
              _init("c", RNG.integers(-2000, 2000, n).astype(np.int32))]
     if quantized_output:
@@ -114,7 +115,8 @@ def test_matmul_integer_to_float():
     want = (a.astype(np.float64) - 120) @ b.astype(np.float64) * (np.float64(a_s) * b_s) + bias
     got = tvmfuse.compile(model, target="x86-host").run({"a": a})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    np.testing.assert_allclose(ort_run(model, {"a": a})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    if ORT_U8S8_EXACT:  # else its pair sums saturate on these 8-bit weights
+        np.testing.assert_allclose(ort_run(model, {"a": a})[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
@@ -133,7 +135,7 @@ def test_dynamic_quantize_lstm(tmp_path, direction, per_channel):
                               [_init("W", w), _init("R", r), _init("B", b)])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9), tmp_path / "f.onnx")
     quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["LSTM"], per_channel=per_channel)
+                     op_types_to_quantize=["LSTM"], per_channel=per_channel, reduce_range=not ORT_U8S8_EXACT)
     quantized = onnx.load(tmp_path / "q.onnx")
     assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
     x = {"x": RNG.standard_normal((steps, 1, inputs)).astype("float32")}

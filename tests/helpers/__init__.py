@@ -47,6 +47,20 @@ def recognizer_head(shape, n: int, rng, bias: bool = True, logits_out: bool = Fa
 HOST = "x86-host"
 
 
+def _ort_u8s8_exact() -> bool:
+    from tvmfuse import targets
+
+    return bool({"avx512_vnni", "avx_vnni"} & targets._cpuinfo_flags())
+
+
+# Whether onnxruntime's uint8 x int8 products (MatMulInteger, QLinearConv, QGemm, ...) are exact on this CPU.
+# Without VNNI its kernels add the products in pairs with vpmaddubsw, which saturates at 16 bits once the
+# weights use the 8-bit range (its quantization guide's reduce_range: 7-bit weights for such CPUs); its
+# answers then differ from the integer result, where tvmfuse's do not. Read from /proc/cpuinfo, not from
+# TVMFUSE_HOST_CPU: onnxruntime reads CPUID. (helpers.exact_integer.saturating computes its answers there.)
+ORT_U8S8_EXACT = _ort_u8s8_exact()
+
+
 def ort_run(model, inputs: dict) -> list[np.ndarray]:
     """Reference outputs from onnxruntime's CPU provider."""
     import onnxruntime as ort
