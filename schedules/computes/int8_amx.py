@@ -111,7 +111,13 @@ def conv2d_compute(data, weight, bias, multiplier, residual=None, *, out_channel
 def conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: int, input_zero_point=0,
                   epilogue: Epilogue = Epilogue(), **conv) -> te.Tensor:
     """The conv2d family's INT8 compute (``families.Int8.compute``'s signature): the tile form for a weight
-    packed by :func:`pack_weight`, :func:`.int8.conv2d_compute` for any other."""
+    packed by :func:`pack_weight`, the Winograd form with ``winograd=True`` (:mod:`.int8_winograd`),
+    :func:`.int8.conv2d_compute` for any other."""
+    if conv.pop("winograd", False):
+        from . import int8_winograd
+
+        return int8_winograd.conv2d_kernel(data, weight, bias, multiplier, residual, channels=channels,
+                                           input_zero_point=input_zero_point, epilogue=epilogue, **conv)
     if not is_amx_weight(weight):
         return _vector_kernel(data, weight, bias, multiplier, residual, channels=channels,
                               input_zero_point=input_zero_point, epilogue=epilogue, **conv)

@@ -34,7 +34,7 @@ from .. import families
 from ..computes import int8
 from ..common import (SERIAL_MACS, accumulate_in_registers, block_names, inline_epilogue, iterations,
                       largest_divisor, read_coefficients, vectorize_tile)
-from . import int8_amx
+from . import int8_amx, int8_winograd
 from .intrin import madd_pairs, maddubs, vnni
 
 ANCHOR, PAD = families.CONV2D.int8.anchor_block, families.CONV2D.int8.pad_block
@@ -169,9 +169,11 @@ def apply(func: tirx.PrimFunc, vector_bits: int, has_vnni: bool, config: Config 
 
 def schedule(sch: s_tir.Schedule, vector_bits: int, has_vnni: bool, config: Config | None = None) -> bool:
     """Apply the rule to ``sch`` in place; False (``sch`` untouched) when it does not match. A kernel of the
-    AMX form (weight in tiles) takes :mod:`.int8_amx`'s rule."""
+    AMX form (weight in tiles) takes :mod:`.int8_amx`'s rule, a Winograd one :mod:`.int8_winograd`'s."""
     if int8_amx.matches(sch):
         return int8_amx.schedule(sch)
+    if int8_winograd.matches(sch):
+        return int8_winograd.schedule(sch, vector_bits)
     names = block_names(sch)
     if ANCHOR not in names or PAD not in names:
         return False

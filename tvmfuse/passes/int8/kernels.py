@@ -19,7 +19,7 @@ import tvm
 from tvm import relax, te
 
 from tvmfuse.schedules import families
-from tvmfuse.schedules.computes import int8, int8_amx, int8_ref
+from tvmfuse.schedules.computes import int8, int8_amx, int8_ref, int8_winograd
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw
 from tvmfuse.schedules.computes.blocked import to_blocked, to_plain
 
@@ -156,6 +156,7 @@ class Int8Constants:
     input_zero_point: int
     kernel_width: int | None = None  # kw of a weight packed by the family's vnni_pack/pairs_pack (rounded up)
     exact_pairs: bool = False  # int8 blocks a target without VNNI takes (:func:`exact_pairs`)
+    winograd: bool = False  # the weight is int8_winograd.pack_weight's: the kernel is the Winograd form
 
 
 def weight_packing(spec) -> str:
@@ -210,9 +211,27 @@ def tiles_pack(family: families.Int8, weight: np.ndarray, weights: str) -> str |
     return None
 
 
+# Whether targets without VNNI run 3x3 stride-1 convs as integer Winograd (int8_winograd): a switch for measuring
+# one form against the other.
+WINOGRAD = True
+
+
+def winograd_candidate(part: Int8Partition, data_shape, out_layout: str, weights: str) -> bool:
+    """Whether the kernel of ``part`` may be :mod:`~tvmfuse.schedules.computes.int8_winograd`'s (its codes are
+    checked later, :func:`int8_constants`): a conv2d on a target without VNNI (``weights == "pairs"``) from
+    NCHW16c codes to NCHW16c codes, 3x3, stride 1, padding 1, wide enough (``int8_winograd.pays``)."""
+    if not (WINOGRAD and weights == "pairs" and families.FAMILIES[part.family] is families.CONV2D
+            and len(data_shape) == 5 and out_layout != "NCHW"):
+        return False
+    weight = part.quantized.codes if part.quantized is not None else part.weight
+    conv = part.conv
+    return int8_winograd.pays(weight.shape[2:], conv.get("strides", [1, 1]), conv.get("dilation", [1, 1]),
+                              conv.get("padding", [0, 0, 0, 0]), int(weight.shape[1]), int(weight.shape[0]))
+
+
 def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
                    residual: QuantParams | None = None, blocked: bool = False, weights: str = "",
-                   weight_bits: int | None = None) -> Int8Constants:
+                   weight_bits: int | None = None, winograd: bool = False) -> Int8Constants:
     """Quantize and pack the weight, quantize and fold the bias, derive multipliers and the epilogue.
 
     ``x`` are the uint8 parameters of the data; ``out`` those of the output, uint8 or int8 (None: float32
@@ -220,7 +239,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     residual). ``blocked``: the weight packed for the family's NCHW16c kernel (``Int8.blocked_pack``).
     ``weights``: the target's :func:`weight_packing` (``Int8.vnni_pack`` or ``pairs_pack`` where
     :func:`taps_pack`; the rest as :func:`packed_weight`). ``weight_bits``: 7 or 8 bits of a float conv or dense
-    weight (None: the target's default, :func:`weight_limit`).
+    weight (None: the target's default, :func:`weight_limit`). ``winograd``: a :func:`winograd_candidate`, packed
+    for the Winograd form where its codes keep every sum within int32 (``int8_winograd.fits``).
 
     Raises
     ------
@@ -244,6 +264,9 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
     width = None
+    if winograd and int8_winograd.fits(wq):
+        return Int8Constants(int8_winograd.pack_weight(wq), folded, multiplier, epilogue(part, out, residual), za,
+                             winograd=True)
     if floats:
         pack = floats
     elif taps := taps_pack(part, blocked, weights):
@@ -328,7 +351,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     blocked = len(data_shape) == 5 or out_layout != "NCHW"
     if blocked and not blocked_kernel(part):
         raise int8.Int8KernelError(f"{part.composite}: the {part.family} INT8 kernel has no {int8.BLOCKED_LAYOUT} form")
-    c = int8_constants(part, x, out, residual, blocked, weights, weight_bits)
+    c = int8_constants(part, x, out, residual, blocked, weights, weight_bits,
+                       winograd_candidate(part, data_shape, out_layout, weights))
     epilogue = dataclasses.replace(c.epilogue, table=True) if table is not None else c.epilogue
     channels = c.bias.shape[0]
     out_shape = kernel_out_shape(part, out_layout)
@@ -347,6 +371,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
         tensors.append(kwargs["table"])
     if c.kernel_width is not None:
         kwargs["kernel_width"] = c.kernel_width
+    if c.winograd:
+        kwargs["winograd"] = True
     res = None
     if part.residual is not None:
         res = te.placeholder(out_shape, residual.dtype, name="residual")
@@ -358,6 +384,8 @@ def make_int8_kernel(part: Int8Partition, data_shape, x: QuantParams, out: Quant
     ops = part.ops + ["requantize" if out is not None else "dequantize"] + (list(table.ops) if table else [])
     described = family.int8.layout if not blocked else \
         f"{'NCHW16c' if len(data_shape) == 5 else 'NCHW'} -> {out_layout}, weight packed for {int8.BLOCKED_LAYOUT}"
+    if c.winograd:
+        described = f"{out_layout} -> {out_layout}, weight transformed for Winograd F(2x2, 3x3)"
     kernel = mark_exact_pairs(int8.prim_func(tensors + [output]), c.exact_pairs).with_attrs({
         "tvmfuse.partition": part.composite, "tvmfuse.family": families.int8_kernel_name(family),
         "tvmfuse.layout": described, "tvmfuse.ops": ",".join(ops), "op_pattern": OPAQUE})
