@@ -4,7 +4,9 @@
 
 Each row is one layer at batch 1: the INT8 kernel (requantize epilogue with relu, u8 output; depthwise relu6)
 against the FP32 kernel tvmfuse compiles for the same Conv+Relu / MatMul+Add+Relu partition (packed weights,
-fused epilogue). Reported: medians and the ratio FP32 / INT8 (above 1: INT8 is faster). The weights are packed
+fused epilogue). Reported: medians and the ratio FP32 / INT8 (above 1: INT8 is faster). On a CPU without VNNI the
+3x3 stride-1 convs are timed as integer Winograd too (what compile runs between NCHW16c INT8 kernels there,
+``int8_winograd``: NCHW16c codes in and out). The weights are packed
 as compile packs them for the target: on a CPU without AVX512-VNNI conv2d and dense take 7-bit codes in int8
 blocks and the vpmaddubsw step (``--full-range``: full-range codes as int16 pairs and the vpmaddwd step, what
 a quantized model's own weights get there); VNNI does 64 multiply-adds per instruction.
@@ -32,8 +34,10 @@ from tvmfuse import targets  # noqa: E402
 from tvmfuse.passes.lower import make_kernel  # noqa: E402
 from tvmfuse.schedules.computes import int8, int8_ref  # noqa: E402
 from tvmfuse.schedules.computes import int8_depthwise as int8_dw  # noqa: E402
+from tvmfuse.schedules.computes import int8_winograd  # noqa: E402
 from tvmfuse.schedules.x86.intrin import vnni  # noqa: E402
 from tvmfuse.schedules.x86 import int8_conv2d, int8_dense, int8_depthwise  # noqa: E402
+from tvmfuse.schedules.x86 import int8_winograd as x86_winograd  # noqa: E402
 
 # (kind, in channels, out channels, size, kernel, stride, pad); dense: (kind, K, N)
 LAYERS = [
@@ -42,6 +46,7 @@ LAYERS = [
     ("conv", 64, 256, 56, 1, 1, 0),
     ("conv", 256, 256, 14, 3, 1, 1),
     ("conv", 512, 512, 7, 3, 1, 1),
+    ("conv", 96, 24, 160, 3, 1, 1),  # en_ppocrv3_det's FPN
     ("depthwise", 144, 144, 56, 3, 1, 1),
     ("depthwise", 192, 192, 28, 3, 2, 1),
     ("dense", 2048, 1000),
@@ -130,6 +135,28 @@ def _int8_kernel(layer, spec, rng, full_range=False):
     return _compile(func, spec), tensors
 
 
+def _winograd_kernel(layer, spec, rng):
+    """The integer Winograd kernel of a 3x3 stride-1 conv (NCHW16c codes in and out) on a target without VNNI,
+    and random arguments; None for any other layer or target."""
+    kind, c, o, size, kern, stride, pad = layer if layer[0] == "conv" else (None,) * 7
+    if spec.backend().int8_weights != "pairs" or not int8_winograd.pays((kern, kern), (stride,) * 2, (1, 1),
+                                                                        (pad,) * 4, c, o):
+        return None
+    x = te.placeholder((1, -(-c // 16), size, size, 16), "uint8", name="x")
+    weight = int8_winograd.pack_weight(_random((o, c, 3, 3), "int8", rng))
+    w = te.placeholder(weight.shape, "int16", name="w")
+    channels = -(-o // 16) * 16
+    b, m = te.placeholder((channels,), "int32", name="b"), te.placeholder((channels,), "float32", name="m")
+    epilogue = int8.Epilogue.make("uint8", 3, 0.05, "relu")
+    out = int8_winograd.conv2d_compute(x, w, b, m, out_channels=o, input_zero_point=3, epilogue=epilogue)
+    sch = tvm.s_tir.Schedule(int8.prim_func([x, w, b, m, out]))
+    assert x86_winograd.schedule(sch, spec.vector_bits())
+    tensors = [_random([int(d) for d in x.shape], "uint8", rng), weight,
+               _random((channels,), "int32", rng), _random((channels,), "float32", rng),
+               np.zeros([int(d) for d in out.shape], "uint8")]
+    return _compile(sch.mod["main"], spec), tensors
+
+
 def _pairs_shape(blocks) -> tuple:
     """The int16 pair form of a 16x4-block weight shape (``int8_ref.to_pairs``)."""
     return tuple(blocks[:-2]) + (2, 16, 2)
@@ -167,10 +194,19 @@ def main(argv=None) -> int:
           f"{spec.vector_bits()}-bit vectors, {'VNNI' if has_vnni else 'no VNNI: ' + ('int16-pair vpmaddwd step' if args.full_range else '7-bit weights, vpmaddubsw step')})")
     rows = []
     for layer in LAYERS:
-        ms = _alternate({"int8": _int8_kernel(layer, spec, rng, args.full_range), "fp32": _fp32_kernel(layer, spec, rng)}, args.repeat)
+        kernels = {"int8": _int8_kernel(layer, spec, rng, args.full_range), "fp32": _fp32_kernel(layer, spec, rng)}
+        winograd = _winograd_kernel(layer, spec, rng)
+        if winograd is not None:
+            kernels["winograd"] = winograd
+        ms = _alternate(kernels, args.repeat)
         int8_ms, fp32_ms = ms["int8"], ms["fp32"]
-        rows.append({"layer": _name(layer), "INT8 ms": f"{int8_ms:.3f}", "FP32 ms": f"{fp32_ms:.3f}",
-                     "FP32 / INT8": f"{fp32_ms / int8_ms:.2f}x", "INT8 GOP/s": f"{_ops(layer) / int8_ms / 1e6:.0f}"})
+        row = {"layer": _name(layer), "INT8 ms": f"{int8_ms:.3f}", "FP32 ms": f"{fp32_ms:.3f}",
+               "FP32 / INT8": f"{fp32_ms / int8_ms:.2f}x", "INT8 GOP/s": f"{_ops(layer) / int8_ms / 1e6:.0f}"}
+        if spec.backend().int8_weights == "pairs":
+            wino_ms = ms.get("winograd")
+            row["INT8 Winograd ms"] = f"{wino_ms:.3f}" if wino_ms else "-"
+            row["FP32 / Winograd"] = f"{fp32_ms / wino_ms:.2f}x" if wino_ms else "-"
+        rows.append(row)
     print(table(rows, list(rows[0])))
     return 0
 
