@@ -5,8 +5,8 @@
 Each row is one layer at batch 1: the INT8 kernel (requantize epilogue with relu, u8 output; depthwise relu6)
 against the FP32 kernel tvmfuse compiles for the same Conv+Relu / MatMul+Add+Relu partition (packed weights,
 fused epilogue). Reported: medians and the ratio FP32 / INT8 (above 1: INT8 is faster). On a CPU without VNNI the
-3x3 stride-1 convs are timed as integer Winograd too (what compile runs between NCHW16c INT8 kernels there,
-``int8_winograd``: NCHW16c codes in and out). The weights are packed
+3x3 stride-1 convs are timed as integer Winograd too (``int8_winograd``, NCHW16c codes in and out: what compile
+runs there between NCHW16c INT8 kernels for 8-bit weights, in place of ``--full-range``'s pair step). The weights are packed
 as compile packs them for the target: on a CPU without AVX512-VNNI conv2d and dense take 7-bit codes in int8
 blocks and the vpmaddubsw step (``--full-range``: full-range codes as int16 pairs and the vpmaddwd step, what
 a quantized model's own weights get there); VNNI does 64 multiply-adds per instruction.

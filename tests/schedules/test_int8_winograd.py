@@ -138,9 +138,11 @@ def test_a_config_that_does_not_divide_is_refused():
 
 
 def test_a_model_quantized_for_a_cpu_without_vnni_runs_its_3x3_convs_as_winograd(tmp_path, monkeypatch):
-    """Quantized for an AVX2 Zen 3 in NCHW16c, the stride-1 3x3 convs between INT8 kernels (16 channels and more)
-    are the Winograd kernel; the first conv (3 channels) and the last (a float32 NCHW output) stay direct. Where
-    this CPU runs AVX2, its outputs equal the direct kernels' bit for bit."""
+    """Quantized for an AVX2 Zen 3 in NCHW16c with 8-bit weights (the direct kernels' int16 pair step), the
+    stride-1 3x3 convs between INT8 kernels (16 channels and more) are the Winograd kernel; the first conv (3
+    channels) and the last (a float32 NCHW output) stay direct, and so does every conv on the 7-bit default
+    (the faster ``vpmaddubsw`` step). Where this CPU runs AVX2, the outputs equal the direct kernels' bit for
+    bit."""
     from onnx import helper
 
     import tvmfuse
@@ -158,13 +160,15 @@ def test_a_model_quantized_for_a_cpu_without_vnni_runs_its_3x3_convs_as_winograd
     znver3, table = {"kind": "llvm", "mcpu": "znver3"}, tmp_path / "t.json"
     calib = random_batches((1, 3, 11, 13), 3, 5)
     wino = tvmfuse.quantize(onnx_model, calib=calib, method="minmax", target=znver3, table=table, layout="blocked",
-                            cache=False)
+                            cache=False, weight_bits=8)
     layouts = [str(f.attrs["tvmfuse.layout"]) for _, f in wino.lowered.functions_items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.layout" in f.attrs]
     assert sum("Winograd" in layout for layout in layouts) == 2, layouts
     assert "vpmaddwd" in wino.kernel_source("asm")
+    seven = tvmfuse.quantize(onnx_model, table=table, target=znver3, layout="blocked", cache=False)
+    assert "winograd_product" not in seven.lowered.script()
     monkeypatch.setattr(kernels, "WINOGRAD", False)
-    direct = tvmfuse.quantize(onnx_model, table=table, target=znver3, layout="blocked", cache=False)
+    direct = tvmfuse.quantize(onnx_model, table=table, target=znver3, layout="blocked", cache=False, weight_bits=8)
     assert "winograd_product" not in direct.lowered.script()
     if not {"avx2", "fma"} <= targets._cpuinfo_flags():
         return

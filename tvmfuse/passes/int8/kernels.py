@@ -240,7 +240,8 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     ``weights``: the target's :func:`weight_packing` (``Int8.vnni_pack`` or ``pairs_pack`` where
     :func:`taps_pack`; the rest as :func:`packed_weight`). ``weight_bits``: 7 or 8 bits of a float conv or dense
     weight (None: the target's default, :func:`weight_limit`). ``winograd``: a :func:`winograd_candidate`, packed
-    for the Winograd form where its codes keep every sum within int32 (``int8_winograd.fits``).
+    for the Winograd form where the direct kernel would take int16 pairs (codes beyond the ``vpmaddubsw`` step's
+    range) and the codes keep every Winograd sum within int32 (``int8_winograd.fits``).
 
     Raises
     ------
@@ -264,9 +265,6 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     else:
         multiplier = int8_ref.requant_multiplier(s_x, wparams.scale, s_y)
     width = None
-    if winograd and int8_winograd.fits(wq):
-        return Int8Constants(int8_winograd.pack_weight(wq), folded, multiplier, epilogue(part, out, residual), za,
-                             winograd=True)
     if floats:
         pack = floats
     elif taps := taps_pack(part, blocked, weights):
@@ -274,8 +272,11 @@ def int8_constants(part: Int8Partition, x: QuantParams, out: QuantParams | None,
     else:
         pack = tiles_pack(spec, wq, weights) or (spec.blocked_pack if blocked else spec.pack)
     packed = packed_weight(spec, wq, pack, weights)
-    return Int8Constants(packed, folded, multiplier, epilogue(part, out, residual), za, width,
-                         exact_pairs(spec, packed, weights))
+    exact = exact_pairs(spec, packed, weights)
+    if winograd and not exact and int8_winograd.fits(wq):
+        return Int8Constants(int8_winograd.pack_weight(wq), folded, multiplier, epilogue(part, out, residual), za,
+                             winograd=True)
+    return Int8Constants(packed, folded, multiplier, epilogue(part, out, residual), za, width, exact)
 
 
 def blocked_kernel(part: Int8Partition) -> bool:
