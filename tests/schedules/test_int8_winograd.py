@@ -175,3 +175,38 @@ def test_a_model_quantized_for_a_cpu_without_vnni_runs_its_3x3_convs_as_winograd
     for batch in random_batches((1, 3, 11, 13), 2, 9):
         for got, want in zip(wino.run(batch), direct.run(batch)):
             np.testing.assert_array_equal(got, want)
+
+
+def test_an_imported_qdq_model_with_full_range_weights_runs_its_3x3_convs_as_winograd(tmp_path, monkeypatch):
+    """onnxruntime's QDQ model with full-range int8 weights (``reduce_range=False``, its default), compiled for
+    an AVX2 Zen 3: its codes do not fit the ``vpmaddubsw`` step, so the 3x3 stride-1 convs between NCHW16c
+    kernels are the Winograd kernel; where this CPU runs AVX2, the outputs equal the direct build's."""
+    from onnx import helper
+
+    import tvmfuse
+    from tvmfuse import targets
+    from tvmfuse.passes.int8 import kernels
+
+    from helpers.qdq import ort_quantize
+    from helpers.quantize import conv, model
+
+    rng = np.random.default_rng(5)
+    layers = [conv(rng, "x", "c1", 3, 16, "conv1"), (helper.make_node("Relu", ["c1"], ["h1"]), []),
+              conv(rng, "h1", "c2", 16, 32, "conv2"), (helper.make_node("Relu", ["c2"], ["h2"]), []),
+              conv(rng, "h2", "c3", 32, 32, "conv3"), (helper.make_node("Relu", ["c3"], ["h3"]), []),
+              conv(rng, "h3", "y", 32, 8, "conv4")]
+    qdq = ort_quantize(model(layers, [("x", [1, 3, 12, 10])], [("y", [1, 8, 12, 10])]), tmp_path,
+                       reduce_range=False)
+    znver3 = {"kind": "llvm", "mcpu": "znver3"}
+    wino = tvmfuse.compile(qdq, target=znver3, cache=False)
+    layouts = [str(f.attrs["tvmfuse.layout"]) for _, f in wino.lowered.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.layout" in f.attrs]
+    assert sum("Winograd" in layout for layout in layouts) == 2, layouts
+    monkeypatch.setattr(kernels, "WINOGRAD", False)
+    direct = tvmfuse.compile(qdq, target=znver3, cache=False)
+    assert "winograd_product" not in direct.lowered.script()
+    if not {"avx2", "fma"} <= targets._cpuinfo_flags():
+        return
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 12, 10)).astype(np.float32)
+        np.testing.assert_array_equal(wino.run({"x": x})[0], direct.run({"x": x})[0])
