@@ -1,10 +1,9 @@
 """INT8 conv2d as Winograd F(2x2, 3x3) in integers: NCHW16c uint8 codes in, the INT8 epilogue out.
 
-For CPUs without VNNI, whose direct INT8 conv adds u8 x s8 products at the rate of ``vpmaddubsw`` plus
-``vpmaddwd`` (about twice an FMA's 8 products): a 3x3 stride-1 conv there ran only 1.5-1.8x faster than
-the FP32 direct kernel, and slower than FP32's Winograd F(4x4). Here the products are ``vpmaddwd`` on int16
-(:mod:`tvmfuse.schedules.x86.intrin.madd_pairs`), 16 per instruction like the direct step, but 16 of them per
-2x2 outputs and input channel instead of 36.
+For CPUs without VNNI, where codes beyond 7 bits (a quantized model's own weights, ``weight_bits=8``) make the
+direct kernel add int16 pairs with ``vpmaddwd``: here the products are the same int16 pair step (the x86
+rule's ``madd_pairs``), but 16 of them per 2x2 outputs and input channel instead of 36 (1.4-1.8x faster than
+the direct pair step on a Zen 3, ``docs/int8.md``).
 
 Exact, with every matrix scaled to integers (Lavin & Gray's F(2x2, 3x3), points 0, 1, -1 and infinity)::
 
