@@ -138,9 +138,10 @@ def _int8_kernel(layer, spec, rng, full_range=False):
 def _winograd_kernel(layer, spec, rng):
     """The integer Winograd kernel of a 3x3 stride-1 conv (NCHW16c codes in and out) on a target without VNNI,
     and random arguments; None for any other layer or target."""
-    kind, c, o, size, kern, stride, pad = layer if layer[0] == "conv" else (None,) * 7
-    if spec.backend().int8_weights != "pairs" or not int8_winograd.pays((kern, kern), (stride,) * 2, (1, 1),
-                                                                        (pad,) * 4, c, o):
+    if layer[0] != "conv" or spec.backend().int8_weights != "pairs":
+        return None
+    _, c, o, size, kern, stride, pad = layer
+    if not int8_winograd.pays((kern, kern), (stride,) * 2, (1, 1), (pad,) * 4, c, o):
         return None
     x = te.placeholder((1, -(-c // 16), size, size, 16), "uint8", name="x")
     weight = int8_winograd.pack_weight(_random((o, c, 3, 3), "int8", rng))

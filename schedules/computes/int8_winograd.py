@@ -28,7 +28,8 @@ import numpy as np
 from tvm import te, topi
 
 from . import winograd
-from .int8 import BLOCK_I, BLOCK_O, Epilogue, _check, _check_epilogue, _epilogue_stage, _shape, out_shape_of
+from .int8 import (BLOCK_I, BLOCK_O, Epilogue, _check, _check_epilogue, _epilogue_stage, _pair, _padding, _shape,
+                   out_shape_of)
 
 NAME = "INT8 Winograd conv2d"
 TILE, ALPHA = 2, 4
@@ -132,13 +133,8 @@ def conv2d_kernel(data, weight, bias, multiplier, residual=None, *, channels: in
                   epilogue: Epilogue = Epilogue(), strides=1, padding=0, dilation=1, out_layout: str = "NCHW16c",
                   table=None) -> te.Tensor:
     """:func:`conv2d_compute` with the conv family's INT8 signature; the geometry must be the one it computes."""
-    _check(_pairs(strides) == [1, 1] and _pairs(dilation) == [1, 1] and _pairs(padding, 4) == [1, 1, 1, 1], NAME,
+    _check(_pair(strides) == (1, 1) and _pair(dilation) == (1, 1) and _padding(padding) == (1, 1, 1, 1), NAME,
            f"computes 3x3 convs of stride 1, dilation 1, padding 1, got strides {strides}, dilation {dilation}, "
            f"padding {padding}")
     return conv2d_compute(data, weight, bias, multiplier, residual, out_channels=channels,
                           input_zero_point=input_zero_point, epilogue=epilogue, out_layout=out_layout, table=table)
-
-
-def _pairs(v, length: int = 2) -> list[int]:
-    values = [int(v)] if isinstance(v, int) else [int(x) for x in v]
-    return values * (length // len(values)) if length % len(values) == 0 else values

@@ -92,7 +92,7 @@ def dot_kind(vector_bits: int, has_vnni: bool, pairs: bool = False, exact_pairs:
     width; int8 16x4 blocks take VNNI where the target has it, else :mod:`.intrin.maddubs` where their pairs
     are marked exact for it (``exact_pairs``, :func:`exact_pairs_marked`); anything else the generic step."""
     if pairs:
-        return "avx512" if vector_bits >= 512 else "avx2" if vector_bits >= 256 else "generic"
+        return madd_pairs.kind_for(vector_bits)
     if has_vnni:
         return "vnni" if vector_bits >= 512 else "vnni256"
     if exact_pairs and vector_bits >= 256:

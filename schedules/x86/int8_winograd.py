@@ -20,6 +20,10 @@ from .conv2d_nchwc import inline_views
 from .intrin import madd_pairs
 
 
+# (channel blocks, tiles) of the register tile, in order of preference
+TILES = ((2, 3), (1, 6), (1, 4), (2, 2), (1, 3), (1, 2), (1, 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """``oc_blocks`` blocks of 16 output channels x ``tile_block`` tiles of accumulators (2 ymm per block and
@@ -31,21 +35,14 @@ class Config:
 
 
 def default_config(out_blocks: int, tiles: int, vector_bits: int) -> Config:
-    """The first of (2 blocks, 3 tiles), (1, 6), (1, 4), (1, 2), (1, 1) that divides the channel blocks and the
-    tiles: 12 ymm of accumulators, the pair step's budget (:func:`.int8_conv2d.accumulators`)."""
-    for oc_blocks, tile_block in ((2, 3), (1, 6), (1, 4), (2, 2), (1, 3), (1, 2), (1, 1)):
-        if out_blocks % oc_blocks == 0 and tiles % tile_block == 0:
-            return Config(oc_blocks, tile_block)
-    return Config(1, 1)
+    """The first of :data:`TILES` that divides the channel blocks and the tiles: at most 12 ymm of accumulators,
+    the pair step's budget (:func:`.int8_conv2d.accumulators`); (1, 1) always does."""
+    return next(Config(b, t) for b, t in TILES if out_blocks % b == 0 and tiles % t == 0)
 
 
 def matches(sch: s_tir.Schedule) -> bool:
     names = block_names(sch)
     return winograd.PRODUCT in names and winograd.ANCHOR in names
-
-
-def dot_kind(vector_bits: int) -> str:
-    return "avx512" if vector_bits >= 512 else "avx2" if vector_bits >= 256 else "generic"
 
 
 def schedule(sch: s_tir.Schedule, vector_bits: int, config: Config | None = None) -> bool:
@@ -70,6 +67,6 @@ def schedule(sch: s_tir.Schedule, vector_bits: int, config: Config | None = None
     vectorize_tile(sch, consumer, p_o)
     sch.parallel(sch.fuse(e, u, ob_o))
     vectorize_tile(sch, sch.decompose_reduction(product, rcb), p_o)
-    sch.tensorize(oi, madd_pairs.ensure(cfg.dot or dot_kind(vector_bits), "int16"))
+    sch.tensorize(oi, madd_pairs.ensure(cfg.dot or madd_pairs.kind_for(vector_bits), "int16"))
     conv2d_winograd._output_transform(sch, epilogue, int8_winograd.TILE)
     return True

@@ -37,6 +37,11 @@ U8, I16, I32 = "uint8", "int16", "int32"
 PAIR_MASKS = tuple(int.from_bytes(bytes(m), "little", signed=True) for m in ((0, 0x80, 1, 0x80), (2, 0x80, 3, 0x80)))
 
 
+def kind_for(vector_bits: int) -> str:
+    """The kind a target of ``vector_bits``-bit vectors runs: zmm, ymm, or the generic description below AVX2."""
+    return "avx512" if vector_bits >= 512 else "avx2" if vector_bits >= 256 else "generic"
+
+
 def intrin_name(kind: str, data: str = U8) -> str:
     if kind not in KINDS or data not in (U8, I16):
         raise ValueError(f"unknown pair-step variant ({kind!r}, {data!r}); kinds {KINDS}, data uint8 or int16")
