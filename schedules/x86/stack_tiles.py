@@ -14,8 +14,9 @@ the same with both builds (within 1%).
 
 :func:`StackTiles` marks those allocations with ``disable_lower_builtin``, which ``LowerTVMBuiltin`` leaves to
 the LLVM code generator (an ``alloca`` at the entry of the function or of the parallel task's closure). It
-runs in :data:`PIPELINE`, TVM's default S-TIR pipeline with it before the host finalization; the x86 backend
-builds its kernels with it (``Backend.tir_pipeline``). Allocations over :data:`MOST_BYTES` (a worker
+runs in :data:`PIPELINE`, TVM's default S-TIR pipeline with it before the host finalization, after
+:mod:`.denormals` (kernels flush denormals, their MXCSR words on the stack too); the x86 backend builds its
+kernels with it (``Backend.tir_pipeline``). Allocations over :data:`MOST_BYTES` (a worker
 thread's stack is the platform's default) and every other scope stay as TVM makes them.
 """
 
@@ -84,8 +85,10 @@ def StackTiles() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
 
 
 def _pipeline():
+    from .denormals import FlushDenormals
+
     pipeline, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("s_tir")
-    return pipeline, lambda: tvm.transform.Sequential([StackTiles(), finalize_host()]), finalize_device
+    return pipeline, lambda: tvm.transform.Sequential([FlushDenormals(), StackTiles(), finalize_host()]), finalize_device
 
 
 def register() -> str:
