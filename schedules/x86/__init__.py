@@ -162,6 +162,10 @@ class Backend(_Base):
         return (f"target {self.spec.name} uses CPU features this machine lacks ({', '.join(missing)}): the library "
                 f"will not run here (target {targets.DEFAULT} builds for this machine)")
 
+    def build_info(self, graph: bool = False) -> dict:
+        """``denormals``: ``"flushed"``, every kernel runs with MXCSR's FTZ and DAZ bits set (:mod:`.denormals`)."""
+        return {"denormals": "flushed"}
+
     def device_label(self) -> str:
         return f"cpu: {host.cpu_name()}"
 

@@ -4,6 +4,7 @@ for everything but denormals."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -52,6 +53,13 @@ def test_every_kernel_flushes_on_the_calling_thread_and_on_each_task_of_the_pool
     assert len(bodies) >= 2 and tasks, sorted(functions)
     assert all(_flushes(b) for b in bodies.values()), [n for n, b in bodies.items() if not _flushes(b)]
     assert all(_flushes(b) for b in tasks.values()), [n for n, b in tasks.items() if not _flushes(b)]
+
+
+def test_the_manifest_says_so(conv, tmp_path):
+    cm, _ = conv
+    assert cm.manifest()["denormals"] == "flushed"
+    cm.export(tmp_path / "m.so")
+    assert json.loads((tmp_path / "m.json").read_text())["denormals"] == "flushed"
 
 
 def _scaled_conv(weight: float):
