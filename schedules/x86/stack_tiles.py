@@ -88,7 +88,11 @@ def _pipeline():
     from .denormals import FlushDenormals
 
     pipeline, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("s_tir")
-    return pipeline, lambda: tvm.transform.Sequential([FlushDenormals(), StackTiles(), finalize_host()]), finalize_device
+
+    def host():
+        return tvm.transform.Sequential([FlushDenormals(), StackTiles(), finalize_host()])
+
+    return pipeline, host, finalize_device
 
 
 def register() -> str:
