@@ -21,6 +21,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from .stack_tiles import map_children
+
 FLUSH_BITS = 0x8040  # FTZ (bit 15) and DAZ (bit 6)
 LAUNCH_POINT = "pragma_parallel_launch_point"
 SAVED = "mxcsr_saved"
@@ -56,25 +58,9 @@ def _per_task(stmt):
         return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, flushing(stmt.body))
     if isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == COMPUTE_SCOPE:
         return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, flushing(_per_task(stmt.body)))
-    if isinstance(stmt, tirx.For):
-        if stmt.kind == tirx.ForKind.PARALLEL and not _one(stmt.extent):
-            return tirx.AttrStmt(tirx.const(0, "int32"), LAUNCH_POINT, tirx.const(0, "int32"), flushing(stmt))
-        body = _per_task(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.For(
-            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations, stmt.step)
-    if isinstance(stmt, tirx.SeqStmt):
-        parts = [_per_task(s) for s in stmt.seq]
-        return stmt if all(p.same_as(s) for p, s in zip(parts, stmt.seq)) else tirx.SeqStmt(parts)
-    if isinstance(stmt, tirx.IfThenElse):
-        then = _per_task(stmt.then_case)
-        other = None if stmt.else_case is None else _per_task(stmt.else_case)
-        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then, other)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _per_task(stmt.body)
-        return stmt if body.same_as(stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
-    return stmt
+    if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.PARALLEL and not _one(stmt.extent):
+        return tirx.AttrStmt(tirx.const(0, "int32"), LAUNCH_POINT, tirx.const(0, "int32"), flushing(stmt))
+    return map_children(stmt, _per_task)
 
 
 def flush_denormals(func: tirx.PrimFunc) -> tirx.PrimFunc:

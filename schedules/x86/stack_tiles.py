@@ -41,6 +41,29 @@ def _same(a, b) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and a.same_as(b))
 
 
+def map_children(stmt, fn):
+    """``stmt`` with ``fn`` applied to the statements it holds, for the kinds a lowered kernel nests others in
+    (SeqStmt, For, IfThenElse, AttrStmt); the same node where nothing changed, and any other kind as it is."""
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [fn(s) for s in stmt.seq]
+        return stmt if all(_same(a, b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+    if isinstance(stmt, tirx.For):
+        body = fn(stmt.body)
+        if _same(body, stmt.body):
+            return stmt
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                        stmt.annotations, stmt.step)
+    if isinstance(stmt, tirx.IfThenElse):
+        then, other = fn(stmt.then_case), (fn(stmt.else_case) if stmt.else_case is not None else None)
+        if _same(then, stmt.then_case) and _same(other, stmt.else_case):
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then, other)
+    if isinstance(stmt, tirx.AttrStmt):
+        body = fn(stmt.body)
+        return stmt if _same(body, stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
+    return stmt
+
+
 def _mark(stmt):
     """``stmt`` with its stackable allocations marked; the same node where nothing changed. Only the
     statements that hold others are walked; an allocation inside any other kind stays as it is."""
@@ -48,24 +71,7 @@ def _mark(stmt):
         if _stackable(stmt.buffer) and MARK not in stmt.annotations:
             return tirx.AllocBuffer(stmt.buffer, {**stmt.annotations, MARK: tirx.IntImm("int32", 1)})
         return stmt
-    if isinstance(stmt, tirx.SeqStmt):
-        seq = [_mark(s) for s in stmt.seq]
-        return stmt if all(_same(a, b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
-    if isinstance(stmt, tirx.For):
-        body = _mark(stmt.body)
-        if _same(body, stmt.body):
-            return stmt
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-                        stmt.annotations, stmt.step)
-    if isinstance(stmt, tirx.IfThenElse):
-        then, other = _mark(stmt.then_case), (_mark(stmt.else_case) if stmt.else_case is not None else None)
-        if _same(then, stmt.then_case) and _same(other, stmt.else_case):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then, other)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = _mark(stmt.body)
-        return stmt if _same(body, stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
-    return stmt
+    return map_children(stmt, _mark)
 
 
 def stack_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
