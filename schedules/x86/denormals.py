@@ -21,7 +21,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .stack_tiles import map_children
+from .lowered import map_children
 
 FLUSH_BITS = 0x8040  # FTZ (bit 15) and DAZ (bit 6)
 LAUNCH_POINT = "pragma_parallel_launch_point"

@@ -25,6 +25,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from .lowered import map_children, same
+
 PIPELINE = "tvmfuse_x86"
 MOST_BYTES = 16 * 1024  # per allocation; tiles are at most a few KB (AMX: 4 x 1 KB accumulators)
 MARK = "disable_lower_builtin"  # tvm::tirx::transform::kDisableLowerTVMBuiltin
@@ -35,33 +37,6 @@ def _stackable(buffer) -> bool:
         return False
     dtype = tvm.DataType(str(buffer.dtype))
     return 0 < int(buffer.shape[0]) * dtype.bits * dtype.lanes // 8 <= MOST_BYTES
-
-
-def _same(a, b) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and a.same_as(b))
-
-
-def map_children(stmt, fn):
-    """``stmt`` with ``fn`` applied to the statements it holds, for the kinds a lowered kernel nests others in
-    (SeqStmt, For, IfThenElse, AttrStmt); the same node where nothing changed, and any other kind as it is."""
-    if isinstance(stmt, tirx.SeqStmt):
-        seq = [fn(s) for s in stmt.seq]
-        return stmt if all(_same(a, b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
-    if isinstance(stmt, tirx.For):
-        body = fn(stmt.body)
-        if _same(body, stmt.body):
-            return stmt
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-                        stmt.annotations, stmt.step)
-    if isinstance(stmt, tirx.IfThenElse):
-        then, other = fn(stmt.then_case), (fn(stmt.else_case) if stmt.else_case is not None else None)
-        if _same(then, stmt.then_case) and _same(other, stmt.else_case):
-            return stmt
-        return tirx.IfThenElse(stmt.condition, then, other)
-    if isinstance(stmt, tirx.AttrStmt):
-        body = fn(stmt.body)
-        return stmt if _same(body, stmt.body) else tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
-    return stmt
 
 
 def _mark(stmt):
@@ -77,7 +52,7 @@ def _mark(stmt):
 def stack_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` (lowered, before ``LowerTVMBuiltin``) with its stackable ``"local"`` allocations marked."""
     body = _mark(func.body)
-    return func if _same(body, func.body) else func.with_body(body)
+    return func if same(body, func.body) else func.with_body(body)
 
 
 def StackTiles() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
