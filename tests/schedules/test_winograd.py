@@ -127,6 +127,18 @@ def test_weight_transform_round_trips_and_matches_the_definition(tile):
 
 
 @pytest.mark.parametrize("tile", winograd.TILES)
+def test_the_weight_transform_in_chunks_gives_the_whole_products_bits(monkeypatch, tile):
+    # pack_weight multiplies column chunks (a remainder too here: 16 x 24 pairs in chunks of 100); each packed
+    # value is the float64 product over the 9 taps rounded once, as the product of the whole array gives it
+    monkeypatch.setattr(winograd, "_PACK_COLUMNS", 100)
+    w = np.random.default_rng(1).standard_normal((16, 24, 3, 3)).astype("float32")
+    _, _, g = winograd.matrices(tile)
+    whole = (w.reshape(16 * 24, 9).astype(np.float64) @ np.kron(g, g).T).astype("float32")
+    expected = whole.reshape(2, 8, 24, tile + 2, tile + 2).transpose(3, 4, 0, 2, 1)
+    assert np.array_equal(winograd.pack_weight(w, 8, 8, tile), expected)
+
+
+@pytest.mark.parametrize("tile", winograd.TILES)
 def test_the_matrices_compute_a_convolution(tile):
     # 1-D: A^T [(G g) * (B^T d)] is the valid correlation of d (tile + 2 values) with g (3 taps)
     a, b, g = winograd.matrices(tile)
