@@ -74,24 +74,40 @@ def _child(model, target, shapes, cache, env=None, **extra) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def _graphs(graph):
+    """``graph`` and every subgraph under it (an ``If``'s branches, a ``Loop``'s body), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _graphs(sub)
+
+
 def _one_layer_changed(path_or_proto, dest: Path) -> Path:
     """The model with the activation of one layer in the middle changed (Relu -> LeakyRelu, Clip -> Relu,
     Sigmoid -> HardSigmoid, HardSwish -> Relu, Erf -> Tanh, Tanh -> Sigmoid, else an Add -> Sub: the first
-    kind the model has)."""
+    kind the model has). A model whose layers sit in the branches of an ``If`` (Silero VAD: one branch per
+    sample rate, the taken one pinned) gets the change in the graph holding the most of that kind, in each
+    branch of the same shape alike: whichever branch the pinned input keeps has one layer changed."""
     import onnx
 
     from tvmfuse.frontend.load import load_model
 
     proto, _ = load_model(path_or_proto)
+    graphs = list(_graphs(proto.graph))
     for old, new in (("Relu", "LeakyRelu"), ("Clip", "Relu"), ("Sigmoid", "HardSigmoid"), ("HardSwish", "Relu"),
                      ("Erf", "Tanh"), ("Tanh", "Sigmoid"), ("Add", "Sub")):
-        found = [n for n in proto.graph.node if n.op_type == old]
-        if found:
-            node = found[len(found) // 2]
-            node.op_type = new
-            del node.input[1:]  # Clip's bounds
-            onnx.save(proto, dest)
-            return dest
+        found = {id(g): [n for n in g.node if n.op_type == old] for g in graphs}
+        most = max(len(nodes) for nodes in found.values())
+        if not most:
+            continue
+        for nodes in found.values():
+            if len(nodes) == most:  # the main graph alone, unless the kind lives in equal branches
+                node = nodes[len(nodes) // 2]
+                node.op_type = new
+                del node.input[1:]  # Clip's bounds
+        onnx.save(proto, dest)
+        return dest
     raise RuntimeError("no activation or Add to change")
 
 
@@ -166,8 +182,8 @@ def main() -> int:
     names = args.models.split(",") if args.models else [f"zoo:{n}" for n in zoo.names()] + corpus.names()
     from tvmfuse import schedules
 
-    _byte_compile([Path(zoo.__file__).parents[1], Path(schedules.__file__).parent]
-                  + ([Path(args.before) / "tvmfuse", Path(args.before) / "tvmfuse" / "schedules"] if args.before else []))
+    before = [Path(args.before) / "tvmfuse", Path(args.before) / "tvmfuse" / "schedules"] if args.before else []
+    _byte_compile([Path(zoo.__file__).parents[1], Path(schedules.__file__).parent] + before)
     rows = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix="tvmfuse-bench-cache-") as tmp:
