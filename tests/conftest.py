@@ -21,7 +21,8 @@ from tvmfuse import cuda_driver, targets
 
 # Test modules whose expectations or code paths follow the host's vector width or CPU features (x86 rules and
 # their tiles, blocked layouts, INT8 kernels without VNNI, the host checks): ``host_cpu``-marked here, and run
-# a second time as an AVX2-only CPU by .ci/run on an AVX-512 machine.
+# a second time as an AVX2-only CPU by .ci/run on an AVX-512 machine. A test in them marked ``any_cpu`` builds for
+# CUDA only (its kernels run on the CPU, if at all, as generic LLVM code) and runs once.
 HOST_CPU_MODULES = {
     "schedules/test_whole_vector_rows.py", "schedules/test_schedule_softmax.py", "schedules/test_padding_taps.py",
     "schedules/test_schedule_x86_configs.py", "schedules/test_schedule_x86_structure.py",
@@ -53,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
     gpu = cuda_driver.cuda_available()
     tests = Path(__file__).parent
     for item in items:
-        if item.path.relative_to(tests).as_posix() in HOST_CPU_MODULES:
+        if item.path.relative_to(tests).as_posix() in HOST_CPU_MODULES and "any_cpu" not in item.keywords:
             item.add_marker(pytest.mark.host_cpu)
         if "avx512" in item.keywords and not avx512:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -169,6 +169,7 @@ def test_int8_kernel_cases_bit_exact(seed):
         assert result.ok, result.line()
 
 
+@pytest.mark.any_cpu  # generic LLVM code (tvmfuse.fuzz.cuda_cpu)
 @pytest.mark.parametrize("seed", KERNEL_SEEDS)
 def test_int8_kernel_cases_on_the_cuda_rules_run_bit_exact_on_the_cpu(seed):
     # The CUDA rule's kernel (s8 x s8 tensor-core GEMM without its tensorize steps, GEMV, depthwise), its threads
