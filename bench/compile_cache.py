@@ -14,8 +14,8 @@ LeakyRelu, see ``_one_layer_changed``), compiled into the same folder. Outputs o
 ``one_layer`` are checked against builds without the cache. ``--before DIR``: a checkout of an older commit
 (its ``schedules/`` linked as ``tvmfuse/schedules``) timed for ``first`` the same way. The packages are
 byte-compiled first, as an installed wheel is (an editable install under ``PYTHONDONTWRITEBYTECODE`` would
-compile every module's source in every child: 0.2 s each). Run it on a quiet machine; the JSON written names
-the CPU.
+compile every module's source in every child: 0.2 s each). The last line sums the table up against #53's bars (:func:`summary`). Run it on a quiet machine; the JSON
+written names the CPU.
 """
 
 from __future__ import annotations
@@ -158,6 +158,30 @@ def measure(name: str, target: str, before: str | None, work: Path) -> dict:
     return row
 
 
+SHARE_BAR = 0.30  # #53: one changed layer recompiles in at most 30% of the first compile
+AGAIN_BAR = 1.0  # the same model again: at most 1.0 s (or 10% of the first, whichever is larger)
+
+
+def summary(rows: list[dict]) -> str:
+    """The table against #53's bars: one-layer shares within :data:`SHARE_BAR`, their median, the slowest
+    second compile against :data:`AGAIN_BAR`, the slowest first compile, outputs identical, models failed."""
+    import statistics
+
+    done = [r for r in rows if "error" not in r]
+    if not done:
+        return f"no model measured ({len(rows)} failed)"
+    shares = {r["model"]: r["one_layer"] / r["first"] for r in done}
+    over_again = [r["model"] for r in done if r["again"] > max(AGAIN_BAR, 0.1 * r["first"])]
+    slowest = max(done, key=lambda r: r["first"])
+    over = f": {', '.join(over_again)}" if over_again else ""
+    return (f"one layer within {SHARE_BAR:.0%} of the first compile: {sum(v <= SHARE_BAR for v in shares.values())} "
+            f"of {len(done)} (median {statistics.median(shares.values()):.1%}); second compile at most "
+            f"{max(r['again'] for r in done):.2f} s ({len(over_again)} over the bar{over}); "
+            f"slowest first compile {slowest['first']:.2f} s ({slowest['model']}); outputs identical: "
+            f"{sum(r['identical'] and r['one_layer_identical'] for r in done)} of {len(done)}"
+            + (f"; {len(rows) - len(done)} failed" if len(rows) > len(done) else ""))
+
+
 def _byte_compile(folders) -> None:
     """Write the ``.pyc`` files of the modules under ``folders`` (links followed)."""
     import compileall
@@ -200,6 +224,7 @@ def main() -> int:
               f"  kernels {row['kernels']:5.2f}  one layer {row['one_layer']:5.2f} "
               f"({row['one_layer_info']['from_cache']}/{row['one_layer_info']['kernels']} kernels reused)"
               f"  identical {row['identical'] and row['one_layer_identical']}", flush=True)
+    print(summary(rows))
     from tvmfuse.comparison.environment import cpu_device
 
     Path(args.out).write_text(json.dumps({"cpu": cpu_device(), "target": args.target,

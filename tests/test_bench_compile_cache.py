@@ -52,3 +52,19 @@ def test_a_model_with_nothing_to_change_says_so(tmp_path):
     model = _model([helper.make_node("Identity", ["x"], ["y"])], "y")
     with pytest.raises(RuntimeError, match="no activation or Add"):
         compile_cache._one_layer_changed(model, tmp_path / "m.onnx")
+
+
+def _row(model, first, one_layer, again=0.1, identical=True):
+    return {"model": model, "first": first, "one_layer": one_layer, "again": again, "identical": identical,
+            "one_layer_identical": True}
+
+
+def test_the_summary_counts_the_rows_against_53s_bars():
+    rows = [_row("a", 10.0, 2.0), _row("b", 10.0, 3.0), _row("c", 4.0, 2.0, again=1.2),
+            _row("d", 20.0, 9.0, again=1.5, identical=False), {"model": "e", "error": "boom"}]
+    line = compile_cache.summary(rows)
+    # 20% and 30% within, 50% and 45% not; c's second compile is over 1.0 s and 10% of its first, d's 1.5 s is
+    # within 10% of 20 s
+    assert line == ("one layer within 30% of the first compile: 2 of 4 (median 37.5%); second compile at most 1.50 s "
+                    "(1 over the bar: c); slowest first compile 20.00 s (d); outputs identical: 3 of 4; 1 failed")
+    assert compile_cache.summary([{"model": "e", "error": "boom"}]) == "no model measured (1 failed)"
