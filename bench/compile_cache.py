@@ -14,8 +14,8 @@ LeakyRelu, see ``_one_layer_changed``), compiled into the same folder. Outputs o
 ``one_layer`` are checked against builds without the cache. ``--before DIR``: a checkout of an older commit
 (its ``schedules/`` linked as ``tvmfuse/schedules``) timed for ``first`` the same way. The packages are
 byte-compiled first, as an installed wheel is (an editable install under ``PYTHONDONTWRITEBYTECODE`` would
-compile every module's source in every child: 0.2 s each). The last line sums the table up against #53's bars (:func:`summary`). Run it on a quiet machine; the JSON
-written names the CPU.
+compile every module's source in every child: 0.2 s each). The last line sums the table up against #53's bars
+(:func:`summary`). Run it on a quiet machine; the JSON written names the CPU.
 """
 
 from __future__ import annotations
