@@ -76,11 +76,12 @@ def _child(model, target, shapes, cache, env=None, **extra) -> dict:
 
 def _graphs(graph):
     """``graph`` and every subgraph under it (an ``If``'s branches, a ``Loop``'s body), depth first."""
+    from tvmfuse.frontend.graph import subgraphs
+
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _graphs(sub)
+        for sub in subgraphs(node):
+            yield from _graphs(sub)
 
 
 def _one_layer_changed(path_or_proto, dest: Path) -> Path:

@@ -25,14 +25,19 @@ def drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> No
     graph.input.extend(inputs)
 
 
+def subgraphs(node: onnx.NodeProto):
+    """The graphs ``node`` holds in its attributes (an If's branches, a Loop's or Scan's body)."""
+    for attr in node.attribute:
+        yield from [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs
+
+
 def names_read(graph: onnx.GraphProto) -> set[str]:
     """Every name a node reads, including nodes of subgraphs (If/Loop bodies read outer names)."""
     names = set()
     for node in graph.node:
         names.update(node.input)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                names |= names_read(sub)
+        for sub in subgraphs(node):
+            names |= names_read(sub)
     return names
 
 

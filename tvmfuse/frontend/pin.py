@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import InputError, UnsupportedOpError
+from .graph import subgraphs
 from .load import graph_inputs
 
 
@@ -103,9 +104,8 @@ def _rename_in(graph: onnx.GraphProto, renamed: dict) -> None:
     for node in graph.node:
         node.input[:] = [renamed.get(i, i) for i in node.input]
         node.output[:] = [renamed.get(o, o) for o in node.output]
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                _rename_in(sub, renamed)
+        for sub in subgraphs(node):
+            _rename_in(sub, renamed)
     for out in graph.output:
         out.name = renamed.get(out.name, out.name)
 
