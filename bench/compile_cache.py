@@ -98,11 +98,11 @@ def _one_layer_changed(path_or_proto, dest: Path) -> Path:
     graphs = list(_graphs(proto.graph))
     for old, new in (("Relu", "LeakyRelu"), ("Clip", "Relu"), ("Sigmoid", "HardSigmoid"), ("HardSwish", "Relu"),
                      ("Erf", "Tanh"), ("Tanh", "Sigmoid"), ("Add", "Sub")):
-        found = {id(g): [n for n in g.node if n.op_type == old] for g in graphs}
-        most = max(len(nodes) for nodes in found.values())
+        found = [[n for n in g.node if n.op_type == old] for g in graphs]
+        most = max(len(nodes) for nodes in found)
         if not most:
             continue
-        for nodes in found.values():
+        for nodes in found:
             if len(nodes) == most:  # the main graph alone, unless the kind lives in equal branches
                 node = nodes[len(nodes) // 2]
                 node.op_type = new
