@@ -13,6 +13,26 @@ def kernels(source: str) -> dict:
     return {name: source[start:end] for (start, name), end in zip(starts, ends)}
 
 
+def built_together(funcs: list, target, alone_on_error: bool = True) -> list[str]:
+    """The CUDA source of each scheduled PrimFunc of ``funcs``, built (nvcc) as one module: one nvcc run for
+    many kernels instead of one each (about a second of nvcc's start and headers each). Kernel ``i`` is
+    ``k{i}`` (TVM names its device functions ``k{i}_kernel...``); where the whole build fails, each kernel is
+    built alone, so the error names the one nvcc refuses (``alone_on_error``; else the error is raised)."""
+    import tvm
+
+    mod = tvm.IRModule({f"k{i}": f.with_attr("global_symbol", f"k{i}") for i, f in enumerate(funcs)})
+    try:
+        with target:
+            source = tvm.compile(mod, target=target).mod.imports[0].inspect_source()
+    except Exception:  # noqa: BLE001 - built again one by one below, for the error of the kernel at fault
+        if len(funcs) == 1 or not alone_on_error:
+            raise
+        return [built_together([f], target)[0] for f in funcs]
+    bodies = kernels(source)
+    return ["".join(body for name, body in bodies.items() if re.fullmatch(rf"k{i}_kernel(_\d+)?", name))
+            for i in range(len(funcs))]
+
+
 def shared_bytes(body: str) -> int:
     sizes = {"float": 4, "float2": 8, "half": 2, "half2": 4, "int": 4, "signed char": 1, "unsigned char": 1}
     total = 0
@@ -60,3 +80,14 @@ def dynamic_shared_bytes(func, target) -> int:
 # convs, 7x7 depthwise with layer norms, dense layers, resizes and concatenations). CRNN, the slowest to schedule,
 # is left to sm_90: its convs are of these kinds and its LSTM's GEMVs take no SM count.
 SM80_MODELS = ["mobilenet_v3_large", "resnext50_32x4d", "convnext_tiny", "yolov8n"]
+
+
+def zoo_builds() -> list:
+    """Every zoo model as a pytest parameter for tests that have nvcc build a whole model (10-30 s each on 2
+    cores): those of :data:`SM80_MODELS` run in every suite, the others are marked ``slow`` (their partitions'
+    kinds are among those four's; every model's partitions are still checked for their rules without nvcc)."""
+    import pytest
+
+    from tvmfuse import zoo
+
+    return [pytest.param(n, marks=() if n in SM80_MODELS else pytest.mark.slow) for n in zoo.names()]

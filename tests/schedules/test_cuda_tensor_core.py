@@ -16,7 +16,7 @@ from tvm import s_tir, tirx
 
 import tvmfuse
 from helpers import ort_run
-from helpers.cuda_source import dynamic_shared_bytes, kernels
+from helpers.cuda_source import built_together, dynamic_shared_bytes, kernels
 from tvmfuse import frontend, targets
 from tvmfuse.comparison import correctness
 from tvmfuse.passes.pipeline import fused_module, run_graph_passes
@@ -63,13 +63,14 @@ def test_every_candidate_tile_builds_on_wmma_within_shared_memory(conv_kernel):
     assert configs and all(isinstance(c, tensor_core.Config) for c in configs)
     assert configs[0] == tensor_core.default_config(3136, 64, 576, 132)
     assert {c.step_k for c in configs} == {16, 32, 64} and len({(c.tile_i, c.tile_j) for c in configs}) == 8
+    scheduled = []
     for config in configs:
         sch = s_tir.Schedule(func)
         assert conv2d.schedule(sch, 132, config), config
-        scheduled = sch.mod["main"]
-        used = dynamic_shared_bytes(scheduled, target)
+        scheduled.append(sch.mod["main"])
+        used = dynamic_shared_bytes(scheduled[-1], target)
         assert 0 < used <= config.shared_bytes() <= 48 * 1024, (config, used)
-        source = _cuda_source(scheduled, target)
+    for config, source in zip(configs, built_together(scheduled, target)):
         assert "nvcuda::wmma::mma_sync" in source and "wmma::accumulator, 16, 16, 16, float" in source, config
         assert f"__launch_bounds__({config.block_warps * 32})" in source, config
 
