@@ -1,7 +1,10 @@
 """Differential fuzzing (tvmfuse.fuzz, bench/fuzz.py): the generator is deterministic, covers every op kind it
 promises and makes valid models; the oracle catches what it must; a CI slice of graphs (chosen to cover every
 op kind) matches onnxruntime in both layouts; INT8 kernel cases are bit-exact; the campaign saves a failing
-seed and exits 1."""
+seed and exits 1.
+
+Not among conftest's HOST_CPU_MODULES: the INT8 kernel cases check the VNNI and the AVX2 steps on every CPU, and
+the graphs' AVX2 layouts are the blocked-layout tests', so .ci/run's AVX2 pass does not run this module again."""
 
 from __future__ import annotations
 
@@ -169,7 +172,6 @@ def test_int8_kernel_cases_bit_exact(seed):
         assert result.ok, result.line()
 
 
-@pytest.mark.any_cpu  # generic LLVM code (tvmfuse.fuzz.cuda_cpu)
 @pytest.mark.parametrize("seed", KERNEL_SEEDS)
 def test_int8_kernel_cases_on_the_cuda_rules_run_bit_exact_on_the_cpu(seed):
     # The CUDA rule's kernel (s8 x s8 tensor-core GEMM without its tensorize steps, GEMV, depthwise), its threads

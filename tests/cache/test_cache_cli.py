@@ -103,7 +103,6 @@ def test_concurrent_compiles_of_overlapping_models_share_one_folder(tmp_path):
     np.testing.assert_array_equal(np.load(jobs[0][1]), np.load(tmp_path / "ref.npy"))  # as built without it
 
 
-@pytest.mark.slow
 def test_compiles_killed_at_random_points_leave_no_damaged_entry(tmp_path):
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "TVMFUSE_NO_CACHE"}

@@ -17,7 +17,7 @@ from tvm import tirx
 
 import tvmfuse
 from helpers import HOST
-from helpers.cuda_source import SM80_MODELS, dynamic_shared_bytes, kernels
+from helpers.cuda_source import SM80_MODELS, dynamic_shared_bytes, kernels, zoo_builds
 from tvmfuse import frontend, targets, zoo
 from tvmfuse.export import kernel_schedulers
 from tvmfuse.passes.int8.quantize import QuantizeGraph
@@ -82,7 +82,7 @@ def test_int8_partitions_take_the_cuda_int8_rule_within_the_limits_on_sm80(name)
     _check_int8_kernels(name, lowered, report, tvm_target)
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", zoo_builds())
 def test_quantize_for_sm90_builds_with_nvcc_on_the_int8_rule(name):
     cm = tvmfuse.quantize(zoo.get(name), table=_table(name), target="cuda-sm90", shapes=zoo.default_shapes(name),
                           logs=False)  # the rules themselves: a shipped record would schedule its kernel

@@ -13,7 +13,7 @@ import tvmfuse
 from tvmfuse import corpus, zoo
 
 from helpers import ort_run
-from helpers.cuda_source import SM80_MODELS, guarded_partial_sums
+from helpers.cuda_source import SM80_MODELS, guarded_partial_sums, zoo_builds
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -52,7 +52,7 @@ def test_guarded_partial_sum_is_detected():
     assert guarded_partial_sums(bad) == ["k_kernel"] and guarded_partial_sums(fine) == []
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", zoo_builds())
 def test_zoo_builds_for_sm90_with_partitions_on_tvmfuse_rules(name):
     cm = tvmfuse.compile(zoo.get(name), target="cuda-sm90", shapes=zoo.default_shapes(name))
     _check(cm.manifest()["scheduled_by"])

@@ -24,9 +24,6 @@ from tvmfuse.tune.tuner import tune
 
 from helpers.tune import HOST, MODEL, record_lines, wide_conv
 
-pytestmark = pytest.mark.slow
-
-
 def test_tune_writes_a_validated_record_that_compile_applies_and_never_retunes(tmp_path):
     report = tune(MODEL, HOST, trials=4, logs=tmp_path, trials_per_iter=4, progress=False)
     (result,) = report.tasks
@@ -73,6 +70,7 @@ def _wait_for_records(proc, store, n, timeout=300):
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # three tuning runs, one killed and one interrupted: about 50 s
 def test_interrupted_runs_keep_their_records_and_resume(tmp_path):
     model = wide_conv()
     model_path = tmp_path / "m.onnx"
@@ -153,6 +151,7 @@ def _wait_for_servers(rpc: RPCSpec, n: int, timeout=120):
     raise AssertionError("RPC servers did not register")
 
 
+@pytest.mark.slow
 def test_tune_through_an_rpc_tracker_and_two_servers(tmp_path):
     port = _free_port()
     rpc = RPCSpec("127.0.0.1", port, "tvmfuse-test")
@@ -210,6 +209,7 @@ raise ImportError("fake torch: only records who imports it")
 """
 
 
+@pytest.mark.slow
 def test_tuning_workers_do_not_import_torch(tmp_path, monkeypatch):
     # tvm-ffi imports torch whenever it can; in every builder and runner worker that cost a PyTorch import
     # (the builder pool restarts every batch). A fake torch on PYTHONPATH records each process importing it.
