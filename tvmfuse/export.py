@@ -43,7 +43,7 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
     import tvm
 
     from . import cache as kernel_cache
-    from .cache import kernels, schedules
+    from .cache import cuda_binaries, kernels, schedules
 
     target = spec.tvm_target()
     store = kernel_cache.resolve(cache)
@@ -55,9 +55,17 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
         if kernels.cacheable(target):
             executable, stats = kernels.build_executable(lowered, target, store, known, spec.backend().tir_pipeline())
             return executable, lowered, stats
-        return (tvm.compile(lowered, target=target, relax_pipeline=None, tir_pipeline=spec.backend().tir_pipeline()),
-                lowered,
-                kernels.KernelStats(len(kernel_names(lowered))))
+        count = len(kernel_names(lowered))
+        # CUDA: TVM builds every kernel from one source, whose device code the cache holds whole (cuda_binaries)
+        with cuda_binaries.storing(store if target.kind.name == "cuda" else None) as device:
+            executable = tvm.compile(lowered, target=target, relax_pipeline=None,
+                                     tir_pipeline=spec.backend().tir_pipeline())
+        reused = count if device["hits"] and not device["builds"] else 0
+        if store is not None and target.kind.name == "cuda":
+            store.log_run("kernels", reused, count - reused)
+            if device["builds"]:
+                store.evict()
+        return executable, lowered, kernels.KernelStats(count, reused)
 
 
 def kernel_source(lowered, spec: TargetSpec, fmt: str = "asm") -> str:
