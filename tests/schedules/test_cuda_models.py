@@ -80,6 +80,7 @@ def _cached_corpus() -> list:
                                                                         "fetches them)"))]
 
 
+@pytest.mark.slow  # 40 cases, 95 s on 2 cores; run only where the corpus is cached, so CI's time would hang on that
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("model", _cached_corpus())
 def test_corpus_partitions_on_tvmfuse_rules(model, precision):

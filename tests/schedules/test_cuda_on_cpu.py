@@ -62,8 +62,8 @@ def test_every_cuda_rule_computes_its_kernel(kind, case, precision, untensorized
     assert relative_mismatch(func, sch.mod["main"]) <= bound
 
 
-@pytest.mark.parametrize("case", [DEPTHWISE[2], DEPTHWISE[5], DEPTHWISE[-1]],
-                         ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", [pytest.param(DEPTHWISE[2], marks=pytest.mark.slow), DEPTHWISE[5], DEPTHWISE[-1]],
+                         ids=lambda c: "-".join(map(str, c)))  # the 56x56 map's 20 s of candidates: -m slow
 def test_every_fp16_depthwise_candidate_computes_its_kernel(case):
     # The tiles offline tuning times (one and two channels a thread, every strip and block size): each is
     # bit-exact, as the sums keep their order.
