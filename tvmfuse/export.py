@@ -56,12 +56,12 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
             executable, stats = kernels.build_executable(lowered, target, store, known, spec.backend().tir_pipeline())
             return executable, lowered, stats
         count = len(kernel_names(lowered))
-        # CUDA: TVM builds every kernel from one source, whose device code the cache holds whole (cuda_binaries)
-        with cuda_binaries.storing(store if target.kind.name == "cuda" else None) as device:
+        # Built from one source for all kernels (CUDA), whose device code the cache keeps whole (cuda_binaries)
+        with cuda_binaries.storing(store) as device:
             executable = tvm.compile(lowered, target=target, relax_pipeline=None,
                                      tir_pipeline=spec.backend().tir_pipeline())
         reused = count if device["hits"] and not device["builds"] else 0
-        if store is not None and target.kind.name == "cuda":
+        if device["hits"] or device["builds"]:
             store.log_run("kernels", reused, count - reused)
             if device["builds"]:
                 store.evict()
