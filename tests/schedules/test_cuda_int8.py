@@ -230,12 +230,13 @@ def test_every_int8_tensor_core_candidate_builds():
     assert configs and all(isinstance(c, tensor_core.Config) and c.operand == "int8" for c in configs)
     assert configs[0] == tensor_core.default_config(784, 64, 576, SMS, "int8")
     assert {c.step_k for c in configs} == {16, 32, 64, 128}
-    target = targets.resolve(TARGET).tvm_target()
+    spec = targets.resolve(TARGET)
+    target = spec.tvm_target()
     scheduled = [_scheduled(func, config) for config in configs]
     for config, func_ in zip(configs, scheduled):
         used = dynamic_shared_bytes(func_, target)
         assert 0 < used <= config.shared_bytes() <= 48 * 1024, (config, used)
-    targets.resolve(TARGET).backend()  # as _source: TVM's CUDA runtime mapped (cubins), the epilogue's fma taught
+    spec.backend()  # as _source: TVM's CUDA runtime mapped (cubins), the epilogue's fma taught
     for config, source in zip(configs, built_together(scheduled, target)):
         assert "signed char" in source and "wmma::mma_sync" in source, config
 

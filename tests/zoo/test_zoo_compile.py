@@ -37,7 +37,7 @@ def _check(name, target, layout="blocked"):
 AS_ANOTHER_CPU = {"tiny_convnet", "mobilenet_v2", "resnet18", "efficientnet_lite0", "shufflenet_v2", "crnn"}
 
 
-def _skip_largest_as_another_cpu(name):
+def _skip_as_another_cpu(name):
     if name not in AS_ANOTHER_CPU and os.environ.get(targets.HOST_CPU_ENV):
         pytest.skip(f"{name}: run once, on this CPU's own code ({targets.HOST_CPU_ENV} is set; AS_ANOTHER_CPU "
                     "says which models run again)")
@@ -45,14 +45,14 @@ def _skip_largest_as_another_cpu(name):
 
 @pytest.mark.parametrize("name", MODELS + REAL_EXPORTS)
 def test_zoo_matches_onnxruntime_host(name):
-    _skip_largest_as_another_cpu(name)
+    _skip_as_another_cpu(name)
     _check(name, "x86-host")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", REAL_EXPORTS)
 def test_real_exports_match_onnxruntime_host_nchw(name):
-    _skip_largest_as_another_cpu(name)
+    _skip_as_another_cpu(name)
     _check(name, "x86-host", layout="nchw")
 
 

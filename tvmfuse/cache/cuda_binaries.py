@@ -26,7 +26,7 @@ FORMAT = "cuda-binary-1"
 _ENV = ("TVM_CUDA_COMPILE_MODE", "TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_KERNEL_DUMP",
         "NVSHMEM_HOME")
 
-_STATE = threading.local()  # .store, .hits, .builds: the build under way on this thread
+_STATE = threading.local()  # .store and .counts (storing's dict) of the build under way on this thread
 _INSTALLED: dict = {}
 _LOCK = threading.Lock()
 
@@ -62,10 +62,10 @@ def _compile(code: str):
     entry = key(code)
     found = store.get(entry)
     if found is not None:
-        _STATE.hits += 1
+        _STATE.counts["hits"] += 1
         return bytearray(found)
     binary = _INSTALLED["compile"](code)
-    _STATE.builds += 1
+    _STATE.counts["builds"] += 1
     store.put(entry, bytes(binary))
     return binary
 
@@ -93,10 +93,9 @@ def storing(store):
         yield counts
         return
     _install()
-    saved = getattr(_STATE, "store", None), getattr(_STATE, "hits", 0), getattr(_STATE, "builds", 0)
-    _STATE.store, _STATE.hits, _STATE.builds = store, 0, 0
+    saved = getattr(_STATE, "store", None), getattr(_STATE, "counts", None)
+    _STATE.store, _STATE.counts = store, counts
     try:
         yield counts
     finally:
-        counts.update(hits=_STATE.hits, builds=_STATE.builds)
-        _STATE.store, _STATE.hits, _STATE.builds = saved
+        _STATE.store, _STATE.counts = saved
