@@ -32,7 +32,7 @@ def _shapes(args) -> dict | None:
 
 
 def _consts(args) -> dict | None:
-    from .frontend.pin import parse_const_args
+    from .tensors import parse_const_args
 
     return parse_const_args(getattr(args, "const", None))
 

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import InputError, ShapeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,18 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     if not sep or not name or not shape:
         raise ShapeError(f"--shape {text!r}: expected NAME:D1,D2,... such as input:1,3,224,224")
     return name, shape
+
+
+def parse_const_args(texts) -> dict | None:
+    """``--const NAME=VALUE`` arguments as ``{NAME: "VALUE"}`` (None for none);
+    :func:`tvmfuse.frontend.pin.pin_inputs` parses and checks the values against the model."""
+    pinned = {}
+    for text in texts or []:
+        name, sep, value = text.partition("=")
+        if not sep or not name or not value:
+            raise InputError(f"--const {text}: expected NAME=VALUE (a number, or numbers separated by commas)")
+        pinned[name] = value
+    return pinned or None
 
 
 def random_inputs(expected: Sequence[TensorInfo], seed: int = 0) -> dict[str, np.ndarray]:

@@ -2,8 +2,9 @@
 
 The key is the model's content (its serialized ONNX, external data included, after loading), every option
 that changes the build (target with its CPU, shapes, pinned inputs, layout, precision, CUDA graph capture,
-the tuning logs' content, a calibration table's content), and the versions of the code (:mod:`.fingerprint`).
-The entry is the linked library and what a :class:`tvmfuse.api.CompiledModel` says about it (inputs,
+the tuning logs' content, a calibration table's content), the versions of the code (:mod:`.fingerprint`) and
+the backend's toolchain (CUDA: nvcc's version and settings).
+The entry is the linked library (CUDA's with its device code packed in) and what a :class:`tvmfuse.api.CompiledModel` says about it (inputs,
 outputs, kernels and who scheduled them, tuning-log use); the Relax modules are not stored, a model from
 the store rebuilds them when asked (kernels from the kernel cache).
 """
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 from . import fingerprint
@@ -41,9 +43,8 @@ def model_digest(model) -> str:
     """What identifies a model's content without loading it: a file's bytes and those of the files its tensors
     keep their data in, a built-in model's name (its graph is tvmfuse's code, which the versions cover), a
     ModelProto's serialization."""
-    import onnx
-
-    if isinstance(model, onnx.ModelProto):
+    onnx = sys.modules.get("onnx")  # not imported: not a ModelProto (its import is 0.5 s of a cached compile)
+    if onnx is not None and isinstance(model, onnx.ModelProto):
         return "proto " + hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
     if isinstance(model, str) and model.startswith("zoo:"):
         return model
@@ -51,6 +52,7 @@ def model_digest(model) -> str:
     data = path.read_bytes()
     files = []
     if b"location" in data:  # external data names its file under the key "location"; else none is read
+        import onnx
         from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
         proto = onnx.load_model_from_string(data)
@@ -64,10 +66,12 @@ def model_key(model, spec, options: dict, digest: str | None = None) -> str:
     """The key of a build of ``model`` (path, ``zoo:NAME`` or ModelProto; ``digest``: its
     :func:`model_digest`, when known) for ``spec`` with ``options`` (JSON-able); a file that cannot be read
     raises OSError (the caller lets the import say so)."""
-    return hashlib.sha256(json.dumps({
-        "format": FORMAT, "versions": fingerprint.versions(), "target": spec.to_json(),
-        "tvm_target": str(spec.tvm_target()), "options": options, "model": digest or model_digest(model)},
-        sort_keys=True, default=str).encode()).hexdigest()
+    material = {"format": FORMAT, "versions": fingerprint.versions(), "target": spec.to_json(),
+                "tvm_target": str(spec.tvm_target()), "options": options, "model": digest or model_digest(model)}
+    toolchain = spec.backend().toolchain()
+    if toolchain:  # nvcc's version for CUDA (CPU targets' keys stay as they were)
+        material["toolchain"] = toolchain
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def save(store: Store, key: str, state: dict, library) -> None:

@@ -32,18 +32,6 @@ def _values(text_or_value, name: str) -> np.ndarray:
     return np.asarray(text_or_value)
 
 
-def parse_const_args(texts) -> dict | None:
-    """``--const NAME=VALUE`` arguments as ``{NAME: "VALUE"}`` (None for none); :func:`pin_inputs` parses and
-    checks the values against the model."""
-    pinned = {}
-    for text in texts or []:
-        name, sep, value = text.partition("=")
-        if not sep or not name or not value:
-            raise InputError(f"--const {text}: expected NAME=VALUE (a number, or numbers separated by commas)")
-        pinned[name] = value
-    return pinned or None
-
-
 def pin_inputs(model: onnx.ModelProto, consts: Mapping[str, object] | None) -> dict[str, dict]:
     """Make each input named in ``consts`` an initializer of the given value (in place); return, per pinned
     input, its ``shape``, ``dtype`` and ``value`` (a flat list) for the manifest. A value may be a number, a
