@@ -212,6 +212,11 @@ class Backend:
     # --- build ---
     captures_graphs = False  # whether its runtime can replay a model's kernel launches as one graph
 
+    def toolchain(self) -> str:
+        """What decides its code besides tvmfuse, TVM and LLVM (:func:`tvmfuse.cache.fingerprint.versions`) and
+        the target: a whole build's cache key takes it ('' when nothing)."""
+        return ""
+
     def build_info(self, graph: bool = False) -> dict:
         """Manifest entries the backend adds for a build (checked before building); ``graph``: the build
         captures its launches in a graph (see :meth:`pass_config`)."""

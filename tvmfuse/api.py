@@ -92,17 +92,15 @@ class CompiledModel:
         (:func:`tvmfuse.export.kernel_source`)."""
         return kernel_source(self.lowered, self.target, fmt)
 
-    def library_file(self) -> LibraryFile | None:
-        """The shared library, linked once (None for targets whose executable links itself on export: CUDA's
-        device code is packed by TVM's exporter)."""
-        if self._library is None and self.target.backend().device == "cpu":
+    def library_file(self) -> LibraryFile:
+        """The shared library (CUDA's device code packed in), linked once."""
+        if self._library is None:
             self._library = LibraryFile.link(self.executable)
         return self._library
 
-    def library_bytes(self) -> bytes | None:
+    def library_bytes(self) -> bytes:
         """The shared library's bytes (see :meth:`library_file`)."""
-        library = self.library_file()
-        return None if library is None else library.read_bytes()
+        return self.library_file().read_bytes()
 
     def _get_runner(self) -> Runner:
         runner = self._runner
@@ -115,8 +113,9 @@ class CompiledModel:
                     if backend.device == "cpu" and not backend.can_run():  # another CPU's code: never executed
                         raise TargetError(f"model compiled for {self.target.name} cannot run here: "
                                           f"{backend.why_not_runnable()}")
-                    library = self.library_file()
-                    module = library.load() if library is not None else self.executable
+                    # The executable where it was built here for a GPU (no copy of the library to load)
+                    gpu_built = self.executable is not None and backend.device != "cpu"
+                    module = self.executable if gpu_built else self.library_file().load()
                     self._runner = Runner(module, self.inputs, self.outputs,
                                           device=self.target.backend().device, pinned=self.pinned)
                 runner = self._runner

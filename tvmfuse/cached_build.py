@@ -170,10 +170,8 @@ def log_files(logs, spec: targets.TargetSpec) -> list:
 
 
 def save(store, key: str, cm) -> None:
-    """Store ``cm``'s whole build under ``key`` (CPU targets: CUDA builds keep only their kernels' reuse)."""
+    """Store ``cm``'s whole build under ``key``: its library (linked now if not yet) and what it reports."""
     library = cm.library_file()
-    if library is None:
-        return
     state = {"source": cm.source, "inputs": [i.to_json() for i in cm.inputs],
              "outputs": [o.to_json() for o in cm.outputs], "pinned": cm.pinned, "layout": cm.layout,
              "precision": cm.precision, "build_info": cm.build_info, "tuning_logs": cm.tuning_logs,
@@ -190,6 +188,8 @@ def remember(store, request: str | None, key: str, spec: targets.TargetSpec, log
     from .cache import hits
     from .export import target_fields
 
-    if not store.path(key).is_file():  # not stored (a CUDA build keeps only its kernels): nothing to answer with
+    if not store.path(key).is_file():  # not stored (no room): nothing to answer with
         return
-    hits.remember(store, request, key, target_fields(spec), log_files(logs, spec), spec.backend().build_warning())
+    backend = spec.backend()
+    hits.remember(store, request, key, target_fields(spec), log_files(logs, spec), backend.build_warning(),
+                  backend.toolchain())

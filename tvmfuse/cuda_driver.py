@@ -18,6 +18,7 @@ Set ``TVMFUSE_CUDA_STUB=0`` to turn the stub off.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import shutil
@@ -134,3 +135,36 @@ def cuda_codegen_ready() -> bool:
     import tvm_ffi
 
     return tvm_ffi.get_global_func("ffi.Module.load_from_bytes.cuda", allow_missing=True) is not None
+
+
+# What TVM's compile callback reads besides the source (tvm.support.nvcc): ptxas's options, the debug and dump
+# flags, fast math, NVRTC's options, the toolkit's and NVSHMEM's homes. The compiler is compile_mode().
+COMPILER_ENV = ("TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_KERNEL_DUMP", "TVM_KERNEL_DEBUG",
+                "TVM_CUDA_NVCC_NO_FAST_MATH", "TVM_CUDA_NVRTC_EXTRA_OPTS", "CUDA_PATH", "NVSHMEM_HOME")
+
+
+def compile_mode() -> str:
+    """The compiler TVM's callback will use: the user's ``TVM_CUDA_COMPILE_MODE``, else NVRTC where
+    ``cuda-bindings`` is installed and nvcc where not (what :func:`preload` sets)."""
+    asked = os.environ.get("TVM_CUDA_COMPILE_MODE")
+    return asked.lower() if asked else "nvrtc" if importlib.util.find_spec("cuda") is not None else "nvcc"
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_version() -> str:
+    """``nvcc --version`` of the nvcc on PATH (about 60 ms: asked once a process)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return "no nvcc"
+    try:
+        return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "nvcc unreadable"
+
+
+def toolchain() -> str:
+    """What decides the device code of a CUDA source besides the source and the architecture: the compiler,
+    nvcc's version (NVRTC comes with the same toolkit) and the settings TVM's callback reads from the
+    environment. The cache's keys take it; the same before and after :func:`preload`."""
+    env = "\n".join(f"{name}={os.environ.get(name, '')}" for name in COMPILER_ENV)
+    return f"{compile_mode()}\n{nvcc_version()}\n{env}"

@@ -115,6 +115,10 @@ class Backend(_Base):
 
         return [n for n in names if TensorIntrin.get(n, allow_missing=True) is not None]
 
+    def toolchain(self) -> str:
+        """nvcc's version and the compiler settings TVM reads from the environment."""
+        return cuda_driver.toolchain()
+
     def why_not_runnable(self) -> str:
         return "" if cuda_driver.cuda_available() else "no CUDA device on this machine"
 

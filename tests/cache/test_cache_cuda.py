@@ -1,33 +1,56 @@
 """CUDA builds reuse the device code nvcc made of the same source (tvmfuse.cache.cuda_binaries): a second
-compile runs no nvcc and gives the same library; another architecture, a damaged entry or no cache compile."""
+compile runs no nvcc and gives the same library; another architecture, a damaged entry or no cache compile.
+The same model compiled again is a whole build from the cache, answered without TVM from the CLI, while nvcc
+is the same."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 import tvmfuse
-from tvmfuse import targets
-from tvmfuse.cache import cuda_binaries
+from tvmfuse import cuda_driver, targets
+from tvmfuse.cache import cuda_binaries, cuda_kernels
 from tvmfuse.cache.store import Store
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 MODEL = "zoo:tiny_convnet"
+# runs tvmfuse's CLI and says whether TVM was imported on the way
+CLI = ("import sys; from tvmfuse import cli; rc = cli.main(sys.argv[1:]); print('TVM', 'tvm' in sys.modules); "
+       "sys.exit(rc)")
+
+
+def _cli(args, cache, **env):
+    proc = subprocess.run([sys.executable, "-c", CLI, *args, "--cache-dir", str(cache)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 @pytest.fixture
 def nvcc_runs(monkeypatch):
-    """The CUDA sources TVM's own callback (nvcc) compiles from here on."""
+    """The CUDA sources compiled from here on: whole by TVM's own callback, or kernel by kernel."""
     cuda_binaries._install()
-    real, runs = cuda_binaries._INSTALLED["compile"], []
+    real, by_kernel, runs = cuda_binaries._INSTALLED["compile"], cuda_kernels.compile, []
     monkeypatch.setitem(cuda_binaries._INSTALLED, "compile", lambda code: runs.append(code) or real(code))
+
+    def kernels(code, *args):
+        binary = by_kernel(code, *args)
+        if binary is not None:
+            runs.append(code)
+        return binary
+
+    monkeypatch.setattr(cuda_kernels, "compile", kernels)
     return runs
 
 
 def test_the_same_source_is_compiled_once(tmp_path, nvcc_runs):
-    first = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path / "cache")
-    second = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path / "cache")
+    first = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path / "cache", whole=False)
+    second = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path / "cache", whole=False)
     assert len(nvcc_runs) == 1
     assert first.cache_info["from_cache"] == 0 < first.cache_info["kernels"]
     assert second.cache_info["from_cache"] == second.cache_info["kernels"] == first.cache_info["kernels"]
@@ -41,14 +64,15 @@ def test_the_same_source_is_compiled_once(tmp_path, nvcc_runs):
 
 
 def test_a_damaged_entry_is_compiled_again_with_a_warning(tmp_path, nvcc_runs):
-    tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path)
+    tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path, whole=False)  # kernels only: nvcc's output
     with targets.resolve("cuda-sm90").tvm_target():
         path = Store(tmp_path).path(cuda_binaries.key(nvcc_runs[0]))
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.warns(UserWarning, match="damaged"):
-        cm = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path)
-    assert len(nvcc_runs) == 2 and cm.cache_info["from_cache"] == 0
-    assert tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path).cache_info["from_cache"] > 0
+        cm = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path, whole=False)
+    # made again, from the kernels' stored PTX (cuda_kernels): ptxas only
+    assert len(nvcc_runs) == 2 and cm.cache_info["from_cache"] == cm.cache_info["kernels"]
+    assert tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path, whole=False).cache_info["from_cache"] > 0
     assert len(nvcc_runs) == 2
 
 
@@ -62,3 +86,25 @@ def test_the_key_follows_the_compiler_settings(monkeypatch):
         assert cuda_binaries.key(code) == plain != cuda_binaries.key(code + "\n")
     with targets.resolve("cuda-sm80").tvm_target():
         assert cuda_binaries.key(code) != plain
+
+
+def test_a_whole_cuda_build_is_reused_while_nvcc_is_the_same(tmp_path, nvcc_runs, monkeypatch):
+    first = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path)
+    second = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path)
+    assert (first.cache_info["model"], second.cache_info["model"]) == ("miss", "hit")
+    assert second.library_bytes() == first.library_bytes() and len(nvcc_runs) == 1
+    assert second.manifest()["cuda_code"] == "binary"
+    second.export(tmp_path / "m.so")
+    assert (tmp_path / "m.so").read_bytes() == first.library_bytes()
+    monkeypatch.setattr(cuda_driver, "nvcc_version", lambda: "Cuda compilation tools, release 99.0")
+    assert tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path).cache_info["model"] == "miss"
+
+
+def test_a_recorded_cuda_build_is_exported_without_tvm_until_nvcc_changes(tmp_path):
+    args = ["compile", MODEL, "--target", "cuda-sm90", "-q"]
+    assert "TVM True" in _cli(args + ["-o", str(tmp_path / "a.so")], tmp_path / "c")
+    assert "TVM False" in _cli(args + ["-o", str(tmp_path / "b.so")], tmp_path / "c")
+    assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
+    # Another nvcc (here: another PTX register setting TVM's callback reads) is another build
+    again = _cli(args + ["-o", str(tmp_path / "c.so")], tmp_path / "c", TVM_CUDA_PTXAS_REG_LEVEL="5")
+    assert "TVM True" in again

@@ -6,7 +6,7 @@ version, and the export's manifest asks the backend which device runs the librar
 or finds a whole build also records, under a **request key** made only of what decides those (the arguments
 as given, the model's content, the installed tvmfuse, TVM and tvm-ffi, this machine's CPU and cores, the
 variables that pick the CPU and the tuning logs), the whole build's key, the tuning-log files it digested with their
-digest, and the target's part of the manifest. The next compile of the same request looks that record up
+digest, the target's part of the manifest and the backend's toolchain (nvcc's version, for CUDA). The next compile of the same request looks that record up
 first: where the logs still digest the same and the store still holds the build, the library is exported from
 it with no TVM in the process; anything else (no record, changed logs, a damaged entry) takes the normal path,
 which records again. A record holds no code: a wrong one can only send a compile the normal way or name a
@@ -21,6 +21,7 @@ import json
 import os
 from pathlib import Path
 
+from .. import cuda_driver
 from . import fingerprint, models
 from .store import Store
 
@@ -78,15 +79,18 @@ def quantize_options(options: dict, source: str, method: str, percentile: float,
     return dict(options, calibration=source, method=method, percentile=float(percentile), weight_bits=weight_bits)
 
 
-def remember(store: Store, request: str | None, whole: str, target_fields: dict, log_files, warning: str | None):
+def remember(store: Store, request: str | None, whole: str, target_fields: dict, log_files, warning: str | None,
+             toolchain: str = ""):
     """Record that ``request`` is answered by the whole build ``whole`` (``log_files``: the tuning-log files
     its key digested; ``target_fields``: the target's part of its manifest; ``warning``: what the target said
-    at compile time, said again on a hit)."""
+    at compile time, said again on a hit; ``toolchain``: the backend's, which its key took: nvcc's, the only
+    one a backend names, checked again on every answer)."""
     if request is None:
         return
     files = [str(f) for f in log_files]
     record = json.dumps({"format": FORMAT, "whole": whole, "log_files": files, "logs": models.digest_files(files),
-                         "target_fields": target_fields, "warning": warning}, sort_keys=True).encode()
+                         "target_fields": target_fields, "warning": warning, "toolchain": toolchain},
+                        sort_keys=True).encode()
     if store.get(request) != record:  # every cached compile remembers: write only what changed
         store.put(request, record)
 
@@ -106,6 +110,8 @@ def answer(store: Store, request: str | None):
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         return None
     if models.digest_files(record["log_files"]) != record["logs"]:
+        return None
+    if record.get("toolchain") and record["toolchain"] != cuda_driver.toolchain():  # another nvcc: other code
         return None
     found = models.load(store, record["whole"])
     if found is None:
