@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -48,24 +49,33 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
     target = spec.tvm_target()
     store = kernel_cache.resolve(cache)
     known = dict(known or {}) if store is not None else None
-    reuse = (lambda make, names: schedules.cached(make, store, database, names, known)) \
-        if kernels.cacheable(target) else None
+    def reuse(make, names):
+        return schedules.cached(make, store, database, names, known)
+
     with target, tvm.transform.PassContext(opt_level=3, config=spec.backend().pass_config(graph)):
         lowered = relax_pipeline(spec, target, database, applied, reuse)(mod)
         if kernels.cacheable(target):
             executable, stats = kernels.build_executable(lowered, target, store, known, spec.backend().tir_pipeline())
             return executable, lowered, stats
         count = len(kernel_names(lowered))
-        # Built from one source for all kernels (CUDA), whose device code the cache keeps whole (cuda_binaries)
+        # Built from one source for all kernels (CUDA): the cache keeps its device code (cuda_binaries)
         with cuda_binaries.storing(store) as device:
             executable = tvm.compile(lowered, target=target, relax_pipeline=None,
                                      tir_pipeline=spec.backend().tir_pipeline())
-        reused = count if device["hits"] and not device["builds"] else 0
+        reused = count if device["hits"] and not device["builds"] else _reused(lowered, device)
         if device["hits"] or device["builds"]:
             store.log_run("kernels", reused, count - reused)
             if device["builds"]:
                 store.evict()
         return executable, lowered, kernels.KernelStats(count, reused)
+
+
+def _reused(lowered, device: dict) -> int:
+    """The kernels (PrimFuncs) all of whose device kernels (``NAME_kernel``, ``NAME_kernel_1``, ...) had their
+    code in the cache (:func:`tvmfuse.cache.cuda_binaries.storing`'s counts)."""
+    built = {re.sub(r"_kernel(_\d+)?$", "", name) for name in device["kernels_built"]}
+    found = {re.sub(r"_kernel(_\d+)?$", "", name) for name in device["kernels_found"]}
+    return sum(1 for name in kernel_names(lowered) if name in found and name not in built)
 
 
 def kernel_source(lowered, spec: TargetSpec, fmt: str = "asm") -> str:

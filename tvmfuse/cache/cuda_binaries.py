@@ -6,53 +6,41 @@ cores, 10.7 s of it in nvcc's front end on 2.4 MB of source), and a build of the
 precision and tiles writes the same source. While :func:`storing` is active on a thread, the callback answers
 a source the store holds with what it stored; the key is the source with what else decides the binary: the
 compiler (mode and ``nvcc --version``), the architecture, the ptxas settings TVM reads from its environment,
-and the versions in :func:`tvmfuse.cache.fingerprint.versions`. Entries are the store's (checksummed, private,
-atomic, evicted least recently used first).
+and the versions in :func:`tvmfuse.cache.fingerprint.versions`. A source not found is built kernel by kernel
+where it can be (:mod:`.cuda_kernels`: each kernel's PTX stored, the missing ones translated), so a model with
+one changed layer translates that kernel alone. Entries are the store's (checksummed, private, atomic, evicted
+least recently used first).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import os
-import shutil
-import subprocess
 import threading
 
 FORMAT = "cuda-binary-1"
-# What TVM's callback reads besides the source (tvm.support.nvcc): the compiler, ptxas's options, the dump flag
-# (which adds -lineinfo), NVSHMEM's home.
-_ENV = ("TVM_CUDA_COMPILE_MODE", "TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_KERNEL_DUMP",
-        "NVSHMEM_HOME")
 
 _STATE = threading.local()  # .store and .counts (storing's dict) of the build under way on this thread
 _INSTALLED: dict = {}
 _LOCK = threading.Lock()
 
 
-@functools.lru_cache(maxsize=1)
-def _nvcc_version() -> str:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return "no nvcc"
-    try:
-        return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "nvcc unreadable"
-
-
-def key(code: str) -> str:
-    """The key of the binary ``code`` compiles to under the current target and environment."""
+def _context() -> tuple[str, str]:
+    """(what every key of this build shares: versions and toolchain; the target's architecture)."""
     import tvm
 
+    from ..cuda_driver import toolchain
     from .fingerprint import versions
 
     target = tvm.target.Target.current(allow_none=True)
     arch = str(getattr(target, "arch", "")) if target is not None else ""
-    env = "\n".join(f"{name}={os.environ.get(name, '')}" for name in _ENV)
-    material = "\n".join([FORMAT, versions(), _nvcc_version(), arch, env, code])
-    return hashlib.sha256(material.encode()).hexdigest()
+    return versions() + "\n" + toolchain(), arch
+
+
+def key(code: str) -> str:
+    """The key of the binary ``code`` compiles to under the current target and environment."""
+    shared, arch = _context()
+    return hashlib.sha256("\n".join([FORMAT, shared, arch, code]).encode()).hexdigest()
 
 
 def _compile(code: str):
@@ -64,10 +52,15 @@ def _compile(code: str):
     if found is not None:
         _STATE.counts["hits"] += 1
         return bytearray(found)
-    binary = _INSTALLED["compile"](code)
+    from ..threads import cpu_budget
+    from . import cuda_kernels
+
+    binary = cuda_kernels.compile(code, store, _STATE.counts, *_context(), cpu_budget())
+    if binary is None:  # not in the form kernels are reused in: compiled whole, as TVM does
+        binary = _INSTALLED["compile"](code)
     _STATE.counts["builds"] += 1
     store.put(entry, bytes(binary))
-    return binary
+    return bytearray(binary)
 
 
 def _install() -> None:
@@ -87,8 +80,10 @@ def _install() -> None:
 def storing(store):
     """CUDA builds on this thread inside the block take their device code from ``store`` (a
     :class:`tvmfuse.cache.store.Store`; None: no change) and put what they compile there. Yields a dict that
-    says, after the block, how many device-code builds were answered (``hits``) and compiled (``builds``)."""
-    counts = {"hits": 0, "builds": 0}
+    says, after the block, how many device-code builds were answered whole (``hits``) and compiled
+    (``builds``), and which device kernels of those compiled had their PTX stored (``kernels_found``) and
+    which were translated (``kernels_built``; both empty where the source was compiled whole)."""
+    counts = {"hits": 0, "builds": 0, "kernels_found": [], "kernels_built": []}
     if store is None:
         yield counts
         return

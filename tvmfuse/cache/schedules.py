@@ -64,12 +64,12 @@ def cached(scheduling, store: Store | None, database, applied: list | None, know
         rest = tvm.transform.Sequential(scheduling(inner))(
             tvm.IRModule({gv: f for gv, f in kernels.items() if gv not in found}))
         out = mod.clone()
-        for gv, func in found.items():
+        # in the module's order, found or not: CUDA's function table lists the kernels in the order they were
+        # put back, so a build from the cache is byte for byte the build without it
+        for gv in kernels:
+            func = found.get(gv) or rest[gv.name_hint]
             out.update_func(gv, func)
-        for gv in [g for g in kernels if g not in found]:
-            func = rest[gv.name_hint]
-            out.update_func(gv, func)
-            if gv in keys and not func.same_as(kernels[gv]):  # scheduled here: stored for the next compile
+            if gv not in found and gv in keys and not func.same_as(kernels[gv]):  # scheduled here: stored
                 store.put(keys[gv], tvm.ir.save_json(func).encode())
         if applied is not None:
             applied.extend(sorted(inner + from_log))
