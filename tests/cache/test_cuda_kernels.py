@@ -117,6 +117,13 @@ def test_another_form_or_compiler_is_compiled_whole(tmp_path, source, monkeypatc
     monkeypatch.setenv("TVM_KERNEL_DEBUG", "1")
     assert _compile(source, store)[0] is None
     assert not list(store.entries())  # nothing stored on the way
+    monkeypatch.delenv("TVM_KERNEL_DEBUG")
+
+    def refused(*_args):
+        raise RuntimeError("ptxas failed")
+
+    monkeypatch.setattr(cuda_kernels, "_assemble", refused)  # ptxas refusing the module: nvcc on the whole
+    assert _compile(source, store) == (None, {"kernels_found": [], "kernels_built": []})
 
 
 def test_a_model_with_one_changed_layer_reuses_the_other_kernels(tmp_path):
@@ -131,3 +138,14 @@ def test_a_model_with_one_changed_layer_reuses_the_other_kernels(tmp_path):
     info = changed.cache_info
     assert info["model"] == "miss" and 0 < info["from_cache"] < info["kernels"]
     assert changed.library_bytes() == plain.library_bytes()
+
+
+def test_fp16_kernels_sharing_dynamic_shared_memory_make_the_same_fatbin(tmp_path):
+    """fp16 tensor-core kernels declare the module's dynamic shared memory: declared once in the assembled PTX,
+    the fatbin is still nvcc's for the whole source."""
+    code = tvmfuse.compile("zoo:tiny_convnet", target=TARGET, cache=False, precision="fp16").kernel_source()
+    assert "buf_dyn_shmem" in code
+    binary, counts = _compile(code, resolve(tmp_path))
+    cuda_driver.preload()
+    with targets.resolve(TARGET).tvm_target():
+        assert binary == bytes(_tvm_compile(code)) and counts["kernels_built"]

@@ -237,9 +237,15 @@ def compile(code: str, store, counts: dict, base_key: str, arch: str, cores: int
                 return None  # one name declared two ways: leave it to nvcc
     if len(headers) != 1:
         return None
-    counts["kernels_found"] += [n for n, _, _ in kernels if n not in {k[0] for k in missing}]
-    counts["kernels_built"] += [k[0] for k in missing]
-    return _assemble(json.loads(headers.pop()), shared, [found[n]["entry"] for n, _, _ in kernels], arch_options)
+    try:
+        binary = _assemble(json.loads(headers.pop()), shared, [found[n]["entry"] for n, _, _ in kernels],
+                           arch_options)
+    except RuntimeError:  # ptxas refused the module: nvcc on the whole source says why, or makes it
+        return None
+    built = {k[0] for k in missing}
+    counts["kernels_found"] += [n for n, _, _ in kernels if n not in built]
+    counts["kernels_built"] += sorted(built)
+    return binary
 
 
 def _parse_entry(raw: bytes | None) -> dict | None:
