@@ -44,7 +44,7 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
     import tvm
 
     from . import cache as kernel_cache
-    from .cache import cuda_binaries, kernels, schedules
+    from .cache import cuda_binaries, kernels, lowered_tir, schedules
 
     target = spec.tvm_target()
     store = kernel_cache.resolve(cache)
@@ -59,9 +59,9 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
             return executable, lowered, stats
         count = len(kernel_names(lowered))
         # Built from one source for all kernels (CUDA): the cache keeps its device code (cuda_binaries)
-        with cuda_binaries.storing(store) as device:
+        with cuda_binaries.storing(store) as device, lowered_tir.storing(store, known):
             executable = tvm.compile(lowered, target=target, relax_pipeline=None,
-                                     tir_pipeline=spec.backend().tir_pipeline())
+                                     tir_pipeline=lowered_tir.pipeline(spec.backend().tir_pipeline()))
         reused = count if device["hits"] and not device["builds"] else _reused(lowered, device)
         if device["hits"] or device["builds"]:
             store.log_run("kernels", reused, count - reused)
