@@ -176,6 +176,12 @@ class Backend:
         return []
 
     @staticmethod
+    def fallback_passes() -> list:
+        """Passes that schedule the kernels the backend's rules left (after :meth:`kernel_passes`, with the
+        scheduling: what they make of a kernel is cached with it)."""
+        return []
+
+    @staticmethod
     def tir_pipeline() -> str:
         """The name of the TIR pipeline its kernels build with (``tvm.tirx.build``'s ``pipeline``), by compile,
         the kernel cache, tuning and the fuzzer alike."""

@@ -3,14 +3,14 @@
 ``import tvm`` took 0.8 s of the 1.0 s a ``tvmfuse compile`` of a cached MobileNetV2 took (Zen 4): the whole
 build's key (:func:`.models.model_key`) asks TVM for the target's CPU name, its canonical string and LLVM's
 version, and the export's manifest asks the backend which device runs the library. So each compile that builds
-or finds a whole build also records, under a **request key** made only of what decides those (the arguments
-as given, the model's content, the installed tvmfuse, TVM and tvm-ffi, this machine's CPU and cores, the
-variables that pick the CPU and the tuning logs), the whole build's key, the tuning-log files it digested with their
-digest, the target's part of the manifest and the backend's toolchain (nvcc's version, for CUDA). The next compile of the same request looks that record up
-first: where the logs still digest the same and the store still holds the build, the library is exported from
-it with no TVM in the process; anything else (no record, changed logs, a damaged entry) takes the normal path,
-which records again. A record holds no code: a wrong one can only send a compile the normal way or name a
-build that the whole key's own checksum vouches for.
+or finds a whole build also records, under a **request key** made only of what decides those (the arguments as
+given, the model's content, the installed tvmfuse, TVM and tvm-ffi, this machine's CPU and cores, the variables
+that pick the CPU and the tuning logs), the whole build's key, the tuning-log files it digested with their
+digest, the target's part of the manifest and the backend's toolchain (nvcc's version, for CUDA). The next
+compile of the same request looks that record up first: where the logs still digest the same and the store still
+holds the build, the library is exported from it with no TVM in the process; anything else (no record, changed
+logs, a damaged entry) takes the normal path, which records again. A record holds no code: a wrong one can only
+send a compile the normal way or name a build that the whole key's own checksum vouches for.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Whole builds in the store: the same model compiled the same way again skips import, passes and build.
 
-The key is the model's content (its serialized ONNX, external data included, after loading), every option
-that changes the build (target with its CPU, shapes, pinned inputs, layout, precision, CUDA graph capture,
-the tuning logs' content, a calibration table's content), the versions of the code (:mod:`.fingerprint`) and
-the backend's toolchain (CUDA: nvcc's version and settings).
-The entry is the linked library (CUDA's with its device code packed in) and what a :class:`tvmfuse.api.CompiledModel` says about it (inputs,
-outputs, kernels and who scheduled them, tuning-log use); the Relax modules are not stored, a model from
-the store rebuilds them when asked (kernels from the kernel cache).
+The key is the model's content (its serialized ONNX, external data included, after loading), every option that
+changes the build (target with its CPU, shapes, pinned inputs, layout, precision, CUDA graph capture, the tuning
+logs' content, a calibration table's content), the versions of the code (:mod:`.fingerprint`) and the backend's
+toolchain (CUDA: nvcc's version and settings). The entry is the linked library (CUDA's with its device code
+packed in) and what a :class:`tvmfuse.api.CompiledModel` says about it (inputs, outputs, kernels and who
+scheduled them, tuning-log use); the Relax modules are not stored, a model from the store rebuilds them when
+asked (kernels from the kernel cache).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def cached(scheduling, store: Store | None, database, applied: list | None, know
     @tvm.transform.module_pass(opt_level=0, name="tvmfuse.CachedScheduling")
     def _pass(mod, _ctx):
         target, context = tvm.target.Target.current(), pass_options()
-        kernels = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+        kernels = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}  # in its order
         keys = {}
         for gv, f in kernels.items():
             if not is_scheduled(f):

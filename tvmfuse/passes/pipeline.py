@@ -107,12 +107,14 @@ def scheduling_passes(spec: TargetSpec, database=None):
     """``applied -> passes``: the passes that schedule the kernels, records from ``database`` (a MetaSchedule
     database of tuning logs, optional; ``applied`` receives the kernel names it scheduled) then the backend's
     default schedules for the kernels left, then its passes over every scheduled kernel
-    (:meth:`~tvmfuse.schedules.backend.Backend.kernel_passes`). They read and change PrimFuncs only."""
+    (:meth:`~tvmfuse.schedules.backend.Backend.kernel_passes`), then its fallback for kernels no rule took
+    (:meth:`~tvmfuse.schedules.backend.Backend.fallback_passes`). They read and change PrimFuncs only."""
     from .schedule import ApplyTuningLogs, ScheduleKernels
 
     def make(applied: list | None) -> list:
+        backend = spec.backend()
         return (([ApplyTuningLogs(database, applied)] if database is not None else []) + [ScheduleKernels(spec)]
-                + spec.backend().kernel_passes())
+                + backend.kernel_passes() + backend.fallback_passes())
 
     return make
 
