@@ -170,7 +170,11 @@ def log_files(logs, spec: targets.TargetSpec) -> list:
 
 
 def save(store, key: str, cm) -> None:
-    """Store ``cm``'s whole build under ``key``: its library (linked now if not yet) and what it reports."""
+    """Store ``cm``'s whole build under ``key``: its library (linked now if not yet) and what it reports. A
+    CUDA build that kept its kernels as source (no CUDA runtime to compile them with, said with a warning) is
+    not stored: a compile where the runtime loads must make binaries, and the key does not tell the two apart."""
+    if cm.build_info.get("cuda_code") == "source":
+        return
     library = cm.library_file()
     state = {"source": cm.source, "inputs": [i.to_json() for i in cm.inputs],
              "outputs": [o.to_json() for o in cm.outputs], "pinned": cm.pinned, "layout": cm.layout,

@@ -108,3 +108,13 @@ def test_a_recorded_cuda_build_is_exported_without_tvm_until_nvcc_changes(tmp_pa
     # Another nvcc (here: another PTX register setting TVM's callback reads) is another build
     again = _cli(args + ["-o", str(tmp_path / "c.so")], tmp_path / "c", TVM_CUDA_PTXAS_REG_LEVEL="5")
     assert "TVM True" in again
+
+
+def test_a_build_that_kept_its_kernels_as_source_is_not_stored(tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_driver, "cuda_codegen_ready", lambda: False)
+    with pytest.warns(UserWarning, match="kept as source"):
+        first = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path)
+    assert first.manifest()["cuda_code"] == "source"
+    monkeypatch.undo()
+    second = tvmfuse.compile(MODEL, target="cuda-sm90", cache=tmp_path)
+    assert second.cache_info["model"] == "miss" and second.manifest()["cuda_code"] == "binary"
