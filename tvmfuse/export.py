@@ -49,6 +49,7 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
     target = spec.tvm_target()
     store = kernel_cache.resolve(cache)
     known = dict(known or {}) if store is not None else None
+
     def reuse(make, names):
         return schedules.cached(make, store, database, names, known)
 
@@ -70,11 +71,14 @@ def build(mod, spec: TargetSpec, database=None, applied: list | None = None, gra
         return executable, lowered, kernels.KernelStats(count, reused)
 
 
+_DEVICE_SUFFIX = re.compile(r"_kernel(_\d+)?$")  # a kernel's device functions: NAME_kernel, NAME_kernel_1, ...
+
+
 def _reused(lowered, device: dict) -> int:
     """The kernels (PrimFuncs) all of whose device kernels (``NAME_kernel``, ``NAME_kernel_1``, ...) had their
     code in the cache (:func:`tvmfuse.cache.cuda_binaries.storing`'s counts)."""
-    built = {re.sub(r"_kernel(_\d+)?$", "", name) for name in device["kernels_built"]}
-    found = {re.sub(r"_kernel(_\d+)?$", "", name) for name in device["kernels_found"]}
+    built = {_DEVICE_SUFFIX.sub("", name) for name in device["kernels_built"]}
+    found = {_DEVICE_SUFFIX.sub("", name) for name in device["kernels_found"]}
     return sum(1 for name in kernel_names(lowered) if name in found and name not in built)
 
 

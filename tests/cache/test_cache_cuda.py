@@ -5,12 +5,10 @@ is the same."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+from helpers.cli_run import cli_run
 
 import tvmfuse
 from tvmfuse import cuda_driver, targets
@@ -19,16 +17,6 @@ from tvmfuse.cache.store import Store
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 MODEL = "zoo:tiny_convnet"
-# runs tvmfuse's CLI and says whether TVM was imported on the way
-CLI = ("import sys; from tvmfuse import cli; rc = cli.main(sys.argv[1:]); print('TVM', 'tvm' in sys.modules); "
-       "sys.exit(rc)")
-
-
-def _cli(args, cache, **env):
-    proc = subprocess.run([sys.executable, "-c", CLI, *args, "--cache-dir", str(cache)], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 @pytest.fixture
@@ -102,11 +90,11 @@ def test_a_whole_cuda_build_is_reused_while_nvcc_is_the_same(tmp_path, nvcc_runs
 
 def test_a_recorded_cuda_build_is_exported_without_tvm_until_nvcc_changes(tmp_path):
     args = ["compile", MODEL, "--target", "cuda-sm90", "-q"]
-    assert "TVM True" in _cli(args + ["-o", str(tmp_path / "a.so")], tmp_path / "c")
-    assert "TVM False" in _cli(args + ["-o", str(tmp_path / "b.so")], tmp_path / "c")
+    assert "TVM True" in cli_run(args + ["-o", str(tmp_path / "a.so")], tmp_path / "c")
+    assert "TVM False" in cli_run(args + ["-o", str(tmp_path / "b.so")], tmp_path / "c")
     assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
     # Another nvcc (here: another PTX register setting TVM's callback reads) is another build
-    again = _cli(args + ["-o", str(tmp_path / "c.so")], tmp_path / "c", TVM_CUDA_PTXAS_REG_LEVEL="5")
+    again = cli_run(args + ["-o", str(tmp_path / "c.so")], tmp_path / "c", TVM_CUDA_PTXAS_REG_LEVEL="5")
     assert "TVM True" in again
 
 

@@ -5,30 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
 from helpers import HOST, conv_relu
+from helpers.cli_run import cli_run
 
 import tvmfuse
 from tvmfuse import cli, targets
 from tvmfuse.cache import hits, models, resolve
 from tvmfuse.cached_build import model_digest
 from tvmfuse.tune import database
-
-# runs tvmfuse's CLI and says whether TVM was imported on the way
-CLI = ("import sys; from tvmfuse import cli; rc = cli.main(sys.argv[1:]); print('TVM', 'tvm' in sys.modules); "
-       "sys.exit(rc)")
-
-
-def _cli(args, cache):
-    proc = subprocess.run([sys.executable, "-c", CLI, *args, "--cache-dir", str(cache)], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 def _manifest(path):
@@ -45,28 +33,28 @@ def model(tmp_path):
 
 def test_a_recorded_build_is_exported_without_tvm_and_matches_the_normal_path(tmp_path, model):
     cache = tmp_path / "c"
-    first = _cli(["compile", str(model), "--target", HOST, "-o", str(tmp_path / "a.so"), "-q"], cache)
+    first = cli_run(["compile", str(model), "--target", HOST, "-o", str(tmp_path / "a.so"), "-q"], cache)
     assert "TVM True" in first
-    again = _cli(["compile", str(model), "--target", HOST, "-o", str(tmp_path / "b.so"), "-q"], cache)
+    again = cli_run(["compile", str(model), "--target", HOST, "-o", str(tmp_path / "b.so"), "-q"], cache)
     assert "TVM False" in again and "kernel cache: the whole build reused" in again
     assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
     assert _manifest(tmp_path / "a.so") == _manifest(tmp_path / "b.so")
     x = {"x": np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")}
     np.testing.assert_array_equal(tvmfuse.load(tmp_path / "a.so").run(x)[0], tvmfuse.load(tmp_path / "b.so").run(x)[0])
     # a CPU named in the environment, or other tuning logs, is another request: the normal path again
-    other = _cli(["compile", str(model), "--target", HOST, "-o", str(tmp_path / "c.so"), "-q", "--no-logs"], cache)
+    other = cli_run(["compile", str(model), "--target", HOST, "-o", str(tmp_path / "c.so"), "-q", "--no-logs"], cache)
     assert "TVM True" in other
 
 
 def test_a_recorded_quantized_build_is_exported_without_tvm(tmp_path, model):
     cache, args = tmp_path / "c", ["quantize", str(model), "--calib", "random:2", "--method", "minmax", "--target",
                                    HOST, "-q"]
-    first = _cli(args + ["-o", str(tmp_path / "a.so")], cache)
-    again = _cli(args + ["-o", str(tmp_path / "b.so")], cache)
+    first = cli_run(args + ["-o", str(tmp_path / "a.so")], cache)
+    again = cli_run(args + ["-o", str(tmp_path / "b.so")], cache)
     assert "TVM True" in first and "TVM False" in again and "INT8 partition(s)" in again
     assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
     assert _manifest(tmp_path / "a.so") == _manifest(tmp_path / "b.so")
-    other = _cli(args[:-1] + ["--weight-bits", "8", "-q", "-o", str(tmp_path / "c.so")], cache)
+    other = cli_run(args[:-1] + ["--weight-bits", "8", "-q", "-o", str(tmp_path / "c.so")], cache)
     assert "TVM True" in other  # another weight width: another request
 
 

@@ -37,9 +37,10 @@ def _context() -> tuple[str, str]:
     return versions() + "\n" + toolchain(), arch
 
 
-def key(code: str) -> str:
-    """The key of the binary ``code`` compiles to under the current target and environment."""
-    shared, arch = _context()
+def key(code: str, context: tuple[str, str] | None = None) -> str:
+    """The key of the binary ``code`` compiles to under the current target and environment (``context``:
+    :func:`_context`'s, when known)."""
+    shared, arch = context or _context()
     return hashlib.sha256("\n".join([FORMAT, shared, arch, code]).encode()).hexdigest()
 
 
@@ -47,7 +48,8 @@ def _compile(code: str):
     store = getattr(_STATE, "store", None)
     if store is None:
         return _INSTALLED["compile"](code)
-    entry = key(code)
+    context = _context()
+    entry = key(code, context)
     found = store.get(entry)
     if found is not None:
         _STATE.counts["hits"] += 1
@@ -55,7 +57,7 @@ def _compile(code: str):
     from ..threads import cpu_budget
     from . import cuda_kernels
 
-    binary = cuda_kernels.compile(code, store, _STATE.counts, *_context(), cpu_budget())
+    binary = cuda_kernels.compile(code, store, _STATE.counts, *context, cpu_budget())
     if binary is None:  # not in the form kernels are reused in: compiled whole, as TVM does
         binary = _INSTALLED["compile"](code)
     _STATE.counts["builds"] += 1

@@ -8,11 +8,10 @@ names a kernel's device functions after it), so this pipeline, registered under 
 JSON) under a key of the kernel, the target, the pass options and the base pipeline's name, and runs the base
 pipeline only on the kernels not found, together. TVM's ``AnnotateEntryFunc`` marks the only function of a
 module as its entry, so a lone kernel runs beside another of the module's, and a module of one kernel is not
-cached. The kernels' results are put back
-in the order TVM's pipeline gives (every device function, then every host function, each in the module's
-order); a test compares the library with TVM's own build byte for byte. Where a result cannot
-be told apart by kernel (a function named after none of them), the base pipeline runs on the whole module.
-The finalization passes run on the whole module as before (0.5 s of YOLOv8n's).
+cached. The kernels' results are put back in the order TVM's pipeline gives (every device function, then every
+host function, each in the module's order); a test compares the library with TVM's own build byte for byte.
+Where a result cannot be told apart by kernel (a function named after none of them), the base pipeline runs on
+the whole module. The finalization passes run on the whole module as before (0.5 s of YOLOv8n's).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import threading
 from .kernels import derived_key, kernel_key, pass_options, _scheduled_forms
 
 FORMAT = "lowered-tir-1"
-_STATE = threading.local()  # .store, .known, .counts of the build under way on this thread
+_STATE = threading.local()  # .store and .known of the build under way on this thread
 
 
 def pipeline(base: str) -> str:
@@ -40,15 +39,13 @@ def pipeline(base: str) -> str:
 @contextlib.contextmanager
 def storing(store, known: dict | None):
     """Builds on this thread through :func:`pipeline`'s pipelines reuse and fill ``store`` (None: they run the
-    base pipeline). ``known``: kernel -> its schedule key, which the keys chain from. Yields a dict of how many
-    kernels were found (``found``) and run (``run``)."""
-    counts = {"found": 0, "run": 0}
-    saved = getattr(_STATE, "store", None), getattr(_STATE, "known", None), getattr(_STATE, "counts", None)
-    _STATE.store, _STATE.known, _STATE.counts = store, known, counts
+    base pipeline). ``known``: kernel -> its schedule key, which the keys chain from."""
+    saved = getattr(_STATE, "store", None), getattr(_STATE, "known", None)
+    _STATE.store, _STATE.known = store, known
     try:
-        yield counts
+        yield
     finally:
-        _STATE.store, _STATE.known, _STATE.counts = saved
+        _STATE.store, _STATE.known = saved
 
 
 def _wrapped(base: str):
@@ -96,8 +93,6 @@ def _cached(mod, inner, store, base: str):
         for name, part in made.items():
             results[name] = part
             store.put(keys[name], tvm.ir.save_json(part).encode())
-    _STATE.counts["found"] += len(kernels) - len(missing)
-    _STATE.counts["run"] += len(missing)
     # as TVM's pipeline orders them: every kernel's device functions, then every host function
     parts = [(gv.name_hint, list(results[gv.name_hint].functions.items())) for gv, _ in kernels]
     merged = {g: f for name, items in parts for g, f in items if g.name_hint != name}
